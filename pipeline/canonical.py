@@ -1,0 +1,95 @@
+"""Canonical JSON, algorithm-tagged digests and atomic writes: the one place for each."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, BaseModel):
+        return obj.model_dump(mode="json")
+    if isinstance(obj, Path):
+        return obj.as_posix()
+    if isinstance(obj, set | frozenset):
+        return sorted(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def canonical_json(obj: Any) -> str:
+    """Sorted keys, compact separators, UTF-8 kept: equal data gives equal bytes."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_default)
+
+
+def pretty_json(obj: Any) -> str:
+    """Sorted keys and indentation for artifacts people read; still deterministic."""
+    return json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False, default=_default) + "\n"
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Digest of raw bytes as ``sha256:<hex>``."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def sha256_text(text: str) -> str:
+    """Digest of UTF-8 text as ``sha256:<hex>``."""
+    return sha256_bytes(text.encode("utf-8"))
+
+
+def digest(obj: Any) -> str:
+    """Digest of the canonical JSON of ``obj``."""
+    return sha256_text(canonical_json(obj))
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Digest of a file's bytes, streamed."""
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write via a temp file in the same directory and rename, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Atomic write of UTF-8 text."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: Path, obj: Any) -> str:
+    """Atomically write ``obj`` as pretty canonical JSON; return the digest of the written bytes."""
+    data = pretty_json(obj).encode("utf-8")
+    atomic_write_bytes(path, data)
+    return sha256_bytes(data)
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> str:
+    """Atomically write one canonical JSON object per line; return the digest of the written bytes."""
+    data = "".join(canonical_json(r) + "\n" for r in rows).encode("utf-8")
+    atomic_write_bytes(path, data)
+    return sha256_bytes(data)
+
+
+def read_json(path: Path) -> Any:
+    """Read a JSON file (UTF-8)."""
+    return json.loads(path.read_text(encoding="utf-8"))

@@ -1,0 +1,51 @@
+"""``lunasol run``: the main job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from pipeline.runner import RunOptions, run
+from pipeline.settings import ModelSettings
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``run`` to the root app."""
+
+    @app.command("run")
+    def run_cmd(
+        bundle: Path = typer.Argument(..., help="Frozen bundle directory."),
+        run_id: str | None = typer.Option(
+            None, "--run-id", help="Run id (default: the bundle's analysis run id)."
+        ),
+        runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Where run directories live."),
+        model: str | None = typer.Option(None, "--model", help="litellm model string (env LUNASOL_MODEL)."),
+        api_base: str | None = typer.Option(None, "--api-base", help="OpenAI-compatible base URL."),
+        replay: Path | None = typer.Option(
+            None, "--replay", help="Serve model answers only from this store."
+        ),
+        record: Path | None = typer.Option(None, "--record", help="Call live and store every exchange here."),
+        resume: bool = typer.Option(False, "--resume", help="Continue without repeating finished calls."),
+        concurrency: int | None = typer.Option(
+            None, "--concurrency", help="Concurrent model calls (default 8)."
+        ),
+        budget_usd: float | None = typer.Option(None, "--budget-usd", help="Stop cleanly past this spend."),
+        dry_run: bool = typer.Option(
+            False, "--dry-run", help="Estimate calls, tokens and cost; call nothing."
+        ),
+    ) -> None:
+        """Export the IR, find patterns, mine root causes, and stop at gate 1."""
+        mode = "replay" if replay else "record" if record else None
+        settings = ModelSettings.from_env(
+            model=model,
+            api_base=api_base,
+            mode=mode,
+            store=replay or record,
+            concurrency=concurrency,
+            budget_usd=budget_usd,
+        )
+        opts = RunOptions(
+            bundle=bundle, run_id=run_id, runs_dir=runs_dir, resume=resume, dry_run=dry_run, models=settings
+        )
+        run(opts, log=typer.echo)

@@ -1,0 +1,1 @@
+"""Trajectory IR: DuckDB tables where every event points back to exact raw lines."""
