@@ -18,9 +18,7 @@ class ModelSettings(BaseModel):
 
     model: str | None = Field(default=None, description="litellm model string, e.g. openai/gpt-4o-mini")
     api_base: str | None = Field(default=None, description="OpenAI-compatible base URL")
-    mode: Mode | None = Field(
-        default=None, description="live, record or replay; None = live when a model is set"
-    )
+    mode: Mode | None = Field(default=None, description="live, record or replay; None = live when a model is set")
     store: Path | None = Field(default=None, description="recording directory for record / replay")
     concurrency: int = Field(default=8, ge=1)
     budget_usd: float | None = Field(default=None, ge=0)

@@ -21,6 +21,7 @@ class LunasolGroup(TyperGroup):
     """A click group whose invoke turns LunasolError into one line and an exit code."""
 
     def invoke(self, ctx: Any) -> Any:
+        """Invoke the verb; map LunasolError to one line and its exit code."""
         try:
             return super().invoke(ctx)
         except LunasolError as exc:
@@ -54,9 +55,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version."
-    ),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
     """Root causes and single-lever proposals from frozen bundles of agent-harness runs."""
 

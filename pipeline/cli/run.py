@@ -16,24 +16,16 @@ def register(app: typer.Typer) -> None:
     @app.command("run")
     def run_cmd(
         bundle: Path = typer.Argument(..., help="Frozen bundle directory."),
-        run_id: str | None = typer.Option(
-            None, "--run-id", help="Run id (default: the bundle's analysis run id)."
-        ),
+        run_id: str | None = typer.Option(None, "--run-id", help="Run id (default: the bundle's analysis run id)."),
         runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Where run directories live."),
         model: str | None = typer.Option(None, "--model", help="litellm model string (env LUNASOL_MODEL)."),
         api_base: str | None = typer.Option(None, "--api-base", help="OpenAI-compatible base URL."),
-        replay: Path | None = typer.Option(
-            None, "--replay", help="Serve model answers only from this store."
-        ),
+        replay: Path | None = typer.Option(None, "--replay", help="Serve model answers only from this store."),
         record: Path | None = typer.Option(None, "--record", help="Call live and store every exchange here."),
         resume: bool = typer.Option(False, "--resume", help="Continue without repeating finished calls."),
-        concurrency: int | None = typer.Option(
-            None, "--concurrency", help="Concurrent model calls (default 8)."
-        ),
+        concurrency: int | None = typer.Option(None, "--concurrency", help="Concurrent model calls (default 8)."),
         budget_usd: float | None = typer.Option(None, "--budget-usd", help="Stop cleanly past this spend."),
-        dry_run: bool = typer.Option(
-            False, "--dry-run", help="Estimate calls, tokens and cost; call nothing."
-        ),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Estimate calls, tokens and cost; call nothing."),
     ) -> None:
         """Export the IR, find patterns, mine root causes, and stop at gate 1."""
         mode = "replay" if replay else "record" if record else None
