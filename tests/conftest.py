@@ -13,6 +13,8 @@ os.environ["LUNASOL_TEST_NO_WAIT"] = "1"  # retry waits are zero in tests
 
 import pytest
 
+pytest_plugins = ["pipeline.testing.pytest_plugin"]
+
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_BUNDLE = ROOT / "fixtures" / "bundles" / "h0-demo"
 DEMO_RECORDINGS = ROOT / "fixtures" / "recordings" / "h0-demo"

@@ -1,0 +1,1 @@
+"""Test and replay helpers shipped with lunasol (a local OpenAI-compatible server)."""
