@@ -1,0 +1,325 @@
+"""The run ledger: every artifact's state (pending / verified / invalidated) and the digests it was made from.
+
+``runs/<id>/ledger.json`` maps an entry name (a stage such as ``luna``, a per-cell result such as
+``luna/C004``, or a gate receipt such as ``gate1``) to its state, the digests of its inputs and of its
+outputs. A rerun reuses an entry only when it is ``verified``, its inputs are the same and its
+outputs on disk still have the recorded digests. When inputs change the entry is marked
+``invalidated`` with the reason (kept, never deleted; its previous digests go to ``history``) and
+everything downstream is invalidated with it.
+
+Per-cell model results (Luna) live in :class:`CellResults`: ``runs/<id>/<role>/<cell>.json`` holds the
+answer and the key it was made with (the cell's IR digest, the template hash, the model), written
+as soon as the call finishes, so an unchanged cell is never asked again and ``--resume`` never
+repeats a finished call.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+import pipeline
+from pipeline.canonical import digest, read_json, sha256_file, write_json
+from pipeline.errors import BadInput
+
+LEDGER_FILE = "ledger.json"
+LEDGER_SCHEMA_VERSION = 1
+
+State = Literal["pending", "verified", "invalidated"]
+
+
+class HistoryItem(BaseModel):
+    """A previous state of an entry, kept when it was invalidated or recomputed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state: State
+    inputs: dict[str, str] = Field(default_factory=dict)
+    outputs: dict[str, str] = Field(default_factory=dict)
+    reason: str | None = None
+
+
+class Entry(BaseModel):
+    """One artifact (or group of artifacts) of a run and where it came from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state: State
+    stage: str
+    inputs: dict[str, str] = Field(default_factory=dict, description="input name -> digest")
+    outputs: dict[str, str] = Field(default_factory=dict, description="path relative to the run -> digest")
+    reason: str | None = Field(default=None, description="why it is pending or invalidated")
+    history: list[HistoryItem] = Field(default_factory=list)
+
+
+class LedgerData(BaseModel):
+    """The whole ``ledger.json``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = LEDGER_SCHEMA_VERSION
+    entries: dict[str, Entry] = Field(default_factory=dict)
+
+
+def _short(d: str | None) -> str:
+    if not d:
+        return "none"
+    return d.split(":", 1)[-1][:12]
+
+
+def describe_changes(old: Mapping[str, str], new: Mapping[str, str]) -> str:
+    """One line naming which inputs changed, appeared or vanished."""
+    parts: list[str] = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        if a is None:
+            parts.append(f"{key} new")
+        elif b is None:
+            parts.append(f"{key} gone")
+        else:
+            parts.append(f"{key} {_short(a)}→{_short(b)}")
+    return "inputs changed: " + ", ".join(parts) if parts else "inputs unchanged"
+
+
+class Ledger:
+    """Read-modify-write access to ``runs/<id>/ledger.json`` (every change is written atomically)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.path = run_dir / LEDGER_FILE
+        self._lock = threading.Lock()
+        self.data = self._load()
+
+    def _load(self) -> LedgerData:
+        if not self.path.is_file():
+            return LedgerData()
+        raw = read_json(self.path)
+        version = raw.get("schema_version") if isinstance(raw, dict) else None
+        if not isinstance(version, int) or version > LEDGER_SCHEMA_VERSION:
+            raise BadInput(f"{self.path}: ledger schema_version {version!r} is newer than this lunasol understands")
+        return LedgerData.model_validate(raw)
+
+    def save(self) -> None:
+        """Write the ledger atomically."""
+        write_json(self.path, self.data.model_dump(mode="json"))
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def get(self, name: str) -> Entry | None:
+        """The entry called ``name``, if any."""
+        return self.data.entries.get(name)
+
+    def output_digests(self, paths: Iterable[str]) -> dict[str, str] | None:
+        """Digests of output files relative to the run, or None when one is missing."""
+        out: dict[str, str] = {}
+        for rel in paths:
+            p = self.run_dir / rel
+            if not p.is_file():
+                return None
+            out[rel] = sha256_file(p)
+        return out
+
+    def check(self, name: str, inputs: Mapping[str, str], outputs: Iterable[str] = ()) -> tuple[bool, str]:
+        """Whether ``name`` can be reused with these inputs; else why not (one line)."""
+        entry = self.get(name)
+        if entry is None:
+            return False, "never made"
+        if entry.state != "verified":
+            return False, entry.reason or entry.state
+        if dict(entry.inputs) != dict(inputs):
+            return False, describe_changes(entry.inputs, inputs)
+        outs = list(outputs)
+        if outs:
+            now = self.output_digests(outs)
+            if now is None:
+                return False, "an output file is missing"
+            recorded = {k: v for k, v in entry.outputs.items() if k in now}
+            if recorded != now:
+                return False, "an output was modified outside lunasol"
+        return True, "verified"
+
+    # -- changes ---------------------------------------------------------------------------------
+
+    def _push_history(self, entry: Entry) -> None:
+        entry.history.append(
+            HistoryItem(state=entry.state, inputs=dict(entry.inputs), outputs=dict(entry.outputs), reason=entry.reason)
+        )
+        del entry.history[:-10]  # the recent past is enough to explain a state; the ledger stays small
+
+    def mark_pending(self, name: str, stage: str, inputs: Mapping[str, str], reason: str = "in progress") -> None:
+        """An entry is being (re)made from these inputs."""
+        with self._lock:
+            entry = self.get(name)
+            if entry is None:
+                entry = Entry(state="pending", stage=stage)
+                self.data.entries[name] = entry
+            elif entry.state == "verified":
+                self._push_history(entry)
+            entry.state = "pending"
+            entry.stage = stage
+            entry.inputs = dict(inputs)
+            entry.reason = reason
+            self.save()
+
+    def mark_verified(
+        self, name: str, stage: str, inputs: Mapping[str, str], outputs: Mapping[str, str] | None = None
+    ) -> None:
+        """An entry was made from ``inputs`` and its outputs have these digests."""
+        with self._lock:
+            entry = self.get(name)
+            if entry is None:
+                entry = Entry(state="verified", stage=stage)
+                self.data.entries[name] = entry
+            elif entry.state == "invalidated":
+                self._push_history(entry)
+            entry.state = "verified"
+            entry.stage = stage
+            entry.inputs = dict(inputs)
+            entry.outputs = dict(outputs or {})
+            entry.reason = None
+            self.save()
+
+    def invalidate(self, name: str, reason: str, *, save: bool = True) -> bool:
+        """Mark one entry invalidated (kept, with the reason); False when there was nothing to invalidate."""
+        with self._lock:
+            entry = self.get(name)
+            if entry is None or entry.state == "invalidated":
+                return False
+            self._push_history(entry)
+            entry.state = "invalidated"
+            entry.reason = reason
+            if save:
+                self.save()
+            return True
+
+    def invalidate_many(self, names: Iterable[str], reason: str) -> list[str]:
+        """Invalidate several entries at once; return those that changed."""
+        changed = [n for n in names if self.invalidate(n, reason, save=False)]
+        if changed:
+            self.save()
+        return changed
+
+    def names_for_stage(self, stage: str) -> list[str]:
+        """Every entry that belongs to ``stage`` (the stage entry and its per-cell entries)."""
+        return sorted(n for n, e in self.data.entries.items() if e.stage == stage)
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Rows for ``lunasol status``: name, stage, state, reason."""
+        return [
+            {"name": n, "stage": e.stage, "state": e.state, "reason": e.reason}
+            for n, e in sorted(self.data.entries.items())
+        ]
+
+
+# -- per-cell model results --------------------------------------------------------------------
+
+
+def cell_key(**parts: str | None) -> str:
+    """Key of one per-cell model result: digest of its named inputs (cell IR digest, template hash, model...)."""
+    return digest({k: v for k, v in sorted(parts.items())})
+
+
+class CellResults:
+    """Per-cell model answers persisted as they complete: ``runs/<id>/<role>/<cell>.json``.
+
+    Each file holds ``{"key", "inputs", "cell_id", "role", "value"}``; :meth:`get` returns the value
+    only when the stored key equals the key asked for, so a changed cell (or template, or model)
+    is asked again and an unchanged one never is.
+    """
+
+    def __init__(self, run_dir: Path, role: str = "luna") -> None:
+        self.run_dir = run_dir
+        self.role = role
+        self.dir = run_dir / role
+
+    def path(self, cell_id: str) -> Path:
+        """Where the result of ``cell_id`` lives."""
+        return self.dir / f"{cell_id}.json"
+
+    def get(self, cell_id: str, key: str) -> Any | None:
+        """The stored value for ``cell_id`` if it was made with ``key``; otherwise None."""
+        p = self.path(cell_id)
+        if not p.is_file():
+            return None
+        try:
+            raw = read_json(p)
+        except ValueError:  # a torn file cannot happen with atomic writes, but never trust it
+            return None
+        if not isinstance(raw, dict) or raw.get("key") != key:
+            return None
+        return raw.get("value")
+
+    def put(self, cell_id: str, key: str, value: Any, inputs: Mapping[str, str | None] | None = None) -> str:
+        """Persist one cell's answer atomically; return the file's digest."""
+        payload = {
+            "cell_id": cell_id,
+            "role": self.role,
+            "key": key,
+            "inputs": dict(inputs or {}),
+            "value": value,
+            "lunasol": pipeline.__version__,
+        }
+        return write_json(self.path(cell_id), payload)
+
+    def stored(self) -> dict[str, dict[str, Any]]:
+        """Every stored result: cell id -> the file's content."""
+        out: dict[str, dict[str, Any]] = {}
+        if self.dir.is_dir():
+            for p in sorted(self.dir.glob("*.json")):
+                try:
+                    raw = read_json(p)
+                except ValueError:
+                    continue
+                if isinstance(raw, dict) and "key" in raw:
+                    out[p.stem] = raw
+        return out
+
+
+# -- IR content digests ------------------------------------------------------------------------
+
+_EVENT_COLUMNS = (
+    "event_id, segment_id, seq, ts, kind, detail, actor, stage, session_id, step_index, text, text_truncated, "
+    "text_chars, tool_name, call_id, args_digest, result_digest, state_digest, target, source_path, line_start, "
+    "line_end, source_sha256, json_pointer"
+)
+
+
+def ir_cell_digests(ir_path: Path) -> dict[str, str]:
+    """Digest of each cell's IR content (its cell row and its events in order), by cell id.
+
+    A DuckDB file's bytes are not stable across writes, so the ledger fingerprints content instead.
+    """
+    import duckdb
+
+    con = duckdb.connect(str(ir_path), read_only=True)
+    try:
+        cells = con.execute(
+            "SELECT cell_id, task_id, run_id, eligibility, exclusion_reason, harness FROM cells ORDER BY cell_id"
+        ).fetchall()
+        rows: dict[str, list[Any]] = {c[0]: [] for c in cells}
+        for row in con.execute(f"SELECT cell_id, {_EVENT_COLUMNS} FROM events ORDER BY cell_id, seq").fetchall():
+            rows.setdefault(row[0], []).append(list(row[1:]))
+    finally:
+        con.close()
+    return {c[0]: digest({"cell": list(c), "events": rows.get(c[0], [])}) for c in cells}
+
+
+def ir_digest(ir_path: Path) -> str:
+    """Digest of the IR's content: every cell's digest plus the outcome sidecar."""
+    import duckdb
+
+    cells = ir_cell_digests(ir_path)
+    con = duckdb.connect(str(ir_path), read_only=True)
+    try:
+        outcomes = con.execute(
+            "SELECT cell_id, label, quality, completion, cost, stability, extra FROM outcomes ORDER BY cell_id"
+        ).fetchall()
+    finally:
+        con.close()
+    return digest({"cells": cells, "outcomes": [list(r) for r in outcomes]})
