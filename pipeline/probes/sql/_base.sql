@@ -1,0 +1,46 @@
+-- Shared definitions for the probes. Conservative on purpose: a probe claims "nothing changed"
+-- only when it can show it, so any tool it cannot classify counts as a possible change.
+
+-- read / check / mutating / unknown, from the tool's name. Mutating words are tested first so that
+-- e.g. `git_checkout` is not taken for a check.
+CREATE OR REPLACE TEMP MACRO lunasol_tool_class(t) AS CASE
+    WHEN t IS NULL THEN 'none'
+    WHEN regexp_matches(lower(t), '(write|edit|patch|apply|create|delete|remove|rename|move|replace|insert|commit|append|save|update|checkout|reset|install|mkdir|touch|request|ask|submit|accept|approve)')
+        THEN 'mutating'
+    WHEN regexp_matches(lower(t), '(test|pytest|lint|check|validate|verify|typecheck|mypy|ruff|clippy|build|compile|vet)')
+        THEN 'check'
+    WHEN regexp_matches(lower(t), '(read|cat|grep|rg|search|find|list|ls|view|open|get|show|glob|head|tail|stat|diff|inspect|query|fetch|status|log|blame|tree)')
+        THEN 'read'
+    ELSE 'unknown'
+END;
+
+-- A report is what a checker writes about other stages' work (validation.md, review.md, ...).
+CREATE OR REPLACE TEMP MACRO lunasol_is_report(target, stage) AS
+    coalesce(regexp_matches(lower(target), '(^|/)(validation|review|report|verification)[^/]*\.(md|txt|json)$'), FALSE)
+    OR coalesce(lower(stage) IN ('validation', 'review', 'verification'), FALSE);
+
+CREATE OR REPLACE TEMP VIEW probe_events AS
+SELECT
+    e.*,
+    lunasol_tool_class(e.tool_name) AS tool_class,
+    -- a duplicate line of one controller incident (same ts, same content as an earlier line)
+    (e.actor = 'controller' AND EXISTS (
+        SELECT 1 FROM events d
+        WHERE d.cell_id = e.cell_id AND d.seq < e.seq AND d.ts IS NOT DISTINCT FROM e.ts
+          AND d.kind = e.kind AND d.detail IS NOT DISTINCT FROM e.detail
+          AND d.text IS NOT DISTINCT FROM e.text AND d.target IS NOT DISTINCT FROM e.target
+    )) AS is_duplicate_line,
+    -- may change the source, a non-report artifact, or the decision input
+    CASE
+        WHEN e.kind = 'artifact' THEN NOT lunasol_is_report(e.target, e.stage)
+        WHEN e.kind = 'tool_call' THEN lunasol_tool_class(e.tool_name) IN ('mutating', 'unknown')
+            AND NOT coalesce(regexp_matches(lower(e.target), '(^|/)(validation|review|report|verification)[^/]*\.(md|txt|json)$'), FALSE)
+        WHEN e.kind = 'message' THEN e.actor = 'operator'
+        ELSE FALSE
+    END AS changes_source
+FROM events e;
+
+-- Every event that breaks an "unchanged" claim: a source/input change or a controller state line.
+CREATE OR REPLACE TEMP VIEW probe_changes AS
+SELECT cell_id, seq, kind, state_digest, changes_source FROM probe_events
+WHERE changes_source OR kind = 'state_change';

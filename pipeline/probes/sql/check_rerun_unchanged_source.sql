@@ -1,0 +1,40 @@
+-- repeated_exploration: a check (tests, lint, validate, ...) on the same target run again while the
+-- controller state digest is the same and nothing in between changed the source, a non-report
+-- artifact or the operator's input. The target is the event's target, else its arguments digest.
+WITH calls AS (
+    SELECT cell_id, seq, event_id, tool_name, state_digest,
+           coalesce(target, args_digest) AS what,
+           tool_name || '|' || coalesce(target, args_digest) AS sig
+    FROM probe_events
+    WHERE kind = 'tool_call' AND tool_class = 'check' AND coalesce(target, args_digest) IS NOT NULL
+),
+ordered AS (
+    SELECT *, lag(seq) OVER w AS prev_seq, lag(state_digest) OVER w AS prev_state
+    FROM calls WINDOW w AS (PARTITION BY cell_id, sig ORDER BY seq)
+),
+flagged AS (
+    SELECT o.*, CASE
+        WHEN o.prev_seq IS NULL THEN 1
+        WHEN o.state_digest IS NULL OR o.prev_state IS NULL OR o.state_digest <> o.prev_state THEN 1
+        WHEN EXISTS (
+            SELECT 1 FROM probe_changes c
+            WHERE c.cell_id = o.cell_id AND c.seq > o.prev_seq AND c.seq < o.seq
+              AND (c.changes_source OR c.state_digest IS DISTINCT FROM o.prev_state)
+        ) THEN 1
+        ELSE 0 END AS brk
+    FROM ordered o
+),
+chains AS (
+    SELECT *, sum(brk) OVER (PARTITION BY cell_id, sig ORDER BY seq) AS chain FROM flagged
+)
+SELECT
+    cell_id,
+    'target:' || tool_name || ':' || CASE WHEN any_value(what) LIKE 'sha256:%' THEN left(any_value(what), 19) ELSE any_value(what) END AS key,
+    list(event_id ORDER BY seq) AS evidence,
+    min(seq) AS first_seq,
+    max(seq) AS last_seq,
+    printf('check %s on %s run %d times with controller state %s unchanged and no source, artifact or operator change in between',
+           tool_name, any_value(what), count(*), left(any_value(state_digest), 19)) AS explanation
+FROM chains
+GROUP BY cell_id, sig, chain, tool_name
+HAVING count(*) >= 2
