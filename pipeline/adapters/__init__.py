@@ -1,0 +1,137 @@
+"""Adapters: public agent-trajectory formats in, frozen lunasol bundles and IR events out.
+
+Public API: :data:`FORMATS`, :func:`reader_for` (export calls it for non-native bundles),
+:func:`detect`, :func:`import_bundle`, :func:`resolve_ref`. One module per format; see
+docs/adapters.md for what each reads, where labels go and how refs point into the raw files.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import Counter
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from pipeline.adapters.base import Adapter
+from pipeline.adapters.importer import ImportResult
+from pipeline.adapters.importer import import_bundle as _import_bundle
+from pipeline.adapters.spans import resolve_element
+from pipeline.canonical import sha256_bytes
+from pipeline.errors import BadInput, BundleError
+
+if TYPE_CHECKING:
+    from pipeline.bundle.manifest import Manifest
+    from pipeline.bundle.request import CellSpec
+    from pipeline.ir.events import Reader, SourceEvent
+
+# Order matters for auto-detection ties: the more specific shapes first.
+_MODULES = {
+    "who-and-when": "who_and_when",
+    "mast": "mast",
+    "swe-agent": "swe_agent",
+    "openhands": "openhands",
+    "inspect": "inspect_log",
+    "claude-code": "claude_code",
+    "atif": "atif",
+    "tau": "tau",
+}
+FORMATS: tuple[str, ...] = tuple(_MODULES)
+
+__all__ = ["FORMATS", "ImportResult", "adapter", "detect", "import_bundle", "reader_for", "resolve_ref"]
+
+
+def adapter(fmt: str) -> Adapter:
+    """The adapter of one format name; an unknown name is BadInput."""
+    mod = _MODULES.get(fmt)
+    if mod is None:
+        raise BadInput(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
+    found: Adapter = importlib.import_module(f"pipeline.adapters.{mod}").ADAPTER
+    return found
+
+
+def _all() -> dict[str, Adapter]:
+    return {f: adapter(f) for f in FORMATS}
+
+
+def detect(src: Path) -> str:
+    """The format of a file or folder of logs: each file votes for the formats it looks like."""
+    files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file() and not p.is_symlink())
+    votes: Counter[str] = Counter()
+    adapters = _all()
+    for p in files:
+        rel = p.name if src.is_file() else p.relative_to(src).as_posix()
+        try:
+            with p.open("rb") as fh:
+                head = fh.read(8192).decode("utf-8", errors="replace")
+        except OSError:
+            continue
+        for name, ad in adapters.items():
+            if ad.sniff(rel, head):
+                votes[name] += 1
+                break  # first (most specific) match only
+    if not votes:
+        raise BadInput(f"cannot tell the format of {src}; name it: {', '.join(FORMATS)}")
+    best = max(votes.values())
+    return next(f for f in FORMATS if votes[f] == best)
+
+
+def import_bundle(fmt: str, src: Path, dest: Path) -> ImportResult:
+    """Import ``src`` in format ``fmt`` (or ``auto``) into the new frozen bundle ``dest``."""
+    if fmt != "auto" and fmt not in _MODULES:
+        raise BadInput(f"unknown format {fmt!r}; known: auto, {', '.join(FORMATS)}")
+    return _import_bundle(fmt, src, dest, adapters=_all(), detect=detect)
+
+
+@lru_cache(maxsize=32)
+def _source_blocks(request_path: str, mtime_ns: int) -> dict[str, Any]:
+    data = orjson.loads(Path(request_path).read_bytes())
+    source = data.get("source") or {}
+    cells: dict[str, Any] = source.get("cells") or {}
+    return cells
+
+
+def cell_block(bundle: Path, cell_id: str) -> dict[str, Any]:
+    """Where one imported cell's records are (``source.cells[cell_id]`` of the request)."""
+    req = bundle / "analysis-request.json"
+    blocks = _source_blocks(str(req.resolve()), req.stat().st_mtime_ns)
+    block = blocks.get(cell_id)
+    if block is None:
+        raise BundleError(f"analysis-request.json: source.cells has no entry for imported cell {cell_id}")
+    return dict(block)
+
+
+def reader_for(fmt: str) -> Reader:
+    """The reader export uses for a bundle of format ``fmt``."""
+    ad = adapter(fmt)
+
+    def read(bundle: Path, cell: CellSpec, manifest: Manifest) -> Iterator[SourceEvent]:
+        block = cell_block(bundle, cell.cell_id)
+        for rel in block.get("files") or [cell.path]:
+            manifest.get(rel)  # a raw file that is not frozen is a BundleError, before any event
+        yield from ad.read(bundle, block)
+
+    return read
+
+
+def step_index_base(bundle: Path, cell_id: str) -> int | None:
+    """0 or 1 when the source numbers its steps, else None (goes to ``cells.step_index_base``)."""
+    base = cell_block(bundle, cell_id).get("step_index_base")
+    return base if isinstance(base, int) else None
+
+
+def resolve_ref(bundle: Path, source_path: str, line_start: int, line_end: int, json_pointer: str | None) -> str:
+    """The raw text behind one ref, after checking the file against the manifest's sha256."""
+    from pipeline.bundle.manifest import read_manifest, resolve_in_bundle
+
+    entry = read_manifest(bundle).get(source_path)
+    raw = resolve_in_bundle(bundle, source_path).read_bytes()
+    if sha256_bytes(raw) != entry.sha256:
+        raise BundleError(f"{source_path} changed since the bundle was frozen")
+    try:
+        return resolve_element(raw, line_start, line_end, json_pointer)
+    except (ValueError, KeyError, IndexError) as exc:
+        raise BundleError(f"ref {source_path}#L{line_start}-L{line_end}{json_pointer or ''} does not resolve: {exc}")

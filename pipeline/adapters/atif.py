@@ -1,0 +1,1 @@
+ADAPTER = None  # placeholder

@@ -1,0 +1,171 @@
+"""What every adapter shares: the cell description found at import time and an event builder.
+
+An adapter module exposes one :class:`Adapter`: ``sniff`` (does this file look like my format?),
+``discover`` (which runs are in these raw files, with their outcome labels) and ``read`` (the
+IR events of one cell). Import writes what ``discover`` found into the request's ``source``
+block, so ``read`` later needs nothing but the frozen bundle.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.adapters.spans import JsonFile
+from pipeline.canonical import digest, sha256_text
+from pipeline.ir.events import SourceEvent
+
+
+@dataclass
+class CellSource:
+    """One run found in the raw files: where it is, what it is, and its outcome labels."""
+
+    run_id: str
+    task_id: str
+    path: str  # primary raw file, bundle-relative (raw/...)
+    selector: dict[str, Any] = field(default_factory=dict)  # which part of the file(s) is this run
+    files: list[str] = field(default_factory=list)  # every raw file the run reads from
+    harness: str | None = None
+    task_summary: str = ""
+    step_index_base: int | None = None
+    source_steps: int = 0  # steps as the source counts them (tests compare the IR to this)
+    eligibility: str = "valid_behavior"
+    exclusion_reason: str | None = None
+    outcome: dict[str, Any] = field(default_factory=dict)  # label, quality, ... and label fields
+    label_texts: list[str] = field(default_factory=list)  # label values that must never reach events
+
+
+@dataclass
+class Discovery:
+    """What one adapter found under ``raw/``."""
+
+    cells: list[CellSource]
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, why it holds no run)
+    harness: str | None = None
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """One public trajectory format."""
+
+    name: str
+    description: str
+    sniff: Callable[[str, str], bool]  # (relative path, head of text) -> looks like this format
+    discover: Callable[[Path, list[str]], Discovery]  # (bundle, raw paths) -> runs
+    read: Callable[[Path, dict[str, Any]], Iterator[SourceEvent]]  # (bundle, cell source block) -> events
+
+
+_JSON_CACHE: dict[tuple[str, int, int], JsonFile] = {}
+
+
+def load_json(path: Path, max_depth: int = 4) -> JsonFile:
+    """Parse a JSON / JSONL file once per process (keyed by path, size and mtime)."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    jf = _JSON_CACHE.get(key)
+    if jf is None or jf.max_depth < max_depth:
+        jf = JsonFile(path.read_text(encoding="utf-8"), max_depth=max_depth)
+        if len(_JSON_CACHE) > 64:
+            _JSON_CACHE.clear()
+        _JSON_CACHE[key] = jf
+    return jf
+
+
+def as_text(value: Any) -> str:
+    """Message content of any common shape as plain text (strings, content-part lists, objects)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = []
+        for item in value:
+            if isinstance(item, dict):
+                if "text" in item and isinstance(item["text"], str):
+                    parts.append(item["text"])
+                elif item.get("type") in ("tool_use", "tool_result", "image", "thinking", "reasoning"):
+                    continue  # rendered as their own events by the adapters that know them
+                else:
+                    parts.append(json.dumps(item, ensure_ascii=False, sort_keys=True))
+            else:
+                parts.append(as_text(item))
+        return "\n".join(p for p in parts if p)
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def args_digest(args: Any) -> str:
+    """Digest of tool arguments; a JSON string is parsed first so equal calls digest equally."""
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return sha256_text(args)
+    return digest(args)
+
+
+_ERROR_MARK = re.compile(
+    r"exitcode: [1-9]|\(execution failed\)|Traceback \(most recent call last\)|^\s*Error:|\bERROR\b|"
+    r"command not found|No such file or directory|\bException:|\[Errno \d+\]",
+    re.MULTILINE,
+)
+
+
+def looks_like_error(text: str) -> bool:
+    """Deterministic error-output check for tool results that carry no explicit error flag."""
+    return bool(_ERROR_MARK.search(text[:4000]))
+
+
+class Emitter:
+    """Builds SourceEvents for one raw JSON file, each with the exact lines and pointer of its element."""
+
+    def __init__(self, bundle: Path, rel: str, max_depth: int = 4) -> None:
+        self.rel = rel
+        self.jf = load_json(bundle / rel, max_depth)
+
+    def doc(self, line: int | None = None) -> Any:
+        """The parsed document (the one on ``line`` for JSON Lines)."""
+        if line is None:
+            return self.jf.docs[0][1]
+        for ln, d in self.jf.docs:
+            if ln == line:
+                return d
+        raise KeyError(line)
+
+    def event(self, kind: str, ptr: str, *, line: int | None = None, **fields: Any) -> SourceEvent:
+        """One event whose ref is the element at ``ptr`` (in the document on ``line`` for JSONL)."""
+        loc = self.jf.locate(ptr, line)
+        return SourceEvent(
+            kind=kind,
+            source_path=self.rel,
+            line_start=loc.line_start,
+            line_end=loc.line_end,
+            json_pointer=ptr if (ptr or self.jf.jsonl) else None,
+            **fields,
+        )
+
+
+def tool_result_event(
+    em: Emitter,
+    ptr: str,
+    output: str,
+    *,
+    is_error: bool | None,
+    line: int | None = None,
+    **fields: Any,
+) -> SourceEvent:
+    """A tool output: kind ``error`` when the tool reported (or visibly printed) an error, else ``tool_result``."""
+    err = looks_like_error(output) if is_error is None else is_error
+    detail = fields.pop("detail", None)
+    return em.event(
+        "error" if err else "tool_result",
+        ptr,
+        line=line,
+        detail="tool_error" if err else detail,
+        text=output,
+        result_digest=sha256_text(output),
+        **fields,
+    )

@@ -1,0 +1,143 @@
+"""Who&When (Zhang et al., ICML 2025): one JSON document per failed multi-agent run.
+
+Shape: ``{"history": [{"content", "role", "name"?}], "mistake_agent", "mistake_step" (string,
+0-based index into history), "mistake_reason", "question", "question_ID", "ground_truth", ...}``.
+Hand-Crafted files are Magentic-One (``role`` like ``"Orchestrator (thought)"``), Algorithm-Generated
+files are CaptainAgent/AG2 (``name`` is the agent). A bare list of ``{content, role}`` (the AgentRx
+copies of Magentic-One runs) reads the same way, without labels.
+
+Step index = position in ``history`` (0-based, the labels' own numbering). Everything except
+``history``, ``question``, ``question_ID``, ``level`` and ``system_prompt`` is an outcome label.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pipeline.adapters.base import Adapter, CellSource, Discovery, Emitter, load_json, tool_result_event
+from pipeline.adapters.spans import pointer
+from pipeline.ir.events import SourceEvent
+
+NAME = "who-and-when"
+_NOT_LABELS = {"history", "question", "question_ID", "level", "system_prompt"}
+_ROLE = re.compile(r"^(?P<actor>[^()]+?)\s*\((?P<detail>.*)\)\s*$")
+_TERMINALS = {"computer_terminal", "computerterminal"}
+
+
+def split_role(role: str) -> tuple[str, str | None, str | None]:
+    """``"Orchestrator (-> WebSurfer)"`` -> (actor, detail, target); plain roles pass through."""
+    m = _ROLE.match(role)
+    if not m:
+        return role, None, None
+    detail = m.group("detail").strip()
+    target = detail[2:].strip() if detail.startswith("->") else None
+    return m.group("actor").strip(), detail, target
+
+
+def agent_of(entry: dict[str, Any]) -> str:
+    """The agent a history entry belongs to (``name`` when present, else the role's agent part)."""
+    name = entry.get("name")
+    if isinstance(name, str) and name:
+        return name
+    return split_role(str(entry.get("role", "")))[0]
+
+
+def _history(doc: Any) -> tuple[list[Any], str]:
+    if isinstance(doc, dict) and isinstance(doc.get("history"), list):
+        return doc["history"], "/history"
+    if isinstance(doc, list):
+        return doc, ""
+    return [], ""
+
+
+def _is_history(items: list[Any]) -> bool:
+    return bool(items) and all(isinstance(h, dict) and "content" in h and "role" in h for h in items)
+
+
+def sniff(rel: str, head: str) -> bool:
+    """A JSON document with a ``history`` list of {content, role} (or such a bare list)."""
+    return rel.endswith(".json") and ('"history"' in head[:200] or ('"content"' in head and '"role"' in head))
+
+
+def discover(bundle: Path, paths: list[str]) -> Discovery:
+    """One cell per file whose history is a list of {content, role}."""
+    cells: list[CellSource] = []
+    skipped: list[tuple[str, str]] = []
+    for rel in paths:
+        if not rel.endswith(".json"):
+            skipped.append((rel, "not a JSON file"))
+            continue
+        try:
+            doc = load_json(bundle / rel, 2).docs[0][1]
+        except (ValueError, UnicodeDecodeError):
+            skipped.append((rel, "not valid JSON"))
+            continue
+        items, _ = _history(doc)
+        if not _is_history(items):
+            skipped.append((rel, "no history list of {content, role}"))
+            continue
+        labels: dict[str, Any] = {}
+        task_id = rel.rsplit("/", 1)[-1].removesuffix(".json")
+        summary = ""
+        if isinstance(doc, dict):
+            labels = {k: v for k, v in doc.items() if k not in _NOT_LABELS}
+            task_id = str(doc.get("question_ID") or task_id)
+            summary = str(doc.get("question") or "")
+        magentic = any(split_role(str(h.get("role")))[0] == "Orchestrator" for h in items)
+        harness = "Magentic-One" if magentic else ("CaptainAgent (AG2)" if any("name" in h for h in items) else None)
+        correct = labels.get("is_correct", labels.get("is_corrected"))
+        outcome: dict[str, Any] = {
+            "label": None if correct is None else ("completed" if correct else "workflow_failed"),
+            "quality": None if correct is None else (1.0 if correct else 0.0),
+            **labels,
+        }
+        label_texts = [str(labels[k]) for k in ("mistake_reason", "ground_truth") if labels.get(k)]
+        cells.append(
+            CellSource(
+                run_id=rel.removeprefix("raw/").removesuffix(".json"),
+                task_id=task_id,
+                path=rel,
+                files=[rel],
+                harness=harness,
+                task_summary=summary,
+                step_index_base=0,
+                source_steps=len(items),
+                outcome=outcome,
+                label_texts=label_texts,
+            )
+        )
+    harnesses = {c.harness for c in cells if c.harness}
+    return Discovery(cells=cells, skipped=skipped, harness=" + ".join(sorted(harnesses)) or None)
+
+
+def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:
+    """One event per history entry, in order, step_index = 0-based position."""
+    em = Emitter(bundle, cell["path"], max_depth=2)
+    items, base = _history(em.doc())
+    for i, h in enumerate(items):
+        ptr = base + pointer(i)
+        role = str(h.get("role", ""))
+        content = h.get("content")
+        text = content if isinstance(content, str) else str(content)
+        actor = agent_of(h)
+        _, detail, target = split_role(role)
+        if "name" in h:  # AG2: role is user/assistant from the group chat's view, name is the agent
+            detail = role
+        if actor.replace(" ", "").lower() in _TERMINALS:
+            yield tool_result_event(
+                em, ptr, text, is_error=None, actor=actor, step_index=i, tool_name="code_execution", detail=detail
+            )
+            continue
+        yield em.event("message", ptr, actor=actor, detail=detail, target=target, step_index=i, text=text)
+
+
+ADAPTER = Adapter(
+    name=NAME,
+    description="Who&When failure-attribution logs (JSON with history; labels mistake_agent/step/reason)",
+    sniff=sniff,
+    discover=discover,
+    read=read,
+)
