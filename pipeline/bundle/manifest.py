@@ -1,0 +1,248 @@
+"""``manifest.json``: every raw file of a bundle with its sha256 and size; freeze and verify.
+
+Format (fixed; other tools write bundles with it)::
+
+    {"schema_version": 1,
+     "files": [{"path": "<posix relative>", "sha256": "sha256:<hex>", "size": <int>}, ...]}
+
+sorted by path, ``manifest.json`` itself left out. Paths never leave the bundle: an
+absolute path, a ``..`` part or a symlink that resolves outside is a :class:`BundleError`,
+and symlinks are never followed out.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pipeline.bundle.request import check_relative
+from pipeline.canonical import sha256_bytes, sha256_file, write_json
+from pipeline.errors import BundleError
+
+MANIFEST_FILE = "manifest.json"
+MANIFEST_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    """One frozen file."""
+
+    path: str
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The frozen file list of a bundle."""
+
+    files: tuple[FileEntry, ...]
+    schema_version: int = MANIFEST_SCHEMA_VERSION
+    by_path: dict[str, FileEntry] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_path", {f.path: f for f in self.files})
+
+    def get(self, path: str) -> FileEntry:
+        """The entry of one bundle-relative path; a file not in the manifest is a BundleError."""
+        entry = self.by_path.get(path)
+        if entry is None:
+            raise BundleError(f"{path} is not in the bundle's {MANIFEST_FILE} (freeze the bundle again?)")
+        return entry
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest as written to disk."""
+        return {
+            "schema_version": self.schema_version,
+            "files": [{"path": f.path, "sha256": f.sha256, "size": f.size} for f in self.files],
+        }
+
+
+@dataclass
+class VerifyReport:
+    """What differs between a bundle and its manifest."""
+
+    bundle: str
+    files: int
+    changed: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when every file matches and nothing appeared."""
+        return not (self.changed or self.missing or self.extra)
+
+    def lines(self) -> list[str]:
+        """One line per problem: ``changed: PATH``, ``missing: PATH``, ``extra: PATH``."""
+        return (
+            [f"changed: {p}" for p in self.changed]
+            + [f"missing: {p}" for p in self.missing]
+            + [f"extra: {p}" for p in self.extra]
+        )
+
+    def summary(self, limit: int = 5) -> str:
+        """The problems on one line (first few names)."""
+        lines = self.lines()
+        text = "; ".join(lines[:limit])
+        if len(lines) > limit:
+            text += f"; and {len(lines) - limit} more"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        """Machine-readable form for ``--json``."""
+        return {
+            "bundle": self.bundle,
+            "files": self.files,
+            "ok": self.ok,
+            "changed": self.changed,
+            "missing": self.missing,
+            "extra": self.extra,
+        }
+
+
+def _inside(root: Path, target: Path) -> bool:
+    return target == root or root in target.parents
+
+
+def resolve_in_bundle(bundle: Path, rel: str, what: str = "manifest path") -> Path:
+    """The real path of a bundle-relative path, refusing absolute paths, ``..`` and symlinks out."""
+    check_relative(rel, what)
+    root = bundle.resolve()
+    path = root / rel
+    real = path.resolve()  # resolves symlinks along the whole path; never trusted blindly
+    if not _inside(root, real):
+        raise BundleError(f"{what} {rel!r} resolves outside the bundle (symlink to {real})")
+    return path
+
+
+def iter_files(bundle: Path) -> Iterator[str]:
+    """Every regular file under the bundle as a sorted POSIX relative path (manifest.json left out).
+
+    Symlinks are not followed: a symlink to a file inside the bundle is listed (its content is
+    hashed); a symlink to a directory inside is skipped (its files are listed where they live);
+    any symlink that resolves outside the bundle is a BundleError.
+    """
+    root = bundle.resolve()
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        for name in list(dirnames):
+            d = here / name
+            if d.is_symlink():
+                rel = d.relative_to(root).as_posix()
+                if not _inside(root, d.resolve()):
+                    raise BundleError(f"bundle entry {rel!r} is a symlink that points outside the bundle")
+                dirnames.remove(name)  # never walk through links, even inside
+        for name in filenames:
+            f = here / name
+            rel = f.relative_to(root).as_posix()
+            if rel == MANIFEST_FILE:
+                continue
+            if f.is_symlink():
+                target = f.resolve()
+                if not _inside(root, target):
+                    raise BundleError(f"bundle entry {rel!r} is a symlink that points outside the bundle")
+                if not target.is_file():
+                    raise BundleError(f"bundle entry {rel!r} is a symlink to something that is not a file")
+            elif not stat.S_ISREG(f.lstat().st_mode):
+                raise BundleError(f"bundle entry {rel!r} is not a regular file")
+            found.append(rel)
+    found.sort()
+    return iter(found)
+
+
+def _hash_many(paths: list[Path]) -> list[str]:
+    # hashlib releases the GIL on large buffers, so a few threads hash a big bundle in parallel.
+    if len(paths) < 4:
+        return [sha256_file(p) for p in paths]
+    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) + 1)) as pool:
+        return list(pool.map(sha256_file, paths))
+
+
+def freeze(bundle: Path) -> Manifest:
+    """Hash every file of the bundle and write ``manifest.json`` at its root."""
+    if not bundle.is_dir():
+        raise BundleError(f"bundle not found: {bundle}")
+    rels = list(iter_files(bundle))
+    paths = [resolve_in_bundle(bundle, r, "bundle file") for r in rels]
+    digests = _hash_many(paths)
+    files = tuple(FileEntry(r, d, p.stat().st_size) for r, d, p in zip(rels, digests, paths, strict=True))
+    manifest = Manifest(files=files)
+    write_json(bundle / MANIFEST_FILE, manifest.to_json())
+    return manifest
+
+
+def read_manifest(bundle: Path) -> Manifest:
+    """Read and check ``manifest.json`` (format, versions, path safety)."""
+    if not bundle.is_dir():
+        raise BundleError(f"bundle not found: {bundle}")
+    path = bundle / MANIFEST_FILE
+    if not path.is_file():
+        raise BundleError(f"missing {MANIFEST_FILE} in bundle {bundle} (run: lunasol bundle freeze {bundle})")
+    try:
+        data = orjson.loads(path.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise BundleError(f"{MANIFEST_FILE}: invalid JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("files"), list):
+        raise BundleError(f"{MANIFEST_FILE}: expected an object with a 'files' list")
+    version = data.get("schema_version")
+    if not isinstance(version, int) or version > MANIFEST_SCHEMA_VERSION or version < 1:
+        raise BundleError(f"{MANIFEST_FILE}: unsupported schema_version {version!r}")
+    entries: list[FileEntry] = []
+    seen: set[str] = set()
+    for i, item in enumerate(data["files"]):
+        if not isinstance(item, dict) or set(item) != {"path", "sha256", "size"}:
+            raise BundleError(f"{MANIFEST_FILE}: files[{i}] must have exactly path, sha256 and size")
+        rel, sha, size = item["path"], item["sha256"], item["size"]
+        if not isinstance(rel, str) or not isinstance(sha, str) or not isinstance(size, int):
+            raise BundleError(f"{MANIFEST_FILE}: files[{i}] has wrongly typed fields")
+        if not sha.startswith("sha256:") or len(sha) != 71:
+            raise BundleError(f"{MANIFEST_FILE}: files[{i}] sha256 must read 'sha256:<64 hex>'")
+        check_relative(rel, f"{MANIFEST_FILE}: path")
+        if rel in seen:
+            raise BundleError(f"{MANIFEST_FILE}: path {rel!r} is listed twice")
+        seen.add(rel)
+        entries.append(FileEntry(rel, sha, size))
+    entries.sort(key=lambda e: e.path)
+    return Manifest(files=tuple(entries), schema_version=version)
+
+
+def verify(bundle: Path, manifest: Manifest | None = None) -> VerifyReport:
+    """Re-hash every listed file; report changed, missing and extra files (path escapes raise)."""
+    manifest = manifest or read_manifest(bundle)
+    report = VerifyReport(bundle=str(bundle), files=len(manifest.files))
+    to_hash: list[tuple[FileEntry, Path]] = []
+    for entry in manifest.files:
+        path = resolve_in_bundle(bundle, entry.path)
+        if not path.is_file():
+            report.missing.append(entry.path)
+        elif path.stat().st_size != entry.size:
+            report.changed.append(entry.path)  # no need to hash: the size already differs
+        else:
+            to_hash.append((entry, path))
+    digests = _hash_many([p for _, p in to_hash])
+    report.changed.extend(e.path for (e, _), d in zip(to_hash, digests, strict=True) if d != e.sha256)
+    report.changed.sort()
+    report.extra = [rel for rel in iter_files(bundle) if rel not in manifest.by_path]
+    return report
+
+
+def read_frozen(bundle: Path, rel: str, manifest: Manifest) -> bytes:
+    """The bytes of one listed file, checked against the manifest (size and sha256) before use."""
+    entry = manifest.get(rel)
+    path = resolve_in_bundle(bundle, rel)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise BundleError(f"{rel} is listed in {MANIFEST_FILE} but missing") from None
+    if len(data) != entry.size or sha256_bytes(data) != entry.sha256:
+        raise BundleError(f"{rel} changed since the bundle was frozen (sha256 differs from {MANIFEST_FILE})")
+    return data

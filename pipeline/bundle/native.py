@@ -1,0 +1,232 @@
+"""Reader of the native bundle format (docs/trajectory-format.md): raw lines -> SourceEvents.
+
+Each non-blank line of ``controller.jsonl`` and ``sessions/*.jsonl`` becomes one event with
+its exact line as the ref. Files are checked against the manifest before they are parsed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pipeline.bundle.manifest import Manifest, read_frozen, resolve_in_bundle
+from pipeline.bundle.request import CellSpec
+from pipeline.canonical import canonical_json
+from pipeline.errors import BundleError
+from pipeline.ir.events import SourceEvent
+
+_SESSION_NAME = re.compile(r"^(?P<nn>\d+)-(?P<stage>.+)-(?P<actor>[^-]+)\.jsonl$")
+
+# Argument keys that name what a tool call acts on, most specific first.
+_TARGET_KEYS = ("path", "file_path", "file", "filepath", "filename", "target", "dir", "directory", "url", "cwd")
+
+_CONTROLLER_KIND = {
+    "stage_started": "stage",
+    "stage_accepted": "stage",
+    "stage_sent_back": "stage",
+    "workflow_finished": "stage",
+    "artifact_written": "artifact",
+    "state": "state_change",
+    "handoff": "handoff",
+    "obligation_opened": "obligation",
+    "obligation_closed": "obligation",
+}
+
+
+def _sha(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _str(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value if isinstance(value, str) else canonical_json(value)
+
+
+def tool_target(args: Any) -> str | None:
+    """The file/path a tool call acts on, when its arguments have a path-like key."""
+    if not isinstance(args, dict):
+        return None
+    for key in _TARGET_KEYS:
+        value = args.get(key)
+        if isinstance(value, str) and value:
+            return value
+    paths = args.get("paths")
+    if isinstance(paths, list) and paths and isinstance(paths[0], str):
+        return ",".join(p for p in paths if isinstance(p, str))
+    return None
+
+
+def iter_lines(data: bytes, rel: str) -> list[tuple[int, dict[str, Any]]]:
+    """Parse a JSONL file: (1-based line number, object) for every non-blank line.
+
+    Invalid UTF-8 or invalid JSON is a BundleError naming the file (and the line).
+    """
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise BundleError(f"invalid UTF-8 in {rel} (line {line}, byte {exc.start})") from None
+    loads = orjson.loads
+    out: list[tuple[int, dict[str, Any]]] = []
+    for n, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        try:
+            rec = loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise BundleError(f"invalid JSON in {rel} line {n}: {exc}") from None
+        if not isinstance(rec, dict):
+            raise BundleError(f"invalid record in {rel} line {n}: expected a JSON object")
+        out.append((n, rec))
+    return out
+
+
+def _session_events(rel: str, data: bytes) -> list[SourceEvent]:
+    name = rel.rsplit("/", 1)[-1]
+    m = _SESSION_NAME.match(name)
+    file_stage, file_actor = (m["stage"], m["actor"]) if m else (None, None)
+    stem = name[: -len(".jsonl")] if name.endswith(".jsonl") else name
+    targets: dict[str, str | None] = {}  # call_id -> target, so a result points at what its call touched
+    events: list[SourceEvent] = []
+    append = events.append
+    for n, rec in iter_lines(data, rel):
+        typ = rec.get("type")
+        ts = rec.get("ts")
+        stage = rec.get("stage") or file_stage
+        actor = rec.get("actor") or file_actor
+        session = _str(rec.get("session")) or stem
+        step = rec.get("step")
+        step_index = step if isinstance(step, int) else None
+        if typ == "message":
+            role = rec.get("role") or actor
+            append(
+                SourceEvent(
+                    "message",
+                    rel,
+                    n,
+                    n,
+                    ts,
+                    "message",
+                    role,
+                    stage,
+                    session,
+                    step_index,
+                    _str(rec.get("content")) or "",
+                )
+            )
+        elif typ == "tool_call":
+            args = rec.get("args")
+            args_json = canonical_json(args if args is not None else {})
+            call_id = _str(rec.get("call_id"))
+            tool = _str(rec.get("tool"))
+            target = tool_target(args)
+            if call_id is not None:
+                targets[call_id] = target
+            ev = SourceEvent("tool_call", rel, n, n, ts, "tool_call", actor, stage, session, step_index)
+            ev.text = f"{tool} {args_json}"
+            ev.tool_name = tool
+            ev.call_id = call_id
+            ev.args_digest = _sha(args_json)
+            ev.target = target
+            append(ev)
+        elif typ == "tool_result":
+            output = _str(rec.get("output")) or ""
+            call_id = _str(rec.get("call_id"))
+            code = rec.get("exit_code")
+            ev = SourceEvent("tool_result", rel, n, n, ts, "tool_result", actor, stage, session, step_index, output)
+            if code not in (0, None):
+                ev.detail = f"tool_result exit_code={code}"
+            ev.tool_name = _str(rec.get("tool"))
+            ev.call_id = call_id
+            ev.result_digest = _sha(output)
+            ev.target = targets.get(call_id) if call_id is not None else None
+            append(ev)
+        elif typ == "error":
+            src = _str(rec.get("source"))
+            append(
+                SourceEvent("error", rel, n, n, ts, src or "error", actor, stage, session, step_index,
+                            _str(rec.get("message")) or "")
+            )  # fmt: skip
+        else:
+            append(
+                SourceEvent("other", rel, n, n, ts, _str(typ), actor, stage, session, step_index, canonical_json(rec))
+            )
+    return events
+
+
+def _controller_text(ev: str, rec: dict[str, Any]) -> tuple[str, str | None]:
+    """(readable text, target) of one controller record."""
+    g = rec.get
+    if ev == "stage_started":
+        return f"stage {g('stage')} started (actor {g('actor')})", _str(g("stage"))
+    if ev == "stage_accepted":
+        return f"stage {g('stage')} accepted by {g('by')}", _str(g("stage"))
+    if ev == "stage_sent_back":
+        return f"stage {g('stage')} sent back to {g('to')}: {g('reason')}", _str(g("stage"))
+    if ev == "artifact_written":
+        return f"artifact {g('artifact')} written in stage {g('stage')} ({g('digest')})", _str(g("artifact"))
+    if ev == "state":
+        confirmed = ",".join(str(s) for s in g("confirmed") or [])
+        return (
+            f"state {g('state_digest')}: current_stage={g('current_stage')} confirmed=[{confirmed}]",
+            _str(g("current_stage")),
+        )
+    if ev == "handoff":
+        return f"handoff {g('from')} -> {g('to')} in stage {g('stage')}: {g('note')}", _str(g("to"))
+    if ev == "obligation_opened":
+        return f"obligation {g('obligation_id')} opened in stage {g('stage')}: {g('text')}", _str(g("obligation_id"))
+    if ev == "obligation_closed":
+        return (
+            f"obligation {g('obligation_id')} closed in stage {g('stage')}: {g('evidence')}",
+            _str(g("obligation_id")),
+        )
+    if ev == "workflow_finished":
+        return f"workflow finished: {g('status')}: {g('note')}", None
+    return canonical_json(rec), None
+
+
+def _controller_events(rel: str, data: bytes) -> list[SourceEvent]:
+    events: list[SourceEvent] = []
+    for n, rec in iter_lines(data, rel):
+        name = _str(rec.get("event")) or "unknown"
+        text, target = _controller_text(name, rec)
+        stage = rec.get("stage")
+        if name == "state":
+            stage = rec.get("current_stage")
+        ev = SourceEvent(_CONTROLLER_KIND.get(name, "other"), rel, n, n, _str(rec.get("ts")), name, "controller")
+        ev.stage = _str(stage)
+        ev.text = text
+        ev.target = target
+        if name == "state":
+            ev.state_digest = _str(rec.get("state_digest"))
+        elif name == "artifact_written":
+            ev.result_digest = _str(rec.get("digest"))
+        events.append(ev)
+    return events
+
+
+def read_cell(bundle: Path, cell: CellSpec, manifest: Manifest) -> list[SourceEvent]:
+    """Every event of one native cell, in file order (export sorts them by time)."""
+    cell_dir = resolve_in_bundle(bundle, cell.path, f"cell {cell.cell_id} path")
+    if not cell_dir.is_dir():
+        raise BundleError(f"cell {cell.cell_id} is listed in analysis-request.json but {cell.path} is absent")
+    base = cell.path.rstrip("/")
+    rels: list[str] = []
+    if (cell_dir / "controller.jsonl").is_file():
+        rels.append(f"{base}/controller.jsonl")
+    sessions = cell_dir / "sessions"
+    if sessions.is_dir():
+        rels.extend(f"{base}/sessions/{p.name}" for p in sorted(sessions.iterdir()) if p.name.endswith(".jsonl"))
+    events: list[SourceEvent] = []
+    for rel in rels:
+        data = read_frozen(bundle, rel, manifest)
+        if rel.endswith("/controller.jsonl"):
+            events.extend(_controller_events(rel, data))
+        else:
+            events.extend(_session_events(rel, data))
+    return events

@@ -1,0 +1,157 @@
+"""``analysis-request.json``: what a bundle asks lunasol to analyse (docs/trajectory-format.md)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pipeline.errors import BundleError
+
+REQUEST_FILE = "analysis-request.json"
+REQUEST_SCHEMA_VERSION = 1
+
+# Ids become directory names and SQL values: keep them to a safe alphabet.
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TaskSpec(_Strict):
+    """One task family of the batch."""
+
+    task_id: str = Field(min_length=1)
+    summary: str
+
+
+class CellSpec(_Strict):
+    """One cell: one run of one task by the parent harness, and where its logs are."""
+
+    cell_id: str = Field(min_length=1)
+    task_id: str = Field(min_length=1)
+    run_id: str = Field(min_length=1)
+    eligibility: Literal["valid_behavior", "excluded"]
+    path: str = Field(min_length=1, description="Cell directory, POSIX, relative to the bundle root.")
+
+
+class Exclusion(_Strict):
+    """Why a listed cell stays out of the denominator."""
+
+    cell_id: str = Field(min_length=1)
+    reason: str
+
+
+class AnalysisRequest(_Strict):
+    """The bundle's request. Cross-field problems raise :class:`BundleError` with one clear line."""
+
+    schema_version: int = REQUEST_SCHEMA_VERSION
+    parent_harness: str = Field(min_length=1)
+    generation: int
+    analysis_run_id: str
+    tasks: list[TaskSpec]
+    cells: list[CellSpec]
+    exclusions: list[Exclusion] = Field(default_factory=list)
+    allowed_history: list[Any] = Field(default_factory=list)
+    format: str = Field("native", description='Log format of the cells: "native" or an adapter name.')
+    source: dict[str, Any] | None = Field(None, description="Free metadata about where the bundle came from.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AnalysisRequest:
+        # BundleError is not a ValueError, so pydantic lets it through unchanged: one line, exit 2.
+        if self.schema_version > REQUEST_SCHEMA_VERSION:
+            raise BundleError(
+                f"{REQUEST_FILE}: schema_version {self.schema_version} is newer than this lunasol "
+                f"understands ({REQUEST_SCHEMA_VERSION})"
+            )
+        if not _SAFE_ID.match(self.analysis_run_id):
+            raise BundleError(f"{REQUEST_FILE}: analysis_run_id {self.analysis_run_id!r} is not a safe id")
+        task_ids = [t.task_id for t in self.tasks]
+        dup_tasks = _duplicates(task_ids)
+        if dup_tasks:
+            raise BundleError(f"{REQUEST_FILE}: duplicate task ids: {', '.join(dup_tasks)}")
+        dup_cells = _duplicates([c.cell_id for c in self.cells])
+        if dup_cells:
+            raise BundleError(f"{REQUEST_FILE}: duplicate cell ids: {', '.join(dup_cells)}")
+        known_tasks = set(task_ids)
+        for cell in self.cells:
+            if not _SAFE_ID.match(cell.cell_id):
+                raise BundleError(f"{REQUEST_FILE}: cell id {cell.cell_id!r} is not a safe id")
+            if cell.task_id not in known_tasks:
+                raise BundleError(f"{REQUEST_FILE}: cell {cell.cell_id} names unknown task id {cell.task_id!r}")
+            check_relative(cell.path, f"{REQUEST_FILE}: cell {cell.cell_id} path")
+        dup_excl = _duplicates([e.cell_id for e in self.exclusions])
+        if dup_excl:
+            raise BundleError(f"{REQUEST_FILE}: duplicate exclusions for cells: {', '.join(dup_excl)}")
+        by_id = {c.cell_id: c for c in self.cells}
+        reasons = {e.cell_id: e.reason for e in self.exclusions}
+        for cell_id, reason in reasons.items():
+            if cell_id not in by_id:
+                raise BundleError(f"{REQUEST_FILE}: exclusion names cell {cell_id} that is not listed in cells")
+            if by_id[cell_id].eligibility != "excluded":
+                raise BundleError(f"{REQUEST_FILE}: cell {cell_id} is valid_behavior but has an exclusion")
+            if not reason.strip():
+                raise BundleError(f"{REQUEST_FILE}: excluded cell {cell_id} has an empty reason")
+        for cell in self.cells:
+            if cell.eligibility == "excluded" and cell.cell_id not in reasons:
+                raise BundleError(f"{REQUEST_FILE}: excluded cell {cell.cell_id} has no reason in exclusions")
+        return self
+
+    @property
+    def eligible_cells(self) -> list[CellSpec]:
+        """Cells in the denominator (``valid_behavior``), in request order."""
+        return [c for c in self.cells if c.eligibility == "valid_behavior"]
+
+    def exclusion_reason(self, cell_id: str) -> str | None:
+        """The stated reason a cell is excluded, if it is."""
+        for e in self.exclusions:
+            if e.cell_id == cell_id:
+                return e.reason
+        return None
+
+
+def _duplicates(values: list[str]) -> list[str]:
+    seen: set[str] = set()
+    dups: list[str] = []
+    for v in values:
+        if v in seen and v not in dups:
+            dups.append(v)
+        seen.add(v)
+    return dups
+
+
+def check_relative(path: str, what: str) -> PurePosixPath:
+    """A bundle-relative POSIX path: not absolute, no ``..``, no backslashes. Raise BundleError otherwise."""
+    p = PurePosixPath(path)
+    if not path or path.startswith(("/", "\\")) or p.is_absolute() or re.match(r"^[A-Za-z]:", path):
+        raise BundleError(f"{what} {path!r} is absolute; bundle paths must be relative")
+    if "\\" in path or ".." in p.parts or "\x00" in path:
+        raise BundleError(f"{what} {path!r} escapes the bundle")
+    return p
+
+
+def request_json_schema() -> dict[str, Any]:
+    """JSON Schema of ``analysis-request.json``, generated from the model."""
+    return AnalysisRequest.model_json_schema()
+
+
+def load_request(bundle: Path) -> AnalysisRequest:
+    """Read and validate ``BUNDLE/analysis-request.json``; every problem is one BundleError line."""
+    path = bundle / REQUEST_FILE
+    if not path.is_file():
+        raise BundleError(f"missing {REQUEST_FILE} in bundle {bundle}")
+    try:
+        data = orjson.loads(path.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise BundleError(f"{REQUEST_FILE}: invalid JSON ({exc})") from None
+    try:
+        return AnalysisRequest.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "(root)"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise BundleError(f"{REQUEST_FILE}: {loc}: {err['msg']}{more}") from None

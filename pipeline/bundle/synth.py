@@ -1,0 +1,128 @@
+"""Synthetic native bundles for tests and benchmarks (not the demo bundle: that one is curated).
+
+Deterministic for a given seed: the same call writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+from pipeline.canonical import canonical_json, sha256_text, write_json
+
+STAGES = ("proposal", "design", "implementation", "review")
+TOOLS = ("read_file", "grep", "run_tests", "write_file")
+
+
+def _ts(i: int) -> str:
+    # One event per second from a fixed start: ISO-8601 UTC, lexically ordered.
+    h, rem = divmod(i, 3600)
+    m, s = divmod(rem, 60)
+    day, h = divmod(h, 24)
+    return f"2026-08-{9 + day:02d}T{h:02d}:{m:02d}:{s:02d}Z"
+
+
+def _jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(canonical_json(r) + "\n" for r in rows), encoding="utf-8")
+
+
+def write_cell(cell_dir: Path, cell_id: str, events: int, rng: random.Random, output_chars: int = 120) -> int:
+    """Write one cell with about ``events`` log lines over the four stages; return the lines written."""
+    per_stage = max(4, events // len(STAGES))
+    clock = 0
+    controller: list[dict[str, Any]] = []
+    written = 0
+    for n, stage in enumerate(STAGES, 1):
+        actor = "reviewer" if stage == "review" else "candidate"
+        controller.append({"ts": _ts(clock), "event": "stage_started", "stage": stage, "actor": actor})
+        controller.append(
+            {"ts": _ts(clock), "event": "state", "state_digest": sha256_text(f"{cell_id}/{stage}"),
+             "current_stage": stage, "confirmed": list(STAGES[: n - 1])}
+        )  # fmt: skip
+        clock += 1
+        session = f"{cell_id}-{n:02d}"
+        rows: list[dict[str, Any]] = [
+            {"ts": _ts(clock), "session": session, "type": "message", "role": "operator", "content": f"Do {stage}."}
+        ]
+        clock += 1
+        k = 0
+        while len(rows) < per_stage - 2:
+            tool = TOOLS[rng.randrange(len(TOOLS))]
+            call_id = f"{session}-c{k}"
+            path = f"src/mod{rng.randrange(20)}.py"
+            rows.append(
+                {"ts": _ts(clock), "session": session, "type": "tool_call", "call_id": call_id, "tool": tool,
+                 "args": {"path": path, "limit": rng.randrange(1, 400)}}
+            )  # fmt: skip
+            clock += 1
+            body = "".join(rng.choice("abcdefghij klmnop\n") for _ in range(output_chars))
+            rows.append(
+                {"ts": _ts(clock), "session": session, "type": "tool_result", "call_id": call_id, "tool": tool,
+                 "output": body, "exit_code": 0 if rng.random() > 0.1 else 1}
+            )  # fmt: skip
+            clock += 1
+            k += 1
+        rows.append({"ts": _ts(clock), "session": session, "type": "message", "role": actor, "content": "Done."})
+        clock += 1
+        _jsonl(cell_dir / "sessions" / f"{n:02d}-{stage}-{actor}.jsonl", rows)
+        written += len(rows)
+        controller.append({"ts": _ts(clock), "event": "stage_accepted", "stage": stage, "by": "validator"})
+        clock += 1
+    controller.append({"ts": _ts(clock), "event": "workflow_finished", "status": "done", "note": "all stages accepted"})
+    _jsonl(cell_dir / "controller.jsonl", controller)
+    write_json(cell_dir / "cell.json", {"cell_id": cell_id, "harness": "H0", "workflow": list(STAGES)})
+    return written + len(controller)
+
+
+def write_bundle(
+    root: Path,
+    cells: int = 3,
+    events_per_cell: int = 40,
+    excluded: int = 1,
+    seed: int = 7,
+    output_chars: int = 120,
+    freeze_it: bool = True,
+) -> int:
+    """Write a synthetic native bundle under ``root`` (and freeze it); return the number of log lines."""
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    tasks = [f"task-{i}" for i in range(max(1, min(cells, 8)))]
+    cell_specs: list[dict[str, Any]] = []
+    outcomes: list[dict[str, Any]] = []
+    total = 0
+    for i in range(cells + excluded):
+        cell_id = f"C{i + 1:03d}"
+        task = tasks[i % len(tasks)]
+        spec = {"cell_id": cell_id, "task_id": task, "run_id": f"h0-{task}-r{i // len(tasks) + 1}",
+                "eligibility": "valid_behavior" if i < cells else "excluded", "path": f"cells/{cell_id}"}  # fmt: skip
+        cell_specs.append(spec)
+        if i < cells:
+            total += write_cell(root / spec["path"], cell_id, events_per_cell, rng, output_chars)
+            outcomes.append(
+                {"cell_id": cell_id, "label": "completed" if rng.random() > 0.3 else "workflow_failed",
+                 "quality": round(rng.random(), 2), "completion": 1.0, "cost": round(rng.random() * 3, 2),
+                 "stability": 0.9, "notes": "synthetic"}
+            )  # fmt: skip
+    request = {
+        "schema_version": 1,
+        "parent_harness": "H0",
+        "generation": 0,
+        "analysis_run_id": "synthetic-run",
+        "tasks": [{"task_id": t, "summary": f"synthetic task {t}"} for t in tasks],
+        "cells": cell_specs,
+        "exclusions": [
+            {"cell_id": s["cell_id"], "reason": "harness crashed before the first stage"}
+            for s in cell_specs
+            if s["eligibility"] == "excluded"
+        ],
+        "allowed_history": [],
+    }
+    write_json(root / "analysis-request.json", request)
+    _jsonl(root / "sidecar" / "outcomes.jsonl", outcomes)
+    if freeze_it:
+        from pipeline.bundle.manifest import freeze
+
+        freeze(root)
+    return total
