@@ -1,0 +1,124 @@
+"""Per-run call log ``calls.jsonl``: one line per logical model call, appended whole under a lock."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from pipeline.canonical import canonical_json
+from pipeline.errors import BadInput
+
+CALLLOG_NAME = "calls.jsonl"
+CALLLOG_SCHEMA_VERSION = 1
+
+
+class CallLog:
+    """Append-only ``run_dir/calls.jsonl``; safe from many tasks and threads of one process."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / CALLLOG_NAME
+        self._lock = threading.Lock()
+
+    def append(self, entry: dict[str, Any]) -> None:
+        """Write one whole line (a single write, flushed) so a crash never leaves half a record mid-file."""
+        line = (canonical_json({"schema_version": CALLLOG_SCHEMA_VERSION, **entry}) + "\n").encode("utf-8")
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("ab") as fh:
+                fh.write(line)
+                fh.flush()
+
+
+def read_calls(run_dir: Path) -> list[dict[str, Any]]:
+    """Every entry of a run's call log; a torn last line (crash mid-write) is skipped."""
+    path = Path(run_dir) / CALLLOG_NAME
+    if not path.is_file():
+        return []
+    rows: list[dict[str, Any]] = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if n == len(lines):
+                continue
+            raise BadInput(f"{path} line {n} is not JSON") from None
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def summarise(run_dir: Path) -> dict[str, Any]:
+    """Per role: calls, HTTP attempts, re-asks, transport retries, tokens, cost, failures; plus totals.
+
+    Cost is None for a role when any of its exchanges had no known price (stated, not guessed).
+    """
+    roles: dict[str, dict[str, Any]] = {}
+    for row in read_calls(run_dir):
+        role = str(row.get("role", "?"))
+        r = roles.setdefault(
+            role,
+            {
+                "calls": 0,
+                "attempts": 0,
+                "reasks": 0,
+                "transport_retries": 0,
+                "prompt_tokens": 0,
+                "completion_tokens": 0,
+                "cost_usd": 0.0,
+                "cost_known": True,
+                "failures": 0,
+                "latency_ms": 0.0,
+                "modes": [],
+            },
+        )
+        r["calls"] += 1
+        r["attempts"] += int(row.get("attempts") or 0)
+        r["reasks"] += max(0, int(row.get("attempts") or 0) - 1)
+        r["transport_retries"] += int(row.get("transport_retries") or 0)
+        r["prompt_tokens"] += int(row.get("prompt_tokens") or 0)
+        r["completion_tokens"] += int(row.get("completion_tokens") or 0)
+        r["latency_ms"] += float(row.get("latency_ms") or 0.0)
+        if row.get("cost_usd") is None:
+            r["cost_known"] = False
+        else:
+            r["cost_usd"] += float(row["cost_usd"])
+        if row.get("outcome") != "ok":
+            r["failures"] += 1
+        if row.get("mode") and row["mode"] not in r["modes"]:
+            r["modes"].append(row["mode"])
+    for r in roles.values():
+        r["cost_usd"] = round(r["cost_usd"], 8) if r["cost_known"] else None
+        r["latency_ms"] = round(r["latency_ms"], 1)
+        r["modes"].sort()
+    total_keys = ("calls", "attempts", "reasks", "transport_retries", "prompt_tokens", "completion_tokens", "failures")
+    totals: dict[str, Any] = {k: sum(r[k] for r in roles.values()) for k in total_keys}
+    known = all(r["cost_known"] for r in roles.values())
+    totals["cost_usd"] = round(sum(r["cost_usd"] or 0.0 for r in roles.values()), 8) if known else None
+    totals["cost_known"] = known
+    return {"roles": dict(sorted(roles.items())), "totals": totals}
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A plain-text table of :func:`summarise` (one row per role, then totals)."""
+    head = f"{'role':<10} {'calls':>6} {'attempts':>8} {'reasks':>6} {'retries':>7} {'prompt':>9} {'compl':>8} "
+    head += f"{'cost_usd':>10} {'failed':>6}"
+    lines = [head]
+
+    def row(name: str, r: dict[str, Any]) -> str:
+        cost = "unknown" if r.get("cost_usd") is None else f"{r['cost_usd']:.4f}"
+        return (
+            f"{name:<10} {r['calls']:>6} {r['attempts']:>8} {r['reasks']:>6} {r['transport_retries']:>7} "
+            f"{r['prompt_tokens']:>9} {r['completion_tokens']:>8} {cost:>10} {r['failures']:>6}"
+        )
+
+    for name, r in summary["roles"].items():
+        lines.append(row(name, r))
+    lines.append(row("total", summary["totals"]))
+    if summary["totals"].get("cost_usd") is None and summary["roles"]:
+        lines.append("cost unknown: no litellm price for at least one model (tokens are exact)")
+    return "\n".join(lines)

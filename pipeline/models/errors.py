@@ -1,0 +1,69 @@
+"""Errors of the model layer: each is a :class:`~pipeline.errors.Blocked` the runner turns into a block receipt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.errors import BadInput, Blocked
+
+
+class PromptError(BadInput):
+    """A template is missing, malformed, or needs a variable the context does not give."""
+
+
+class ReplayMiss(Blocked):
+    """Replay found no recording for a request; never falls back to a live call."""
+
+    def __init__(
+        self, *, role: str, cell_id: str | None, template_hash: str, key: str, model: str | None, store: str
+    ) -> None:
+        unblock = (
+            f"lunasol run BUNDLE --record {store} --model {model or 'MODEL'}  "
+            "(re-record: the prompt, template, schema or model changed since the recording)"
+        )
+        super().__init__(
+            f"replay: no recording for role={role} cell={cell_id or '-'} template={template_hash} key={key} "
+            f"in {store}; re-record with: {unblock}",
+            reason="replay_miss",
+            unblock=unblock,
+            role=role,
+            cell_id=cell_id,
+            template_hash=template_hash,
+            key=key,
+            store=store,
+        )
+        self.role = role
+        self.cell_id = cell_id
+        self.template_hash = template_hash
+        self.key = key
+
+
+class BudgetExceeded(Blocked):
+    """The run's budget (USD or tokens) is spent; no further model call is started."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        spent_usd: float | None,
+        spent_tokens: int,
+        budget_usd: float | None,
+        budget_tokens: int | None,
+        **data: Any,
+    ) -> None:
+        super().__init__(
+            message,
+            reason="budget_exceeded",
+            unblock="lunasol run BUNDLE --resume --budget-usd <higher>  (finished calls are not repeated)",
+            spent_usd=spent_usd,
+            spent_tokens=spent_tokens,
+            budget_usd=budget_usd,
+            budget_tokens=budget_tokens,
+            **data,
+        )
+        self.spent_usd = spent_usd
+        self.spent_tokens = spent_tokens
+
+
+class ModelUnavailable(Blocked):
+    """Transport faults (rate limits, timeouts, 5xx, refused connections) outlasted every retry."""

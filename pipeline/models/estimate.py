@@ -1,0 +1,188 @@
+"""Dry run: render every planned prompt, count tokens offline, price per role; nothing is called.
+
+Messages are the exact ones instructor would send: instructor is run over a stand-in
+completion function that captures its kwargs and stops (no network, no model).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from pipeline.models.prompts import render
+from pipeline.settings import ModelSettings
+
+DEFAULT_OUTPUT_TOKENS = 800
+"""Assumed completion size per call when a role does not say (stated in the table)."""
+
+
+@dataclass
+class PlannedCall:
+    """One call a role would make: ``plan(ctx) -> list[PlannedCall]`` in each role module."""
+
+    role: str
+    cell_id: str | None
+    context: dict[str, Any]
+    response_model: type[BaseModel]
+    expected_output_tokens: int = DEFAULT_OUTPUT_TOKENS
+
+
+@dataclass
+class RoleEstimate:
+    """Totals for one role."""
+
+    role: str
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0  # assumed, see PlannedCall.expected_output_tokens
+    cost_usd: float | None = 0.0
+    template_hash: str = ""
+
+
+@dataclass
+class Estimate:
+    """Calls, tokens and cost per role, before anything is called."""
+
+    model: str
+    roles: list[RoleEstimate] = field(default_factory=list)
+    price_known: bool = True
+    counted_with: str = "litellm.token_counter"
+
+    @property
+    def calls(self) -> int:
+        """Planned calls (first attempts only; re-asks are not predicted)."""
+        return sum(r.calls for r in self.roles)
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens of all first attempts."""
+        return sum(r.prompt_tokens for r in self.roles)
+
+    @property
+    def completion_tokens(self) -> int:
+        """Assumed completion tokens."""
+        return sum(r.completion_tokens for r in self.roles)
+
+    @property
+    def cost_usd(self) -> float | None:
+        """Estimated cost, None when the model has no litellm price."""
+        if not self.price_known:
+            return None
+        return sum(r.cost_usd or 0.0 for r in self.roles)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready view."""
+        return {
+            "model": self.model,
+            "price_known": self.price_known,
+            "counted_with": self.counted_with,
+            "calls": self.calls,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens_assumed": self.completion_tokens,
+            "cost_usd": self.cost_usd,
+            "roles": [
+                {
+                    "role": r.role,
+                    "calls": r.calls,
+                    "prompt_tokens": r.prompt_tokens,
+                    "completion_tokens_assumed": r.completion_tokens,
+                    "cost_usd": r.cost_usd,
+                    "template_hash": r.template_hash,
+                }
+                for r in self.roles
+            ],
+        }
+
+
+class _Captured(Exception):
+    def __init__(self, kwargs: dict[str, Any]) -> None:
+        super().__init__("captured")
+        self.kwargs = kwargs
+
+
+def _capture(**kwargs: Any) -> Any:
+    raise _Captured(kwargs)
+
+
+def instructor_request(messages: list[dict[str, Any]], response_model: type[BaseModel]) -> dict[str, Any]:
+    """The kwargs instructor would hand to litellm for these messages (schema, tools, system text added)."""
+    import instructor
+
+    from pipeline.models.client import INSTRUCTOR_MODES
+
+    imode = os.environ.get("LUNASOL_INSTRUCTOR_MODE", "tools").lower()
+    client: Any = instructor.from_litellm(_capture, mode=getattr(instructor.Mode, INSTRUCTOR_MODES.get(imode, "TOOLS")))
+    try:
+        client.chat.completions.create(response_model=response_model, messages=messages, max_retries=0)
+    except Exception as exc:
+        cur: BaseException | None = exc
+        while cur is not None:
+            if isinstance(cur, _Captured):
+                return cur.kwargs
+            cur = cur.__cause__ or cur.__context__
+        raise
+    raise AssertionError("instructor returned without calling the completion function")  # pragma: no cover
+
+
+def _count(model: str, request: dict[str, Any]) -> int:
+    import litellm
+
+    return int(litellm.token_counter(model=model, messages=request["messages"], tools=request.get("tools")))
+
+
+def _price(model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
+    import litellm
+
+    try:
+        p, c = litellm.cost_per_token(model=model, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        return float(p) + float(c)
+    except Exception:  # not in litellm's bundled price map
+        return None
+
+
+def estimate(planned: list[PlannedCall], settings: ModelSettings) -> Estimate:
+    """Render and count every planned call; price from litellm's bundled map (offline)."""
+    model = settings.model or "openai/gpt-4o-mini"
+    est = Estimate(model=model)
+    by_role: dict[str, RoleEstimate] = {}
+    for call in planned:
+        rendered = render(call.role, call.context)
+        request = instructor_request(rendered.messages, call.response_model)
+        prompt_tokens = _count(model, request)
+        r = by_role.setdefault(call.role, RoleEstimate(role=call.role, template_hash=rendered.template_hash))
+        r.calls += 1
+        r.prompt_tokens += prompt_tokens
+        r.completion_tokens += call.expected_output_tokens
+    for r in by_role.values():
+        r.cost_usd = _price(model, r.prompt_tokens, r.completion_tokens)
+        if r.cost_usd is None:
+            est.price_known = False
+        est.roles.append(r)
+    return est
+
+
+def format_estimate(est: Estimate) -> str:
+    """Plain-text table of an :class:`Estimate`, stating assumptions and unknown prices."""
+    lines = [f"dry run: model {est.model} (nothing was called)"]
+    lines.append(f"{'role':<10} {'calls':>6} {'prompt tok':>11} {'output tok*':>12} {'est. cost':>12}")
+
+    def money(v: float | None) -> str:
+        return "unknown" if v is None else f"${v:.4f}"
+
+    for r in est.roles:
+        lines.append(
+            f"{r.role:<10} {r.calls:>6} {r.prompt_tokens:>11} {r.completion_tokens:>12} {money(r.cost_usd):>12}"
+        )
+    lines.append(
+        f"{'total':<10} {est.calls:>6} {est.prompt_tokens:>11} {est.completion_tokens:>12} {money(est.cost_usd):>12}"
+    )
+    lines.append(
+        f"* output tokens assumed ({DEFAULT_OUTPUT_TOKENS} per call unless a role says otherwise); "
+        "re-asks not included; prompt tokens counted offline with litellm.token_counter"
+    )
+    if not est.price_known:
+        lines.append(f"price unknown: {est.model} is not in litellm's bundled price map")
+    return "\n".join(lines)

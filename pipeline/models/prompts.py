@@ -1,0 +1,110 @@
+"""Role prompts: jinja2 templates in ``prompts/<role>.j2`` rendered with StrictUndefined.
+
+Convention (see prompts/README.md): a template defines ``{% block system %}`` and
+``{% block user %}``. Each renders to one chat message (system, then user); text
+outside the blocks is ignored. A template without a ``system`` block renders a
+single user message. Rendering is a pure function of (template bytes, context).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.canonical import sha256_bytes
+from pipeline.models.errors import PromptError
+
+ROLES = ("luna", "sol", "proposer")
+"""The roles whose templates are hashed into run.json."""
+
+_REPO_PROMPTS = Path(__file__).resolve().parent.parent.parent / "prompts"
+
+
+def prompts_dir() -> Path:
+    """Where templates live: ``$LUNASOL_PROMPTS_DIR`` or ``prompts/`` beside the ``pipeline`` package."""
+    env = os.environ.get("LUNASOL_PROMPTS_DIR")
+    return Path(env) if env else _REPO_PROMPTS
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """The chat messages one role sends, and which template bytes produced them."""
+
+    messages: list[dict[str, Any]] = field(hash=False)
+    template_name: str
+    template_hash: str
+
+
+def template_path(role: str, directory: Path | None = None) -> Path:
+    """The template file of a role; a clear error when it is absent."""
+    if not role or "/" in role or role.startswith("."):
+        raise PromptError(f"invalid role name for a prompt template: {role!r}")
+    path = (directory or prompts_dir()) / f"{role}.j2"
+    if not path.is_file():
+        raise PromptError(f"prompt template not found: {path}")
+    return path
+
+
+@functools.lru_cache(maxsize=64)
+def _compile(source: str, name: str) -> Any:
+    # Keyed on the source text, so an edited template is recompiled and never served stale.
+    import jinja2
+
+    env = jinja2.Environment(
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,  # prompts are plain text, not HTML
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise PromptError(f"prompt template {name} line {exc.lineno}: {exc.message}") from None
+
+
+def _render_block(template: Any, block: str, context: dict[str, Any], name: str) -> str:
+    import jinja2
+
+    try:
+        fn = template.blocks[block]
+        return "".join(fn(template.new_context(dict(context)))).strip()
+    except jinja2.UndefinedError as exc:
+        raise PromptError(f"prompt template {name}: {exc.message} (missing from the {block!r} context)") from None
+
+
+def render_source(source: str, context: dict[str, Any], *, name: str = "<string>") -> RenderedPrompt:
+    """Render template text (the pure core of :func:`render`)."""
+    template = _compile(source, name)
+    if "user" not in template.blocks:
+        raise PromptError(f"prompt template {name} has no {{% block user %}} (see prompts/README.md)")
+    messages: list[dict[str, Any]] = []
+    if "system" in template.blocks:
+        messages.append({"role": "system", "content": _render_block(template, "system", context, name)})
+    messages.append({"role": "user", "content": _render_block(template, "user", context, name)})
+    return RenderedPrompt(messages=messages, template_name=name, template_hash=sha256_bytes(source.encode("utf-8")))
+
+
+def render(role: str, context: dict[str, Any], *, directory: Path | None = None) -> RenderedPrompt:
+    """Render ``prompts/<role>.j2`` with ``context``; a missing variable is a :class:`PromptError`."""
+    path = template_path(role, directory)
+    # read_bytes + decode keeps the bytes exactly (no newline translation), so the hash is of the file
+    return render_source(path.read_bytes().decode("utf-8"), context, name=path.name)
+
+
+def template_hash(role: str, directory: Path | None = None) -> str:
+    """``sha256:<hex>`` of the template file's bytes."""
+    return sha256_bytes(template_path(role, directory).read_bytes())
+
+
+def template_hashes(roles: tuple[str, ...] = ROLES, directory: Path | None = None) -> dict[str, str]:
+    """Hash of every role template that exists (for run.json); absent templates are left out."""
+    out: dict[str, str] = {}
+    for role in roles:
+        path = (directory or prompts_dir()) / f"{role}.j2"
+        if path.is_file():
+            out[role] = sha256_bytes(path.read_bytes())
+    return out

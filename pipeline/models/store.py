@@ -1,0 +1,163 @@
+"""Content-addressed recording store: one readable JSON file per model exchange.
+
+The key is ``sha256:`` of the canonical request: model, messages, the output schema
+(tools / tool_choice / response_format), sampling parameters and the instructor mode.
+It leaves out what cannot change the answer (api_base, keys, timeouts, retries,
+concurrency), so a recording made against one endpoint replays against any other.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+from pipeline.canonical import canonical_json, digest, read_json, write_json
+
+STORE_SCHEMA_VERSION = 1
+
+KEY_FIELDS = (
+    "model",
+    "messages",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "functions",
+    "function_call",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "seed",
+    "stop",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+)
+"""Request fields that can change the answer; everything else (api_base, api_key, timeout, retries) is left out."""
+
+StoreMode = Literal["record", "replay"]
+
+
+def canonical_request(kwargs: dict[str, Any], instructor_mode: str) -> dict[str, Any]:
+    """The part of a litellm request that defines the answer, as plain JSON data."""
+    import json
+
+    picked = {k: kwargs[k] for k in KEY_FIELDS if kwargs.get(k) is not None}
+    # Round-trip through canonical JSON so pydantic message objects (instructor's re-ask
+    # messages) become plain dicts and the stored request equals what was hashed.
+    plain: dict[str, Any] = json.loads(canonical_json(picked))
+    plain["instructor_mode"] = instructor_mode
+    return plain
+
+
+def request_key(request: dict[str, Any]) -> str:
+    """``sha256:<hex>`` of the canonical request."""
+    return digest(request)
+
+
+@functools.cache
+def library_versions() -> dict[str, str]:
+    """Versions whose prompt wording ends up in requests (a bump means re-record)."""
+    out = {}
+    for name in ("litellm", "instructor", "pydantic", "openai"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:  # pragma: no cover - all are dependencies
+            out[name] = "absent"
+    return out
+
+
+class RecordingStore:
+    """A directory of exchanges ``<root>/<hex[:2]>/<hex>.json``, in record or replay mode."""
+
+    def __init__(self, root: Path, mode: StoreMode) -> None:
+        self.root = Path(root)
+        self.mode: StoreMode = mode
+        self._lock = threading.Lock()
+        self.written: set[str] = set()  # keys recorded by this store object (this run)
+        self.served: set[str] = set()  # keys answered from disk
+
+    def path_for(self, key: str) -> Path:
+        """File of one exchange."""
+        hexpart = key.split(":", 1)[-1]
+        return self.root / hexpart[:2] / f"{hexpart}.json"
+
+    def load(self, key: str) -> dict[str, Any] | None:
+        """The stored exchange for ``key``, or None."""
+        path = self.path_for(key)
+        if not path.is_file():
+            return None
+        record: dict[str, Any] = read_json(path)
+        with self._lock:
+            self.served.add(key)
+        return record
+
+    def save(self, record: dict[str, Any]) -> Path:
+        """Write one exchange atomically (pretty canonical JSON, so diffs are readable)."""
+        path = self.path_for(record["key"])
+        write_json(path, record)
+        with self._lock:
+            self.written.add(record["key"])
+        return path
+
+    def keys(self) -> list[str]:
+        """Every key in the store, sorted."""
+        if not self.root.is_dir():
+            return []
+        return sorted("sha256:" + p.stem for p in self.root.glob("*/*.json"))
+
+    def unused(self) -> list[str]:
+        """Keys in the store this replay never served (a stale or oversized recording)."""
+        return [k for k in self.keys() if k not in self.served and k not in self.written]
+
+    def models(self) -> set[str]:
+        """Model strings found in the recordings."""
+        out = set()
+        for key in self.keys():
+            rec = read_json(self.path_for(key))
+            if isinstance(rec, dict) and rec.get("model"):
+                out.add(str(rec["model"]))
+        return out
+
+
+def make_record(
+    *,
+    key: str,
+    request: dict[str, Any],
+    response: dict[str, Any],
+    response_source: str,
+    role: str,
+    cell_id: str | None,
+    template_hash: str,
+    model: str,
+    attempt: int,
+) -> dict[str, Any]:
+    """One recording file's content (never contains a key, header or api_base)."""
+    return {
+        "schema_version": STORE_SCHEMA_VERSION,
+        "key": key,
+        "role": role,
+        "cell_id": cell_id,
+        "template_hash": template_hash,
+        "model": model,
+        "attempt": attempt,
+        "request": request,
+        "response": response,
+        "response_source": response_source,
+        "versions": library_versions(),
+    }
+
+
+def check_record(record: Any, path: Path) -> dict[str, Any]:
+    """Refuse a recording of a newer schema version or without a response."""
+    from pipeline.errors import BadInput
+
+    if not isinstance(record, dict) or "response" not in record:
+        raise BadInput(f"not a lunasol recording: {path}")
+    version = record.get("schema_version", 1)
+    if not isinstance(version, int) or version > STORE_SCHEMA_VERSION:
+        raise BadInput(f"recording {path} has schema_version {version}; this lunasol reads <= {STORE_SCHEMA_VERSION}")
+    return record
