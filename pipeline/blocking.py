@@ -1,0 +1,81 @@
+"""Block receipts: when a run cannot go on, say what blocked it, what was tried, and how to unblock it.
+
+``runs/<id>/block-receipt.json`` follows seed 001: the blocking constraint and its class, every
+action tried with its real outcome (the error carries them: retries, re-asks, fallbacks), why no
+path is left, the exact command that unblocks, and the work already kept. A later successful run
+keeps the old receipt as ``block-receipts/<n>.json`` (resolved), never deletes it.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pipeline.canonical import read_json, write_json
+from pipeline.errors import Blocked
+from pipeline.ledger import Ledger
+
+BLOCK_RECEIPT = "block-receipt.json"
+RESOLVED_DIR = "block-receipts"
+
+# seed 001's constraint classes; anything else a Blocked error names is kept as given.
+CONSTRAINT_CLASSES = ("permission", "missing_data", "external_system", "destructive_risk", "credential", "user_stop")
+
+
+def build_receipt(
+    run_dir: Path, exc: Blocked, *, stage: str, unblock: str, command: str | None = None
+) -> dict[str, Any]:
+    """The content of a block receipt for ``exc`` raised by ``stage``."""
+    ledger = Ledger(run_dir)
+    kept = [e["name"] for e in ledger.summary() if e["state"] == "verified"]
+    tried = [dict(t) for t in exc.tried]
+    extra = {k: v for k, v in exc.data.items() if isinstance(v, str | int | float | bool) or v is None}
+    return {
+        "schema_version": 1,
+        "run_id": run_dir.name,
+        "stage": stage,
+        "blocked_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "blocking_constraint": exc.one_line(),
+        "constraint_class": exc.reason,
+        "error": type(exc).__name__,
+        "details": extra,
+        "tried_actions": tried,
+        "why_all_paths_dead": (
+            "; ".join(str(t.get("outcome", "")) for t in tried if t.get("outcome"))
+            or "no automatic path left: the next step needs the command below"
+        ),
+        "requested_unblock": unblock,
+        "command": command,
+        "work_kept": kept,
+    }
+
+
+def write_block_receipt(run_dir: Path, exc: Blocked, *, stage: str, unblock: str, command: str | None = None) -> Path:
+    """Write ``block-receipt.json`` atomically and return its path."""
+    path = run_dir / BLOCK_RECEIPT
+    write_json(path, build_receipt(run_dir, exc, stage=stage, unblock=unblock, command=command))
+    return path
+
+
+def resolve_block_receipt(run_dir: Path) -> Path | None:
+    """Move a stale block receipt to ``block-receipts/`` once the run went past it (kept, never deleted)."""
+    path = run_dir / BLOCK_RECEIPT
+    if not path.is_file():
+        return None
+    dest_dir = run_dir / RESOLVED_DIR
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    n = len(list(dest_dir.glob("*.json"))) + 1
+    dest = dest_dir / f"{n:03d}.json"
+    os.replace(path, dest)
+    return dest
+
+
+def read_block_receipt(run_dir: Path) -> dict[str, Any] | None:
+    """The current block receipt, if the run is blocked."""
+    path = run_dir / BLOCK_RECEIPT
+    if not path.is_file():
+        return None
+    raw = read_json(path)
+    return raw if isinstance(raw, dict) else None

@@ -1,0 +1,335 @@
+"""Human gates as receipts: compare-and-set on the handoff revision and the digest of what was decided on.
+
+A gate decision (gate 1: confirm root causes; gate 2: select a proposal) is committed by
+:func:`commit`. Under the run lock it
+
+1. returns the stored receipt unchanged when the same operation id was already committed with
+   the same request (idempotent replay; the same id with another request is refused);
+2. refuses with ``needs_rebase`` (exit 4) when the handoff revision or the subject's digest is not
+   the one the decider saw, naming what changed;
+3. writes the receipt to ``runs/<id>/gates/<gate>-<operation>.json`` with exclusive creation (two
+   racing deciders: exactly one wins, the other gets ``needs_rebase``), then applies the state
+   change to the handoff (revision + 1) and records the receipt in the ledger.
+
+Silence is never approval: nothing after a gate proceeds without a receipt.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline import handoff as hf
+from pipeline.canonical import digest, pretty_json, read_json, sha256_file
+from pipeline.errors import BadInput, Blocked, NeedsRebase
+from pipeline.ledger import Ledger
+
+GATES_DIR = "gates"
+RECEIPT_SCHEMA_VERSION = 1
+
+
+class Subject(BaseModel):
+    """What a decision was made on: an artifact of the run and its digest."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    artifact: str
+    digest: str
+
+
+class Receipt(BaseModel):
+    """Proof of one gate decision, bound to the exact subject digest and base revision."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = RECEIPT_SCHEMA_VERSION
+    gate: str
+    operation_id: str
+    run_id: str
+    by: str
+    decided_at: str
+    base_revision: int
+    new_revision: int
+    subject: Subject
+    request: dict[str, Any]
+    request_digest: str
+    result: dict[str, Any] = Field(description="the handoff fields this decision set")
+    receipt_digest: str = ""
+
+
+def receipt_path(run_dir: Path, gate: str, operation_id: str) -> Path:
+    """Where the receipt of one operation lives."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in operation_id)
+    return run_dir / GATES_DIR / f"{gate}-{safe}.json"
+
+
+def default_operation_id(gate: str, subject_digest: str, request: Mapping[str, Any], by: str) -> str:
+    """A stable id for a decision, so repeating the same command replays instead of deciding twice."""
+    return "op-" + digest({"gate": gate, "subject": subject_digest, "request": request, "by": by}).split(":")[1][:16]
+
+
+def _write_exclusive(path: Path, data: bytes) -> bool:
+    """Create ``path`` with ``data`` atomically and only if it does not exist (link of a temp file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)  # fails if the receipt exists: exclusive, and readers never see half a file
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _load_receipt(path: Path) -> Receipt:
+    return Receipt.model_validate(read_json(path))
+
+
+def commit(
+    run_dir: Path,
+    *,
+    gate: str,
+    artifact: str,
+    by: str,
+    request: Mapping[str, Any],
+    apply: Callable[[hf.Handoff], dict[str, Any]],
+    expected_digest: str | None,
+    expected_revision: int | None,
+    operation_id: str | None = None,
+    subject_digest: Callable[[], str] | None = None,
+) -> tuple[Receipt, bool]:
+    """Commit one gate decision; return the receipt and whether it was a replay of an earlier commit.
+
+    ``apply`` gets the current handoff and returns the fields to set (it may raise to refuse).
+    ``expected_digest`` / ``expected_revision`` are what the decider saw; None means "whatever is
+    current" (the CLI always passes what it read before asking). ``subject_digest`` computes the
+    subject's current digest (default: the file's sha256).
+    """
+    if not by.strip():
+        raise BadInput("--by NAME is required: a decision needs a named person")
+    art_path = run_dir / artifact
+    current_digest = subject_digest or (lambda: sha256_file(art_path))
+    with hf.run_lock(run_dir):
+        if not art_path.is_file():
+            raise BadInput(f"{art_path} not found: nothing to decide on yet")
+        now_digest = current_digest()
+        op = operation_id or default_operation_id(gate, expected_digest or now_digest, request, by)
+        req_digest = digest({"gate": gate, "request": request, "by": by, "subject": expected_digest or now_digest})
+        path = receipt_path(run_dir, gate, op)
+        handoff = hf.load(run_dir)
+        if path.is_file():
+            old = _load_receipt(path)
+            if old.request_digest != req_digest:
+                raise NeedsRebase(
+                    f"needs_rebase: operation id {op} was already used for a different decision "
+                    f"({path.name}); use a new --operation-id",
+                    operation_id=op,
+                )
+            if handoff.revision == old.base_revision and handoff.receipts.get(gate) != str(path.relative_to(run_dir)):
+                # A crash between the receipt and the handoff write: finish applying the same decision.
+                _apply_receipt(run_dir, old, path)
+            return old, True
+        if expected_revision is not None and handoff.revision != expected_revision:
+            raise NeedsRebase(
+                f"needs_rebase: handoff is at revision {handoff.revision}, you decided on revision "
+                f"{expected_revision}; since then: {hf.changes_since(handoff, expected_revision)}",
+                current_revision=handoff.revision,
+            )
+        if expected_digest is not None and expected_digest != now_digest:
+            raise NeedsRebase(
+                f"needs_rebase: {artifact} changed: you decided on {expected_digest}, it is now {now_digest}",
+                current_digest=now_digest,
+            )
+        result = apply(handoff)
+        receipt = Receipt(
+            gate=gate,
+            operation_id=op,
+            run_id=handoff.run_id,
+            by=by,
+            decided_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            base_revision=handoff.revision,
+            new_revision=handoff.revision + 1,
+            subject=Subject(artifact=artifact, digest=now_digest),
+            request=dict(request),
+            request_digest=req_digest,
+            result=result,
+        )
+        receipt.receipt_digest = digest(receipt.model_dump(mode="json", exclude={"receipt_digest"}))
+        if not _write_exclusive(path, pretty_json(receipt.model_dump(mode="json")).encode("utf-8")):
+            raise NeedsRebase(f"needs_rebase: another decision with operation id {op} was committed first")
+        _apply_receipt(run_dir, receipt, path)
+        return receipt, False
+
+
+def _apply_receipt(run_dir: Path, receipt: Receipt, path: Path) -> None:
+    """Apply a committed receipt to the handoff and the ledger (caller holds the run lock)."""
+    rel = str(path.relative_to(run_dir))
+    handoff = hf.load(run_dir)
+    changes = dict(receipt.result)
+    changes["receipts"] = {**handoff.receipts, receipt.gate: rel}
+    hf.update_locked(run_dir, changes, f"{receipt.gate} by {receipt.by} ({receipt.operation_id})")
+    Ledger(run_dir).mark_verified(
+        receipt.gate,
+        receipt.gate,
+        {"subject": receipt.subject.digest, "base_revision": str(receipt.base_revision)},
+        {rel: sha256_file(path)},
+    )
+
+
+def invalidate_gate(run_dir: Path, gate: str, reason: str) -> None:
+    """Mark a gate's receipt invalidated in the ledger (the receipt file is kept)."""
+    Ledger(run_dir).invalidate(gate, reason)
+
+
+# -- gate 1: root-cause confirmation ---------------------------------------------------------------
+
+Decision = Literal["confirm", "reject", "unresolved", "amend"]
+DECISIONS: tuple[str, ...] = ("confirm", "reject", "unresolved", "amend")
+GATE1 = "gate1"
+SHORTLIST = "weakness-shortlist.json"
+
+
+def shortlist_digest(run_dir: Path) -> str:
+    """The shortlist's own digest (the ``digest`` field, checked against its content)."""
+    from pipeline.sol.shortlist import read_shortlist
+
+    return read_shortlist(run_dir / SHORTLIST).digest
+
+
+def parse_pairs(items: list[str], what: str) -> dict[str, str]:
+    """``["W-01=confirm", ...]`` -> ``{"W-01": "confirm"}`` (bad shapes and repeats are bad input)."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise BadInput(f"{what} must look like W-01=VALUE, got {item!r}")
+        if key in out:
+            raise BadInput(f"{what} for {key} given twice")
+        out[key] = value.strip()
+    return out
+
+
+def gate1_outcome(decisions: Mapping[str, str]) -> str:
+    """The gate-1 state a set of decisions leads to.
+
+    confirmed when every weakness is confirmed or amended, rejected when every one is rejected,
+    pending when nothing was confirmed and some stay unresolved, partially_confirmed otherwise.
+    """
+    kinds = set(decisions.values())
+    if kinds <= {"confirm", "amend"}:
+        return "confirmed"
+    if kinds == {"reject"}:
+        return "rejected"
+    if not kinds & {"confirm", "amend"}:
+        return "pending"
+    return "partially_confirmed"
+
+
+def confirm(
+    run_dir: Path,
+    decisions: Mapping[str, str],
+    *,
+    by: str,
+    notes: Mapping[str, str] | None = None,
+    expected_digest: str | None = None,
+    expected_revision: int | None = None,
+    operation_id: str | None = None,
+) -> tuple[Receipt, bool]:
+    """Gate 1: record a decision on every weakness of the shortlist as a receipt (see :func:`commit`)."""
+    notes = dict(notes or {})
+    ids = hf.weakness_ids(run_dir)
+    if not (run_dir / SHORTLIST).is_file():
+        raise Blocked(
+            f"no weakness shortlist in {run_dir}: gate 1 has nothing to decide on",
+            reason="missing_data",
+            unblock=hf.run_command(run_dir),
+        )
+    bad = {k: v for k, v in decisions.items() if v not in DECISIONS}
+    if bad:
+        k, v = next(iter(bad.items()))
+        raise BadInput(f"decision for {k} must be one of {', '.join(DECISIONS)}, got {v!r}")
+    unknown = sorted(set(decisions) - set(ids))
+    if unknown:
+        raise BadInput(f"no such weakness in the shortlist: {', '.join(unknown)} (it has {', '.join(ids) or 'none'})")
+    missing = [w for w in ids if w not in decisions]
+    if missing:
+        raise BadInput(f"no decision for {', '.join(missing)}: silence is never approval, decide on every weakness")
+    stray = sorted(set(notes) - set(ids))
+    if stray:
+        raise BadInput(f"note for a weakness not in the shortlist: {', '.join(stray)}")
+    for wid, d in decisions.items():
+        if d == "amend" and not notes.get(wid, "").strip():
+            raise BadInput(f'amending {wid} needs --note {wid}="the amended statement"')
+    request = {
+        "decisions": {w: {"decision": decisions[w], "note": notes.get(w) or None} for w in ids},
+    }
+    outcome = gate1_outcome(decisions)
+
+    def apply(h: hf.Handoff) -> dict[str, Any]:
+        if h.phase != "rootCausesMined":
+            raise Blocked(
+                f"gate 1 is not open: the run is at phase {h.phase}",
+                reason="missing_data",
+                unblock=hf.run_command(run_dir),
+            )
+        result: dict[str, Any] = {"userRootCauseConfirmation": outcome}
+        if outcome in ("confirmed", "partially_confirmed"):
+            result["proposalGeneration"] = "not_started"
+            result["proposalSelection"] = "not_started"
+        return result
+
+    return commit(
+        run_dir,
+        gate=GATE1,
+        artifact=SHORTLIST,
+        by=by,
+        request=request,
+        apply=apply,
+        expected_digest=expected_digest,
+        expected_revision=expected_revision,
+        operation_id=operation_id,
+        subject_digest=lambda: shortlist_digest(run_dir),
+    )
+
+
+def confirmed_weaknesses(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """For gate 2 / proposals: weakness id -> {decision, note} of the latest valid gate-1 receipt.
+
+    Raises Blocked (exit 3, with the confirm command) when there is no valid receipt: silence is
+    never approval.
+    """
+    h = hf.load(run_dir)
+    rel = h.receipts.get(GATE1)
+    entry = Ledger(run_dir).get(GATE1)
+    if (
+        not rel
+        or entry is None
+        or entry.state != "verified"
+        or h.userRootCauseConfirmation not in ("confirmed", "partially_confirmed")
+    ):
+        raise Blocked(
+            "gate 1 has no valid confirmation: root causes must be confirmed before proposals",
+            reason="user_stop",
+            unblock=hf.confirm_command(run_dir, h),
+        )
+    receipt = _load_receipt(run_dir / rel)
+    if receipt.subject.digest != shortlist_digest(run_dir):
+        raise Blocked(
+            "the gate-1 receipt was made on another shortlist",
+            reason="user_stop",
+            unblock=hf.confirm_command(run_dir, h),
+        )
+    decisions: dict[str, dict[str, Any]] = receipt.request["decisions"]
+    return {w: d for w, d in decisions.items() if d["decision"] in ("confirm", "amend")}

@@ -1,0 +1,204 @@
+"""``runs/<id>/handoff.json``: the run's state machine, with a revision number for compare-and-set.
+
+Progress: created → exported → patterns → aggregated → rootCausesMined, then
+``userRootCauseConfirmation`` (pending → confirmed / partially_confirmed / rejected),
+``proposalGeneration`` (not_started → done) and ``proposalSelection``
+(not_started → pending → selected / none / redo). Every change bumps ``revision``; an update
+that changes nothing does not. Gate decisions are compare-and-set on that revision
+(:mod:`pipeline.gates`). All writes happen under one exclusive lock file per run.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shlex
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline.canonical import read_json, write_json
+from pipeline.errors import BadInput, NeedsRebase
+
+HANDOFF_FILE = "handoff.json"
+LOCK_FILE = ".lunasol.lock"
+HANDOFF_SCHEMA_VERSION = 1
+
+Phase = Literal["created", "exported", "patterns", "aggregated", "rootCausesMined"]
+PHASES: tuple[Phase, ...] = ("created", "exported", "patterns", "aggregated", "rootCausesMined")
+Confirmation = Literal["not_started", "pending", "confirmed", "partially_confirmed", "rejected"]
+Generation = Literal["not_started", "done"]
+Selection = Literal["not_started", "pending", "selected", "none", "redo"]
+
+# Which stage's success moves the run to which phase.
+STAGE_PHASE: dict[str, Phase] = {
+    "export": "exported",
+    "luna": "patterns",
+    "coordinator": "aggregated",
+    "sol": "rootCausesMined",
+}
+
+
+class HistoryEvent(BaseModel):
+    """One change of the state machine."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    revision: int
+    event: str
+    changes: dict[str, Any] = Field(default_factory=dict)
+
+
+class Handoff(BaseModel):
+    """The state machine of one analysis run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = HANDOFF_SCHEMA_VERSION
+    run_id: str
+    revision: int = 0
+    phase: Phase = "created"
+    userRootCauseConfirmation: Confirmation = "not_started"
+    proposalGeneration: Generation = "not_started"
+    proposalSelection: Selection = "not_started"
+    shortlist_digest: str | None = None
+    proposals_digest: str | None = None
+    receipts: dict[str, str] = Field(default_factory=dict, description="gate -> latest receipt path (run-relative)")
+    history: list[HistoryEvent] = Field(default_factory=list)
+
+
+@contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """Exclusive lock over a run's state (handoff and gate receipts); released even on a crash."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def load(run_dir: Path) -> Handoff:
+    """The run's handoff (a fresh one when none was written yet)."""
+    path = run_dir / HANDOFF_FILE
+    if not path.is_file():
+        return Handoff(run_id=run_dir.name)
+    raw = read_json(path)
+    version = raw.get("schema_version") if isinstance(raw, dict) else None
+    if not isinstance(version, int) or version > HANDOFF_SCHEMA_VERSION:
+        raise BadInput(f"{path}: handoff schema_version {version!r} is newer than this lunasol understands")
+    return Handoff.model_validate(raw)
+
+
+def _apply(handoff: Handoff, changes: Mapping[str, Any], event: str) -> bool:
+    """Apply field changes; bump the revision and log them when something changed."""
+    actual = {k: v for k, v in changes.items() if getattr(handoff, k) != v}
+    if not actual:
+        return False
+    data = handoff.model_dump()
+    data.update(actual)
+    updated = Handoff.model_validate(data)  # validates the new values (literals) before anything is written
+    for k in actual:
+        setattr(handoff, k, getattr(updated, k))
+    handoff.revision += 1
+    handoff.history.append(HistoryEvent(revision=handoff.revision, event=event, changes=dict(actual)))
+    return True
+
+
+def update(run_dir: Path, changes: Mapping[str, Any], event: str, *, expected_revision: int | None = None) -> Handoff:
+    """Change the state machine atomically under the run lock (compare-and-set when a revision is expected)."""
+    with run_lock(run_dir):
+        return update_locked(run_dir, changes, event, expected_revision=expected_revision)
+
+
+def update_locked(
+    run_dir: Path, changes: Mapping[str, Any], event: str, *, expected_revision: int | None = None
+) -> Handoff:
+    """:func:`update` for callers that already hold :func:`run_lock`."""
+    handoff = load(run_dir)
+    if expected_revision is not None and handoff.revision != expected_revision:
+        raise NeedsRebase(
+            f"needs_rebase: handoff is at revision {handoff.revision}, expected {expected_revision}; "
+            f"since then: {changes_since(handoff, expected_revision)}",
+            current_revision=handoff.revision,
+        )
+    if _apply(handoff, changes, event) or not (run_dir / HANDOFF_FILE).is_file():
+        write_json(run_dir / HANDOFF_FILE, handoff.model_dump(mode="json"))
+    return handoff
+
+
+def changes_since(handoff: Handoff, revision: int) -> str:
+    """One line listing the events after ``revision``."""
+    events = [f"r{h.revision} {h.event}" for h in handoff.history if h.revision > revision]
+    return "; ".join(events) if events else "nothing recorded"
+
+
+def phase_reached(handoff: Handoff, phase: Phase) -> bool:
+    """Whether the run got at least as far as ``phase``."""
+    return PHASES.index(handoff.phase) >= PHASES.index(phase)
+
+
+def run_command(run_dir: Path, *, resume: bool = True) -> str:
+    """The exact ``lunasol run`` command that continues this run (from run.json)."""
+    bundle = "BUNDLE"
+    models: dict[str, Any] = {}
+    run_json = run_dir / "run.json"
+    if run_json.is_file():
+        raw = read_json(run_json)
+        if isinstance(raw, dict):
+            inputs = raw.get("inputs", {})
+            bundle = str(inputs.get("bundle_path") or raw.get("bundle_path") or bundle)
+            models = inputs.get("models") or {}
+    parts = ["lunasol", "run", bundle, "--run-id", run_dir.name, "--runs-dir", str(run_dir.parent)]
+    if models.get("model"):
+        parts += ["--model", str(models["model"])]
+    if models.get("api_base"):
+        parts += ["--api-base", str(models["api_base"])]
+    if models.get("mode") in ("replay", "record") and models.get("store"):
+        parts += [f"--{models['mode']}", str(models["store"])]
+    if resume:
+        parts.append("--resume")
+    return shlex.join(parts)
+
+
+def weakness_ids(run_dir: Path) -> list[str]:
+    """Ids of the weaknesses in the run's shortlist (empty when there is none)."""
+    path = run_dir / "weakness-shortlist.json"
+    if not path.is_file():
+        return []
+    raw = read_json(path)
+    return [str(w.get("weakness_id")) for w in raw.get("weaknesses", []) if isinstance(w, dict)]
+
+
+def confirm_command(run_dir: Path, handoff: Handoff) -> str:
+    """The exact gate-1 command, with one decision placeholder per weakness and the digest."""
+    parts = ["lunasol", "confirm", str(run_dir)]
+    for wid in weakness_ids(run_dir) or ["W-01"]:
+        parts += ["--decision", f"{wid}=confirm|reject|unresolved|amend"]
+    parts += ["--by", "NAME"]
+    if handoff.shortlist_digest:
+        parts += ["--digest", handoff.shortlist_digest]
+    return " ".join(shlex.quote(p) if "|" not in p else f"'{p}'" for p in parts)
+
+
+def next_command(run_dir: Path, handoff: Handoff | None = None) -> str:
+    """The exact next command for a run, given its state."""
+    h = handoff or load(run_dir)
+    run = shlex.quote(str(run_dir))
+    if h.phase != "rootCausesMined":
+        return run_command(run_dir)
+    if h.userRootCauseConfirmation in ("pending", "not_started"):
+        return confirm_command(run_dir, h)
+    if h.userRootCauseConfirmation == "rejected":
+        return f"# every weakness was rejected; nothing to propose. Rerun the analysis: {run_command(run_dir)}"
+    if h.proposalGeneration == "not_started" or h.proposalSelection == "redo":
+        return f"lunasol propose {run}"
+    if h.proposalSelection in ("pending", "not_started"):
+        digest_part = f" --digest {h.proposals_digest}" if h.proposals_digest else ""
+        return f"lunasol select {run} (--proposal P-01 | --none | --redo) --by NAME{digest_part}"
+    return f"lunasol report {run}"

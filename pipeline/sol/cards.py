@@ -1,0 +1,127 @@
+"""The weakness card: what Sol answers (a draft) and what the shortlist keeps (a checked card).
+
+The model writes :class:`WeaknessDraft` cards. It never writes support counts, task or run
+lists: those are computed from the cells and refs it cites (:mod:`pipeline.sol.checks`) and the
+checked :class:`WeaknessCard` carries them. Both forbid extra fields, so an answer that tries to
+add its own counts is re-asked.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Confidence = Literal["high", "medium", "low"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Where(_Strict):
+    """Where the first divergence happened."""
+
+    stage: str = Field(description="workflow stage, e.g. review")
+    actor: str = Field(description="who acted, e.g. reviewer or controller")
+    what: str = Field(description="what happened there, described, not judged")
+
+
+class FirstDivergence(_Strict):
+    """The earliest point where behaviour left the path that would have worked."""
+
+    where: Where
+    cells: list[str] = Field(description="cell ids where this divergence is seen")
+    event_refs: list[str] = Field(description="event ids (C004-e0012) or source refs (PATH#Lx-Ly)")
+
+
+class HarnessAttribution(_Strict):
+    """Whether the weakness is the harness's (not the model's, the task's or the environment's), and why."""
+
+    attributed: bool
+    why: str
+
+
+class SupportDraft(_Strict):
+    """What the model cites as support; counts are never the model's."""
+
+    cells: list[str] = Field(description="cell ids that support the weakness")
+    pattern_groups: list[str] = Field(default_factory=list, description="pattern group ids")
+    event_refs: list[str] = Field(default_factory=list, description="event ids or source refs")
+
+
+class CounterItem(_Strict):
+    """One piece of counter-evidence: a cell (successful ones included) that argues against the weakness."""
+
+    cell: str
+    refs: list[str] = Field(description="event ids or source refs in that cell")
+    note: str
+
+
+class CounterEvidence(_Strict):
+    """Counter-evidence from the same harness, or an explicit reason why there is none."""
+
+    items: list[CounterItem] = Field(default_factory=list)
+    none_reason: str | None = Field(default=None, description="required when items is empty")
+
+
+class WeaknessDraft(_Strict):
+    """One weakness as Sol proposes it. Sol explains why; it never prescribes a change."""
+
+    weakness_id: str = Field(pattern=r"^W-\d{2,}$")
+    statement: str
+    first_divergence: FirstDivergence
+    harness_attribution: HarnessAttribution
+    support: SupportDraft
+    alternative_explanations: list[str]
+    counter_evidence: CounterEvidence
+    counterfactual_prediction: str = Field(description="falsifiable: what would be observed if this is wrong")
+    confidence: Confidence
+
+
+class SolAnswer(_Strict):
+    """Sol's whole answer: the candidate weaknesses over the batch."""
+
+    weaknesses: list[WeaknessDraft]
+
+
+class SupportCounts(_Strict):
+    """Counts computed from the cited refs."""
+
+    cells: int
+    tasks: int
+    runs: int
+    pattern_groups: int
+
+
+class Support(_Strict):
+    """Support of a checked card: cited cells and groups, and the tasks/runs/counts derived from the IR."""
+
+    cells: list[str]
+    tasks: list[str]
+    runs: list[str]
+    pattern_groups: list[str]
+    event_refs: list[str]
+    counts: SupportCounts
+
+
+class WeaknessCard(_Strict):
+    """A weakness that passed every deterministic check."""
+
+    weakness_id: str
+    statement: str
+    first_divergence: FirstDivergence
+    harness_attribution: HarnessAttribution
+    support: Support
+    alternative_explanations: list[str]
+    counter_evidence: CounterEvidence
+    counterfactual_prediction: str
+    confidence: Confidence
+
+
+class Dropped(_Strict):
+    """A weakness that failed the checks: kept with its reasons, never dropped silently."""
+
+    weakness_id: str
+    statement: str
+    reasons: list[str]

@@ -1,0 +1,319 @@
+"""Deterministic checks of Sol's weakness cards against the run's IR.
+
+Every cited cell must be an eligible cell of the run (the denominator); every ref (an event id
+``C004-e0012`` or a source ref ``PATH#Lx-Ly``) must resolve to an IR event; support counts are
+computed from what is cited, never taken from the model; counter-evidence is present or
+explicitly empty with a reason; and a card never prescribes a change (file paths, commands,
+patches, "add X" / "remove Y" / "应增加" / "删除…"). Errors are one line each, prefixed with the
+weakness id and the field, so they can go back to the model for a re-ask.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.sol.cards import Support, SupportCounts, WeaknessCard, WeaknessDraft
+
+EVENT_ID_RE = re.compile(r"^(?P<cell>.+)-e(?P<seq>\d{4,})$")
+SOURCE_REF_RE = re.compile(r"^(?P<path>[^#\s]+)#L(?P<a>\d+)(?:-L?(?P<b>\d+))?$")
+
+
+@dataclass(frozen=True)
+class CellInfo:
+    """What the checks need to know about one cell."""
+
+    task_id: str
+    run_id: str
+    harness: str | None
+    eligible: bool
+    exclusion_reason: str | None = None
+
+
+@dataclass
+class EvidenceIndex:
+    """The run's evidence, indexed for resolving what a card cites."""
+
+    cells: dict[str, CellInfo]
+    events: dict[str, tuple[str, str, int, int]] = field(default_factory=dict)  # id -> cell, path, start, end
+    groups: dict[str, set[str]] = field(default_factory=dict)  # pattern group id -> cells
+    _by_path: dict[str, list[tuple[int, int, str]]] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for cell, path, a, b in self.events.values():
+            self._by_path.setdefault(path, []).append((a, b, cell))
+
+    @property
+    def denominator(self) -> list[str]:
+        """Eligible cells, sorted."""
+        return sorted(c for c, info in self.cells.items() if info.eligible)
+
+    def resolve(self, ref: str) -> tuple[str | None, str | None]:
+        """The cell a ref belongs to, or (None, why it does not resolve)."""
+        ref = ref.strip()
+        m = EVENT_ID_RE.match(ref)
+        if m and ref in self.events:
+            return self.events[ref][0], None
+        s = SOURCE_REF_RE.match(ref)
+        if s:
+            path, a = s["path"], int(s["a"])
+            b = int(s["b"]) if s["b"] else a
+            if b < a:
+                return None, f"{ref}: line range is backwards"
+            spans = self._by_path.get(path)
+            if not spans:
+                return None, f"{ref}: no IR event comes from {path}"
+            cells = {cell for lo, hi, cell in spans if lo <= b and a <= hi}
+            if not cells:
+                return None, f"{ref}: no IR event covers lines {a}-{b} of {path}"
+            if len(cells) > 1:
+                return None, f"{ref}: lines span several cells"
+            return cells.pop(), None
+        if m:
+            return None, f"{ref}: no such event in this run's IR"
+        return None, f"{ref}: not an event id (C004-e0012) or a source ref (PATH#Lx-Ly)"
+
+
+def load_index(ir_path: Path, groups: dict[str, set[str]] | None = None) -> EvidenceIndex:
+    """Build the index from the run's DuckDB IR (and the Coordinator's pattern groups)."""
+    import duckdb
+
+    con = duckdb.connect(str(ir_path), read_only=True)
+    try:
+        cells = {
+            r[0]: CellInfo(
+                task_id=r[1], run_id=r[2], harness=r[3], eligible=r[4] == "valid_behavior", exclusion_reason=r[5]
+            )
+            for r in con.execute(
+                "SELECT cell_id, task_id, run_id, harness, eligibility, exclusion_reason FROM cells"
+            ).fetchall()
+        }
+        events = {
+            r[0]: (r[1], r[2], int(r[3]), int(r[4]))
+            for r in con.execute("SELECT event_id, cell_id, source_path, line_start, line_end FROM events").fetchall()
+        }
+    finally:
+        con.close()
+    return EvidenceIndex(cells=cells, events=events, groups=dict(groups or {}))
+
+
+# -- prescriptions --------------------------------------------------------------------------------
+
+_CODE_EXT = r"(?:py|js|mjs|ts|tsx|ps1|psm1|sh|bash|go|rs|java|rb|c|h|cpp|cs|kt|swift|php|toml|ini|cfg)"
+_PRESCRIPTION_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    # a path with a directory and an extension, or any source-code file name (names a target file)
+    ("file path", re.compile(r"(?<![\w#])(?:[\w.-]+/)+[\w.-]+\.[A-Za-z0-9]{1,5}\b(?!#L)")),
+    ("file path", re.compile(rf"\b[\w-]+\.{_CODE_EXT}\b")),
+    ("patch", re.compile(r"(?m)^(?:diff --git |@@ -\d|\+\+\+ |--- a/)")),
+    ("command", re.compile(r"(?m)(?:^|`)\s*\$\s+\S")),
+    (
+        "command",
+        re.compile(
+            r"(?:^|[`\s])(?:git|rg|grep|sed|pip|npm|pytest|python3?|bash|sh|make|curl|kubectl|docker|matspec|lunasol)"
+            r"\s+(?:-{1,2}\w|[a-z][\w-]*\s+-{1,2}\w|(?:add|apply|commit|checkout|install|run|back|show|rm|reset)\b)"
+        ),
+    ),
+    (
+        "prescription",
+        re.compile(
+            r"\b(?:should|must|needs? to|ought to|has to|have to|recommend(?:ed|s)?(?: to)?|suggest(?:ed|s)?|"
+            r"propose[sd]?|we (?:can|could|will))\s+(?:be\s+)?(?:add|remove|delete|drop|introduce|implement|replace|"
+            r"insert|create|rename|change|modify|rewrite|split|merge|patch|fix|refactor|enable|disable|added|removed|"
+            r"deleted|dropped|introduced|implemented|replaced|changed|modified|rewritten|fixed)(?:ed|d)?\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "prescription",
+        re.compile(
+            r"(?:^|[.;:!?]\s+|\n\s*(?:[-*]|\d+\.)?\s*)(?:Add|Remove|Delete|Drop|Introduce|Implement|Replace|Insert|"
+            r"Create|Rename|Modify|Rewrite|Patch|Fix|Refactor|Enable|Disable)\s+(?:a|an|the|\w+)"
+        ),
+    ),
+    (
+        "prescription",
+        re.compile(
+            r"(?:应|应该|应当|需要|必须|建议|最好|宜|要)(?:在\S{0,12})?(?:增加|添加|加入|新增|删除|删去|移除|去掉|去除|"
+            r"改为|改成|修改|引入|实现|替换|重写|拆分|合并)"
+        ),
+    ),
+    (
+        "prescription",
+        re.compile(
+            r"(?:^|[。；;：:！!？?\n]\s*(?:[-*]|\d+\.)?\s*)(?:增加|添加|加入|新增|删除|移除|去掉|引入|替换|改为)"
+        ),
+    ),
+)
+
+
+def find_prescriptions(text: str, *, imperatives: bool = True) -> list[str]:
+    """Every prescription in ``text`` as ``"<kind>: <matched text>"`` (empty when there is none).
+
+    ``imperatives=False`` checks only paths, commands and patches: a counterfactual prediction
+    may say what "should" be observed without prescribing anything.
+    """
+    found: list[str] = []
+    for kind, rule in _PRESCRIPTION_RULES:
+        if kind == "prescription" and not imperatives:
+            continue
+        for m in rule.finditer(text):
+            snippet = " ".join(m.group(0).split())
+            item = f"{kind}: {snippet!r}"
+            if item not in found:
+                found.append(item)
+    return found
+
+
+def _texts(d: WeaknessDraft) -> Iterable[tuple[str, str, bool]]:
+    """(field path, text, check imperatives) for every free-text field of a card."""
+    yield "statement", d.statement, True
+    yield "first_divergence.where.what", d.first_divergence.where.what, True
+    yield "harness_attribution.why", d.harness_attribution.why, True
+    for i, alt in enumerate(d.alternative_explanations):
+        yield f"alternative_explanations[{i}]", alt, True
+    for i, item in enumerate(d.counter_evidence.items):
+        yield f"counter_evidence.items[{i}].note", item.note, True
+    if d.counter_evidence.none_reason:
+        yield "counter_evidence.none_reason", d.counter_evidence.none_reason, True
+    yield "counterfactual_prediction", d.counterfactual_prediction, False
+
+
+# -- the checks -------------------------------------------------------------------------------------
+
+MIN_PREDICTION_CHARS = 20
+
+
+def check_card(d: WeaknessDraft, index: EvidenceIndex) -> tuple[WeaknessCard | None, list[str]]:
+    """Check one draft card; return the checked card (support computed) or the list of errors."""
+    errs: list[str] = []
+    wid = d.weakness_id
+
+    def err(path: str, msg: str) -> None:
+        errs.append(f"{wid}: {path}: {msg}")
+
+    def check_cell(path: str, cell: str) -> bool:
+        info = index.cells.get(cell)
+        if info is None:
+            err(path, f"{cell} is not a cell of this run")
+            return False
+        if not info.eligible:
+            err(path, f"{cell} is excluded, not in the denominator of eligible cells")
+            return False
+        return True
+
+    def check_refs(path: str, refs: list[str], cells: set[str] | None) -> set[str]:
+        """Resolve refs; return the cells they belong to. ``cells`` restricts where they may point."""
+        seen: set[str] = set()
+        for i, ref in enumerate(refs):
+            cell, why = index.resolve(ref)
+            if cell is None:
+                err(f"{path}[{i}]", why or "does not resolve")
+                continue
+            if not check_cell(f"{path}[{i}]", cell):
+                continue
+            if cells is not None and cell not in cells:
+                err(f"{path}[{i}]", f"{ref} is in {cell}, which is not one of the cells cited here")
+                continue
+            seen.add(cell)
+        return seen
+
+    if not d.statement.strip():
+        err("statement", "empty")
+    # support: cells must each be backed by a cited ref or pattern group
+    s = d.support
+    if not s.cells:
+        err("support.cells", "empty: a weakness needs at least one supporting cell")
+    if len(set(s.cells)) != len(s.cells):
+        err("support.cells", "lists a cell twice")
+    support_cells = {c for i, c in enumerate(s.cells) if check_cell(f"support.cells[{i}]", c)}
+    backed = check_refs("support.event_refs", s.event_refs, support_cells)
+    for i, g in enumerate(s.pattern_groups):
+        members = index.groups.get(g)
+        if members is None:
+            err(f"support.pattern_groups[{i}]", f"{g} is not a pattern group of this run")
+            continue
+        backed |= members & support_cells
+    if not s.event_refs and not s.pattern_groups:
+        err("support", "cites no event ref and no pattern group")
+    for c in sorted(support_cells - backed):
+        err("support.cells", f"{c} is cited but no cited ref or pattern group comes from it")
+    # first divergence: inside the support
+    fd = d.first_divergence
+    if not fd.cells:
+        err("first_divergence.cells", "empty")
+    for i, c in enumerate(fd.cells):
+        if check_cell(f"first_divergence.cells[{i}]", c) and c not in support_cells:
+            err(f"first_divergence.cells[{i}]", f"{c} is not one of the support cells")
+    if not fd.event_refs:
+        err("first_divergence.event_refs", "empty: point at the events where it diverged")
+    check_refs("first_divergence.event_refs", fd.event_refs, set(fd.cells))
+    if not d.harness_attribution.why.strip():
+        err("harness_attribution.why", "empty")
+    # alternatives and counter-evidence
+    if not [a for a in d.alternative_explanations if a.strip()]:
+        err("alternative_explanations", "empty: name at least one other explanation that was considered")
+    ce = d.counter_evidence
+    if ce.items and ce.none_reason:
+        err("counter_evidence", "has items and a none_reason; give one or the other")
+    if not ce.items and not (ce.none_reason or "").strip():
+        err("counter_evidence", "empty without a reason: give counter-evidence cells or say why there is none")
+    harnesses = {index.cells[c].harness for c in support_cells}
+    for i, item in enumerate(ce.items):
+        if not check_cell(f"counter_evidence.items[{i}].cell", item.cell):
+            continue
+        if harnesses and index.cells[item.cell].harness not in harnesses:
+            err(f"counter_evidence.items[{i}].cell", f"{item.cell} is from another harness")
+        if not item.refs:
+            err(f"counter_evidence.items[{i}].refs", "empty")
+        check_refs(f"counter_evidence.items[{i}].refs", item.refs, {item.cell})
+        if not item.note.strip():
+            err(f"counter_evidence.items[{i}].note", "empty")
+    if len(d.counterfactual_prediction.strip()) < MIN_PREDICTION_CHARS:
+        err("counterfactual_prediction", "too short to be falsifiable: say what would be observed")
+    for path, text, imperatives in _texts(d):
+        for p in find_prescriptions(text, imperatives=imperatives):
+            err(path, f"prescribes a change ({p}); a weakness explains why, only proposals propose")
+    if errs:
+        return None, errs
+    cells = sorted(support_cells)
+    groups = sorted(set(s.pattern_groups))
+    tasks = sorted({index.cells[c].task_id for c in cells})
+    runs = sorted({index.cells[c].run_id for c in cells})
+    support = Support(
+        cells=cells,
+        tasks=tasks,
+        runs=runs,
+        pattern_groups=groups,
+        event_refs=list(s.event_refs),
+        counts=SupportCounts(cells=len(cells), tasks=len(tasks), runs=len(runs), pattern_groups=len(groups)),
+    )
+    data: dict[str, Any] = d.model_dump()
+    data["support"] = support.model_dump()
+    return WeaknessCard.model_validate(data), []
+
+
+def check_answer(drafts: list[WeaknessDraft], index: EvidenceIndex) -> tuple[list[WeaknessCard], dict[str, list[str]]]:
+    """Check every card; return the passing cards and, per failing weakness id, its errors."""
+    cards: list[WeaknessCard] = []
+    failed: dict[str, list[str]] = {}
+    seen: set[str] = set()
+    for d in drafts:
+        if d.weakness_id in seen:
+            failed.setdefault(d.weakness_id, []).append(f"{d.weakness_id}: weakness_id used twice")
+            continue
+        seen.add(d.weakness_id)
+        card, errs = check_card(d, index)
+        if card is None:
+            failed[d.weakness_id] = errs
+        else:
+            cards.append(card)
+    return cards, failed
+
+
+def answer_errors(drafts: list[WeaknessDraft], index: EvidenceIndex) -> list[str]:
+    """Every error of an answer, flat (what goes back to the model on a re-ask)."""
+    _, failed = check_answer(drafts, index)
+    return [e for errs in failed.values() for e in errs]

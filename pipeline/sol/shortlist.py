@@ -1,0 +1,73 @@
+"""``weakness-shortlist.json``: the checked cards, the dropped ones with reasons, and the shortlist's own digest.
+
+The digest is the digest of the canonical content without the ``digest`` field, so anyone can
+recompute it; gate 1 binds its receipt to it. Reading a shortlist whose content no longer
+matches its digest is refused (it was edited by hand).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline.canonical import digest, read_json, write_json
+from pipeline.errors import BadInput
+from pipeline.sol.cards import Dropped, WeaknessCard
+
+SHORTLIST_FILE = "weakness-shortlist.json"
+SHORTLIST_SCHEMA_VERSION = 1
+
+
+class Denominator(BaseModel):
+    """Which cells the weaknesses are measured against."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    eligible_cells: int
+    cells: list[str]
+    excluded: dict[str, str | None] = Field(default_factory=dict, description="excluded cell -> reason")
+
+
+class Shortlist(BaseModel):
+    """The Sol stage's output."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = SHORTLIST_SCHEMA_VERSION
+    run_id: str
+    denominator: Denominator
+    weaknesses: list[WeaknessCard]
+    dropped: list[Dropped] = Field(default_factory=list)
+    made_from: dict[str, str | None] = Field(default_factory=dict, description="input name -> digest")
+    call: dict[str, Any] = Field(default_factory=dict, description="the Sol call: ok, attempts, errors")
+    digest: str = ""
+
+    def content_digest(self) -> str:
+        """Digest of the canonical content excluding the digest field."""
+        return digest(self.model_dump(mode="json", exclude={"digest"}))
+
+
+def write_shortlist(path: Path, shortlist: Shortlist) -> Shortlist:
+    """Seal the shortlist with its digest and write it atomically."""
+    shortlist.digest = shortlist.content_digest()
+    write_json(path, shortlist.model_dump(mode="json"))
+    return shortlist
+
+
+def read_shortlist(path: Path) -> Shortlist:
+    """Read and verify a shortlist (schema version and digest)."""
+    if not path.is_file():
+        raise BadInput(f"no weakness shortlist at {path}")
+    raw = read_json(path)
+    version = raw.get("schema_version") if isinstance(raw, dict) else None
+    if not isinstance(version, int) or version > SHORTLIST_SCHEMA_VERSION:
+        raise BadInput(f"{path}: shortlist schema_version {version!r} is newer than this lunasol understands")
+    try:
+        sl = Shortlist.model_validate(raw)
+    except ValueError as exc:
+        raise BadInput(f"{path}: not a valid weakness shortlist: {str(exc).splitlines()[0]}") from None
+    if sl.digest != sl.content_digest():
+        raise BadInput(f"{path}: content does not match its digest {sl.digest} (edited by hand?)")
+    return sl
