@@ -117,6 +117,14 @@ _STATE: contextvars.ContextVar[_CallState] = contextvars.ContextVar("lunasol_cal
 _CAPTURE: contextvars.ContextVar[list[bytes] | None] = contextvars.ContextVar("lunasol_capture", default=None)
 
 
+def load_litellm() -> Any:
+    """Import litellm lazily (3+ s) with its feedback banner off; offline switches are already set."""
+    import litellm
+
+    litellm.suppress_debug_info = True
+    return litellm
+
+
 def _no_wait() -> bool:
     return os.environ.get("LUNASOL_TEST_NO_WAIT") == "1"
 
@@ -134,8 +142,7 @@ def _lunasol_cause(exc: BaseException) -> LunasolError | None:
 
 
 def _retryable_types() -> tuple[type[BaseException], ...]:
-    import litellm
-
+    litellm = load_litellm()
     names = (
         "RateLimitError",
         "Timeout",
@@ -368,7 +375,7 @@ class ModelClient:
             )
 
     def _price(self, prompt_tokens: int, completion_tokens: int) -> float | None:
-        import litellm
+        litellm = load_litellm()
 
         try:
             p, c = litellm.cost_per_token(
@@ -397,7 +404,7 @@ class ModelClient:
 
     async def _exchange(self, **kwargs: Any) -> Any:
         """Stand-in for ``litellm.acompletion`` under instructor: key, then replay / record / call live."""
-        import litellm
+        litellm = load_litellm()
 
         state = _STATE.get()
         request = canonical_request(kwargs, self.instructor_mode)
@@ -484,7 +491,7 @@ class ModelClient:
 
     async def _live(self, kwargs: dict[str, Any], *, capture: bool) -> tuple[Any, dict[str, Any] | None]:
         """``litellm.acompletion`` with tenacity retries on transport faults, under the concurrency bound."""
-        import litellm
+        litellm = load_litellm()
         from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
         state = _STATE.get()

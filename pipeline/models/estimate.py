@@ -128,13 +128,17 @@ def instructor_request(messages: list[dict[str, Any]], response_model: type[Base
 
 
 def _count(model: str, request: dict[str, Any]) -> int:
-    import litellm
+    from pipeline.models.client import load_litellm
+
+    litellm = load_litellm()
 
     return int(litellm.token_counter(model=model, messages=request["messages"], tools=request.get("tools")))
 
 
 def _price(model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
-    import litellm
+    from pipeline.models.client import load_litellm
+
+    litellm = load_litellm()
 
     try:
         p, c = litellm.cost_per_token(model=model, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)

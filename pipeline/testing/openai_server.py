@@ -1,0 +1,318 @@
+"""A local OpenAI chat-completions server (stdlib only) for tests, benchmarks and serving recordings.
+
+``FakeOpenAI`` answers ``POST /v1/chat/completions`` on 127.0.0.1 (an ephemeral port by default)
+from a queue of scripted replies, then from a handler. Replies can inject faults: a status with
+headers (429 + Retry-After, 500), a delay (timeouts), a dropped connection, a non-JSON body, or
+a schema-invalid answer. It counts requests in flight and records every request body.
+
+``serve_recordings(DIR)`` answers from a lunasol recording directory instead, proving a recording
+is servable by any OpenAI-compatible server. Command line::
+
+    python -m pipeline.testing.openai_server --port 8099 [--recordings DIR] [--delay-ms 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from pipeline.canonical import canonical_json, digest
+
+
+@dataclass
+class Reply:
+    """One scripted HTTP answer. ``body`` None means "the handler's answer"; bytes are sent verbatim."""
+
+    status: int = 200
+    body: dict[str, Any] | bytes | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0
+    drop: bool = False  # close the connection without any response
+
+
+Handler = Callable[[dict[str, Any]], Reply]
+ScriptItem = Reply | Handler
+
+
+def completion_body(
+    request: dict[str, Any],
+    *,
+    content: str | None = None,
+    tool_arguments: str | None = None,
+    usage: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """A chat.completion body. With ``tool_arguments`` and tools in the request, a forced tool call."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    finish = "stop"
+    tools = request.get("tools") or []
+    if tool_arguments is not None and tools:
+        name = tools[0]["function"]["name"]
+        message["content"] = None
+        message["tool_calls"] = [
+            {"id": "call_1", "type": "function", "function": {"name": name, "arguments": tool_arguments}}
+        ]
+        finish = "tool_calls"
+    elif tool_arguments is not None:
+        message["content"] = tool_arguments
+    if usage is None:
+        # Deterministic, roughly proportional token counts (~4 characters per token).
+        prompt = max(1, len(canonical_json(request.get("messages", []))) // 4)
+        completion = max(1, len(tool_arguments or content or "") // 4)
+        usage = (prompt, completion)
+    return {
+        "id": "chatcmpl-" + digest(request)[7:31],
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": request.get("model", "test-model"),
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)},
+    }
+
+
+def answer(data: Any) -> Handler:
+    """A handler that answers structured ``data`` in whatever shape the request asks (tool call or JSON text)."""
+
+    def handle(request: dict[str, Any]) -> Reply:
+        return Reply(body=completion_body(request, tool_arguments=json.dumps(data, ensure_ascii=False)))
+
+    return handle
+
+
+def raw_answer(arguments: str) -> Handler:
+    """A handler answering this exact text as the tool arguments / content (e.g. invalid JSON)."""
+
+    def handle(request: dict[str, Any]) -> Reply:
+        return Reply(body=completion_body(request, tool_arguments=arguments))
+
+    return handle
+
+
+def rate_limited(retry_after: float = 0) -> Reply:
+    """429 with a Retry-After header."""
+    return Reply(
+        status=429,
+        headers={"Retry-After": f"{retry_after:g}"},
+        body={"error": {"message": "rate limited (fake)", "type": "rate_limit_error", "code": "rate_limit"}},
+    )
+
+
+def server_error(status: int = 500) -> Reply:
+    """A 5xx with an OpenAI-style error body."""
+    return Reply(status=status, body={"error": {"message": f"fake server error {status}", "type": "server_error"}})
+
+
+def _example(schema: dict[str, Any], defs: dict[str, Any]) -> Any:
+    # The smallest instance of a JSON schema: enough for a default, schema-valid answer.
+    if "$ref" in schema:
+        return _example(defs.get(schema["$ref"].split("/")[-1], {}), defs)
+    for combo in ("anyOf", "oneOf", "allOf"):
+        if schema.get(combo):
+            return _example(schema[combo][0], defs)
+    if "enum" in schema:
+        return schema["enum"][0]
+    if "const" in schema:
+        return schema["const"]
+    kind = schema.get("type", "object")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object":
+        props = schema.get("properties", {})
+        return {k: _example(props[k], defs) for k in schema.get("required", list(props))}
+    if kind == "array":
+        n = int(schema.get("minItems", 0))
+        return [_example(schema.get("items", {}), defs) for _ in range(n)]
+    return {"string": "x", "integer": 0, "number": 0, "boolean": False, "null": None}.get(kind, "x")
+
+
+def auto_answer(request: dict[str, Any]) -> Reply:
+    """Answer with the smallest instance of the requested schema (tools or json_schema), else ``{}``."""
+    schema: dict[str, Any] = {}
+    if request.get("tools"):
+        schema = request["tools"][0]["function"].get("parameters", {})
+    elif isinstance(request.get("response_format"), dict):
+        schema = request["response_format"].get("json_schema", {}).get("schema", {})
+    data = _example(schema, schema.get("$defs", {})) if schema else {}
+    return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
+
+
+def _match_key(request: dict[str, Any]) -> str:
+    # What identifies a request on the wire: roles, contents, tool calls and the tool names.
+    msgs = []
+    for m in request.get("messages", []):
+        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in (m.get("tool_calls") or [])]
+        msgs.append([m.get("role"), m.get("content") or "", calls, m.get("tool_call_id") or ""])
+    tools = [t["function"]["name"] for t in request.get("tools") or []]
+    return digest({"messages": msgs, "tools": tools})
+
+
+def recordings_handler(store_dir: Path) -> Handler:
+    """Answer each request with the recorded response of the matching exchange in ``store_dir``."""
+    index: dict[str, dict[str, Any]] = {}
+    for path in sorted(Path(store_dir).glob("*/*.json")):
+        rec = json.loads(path.read_text(encoding="utf-8"))
+        index[_match_key(rec["request"])] = rec.get("response_openai", rec["response"])
+
+    def handle(request: dict[str, Any]) -> Reply:
+        body = index.get(_match_key(request))
+        if body is None:
+            return Reply(status=404, body={"error": {"message": "no recording matches this request"}})
+        return Reply(body=body)
+
+    return handle
+
+
+class FakeOpenAI:
+    """A threaded local server speaking OpenAI chat completions; use as a context manager."""
+
+    def __init__(self, handler: Handler | None = None, *, port: int = 0, delay_s: float = 0.0) -> None:
+        self.handler = handler
+        self.delay_s = delay_s  # added to every reply (benchmarks)
+        self.script: list[ScriptItem] = []
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        outer = self
+
+        class _H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # else Nagle + delayed ACK add ~40 ms per call
+
+            def log_message(self, *args: Any) -> None:  # quiet
+                pass
+
+            def do_POST(self) -> None:
+                outer._serve(self)
+
+        ThreadingHTTPServer.request_queue_size = 256  # default backlog 5 stalls bursts of connections
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), _H)
+        self.httpd.daemon_threads = True
+        self.port = int(self.httpd.server_address[1])
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="fake-openai", daemon=True)
+
+    # scripting -------------------------------------------------------------
+    def push(self, *items: ScriptItem) -> FakeOpenAI:
+        """Queue replies (Reply objects or handlers), used in order before the default handler."""
+        with self.lock:
+            self.script.extend(items)
+        return self
+
+    def push_answer(self, data: Any) -> FakeOpenAI:
+        """Queue a structured answer (a tool call or JSON text, whichever the request asks for)."""
+        return self.push(answer(data))
+
+    def reset(self) -> None:
+        """Clear the script, the recorded requests, the counters and the handler."""
+        with self.lock:
+            self.script.clear()
+            self.requests.clear()
+            self.headers.clear()
+            self.max_in_flight = self.in_flight
+            self.handler = None
+            self.delay_s = 0.0
+
+    # serving ---------------------------------------------------------------
+    def _serve(self, h: BaseHTTPRequestHandler) -> None:
+        length = int(h.headers.get("Content-Length") or 0)
+        raw = h.rfile.read(length) if length else b""
+        try:
+            request = json.loads(raw or b"{}")
+        except ValueError:
+            request = {}
+        with self.lock:
+            self.requests.append(request)
+            self.headers.append(dict(h.headers))
+            item = self.script.pop(0) if self.script else None
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            handler = self.handler
+        try:
+            if item is None:
+                item = handler or (
+                    lambda _r: Reply(status=400, body={"error": {"message": "fake server: no scripted reply"}})
+                )
+            reply = item if isinstance(item, Reply) else item(request)
+            if reply.body is None:
+                reply = Reply(
+                    status=reply.status,
+                    body=auto_answer(request).body,
+                    headers=reply.headers,
+                    delay_s=reply.delay_s,
+                    drop=reply.drop,
+                )
+            delay = self.delay_s + reply.delay_s
+            if delay:
+                time.sleep(delay)
+            if reply.drop:
+                h.close_connection = True
+                with contextlib.suppress(OSError):
+                    h.connection.shutdown(socket.SHUT_RDWR)
+                return
+            body = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode("utf-8")
+            h.send_response(reply.status)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(body)))
+            for k, v in reply.headers.items():
+                h.send_header(k, v)
+            h.end_headers()
+            try:
+                h.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):  # the client timed out first
+                pass
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def start(self) -> FakeOpenAI:
+        """Serve in a daemon thread."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket (the port refuses connections afterwards)."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self) -> FakeOpenAI:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve_recordings(store_dir: Path, *, port: int = 0, delay_s: float = 0.0) -> FakeOpenAI:
+    """A (not yet started) server answering from a recording directory."""
+    return FakeOpenAI(recordings_handler(store_dir), port=port, delay_s=delay_s)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve until interrupted (scripted-less: schema-minimal answers, or recordings)."""
+    ap = argparse.ArgumentParser(prog="python -m pipeline.testing.openai_server", description=__doc__.split("\n")[0])
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--recordings", type=Path, default=None, help="answer from this lunasol recording directory")
+    ap.add_argument("--delay-ms", type=float, default=0.0, help="added latency per reply")
+    args = ap.parse_args(argv)
+    handler = recordings_handler(args.recordings) if args.recordings else auto_answer
+    server = FakeOpenAI(handler, port=args.port, delay_s=args.delay_ms / 1000)
+    print(f"serving OpenAI chat completions on {server.base_url}", flush=True)
+    try:
+        server.httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.httpd.server_close()
+
+
+if __name__ == "__main__":
+    main()
