@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 from collections import Counter
-from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -108,13 +107,32 @@ def reader_for(fmt: str) -> Reader:
     """The reader export uses for a bundle of format ``fmt``."""
     ad = adapter(fmt)
 
-    def read(bundle: Path, cell: CellSpec, manifest: Manifest) -> Iterator[SourceEvent]:
+    def read(bundle: Path, cell: CellSpec, manifest: Manifest) -> list[SourceEvent]:
         block = cell_block(bundle, cell.cell_id)
         for rel in block.get("files") or [cell.path]:
             manifest.get(rel)  # a raw file that is not frozen is a BundleError, before any event
-        yield from ad.read(bundle, block)
+        return keep_reader_order(list(ad.read(bundle, block)))
 
     return read
+
+
+def _order_key(e: SourceEvent) -> tuple[str, str, int]:
+    return (e.ts or "", e.source_path, e.line_start)
+
+
+def keep_reader_order(events: list[SourceEvent]) -> list[SourceEvent]:
+    """Make export's (ts, path, line) sort keep the source's own event order.
+
+    Export orders events by timestamp, ties by file and line. Foreign logs often stamp only some
+    records, or stamp a later record earlier; then the timestamps are dropped for that cell so the
+    order stays the one the source defines (the raw lines still hold every timestamp).
+    """
+    keys = [_order_key(e) for e in events]
+    if all(a <= b for a, b in zip(keys, keys[1:], strict=False)):
+        return events
+    for e in events:
+        e.ts = None
+    return events
 
 
 def step_index_base(bundle: Path, cell_id: str) -> int | None:

@@ -53,6 +53,7 @@ def _copy_source(src: Path, raw: Path) -> None:
         raw.mkdir(parents=True)
         shutil.copyfile(src, raw / src.name)
         return
+
     # Regular files only, bytes copied as they are; symlinks and special files are left out on purpose.
     def _ignore(directory: str, names: list[str]) -> list[str]:
         return [n for n in names if (Path(directory) / n).is_symlink()]

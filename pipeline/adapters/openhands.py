@@ -1,1 +1,213 @@
-ADAPTER = None  # placeholder
+"""OpenHands event streams.
+
+Shapes: a JSON list of events (``tests/runtime/trajs``), and evaluation / resolver outputs (JSON
+Lines, one record per run, events in ``history``). New-style events carry ``id``, ``timestamp``,
+``source`` and either ``action`` or ``observation`` (``cause`` links an observation to its
+action); old-style resolver events have only ``action`` / ``observation`` with their arguments
+inline. Step index = the event ``id`` when present (0-based), else the position in the stream.
+
+A run record's ``error`` (e.g. "Agent reached maximum iteration") is the harness's own log line
+and becomes an ``error`` event; ``test_result``, ``report``, ``success``, ``metrics``,
+``instance`` and the other record fields are outcomes (sidecar only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pipeline.adapters.base import (
+    Adapter,
+    CellSource,
+    Discovery,
+    Emitter,
+    args_digest,
+    as_text,
+    load_json,
+    tool_result_event,
+)
+from pipeline.canonical import digest, sha256_text
+from pipeline.ir.events import SourceEvent
+
+NAME = "openhands"
+_MESSAGE_ACTIONS = {"message", "system", "finish", "think", "recall"}
+_NOT_LABELS = {"history", "instruction", "issue", "issue_type", "base_commit"}
+
+
+def _is_event(e: Any) -> bool:
+    return isinstance(e, dict) and ("action" in e or "observation" in e)
+
+
+def _is_stream(items: Any) -> bool:
+    return isinstance(items, list) and bool(items) and all(_is_event(e) for e in items)
+
+
+def sniff(rel: str, head: str) -> bool:
+    """JSON(L) with OpenHands event keys."""
+    return rel.endswith((".json", ".jsonl")) and (
+        ('"observation"' in head and '"action"' in head) or '"agent_state' in head or '"tool_call_metadata"' in head
+    )
+
+
+def discover(bundle: Path, paths: list[str]) -> Discovery:
+    """One cell per event-stream file or per run record with a ``history`` stream."""
+    cells: list[CellSource] = []
+    skipped: list[tuple[str, str]] = []
+    for rel in paths:
+        if not rel.endswith((".json", ".jsonl")):
+            skipped.append((rel, "not JSON"))
+            continue
+        try:
+            jf = load_json(bundle / rel, 2)
+        except (ValueError, UnicodeDecodeError):
+            skipped.append((rel, "not valid JSON"))
+            continue
+        found = 0
+        for line, doc in jf.docs:
+            records: list[tuple[str, Any]] = []
+            if _is_stream(doc):
+                records.append(("", doc))
+            elif isinstance(doc, dict) and _is_stream(doc.get("history")):
+                records.append(("/history", doc))
+            for hptr, rec in records:
+                found += 1
+                stream = rec if not hptr else rec["history"]
+                meta = rec if isinstance(rec, dict) else {}
+                metrics = meta.get("metrics") if isinstance(meta.get("metrics"), dict) else {}
+                cost = metrics.get("accumulated_cost")
+                success = meta.get("success")
+                labels = {k: v for k, v in meta.items() if k not in _NOT_LABELS}
+                inst = meta.get("instance_id") or (meta.get("instance") or {}).get("instance_id")
+                stem = rel.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+                run_id = rel.removeprefix("raw/") + (f"#L{line}" if line else "")
+                texts = [as_text(labels[k]) for k in ("test_result", "report", "result_explanation") if labels.get(k)]
+                cells.append(
+                    CellSource(
+                        run_id=run_id,
+                        task_id=str(inst or (f"{stem}-{line}" if line else stem)),
+                        path=rel,
+                        selector={"line": line, "history": hptr},
+                        files=[rel],
+                        harness="OpenHands",
+                        task_summary=as_text(meta.get("instruction"))[:500],
+                        step_index_base=0,
+                        source_steps=len(stream),
+                        outcome={
+                            "label": None if success is None else ("completed" if success else "workflow_failed"),
+                            "cost": float(cost) if isinstance(cost, int | float) else None,
+                            **labels,
+                        },
+                        label_texts=[t for t in texts if len(t) > 20],
+                    )
+                )
+        if not found:
+            skipped.append((rel, "no OpenHands event stream"))
+    return Discovery(cells=cells, skipped=skipped, harness="OpenHands")
+
+
+def _action_event(em: Emitter, ptr: str, e: dict[str, Any], step: int, line: int | None) -> SourceEvent:
+    action = str(e.get("action"))
+    args = e.get("args") if isinstance(e.get("args"), dict) else {k: v for k, v in e.items() if k != "action"}
+    meta = e.get("tool_call_metadata") if isinstance(e.get("tool_call_metadata"), dict) else {}
+    actor = str(e.get("source") or "agent")
+    thought = as_text(args.get("thought"))
+    common: dict[str, Any] = {"ts": e.get("timestamp"), "actor": actor, "step_index": step, "detail": action}
+    if action == "change_agent_state":
+        state = str(args.get("agent_state"))
+        return em.event("state_change", ptr, line=line, state_digest=digest(state), text=state, **common)
+    if action in _MESSAGE_ACTIONS:
+        body = as_text(args.get("content")) or as_text(e.get("message")) or thought
+        if action == "finish" and not body:
+            body = as_text(args.get("final_thought")) or as_text(args.get("outputs"))
+        return em.event("message" if action != "recall" else "other", ptr, line=line, text=body, **common)
+    call_args = {k: v for k, v in args.items() if k not in ("thought", "is_confirmed", "keep_prompt", "action_risk")}
+    shown = as_text(call_args.get("command") or call_args.get("code") or call_args.get("path") or call_args)
+    text = "\n".join(t for t in (thought, shown) if t)
+    return em.event(
+        "tool_call",
+        ptr,
+        line=line,
+        tool_name=meta.get("function_name") or action,
+        call_id=meta.get("tool_call_id") or (str(e["id"]) if "id" in e else None),
+        args_digest=args_digest(call_args),
+        text=text,
+        target=call_args.get("path") if isinstance(call_args.get("path"), str) else None,
+        **common,
+    )
+
+
+def _observation_event(em: Emitter, ptr: str, e: dict[str, Any], step: int, line: int | None) -> SourceEvent:
+    obs = str(e.get("observation"))
+    extras = e.get("extras") if isinstance(e.get("extras"), dict) else {}
+    meta = e.get("tool_call_metadata") if isinstance(e.get("tool_call_metadata"), dict) else {}
+    common: dict[str, Any] = {
+        "ts": e.get("timestamp"),
+        "actor": str(e.get("source") or "environment"),
+        "step_index": step,
+    }
+    content = as_text(e.get("content"))
+    if obs == "agent_state_changed":
+        state = str(extras.get("agent_state"))
+        kind = "error" if state == "error" else "state_change"
+        return em.event(kind, ptr, line=line, detail=obs, state_digest=digest(state), text=state, **common)
+    if obs == "error":
+        return em.event("error", ptr, line=line, detail=obs, text=content or as_text(e.get("message")), **common)
+    if obs in ("null", "recall"):
+        return em.event("other", ptr, line=line, detail=obs, text=content or as_text(e.get("message")), **common)
+    exit_code = (extras.get("metadata") or {}).get("exit_code") if isinstance(extras.get("metadata"), dict) else None
+    if exit_code is None:
+        exit_code = e.get("exit_code", extras.get("exit_code"))
+    failed = None if exit_code is None else (str(exit_code) not in ("0", "-1"))
+    cause = e.get("cause")
+    return tool_result_event(
+        em,
+        ptr,
+        content,
+        is_error=failed,
+        line=line,
+        detail=obs,
+        tool_name=meta.get("function_name") or obs,
+        call_id=meta.get("tool_call_id") or (str(cause) if cause is not None else None),
+        **common,
+    )
+
+
+def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:
+    """Events of one stream, in stream order."""
+    em = Emitter(bundle, cell["path"], max_depth=3)
+    sel = cell.get("selector") or {}
+    line = sel.get("line")
+    doc = em.doc(line)
+    hptr = str(sel.get("history") or "")
+    stream = doc["history"] if hptr else doc
+    last_ts: str | None = None
+    for i, e in enumerate(stream):
+        ptr = f"{hptr}/{i}"
+        last_ts = e.get("timestamp") or last_ts
+        step = int(e["id"]) if str(e.get("id", "")).isdigit() else i
+        if "action" in e:
+            yield _action_event(em, ptr, e, step, line)
+        else:
+            yield _observation_event(em, ptr, e, step, line)
+    if hptr and doc.get("error"):
+        err = as_text(doc["error"])
+        yield em.event(
+            "error",
+            "/error",
+            line=line,
+            ts=last_ts,
+            actor="harness",
+            detail="run_error",
+            text=err,
+            result_digest=sha256_text(err),
+        )
+
+
+ADAPTER = Adapter(
+    name=NAME,
+    description="OpenHands event streams (runtime trajectories, evaluation and resolver outputs)",
+    sniff=sniff,
+    discover=discover,
+    read=read,
+)
