@@ -1,0 +1,133 @@
+"""Text and Markdown renderings of a :class:`~pipeline.diff.compare.RunDiff`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pipeline.diff.compare import CallTotals, Item, RunDiff, Section
+from pipeline.diff.match import FieldChange
+
+MAX_VALUE = 160  # characters of one value shown inline; --json has everything
+
+
+def _short(v: Any) -> str:
+    s = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, sort_keys=True)
+    s = " ".join(s.split())
+    return s if len(s) <= MAX_VALUE else s[: MAX_VALUE - 1] + "…"
+
+
+def change_line(c: FieldChange) -> str:
+    """One field change as ``path: a -> b`` or ``path: +[added] -[removed]``."""
+    if c.added is not None or c.removed is not None:
+        parts = []
+        if c.added:
+            parts.append("+" + _short(c.added))
+        if c.removed:
+            parts.append("-" + _short(c.removed))
+        if parts:
+            return f"{c.path}: {' '.join(parts)}"
+        return f"{c.path}: order {_short(c.a)} -> {_short(c.b)}"
+    if c.a is None:
+        return f"{c.path}: (absent) -> {_short(c.b)}"
+    if c.b is None:
+        return f"{c.path}: {_short(c.a)} -> (absent)"
+    return f"{c.path}: {_short(c.a)} -> {_short(c.b)}"
+
+
+def _item_head(it: Item) -> str:
+    kind = f" [{it.kind}]" if it.kind else ""
+    if it.status == "added":
+        return f"+ {it.b_id}{kind} only in B"
+    if it.status == "removed":
+        return f"- {it.a_id}{kind} only in A"
+    ids = it.a_id if it.a_id == it.b_id else f"{it.a_id} ↔ {it.b_id}"
+    return f"~ {ids}{kind} (match {it.score})"
+
+
+def _presence(name: str, s: Section) -> str | None:
+    if s.present_a and not s.present_b:
+        return f"{name}: only in A (B has none)"
+    if s.present_b and not s.present_a:
+        return f"{name}: only in B (A has none)"
+    return None
+
+
+def _calls_line(t: CallTotals) -> str:
+    return (
+        f"{t.calls} calls, {t.prompt_tokens}+{t.completion_tokens} tokens, ${t.cost_usd:.4f}, "
+        f"{t.attempts} attempts, {t.failures} failures"
+    )
+
+
+def _lines(d: RunDiff, md: bool) -> list[str]:
+    h = (lambda s: f"## {s}") if md else (lambda s: s.upper())
+    bullet = "- " if md else "  "
+    sub = "  - " if md else "      "
+    out: list[str] = []
+    title = f"lunasol diff: A={d.a} ({d.a_run_id})  B={d.b} ({d.b_run_id})"
+    out.append(f"# {title}" if md else title)
+    out.append("")
+    out.append("**identical outputs**" if md and d.identical else "identical outputs" if d.identical else "")
+    if not d.identical:
+        out.pop()
+        out.append("outputs differ")
+
+    def section(name: str, changes: list[FieldChange]) -> None:
+        out.append("")
+        out.append(h(name) + ("" if changes else (" — no differences" if md else ": no differences")))
+        out.extend(bullet + change_line(c) for c in changes)
+
+    def items_section(name: str, s: Section, extra: list[str] | None = None) -> None:
+        out.append("")
+        pres = _presence(name, s)
+        counts = f"{len(s.items)} differ, {s.unchanged} unchanged"
+        out.append(h(name) + (" — " if md else ": ") + (pres or counts))
+        out.extend(extra or [])
+        for it in s.items:
+            out.append(bullet + _item_head(it))
+            out.extend(sub + change_line(c) for c in it.changes)
+
+    section("inputs (run.json)", d.inputs)
+    out.append("")
+    n_items = sum(len(c.items) for c in d.cells)
+    pres = _presence("patterns", d.patterns)
+    out.append(
+        h("patterns per cell")
+        + (" — " if md else ": ")
+        + (pres or f"{len(d.cells)} cells differ ({n_items} patterns), {d.patterns.unchanged} patterns unchanged")
+    )
+    for cell in d.cells:
+        out.append(bullet + f"cell {cell.cell_id}")
+        for it in cell.items:
+            out.append(sub + _item_head(it))
+            out.extend(sub + "  " + change_line(c) for c in it.changes)
+    items_section("pattern groups", d.groups)
+    renum = [f"{bullet}renumbered {a} -> {b}" for a, b in sorted(d.weakness_map.items()) if a != b]
+    items_section("weaknesses", d.weaknesses, renum)
+    items_section("proposals", d.proposals)
+    section("gate decisions", d.gates)
+    section("run state", d.state)
+    out.append("")
+    out.append(h("model calls") + (" — no differences" if not d.calls else ""))
+    out.append(bullet + "A: " + _calls_line(d.calls_a))
+    out.append(bullet + "B: " + _calls_line(d.calls_b))
+    out.extend(bullet + change_line(c) for c in d.calls)
+    return out
+
+
+def render_text(d: RunDiff) -> str:
+    """Plain text for a terminal."""
+    return "\n".join(_lines(d, md=False)).rstrip() + "\n"
+
+
+def render_markdown(d: RunDiff) -> str:
+    """Markdown for a pull request or a review note."""
+    return "\n".join(_lines(d, md=True)).rstrip() + "\n"
+
+
+def diff_json(d: RunDiff) -> dict[str, Any]:
+    """The diff as a JSON-ready dict, with ``identical`` spelled out."""
+    data = d.model_dump(mode="json")
+    data["identical"] = d.identical
+    return data

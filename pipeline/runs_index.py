@@ -1,0 +1,147 @@
+"""``lunasol runs``: the runs under a runs directory, with state, bundle, model and key figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from pipeline.diff.artifacts import IR_DB, RUN_JSON, RunArtifacts, load_run
+from pipeline.diff.compare import call_totals
+from pipeline.errors import BadInput, LunasolError
+
+
+class RunSummary(BaseModel):
+    """One line of ``lunasol runs``."""
+
+    run_id: str
+    path: str
+    state: str
+    bundle: str | None = None
+    bundle_digest: str | None = None
+    model: str | None = None
+    cells: int | None = None
+    patterns: int | None = None
+    weaknesses: int | None = None
+    proposals: int | None = None
+    calls: int | None = None
+    cost_usd: float | None = None
+    error: str | None = None  # an artifact that could not be read (the run is still listed)
+
+
+# handoff.json keys in flow order (DESIGN.md / the gates issue): the first one not done says where the run is.
+FLOW_KEYS = ("userRootCauseConfirmation", "proposalGeneration", "proposalSelection")
+DONE = {"done", "confirmed", "selected", "none", "complete", "completed", "verified", "partially_confirmed"}
+
+
+def run_state(arts: RunArtifacts) -> str:
+    """A short state: blocked, awaiting a gate, or the last stage reached."""
+    if arts.block is not None:
+        what = arts.block.get("reason") or arts.block.get("stage") or "blocked"
+        return f"blocked: {what}"
+    h = arts.handoff
+    if h is not None:
+        state = h.get("state", h.get("states", h))
+        if isinstance(state, dict):
+            for key in FLOW_KEYS:
+                val = state.get(key)
+                if isinstance(val, str) and val not in DONE and val != "not_started":
+                    return f"{key}: {val}"
+            for key in reversed(FLOW_KEYS):
+                val = state.get(key)
+                if isinstance(val, str) and val in DONE:
+                    return f"{key}: {val}"
+            stage = state.get("stage") or state.get("status") or state.get("phase")
+            if isinstance(stage, str):
+                return stage
+        for key in ("stage", "status", "phase"):
+            if isinstance(h.get(key), str):
+                return str(h[key])
+    # No handoff: infer from the artifacts present.
+    for name, present in (
+        ("proposals written", arts.proposals is not None),
+        ("shortlist written", arts.shortlist is not None),
+        ("patterns written", arts.patterns is not None),
+        ("exported", arts.ir_path.is_file()),
+    ):
+        if present:
+            return name
+    return "empty"
+
+
+def _model(run: dict[str, Any]) -> str | None:
+    models = run.get("models", run.get("model"))
+    if isinstance(models, str):
+        return models
+    if isinstance(models, dict):
+        for key in ("model", "luna", "default"):
+            if isinstance(models.get(key), str):
+                return str(models[key])
+        names = sorted({str(v) for v in models.values() if isinstance(v, str)})
+        return ", ".join(names) or None
+    settings = run.get("settings")
+    if isinstance(settings, dict):
+        return _model(settings)
+    return None
+
+
+def _bundle(run: dict[str, Any]) -> tuple[str | None, str | None]:
+    b = run.get("bundle")
+    if isinstance(b, dict):
+        path = b.get("path") or b.get("name")
+        dig = b.get("digest") or b.get("manifest_digest")
+        return (str(path) if path else None, str(dig) if dig else None)
+    dig = run.get("bundle_digest")
+    return (str(b) if b else None, str(dig) if dig else None)
+
+
+def _ir_cells(arts: RunArtifacts) -> int | None:
+    if not arts.ir_path.is_file():
+        return None
+    try:
+        import duckdb
+
+        con = duckdb.connect(str(arts.ir_path), read_only=True)
+        try:
+            row = con.execute("SELECT count(*) FROM cells WHERE eligibility = 'valid_behavior'").fetchone()
+        finally:
+            con.close()
+    except Exception:  # a locked or half-written IR must not hide the run from the list
+        return None
+    return int(row[0]) if row else None
+
+
+def summarise_run(path: Path) -> RunSummary:
+    """Key figures of one run directory (never raises for a broken artifact: it is named in ``error``)."""
+    try:
+        arts = load_run(path)
+    except LunasolError as exc:
+        return RunSummary(run_id=path.name, path=str(path), state="unreadable", error=exc.one_line())
+    bundle, bundle_digest = _bundle(arts.run)
+    totals = call_totals(arts.calls) if arts.calls is not None else None
+    return RunSummary(
+        run_id=arts.run_id,
+        path=str(path),
+        state=run_state(arts),
+        bundle=bundle,
+        bundle_digest=bundle_digest,
+        model=_model(arts.run),
+        cells=_ir_cells(arts),
+        patterns=len(arts.patterns) if arts.patterns is not None else None,
+        weaknesses=len(arts.weaknesses) if arts.weaknesses is not None else None,
+        proposals=len(arts.proposals) if arts.proposals is not None else None,
+        calls=totals.calls if totals else None,
+        cost_usd=totals.cost_usd if totals else None,
+    )
+
+
+def list_runs(runs_dir: Path) -> list[RunSummary]:
+    """Every run directory directly under ``runs_dir`` (sorted by name)."""
+    if not runs_dir.is_dir():
+        raise BadInput(f"runs directory not found: {runs_dir}")
+    out = []
+    for child in sorted(runs_dir.iterdir()):
+        if child.is_dir() and ((child / RUN_JSON).is_file() or (child / IR_DB).is_file()):
+            out.append(summarise_run(child))
+    return out
