@@ -1,0 +1,14 @@
+"""Proposal cards: the fixed schema, YAML in and out, and (phase 2) the proposer."""
+
+from pipeline.proposals.card import ProposalCard, ProposalList, card_json_schema
+from pipeline.proposals.io import dump_cards, parse_entries, read_entries, write_cards
+
+__all__ = [
+    "ProposalCard",
+    "ProposalList",
+    "card_json_schema",
+    "dump_cards",
+    "parse_entries",
+    "read_entries",
+    "write_cards",
+]

@@ -1,0 +1,102 @@
+"""The proposal card: exactly the seed's fixed schema, nothing more.
+
+Six functional areas (seed 000): identity (proposal_id / parent_harness / source_weakness),
+``evidence``, ``root_cause``, ``strategy_change``, ``expected_effect`` and
+``rejection_conditions`` / ``regression_risks``. Every model forbids extra fields so a card
+cannot smuggle in a target file or a patch under a field of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+# Non-empty text: whitespace-only counts as empty. Strict: YAML numbers are not text.
+Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, strict=True)]
+Confidence = Literal["high", "medium", "low"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ObservedImpact(_Strict):
+    """What was observed on each outcome metric (observed figures are allowed here)."""
+
+    quality: Text
+    completion: Text
+    cost: Text
+    stability: Text
+
+
+class Evidence(_Strict):
+    """Which tasks and runs support the card, and the impact actually observed."""
+
+    summary: Text
+    affected_tasks: list[Text] = Field(min_length=1)
+    affected_runs: list[Text] = Field(min_length=1)
+    observed_impact: ObservedImpact
+
+
+class RootCause(_Strict):
+    """The causal hypothesis taken from the confirmed weakness, with its confidence."""
+
+    hypothesis: Text
+    confidence: Confidence
+
+
+class StrategyChange(_Strict):
+    """The current strategy, the one lever changed, and why it hits the root cause."""
+
+    current_strategy: Text
+    proposed_strategy: Text
+    rationale: Text
+
+
+class ExpectedMetrics(_Strict):
+    """Expected direction on each outcome metric; no invented figures."""
+
+    quality: Text
+    completion: Text
+    cost: Text
+    stability: Text
+
+
+class ExpectedEffect(_Strict):
+    """The behaviour to observe first, the pattern that should change, and metric expectations."""
+
+    behavioral_change: Text
+    targeted_pattern_change: Text
+    expected_metrics: ExpectedMetrics
+
+
+class ProposalCard(_Strict):
+    """One single-lever change proposal derived from one confirmed weakness."""
+
+    proposal_id: Text
+    parent_harness: Text
+    source_weakness: Text
+    evidence: Evidence
+    root_cause: RootCause
+    strategy_change: StrategyChange
+    expected_effect: ExpectedEffect
+    rejection_conditions: list[Text] = Field(min_length=1)
+    regression_risks: list[Text] = Field(min_length=1)
+
+
+class ProposalList(BaseModel):
+    """What the proposer returns for one weakness: zero or more cards."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    proposals: list[ProposalCard] = Field(default_factory=list)
+
+
+def card_json_schema() -> dict[str, Any]:
+    """The JSON Schema of one card, exported from the model (the model is the source of truth)."""
+    return ProposalCard.model_json_schema()
+
+
+FIELD_ORDER: tuple[str, ...] = tuple(ProposalCard.model_fields)
+"""Top-level field order of the seed's schema, kept when writing YAML."""

@@ -1,0 +1,58 @@
+"""Language-independent text helpers shared by the rule families (Chinese and English)."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from pipeline.proposals.card import ProposalCard
+from pipeline.validator.findings import TextField
+
+# Sentence ends: CJK and ASCII punctuation, newlines; a period only when followed by space/end
+# so that "0.7x" and "e.g.x" stay whole.
+_SENTENCE_SPLIT = re.compile(r"[。！？；;!?\n]+|\.(?=\s|$)")
+_CLAUSE_SPLIT = re.compile(r"[。！？；;!?\n，,：:]+|\.(?=\s|$)")
+
+NEGATION = re.compile(
+    r"(?i)\b(?:not|no|never|without|nor|neither|none)\b|n't\b|"
+    r"不|没有|没|无需|无须|并非|而非|未|勿"
+)
+
+
+def sentences(text: str) -> list[str]:
+    """Split into sentences (CJK and ASCII punctuation, newlines)."""
+    return [s.strip() for s in _SENTENCE_SPLIT.split(text) if s.strip()]
+
+
+def clauses(text: str) -> list[str]:
+    """Split into clauses (sentences, then commas and colons)."""
+    return [s.strip() for s in _CLAUSE_SPLIT.split(text) if s.strip()]
+
+
+def negated_before(clause: str, start: int) -> bool:
+    """True when a negation word occurs in ``clause`` before offset ``start``."""
+    return NEGATION.search(clause[:start]) is not None
+
+
+def normalise(text: str) -> str:
+    """NFKC, lower case, single spaces: full-width digits and letters become ASCII."""
+    return " ".join(unicodedata.normalize("NFKC", text).lower().split())
+
+
+def card_fields(card: ProposalCard, prefix: str) -> list[TextField]:
+    """Every text leaf of a card with its path (``prefix.evidence.summary``) and area."""
+    out: list[TextField] = []
+
+    def walk(value: object, path: str, area: str) -> None:
+        if isinstance(value, str):
+            out.append(TextField(path=path, area=area, text=value))
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                walk(item, f"{path}[{i}]", area)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{path}.{key}", area)
+
+    for key, value in card.model_dump(mode="json").items():
+        walk(value, f"{prefix}.{key}", key if isinstance(value, dict | list) else "identity")
+    return out
