@@ -1,0 +1,190 @@
+"""What Luna answers and what a run keeps: behaviour patterns of one cell, and the checks on them.
+
+Luna says *what* happened in one cell, never *why*: an answer naming a root cause or a fix is
+rejected by a deterministic phrase check (English and Chinese) and re-asked. Every cited event id
+must be an event Luna was shown for that cell. Quoted text (log excerpts in quotes or backticks)
+is exempt from the phrase check, so quoting a log line that says "should" is not a violation.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from pipeline.probes.core import PatternType, ProbeHit, normalise_key
+
+Confidence = Literal["high", "medium", "low"]
+PATTERN_TYPES: tuple[PatternType, ...] = ("omission", "repeated_exploration", "zero_information_gain")
+
+
+class LunaPattern(BaseModel):
+    """One pattern as Luna writes it (the model's output schema)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: PatternType = Field(description="omission, repeated_exploration or zero_information_gain")
+    concerns: str = Field(
+        min_length=3,
+        description="short key of what it concerns: 'obligation:<id>', 'target:<artifact, file or tool:target>' "
+        "or 'transition:<from>-><to>'; use names from the log so the same thing gets the same key in every cell",
+    )
+    observed: str = Field(min_length=10, description="what happened, citing the events (no cause, no remedy)")
+    definition_fit: str = Field(
+        min_length=10,
+        description="why this meets the definition: omission - the public obligation and the completion "
+        "opportunity; repeated_exploration - external state did not change in between; zero_information_gain - "
+        "the cost spent and that no knowledge, artifact, controller state, obligation or decision evidence changed",
+    )
+    evidence: list[str] = Field(min_length=1, description="event ids of this cell, as shown")
+    state_changed: bool = Field(
+        description="did the source, an artifact, the controller state or the operator's input change between the "
+        "first and the last evidence event?"
+    )
+    candidates: list[str] = Field(default_factory=list, description="probe candidate ids this pattern confirms")
+    confidence: Confidence
+
+
+class CandidateRejection(BaseModel):
+    """A probe candidate Luna does not take up, and what it observed instead."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    candidate: str = Field(description="the probe candidate id, e.g. C004-H02")
+    observation: str = Field(min_length=5, description="what in the events makes it not a pattern")
+    state_changed: bool = Field(description="does the rejection rest on a change of source, artifact, state or input?")
+
+
+class LunaAnswer(BaseModel):
+    """Luna's whole answer for one cell (or one part of a split cell)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    patterns: list[LunaPattern] = Field(default_factory=list)
+    rejected_candidates: list[CandidateRejection] = Field(default_factory=list)
+
+
+class Pattern(BaseModel):
+    """A pattern kept by the run (``patterns.jsonl`` and table ``patterns``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pattern_id: str = Field(description="'<cell>-P<nn>', in the stable order cell, type, first evidence seq")
+    cell_id: str
+    type: PatternType
+    concerns: str = Field(description="normalised concerns key")
+    observed: str
+    definition_fit: str
+    evidence: list[str] = Field(min_length=1)
+    confidence: Confidence
+    state_changed: bool
+    probe_hits: list[str] = Field(default_factory=list, description="probe hits this pattern confirms")
+    origin: Literal["luna", "probe"] = "luna"
+    overruled: bool = Field(
+        default=False, description="a deterministic probe overruled the model's claim that state changed"
+    )
+
+    @field_validator("concerns")
+    @classmethod
+    def _norm(cls, v: str) -> str:
+        return normalise_key(v)
+
+
+# --- the "what, never why" check ------------------------------------------------------------------
+
+# Phrases that give a cause or prescribe a change. Kept narrow: common descriptive words
+# ("needs", "due", "fixture") must not trip it.
+_WHY_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (label, re.compile(rx, re.IGNORECASE))
+    for label, rx in (
+        ("because", r"\bbecause\b"),
+        ("root cause", r"\broot[- ]causes?\b"),
+        ("caused by", r"\bcaused by\b"),
+        ("should", r"\bshould(?:n't| not)?\b"),
+        ("ought to", r"\bought to\b"),
+        # "fix" only as a remedy ("should be fixed", "the fix would"), not as a description ("fixed the import")
+        (
+            "fix",
+            r"\b(?:should|must|could|would|needs? to|ought to|to be)(?: be)? fix(?:ed)?\b"
+            r"|\b(?:the|a) fix (?:is|would|will|could)\b",
+        ),
+        ("recommend", r"\brecommend(?:s|ed|ation|ations)?\b"),
+        ("suggest", r"\bsuggest(?:s|ed|ion|ions)?\b"),
+        ("would have", r"\bwould have (?:prevented|avoided|helped|caught)\b"),
+        ("the harness needs", r"\b(?:harness|controller|workflow) (?:needs|must|lacks)\b"),
+        ("根因", r"根因|根本原因"),
+        ("原因是", r"原因是|是因为|因为|由于"),
+        ("应该", r"应该|应当|理应"),
+        ("建议", r"建议"),
+        ("修复", r"(?:需要|应|可以|必须)修复|修复(?:方案|建议)|需要修改"),
+    )
+)
+
+_QUOTED = re.compile(r"\"[^\"]*\"|“[^”]*”|「[^」]*」|`[^`]*`")
+
+
+def why_phrases(text: str) -> list[str]:
+    """Cause or remedy phrases found in ``text`` outside quotes (empty when it only says what)."""
+    bare = _QUOTED.sub(" ", text)
+    return [label for label, rx in _WHY_PATTERNS if rx.search(bare)]
+
+
+def check_answer(
+    answer: LunaAnswer,
+    *,
+    cell_id: str,
+    shown_ids: set[str],
+    candidates: list[ProbeHit],
+) -> list[str]:
+    """Every reason to re-ask ``answer`` (empty when it passes).
+
+    Checks: cited ids exist among the events shown for this cell; repeated exploration cites at
+    least two events and does not claim a change of state; no cause or remedy phrases; every probe
+    candidate is either confirmed by a pattern or rejected with an observation, and only real
+    candidate ids are named.
+    """
+    errors: list[str] = []
+    cand_ids = {c.hit_id for c in candidates}
+    confirmed: set[str] = set()
+    for i, p in enumerate(answer.patterns, 1):
+        where = f"pattern {i} ({p.type}, {p.concerns!r})"
+        bad = [e for e in p.evidence if e not in shown_ids]
+        if bad:
+            errors.append(
+                f"{where}: evidence {', '.join(sorted(set(bad)))} is not an event of cell {cell_id} shown to you"
+            )
+        if p.type == "repeated_exploration":
+            if len(set(p.evidence)) < 2:
+                errors.append(f"{where}: repeated_exploration needs at least two distinct evidence events")
+            if p.state_changed:
+                errors.append(
+                    f"{where}: repeated_exploration requires that external state did not change in between, "
+                    "but state_changed is true; drop it or use another type"
+                )
+        for field_name in ("concerns", "observed", "definition_fit"):
+            found = why_phrases(getattr(p, field_name))
+            if found:
+                errors.append(
+                    f"{where}: {field_name} names a cause or a remedy ({', '.join(found)}); "
+                    "say only what happened and why it meets the definition"
+                )
+        unknown = [c for c in p.candidates if c not in cand_ids]
+        if unknown:
+            errors.append(f"{where}: candidates {', '.join(unknown)} are not probe candidates of this cell")
+        confirmed.update(c for c in p.candidates if c in cand_ids)
+    rejected: set[str] = set()
+    for r in answer.rejected_candidates:
+        if r.candidate not in cand_ids:
+            errors.append(f"rejected candidate {r.candidate} is not a probe candidate of this cell")
+        rejected.add(r.candidate)
+    both = confirmed & rejected
+    if both:
+        errors.append(f"candidates {', '.join(sorted(both))} are both confirmed and rejected")
+    missing = sorted(cand_ids - confirmed - rejected)
+    if missing:
+        errors.append(
+            f"probe candidates {', '.join(missing)} are neither confirmed by a pattern (list them in its "
+            "'candidates') nor rejected (in 'rejected_candidates')"
+        )
+    return errors

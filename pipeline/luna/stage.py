@@ -1,0 +1,300 @@
+"""The Luna stage: one model call per eligible cell (or per part of a split cell), all concurrently.
+
+Outputs ``runs/<id>/patterns.jsonl`` and, in the run's DuckDB, tables ``patterns``, ``luna_cells``
+(every eligible cell with status ok / split / failed and the reason), ``probe_verdicts`` and
+``probe_conflicts``. A cell whose answer still fails the checks after the re-asks is marked
+failed and reported, never dropped. Luna never sees the outcome sidecar.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+
+from pipeline.canonical import digest, write_jsonl
+from pipeline.luna.merge import CellPatterns, Conflict, Verdict, merge_cell
+from pipeline.luna.patterns import LunaAnswer, Pattern, check_answer
+from pipeline.luna.render import CellIR, Part, context_budget, estimate_tokens, load_cells, render_cell, split_parts
+
+if TYPE_CHECKING:
+    from pipeline.models import CallOutcome, ModelClient, PlannedCall
+    from pipeline.runner import RunContext
+
+PATTERNS_FILE = "patterns.jsonl"
+
+TABLES_DDL = """
+CREATE OR REPLACE TABLE patterns (
+    pattern_id VARCHAR PRIMARY KEY,
+    cell_id VARCHAR NOT NULL,
+    type VARCHAR NOT NULL,
+    concerns VARCHAR NOT NULL,
+    observed VARCHAR NOT NULL,
+    definition_fit VARCHAR NOT NULL,
+    evidence VARCHAR[] NOT NULL,
+    confidence VARCHAR NOT NULL,
+    state_changed BOOLEAN NOT NULL,
+    probe_hits VARCHAR[] NOT NULL,
+    origin VARCHAR NOT NULL,
+    overruled BOOLEAN NOT NULL
+);
+CREATE OR REPLACE TABLE luna_cells (
+    cell_id VARCHAR PRIMARY KEY,
+    status VARCHAR NOT NULL,          -- ok / split (ok, in several calls) / failed
+    parts INTEGER NOT NULL,
+    est_tokens INTEGER NOT NULL,      -- rendered IR, chars/4
+    attempts INTEGER NOT NULL,
+    patterns INTEGER NOT NULL,
+    reason VARCHAR
+);
+CREATE OR REPLACE TABLE probe_verdicts (
+    cell_id VARCHAR NOT NULL,
+    hit_id VARCHAR PRIMARY KEY,
+    verdict VARCHAR NOT NULL,         -- confirmed / rejected / overruled (rejection claimed a change)
+    observation VARCHAR
+);
+CREATE OR REPLACE TABLE probe_conflicts (
+    conflict_id VARCHAR PRIMARY KEY,
+    cell_id VARCHAR NOT NULL,
+    hit_id VARCHAR NOT NULL,
+    pattern_id VARCHAR,
+    kind VARCHAR NOT NULL,
+    model_claim VARCHAR NOT NULL,
+    probe_finding VARCHAR NOT NULL,
+    resolution VARCHAR NOT NULL
+);
+"""
+
+
+@dataclass
+class CellRun:
+    """How one cell went."""
+
+    cell_id: str
+    status: str
+    parts: int
+    est_tokens: int
+    attempts: int = 0
+    reason: str | None = None
+    merged: CellPatterns = field(default_factory=CellPatterns)
+
+
+def _task_summaries(bundle: Path) -> dict[str, str]:
+    # Task summaries help Luna read obligations; they carry no outcome. Absent for IR-only runs.
+    try:
+        from pipeline.bundle.request import load_request
+
+        return {t.task_id: t.summary for t in load_request(bundle).tasks}
+    except Exception:  # an IR built by an adapter may have no native request; the prompt says nothing then
+        return {}
+
+
+def part_context(cell: CellIR, part: Part, task_summary: str) -> dict[str, Any]:
+    """The template context of one Luna call (pure data; the outcome is never part of it)."""
+    name = cell.cell_id if part.total == 1 else f"{cell.cell_id}.part{part.index}of{part.total}"
+    return {
+        "answer_name": name,
+        "cell_id": cell.cell_id,
+        "task_id": cell.task_id,
+        "task_summary": task_summary,
+        "run_id": cell.run_id,
+        "harness": cell.harness or "-",
+        "part": part.label,
+        "part_total": part.total,
+        "ir": part.text,
+        "event_count": part.events,
+        "candidates": [h.model_dump(mode="json") for h in part.candidates],
+    }
+
+
+def prepare(con: duckdb.DuckDBPyConnection, budget: int | None = None) -> list[tuple[CellIR, list[Part], int]]:
+    """Every eligible cell with its parts (split only when over ``budget``) and its size in tokens."""
+    budget = budget or context_budget()
+    return [(cell, split_parts(cell, budget), estimate_tokens(render_cell(cell))) for cell in load_cells(con)]
+
+
+def _ensure_hits(con: duckdb.DuckDBPyConnection) -> None:
+    from pipeline.probes import run_probes, write_probe_hits
+
+    row = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'probe_hits'").fetchone()
+    if not row or not row[0]:
+        write_probe_hits(con, run_probes(con))
+
+
+def plan(ctx: RunContext) -> list[PlannedCall]:
+    """Every Luna call this run would make (for ``--dry-run``); calls nothing."""
+    from pipeline.luna.patterns import LunaAnswer
+    from pipeline.models import PlannedCall
+
+    con = duckdb.connect(str(ctx.ir_path), read_only=False)
+    try:
+        _ensure_hits(con)
+        prepared = prepare(con)
+    finally:
+        con.close()
+    summaries = _task_summaries(ctx.bundle)
+    return [
+        PlannedCall(
+            role="luna",
+            cell_id=cell.cell_id,
+            context=part_context(cell, part, summaries.get(cell.task_id, "")),
+            response_model=LunaAnswer,
+        )
+        for cell, parts, _size in prepared
+        for part in parts
+    ]
+
+
+async def _call_part(client: ModelClient, cell: CellIR, part: Part, context: dict[str, Any]) -> CallOutcome[LunaAnswer]:
+    def check(answer: LunaAnswer) -> list[str]:
+        return check_answer(answer, cell_id=cell.cell_id, shown_ids=part.shown_ids, candidates=part.candidates)
+
+    return await client.call(
+        role="luna",
+        cell_id=cell.cell_id if part.total == 1 else f"{cell.cell_id}#{part.label}",
+        context=context,
+        response_model=LunaAnswer,
+        check=check,
+    )
+
+
+async def run_luna(ctx: RunContext) -> list[CellRun]:
+    """Call Luna for every part of every eligible cell; merge, overrule, and return per-cell results."""
+    from pipeline.ledger import CellResults, cell_key
+    from pipeline.models import ModelClient, template_hash
+
+    con = duckdb.connect(str(ctx.ir_path))
+    try:
+        _ensure_hits(con)
+        prepared = prepare(con)
+    finally:
+        con.close()
+    summaries = _task_summaries(ctx.bundle)
+    client = ModelClient(ctx.options.models, ctx.run_dir, log=ctx.log)
+    store = CellResults(ctx.run_dir, "luna")
+    thash = template_hash("luna")
+
+    jobs: list[tuple[CellIR, Part, dict[str, Any]]] = []
+    keys: dict[str, str] = {}
+    cached: dict[str, list[LunaAnswer]] = {}
+    for cell, parts, _size in prepared:
+        contexts = [part_context(cell, p, summaries.get(cell.task_id, "")) for p in parts]
+        key = _cell_key(cell_key, contexts, thash, client.model)
+        keys[cell.cell_id] = key
+        stored = store.get(cell.cell_id, key)
+        if stored is not None:
+            cached[cell.cell_id] = [LunaAnswer.model_validate(a) for a in stored["answers"]]
+            continue
+        jobs.extend((cell, p, c) for p, c in zip(parts, contexts, strict=True))
+
+    outcomes = await client.gather([_call_part(client, c, p, ctx_) for c, p, ctx_ in jobs], label="luna")
+    by_cell: dict[str, list[tuple[Part, CallOutcome[LunaAnswer]]]] = {}
+    for (cell, part, _c), outcome in zip(jobs, outcomes, strict=True):
+        by_cell.setdefault(cell.cell_id, []).append((part, outcome))
+
+    results: list[CellRun] = []
+    for cell, parts, size in prepared:
+        run = CellRun(cell.cell_id, "split" if len(parts) > 1 else "ok", len(parts), size)
+        if cell.cell_id in cached:
+            answers = cached[cell.cell_id]
+            run.reason = "reused: same cell IR, template and model as a finished call"
+        else:
+            done = by_cell.get(cell.cell_id, [])
+            run.attempts = sum(o.attempts for _, o in done)
+            failed = [(p, o) for p, o in done if not o.ok or o.value is None]
+            if failed:
+                run.status = "failed"
+                run.reason = "; ".join(f"part {p.label}: {' | '.join(o.errors) or 'no answer'}" for p, o in failed)
+                results.append(run)
+                continue
+            answers = [o.value for _, o in done if o.value is not None]
+            store.put(
+                cell.cell_id,
+                keys[cell.cell_id],
+                {"answers": [a.model_dump(mode="json") for a in answers]},
+                inputs={"template": thash, "model": client.model},
+            )
+        if len(parts) > 1:
+            note = f"rendered IR ~{size} tokens > budget {context_budget()}; split by segment into {len(parts)} parts"
+            run.reason = note if run.reason is None else f"{note}; {run.reason}"
+        run.merged = merge_cell(cell.cell_id, answers, cell.hits, cell.seq_of)
+        results.append(run)
+    return results
+
+
+def _cell_key(cell_key: Any, contexts: list[dict[str, Any]], thash: str, model: str | None) -> str:
+    key: str = cell_key(prompt=digest(contexts), template=thash, model=model)
+    return key
+
+
+def write_outputs(ir_path: Path, run_dir: Path, results: list[CellRun]) -> tuple[list[Pattern], str]:
+    """Write ``patterns.jsonl`` and the Luna tables; return the patterns and the file's digest."""
+    patterns = [p for r in results for p in r.merged.patterns]
+    patterns.sort(key=lambda p: p.pattern_id)  # '<cell>-Pnn' already encodes cell, type, first seq
+    conflicts: list[Conflict] = [c for r in results for c in r.merged.conflicts]
+    verdicts: list[Verdict] = [v for r in results for v in r.merged.verdicts]
+    con = duckdb.connect(str(ir_path))
+    try:
+        con.execute(TABLES_DDL)
+        if patterns:
+            con.executemany(
+                "INSERT INTO patterns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    [p.pattern_id, p.cell_id, p.type, p.concerns, p.observed, p.definition_fit, p.evidence,
+                     p.confidence, p.state_changed, p.probe_hits, p.origin, p.overruled]
+                    for p in patterns
+                ],
+            )  # fmt: skip
+        con.executemany(
+            "INSERT INTO luna_cells VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                [r.cell_id, r.status, r.parts, r.est_tokens, r.attempts, len(r.merged.patterns), r.reason]
+                for r in results
+            ],
+        )
+        if verdicts:
+            con.executemany(
+                "INSERT INTO probe_verdicts VALUES (?, ?, ?, ?)",
+                [[v.cell_id, v.hit_id, v.verdict, v.observation] for v in verdicts],
+            )
+        if conflicts:
+            con.executemany(
+                "INSERT INTO probe_conflicts VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    [c.conflict_id, c.cell_id, c.hit_id, c.pattern_id, c.kind, c.model_claim, c.probe_finding,
+                     c.resolution]
+                    for c in conflicts
+                ],
+            )  # fmt: skip
+    finally:
+        con.close()
+    file_digest = write_jsonl(run_dir / PATTERNS_FILE, [p.model_dump(mode="json") for p in patterns])
+    return patterns, file_digest
+
+
+def stage(ctx: RunContext) -> str:
+    """Runner stage: Luna over every eligible cell; one-line summary (failed cells named)."""
+    from pipeline.errors import BadInput
+
+    if not ctx.ir_path.is_file():
+        raise BadInput(f"no IR at {ctx.ir_path}: export must run before luna")
+    if ctx.options.dry_run:
+        return f"dry run: {len(plan(ctx))} luna calls planned"
+    results = asyncio.run(run_luna(ctx))
+    patterns, _ = write_outputs(ctx.ir_path, ctx.run_dir, results)
+    failed = [r for r in results if r.status == "failed"]
+    split = [r for r in results if r.status == "split"]
+    overruled = sum(len(r.merged.conflicts) for r in results)
+    for r in failed:
+        ctx.log(f"[luna] cell {r.cell_id} FAILED after {r.attempts} attempts: {r.reason}")
+    bits = [f"{len(patterns)} patterns from {len(results) - len(failed)}/{len(results)} cells"]
+    if split:
+        bits.append(f"{len(split)} split ({', '.join(r.cell_id for r in split)})")
+    if overruled:
+        bits.append(f"{overruled} model claims overruled by probes")
+    if failed:
+        bits.append(f"{len(failed)} FAILED ({', '.join(r.cell_id for r in failed)}; see table luna_cells)")
+    return "; ".join(bits)
