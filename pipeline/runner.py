@@ -1,22 +1,58 @@
 """``lunasol run``: the stages of one analysis run, in order, up to the first human gate.
 
-Each stage is a function ``stage(ctx) -> str`` (a one-line summary) in its own module.
+Each stage is a function ``stage(ctx) -> str`` (a one-line summary) in its own module. The runner
+is ledger-aware (:mod:`pipeline.ledger`): a stage whose inputs (the bundle digest for export,
+the upstream stage's fingerprint for the others, plus the template hash and model for a model
+role) are unchanged and whose outputs are intact is reused, not run; a stage whose inputs changed
+is invalidated with the reason, together with everything downstream, and recomputed. Per-cell
+model results are reused inside the stage (``CellResults``), so one changed cell costs one Luna
+call plus the downstream steps. A :class:`~pipeline.errors.Blocked` error writes
+``block-receipt.json`` and ends the run with exit 3 and one line.
 """
 
 from __future__ import annotations
 
 import importlib
+import platform
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
-from pipeline.errors import BadInput
+import pipeline
+from pipeline import handoff as hf
+from pipeline.canonical import digest, read_json, sha256_file, write_json
+from pipeline.errors import BadInput, Blocked, BundleError
+from pipeline.ledger import CellResults, Ledger, describe_changes
 from pipeline.settings import ModelSettings
 
 # (name, "module:function"). The order is the flow of DESIGN.md.
 STAGES: list[tuple[str, str]] = [
     ("export", "pipeline.ir.export:stage"),
+    ("probes", "pipeline.probes:stage"),
+    ("luna", "pipeline.luna:stage"),
+    ("coordinator", "pipeline.coordinator:stage"),
+    ("sol", "pipeline.sol.stage:stage"),
 ]
+
+# Files (relative to the run) whose digests are a stage's output fingerprint. A stage without an
+# entry is deterministic in its inputs, so its fingerprint is the digest of its inputs.
+STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "luna": ("patterns.jsonl",),
+    "coordinator": ("pattern-groups.json",),
+    "sol": ("weakness-shortlist.json",),
+}
+
+# Stages that call a model: their inputs include the role's template hash and the model.
+STAGE_ROLES: dict[str, str] = {"luna": "luna", "sol": "sol"}
+
+MANIFEST = "manifest.json"
+REQUEST = "analysis-request.json"
+SUPERSEDED_DIR = "superseded"
 
 
 @dataclass
@@ -50,19 +86,383 @@ class RunContext:
         return self.run_dir / "ir.duckdb"
 
 
-def _load(target: str) -> Callable[[RunContext], str]:
+@dataclass
+class RunResult:
+    """What one ``run`` did: which stages ran and which were reused."""
+
+    ctx: RunContext
+    ran: list[str] = field(default_factory=list)
+    reused: list[str] = field(default_factory=list)
+    estimate: Any = None
+
+
+def _module(target: str) -> tuple[ModuleType, str]:
     module, func = target.split(":")
-    fn: Callable[[RunContext], str] = getattr(importlib.import_module(module), func)
+    return importlib.import_module(module), func
+
+
+def _load(target: str) -> Callable[[RunContext], str]:
+    mod, func = _module(target)
+    fn: Callable[[RunContext], str] = getattr(mod, func)
     return fn
 
 
-def run(options: RunOptions, log: Callable[[str], None] = print) -> RunContext:
-    """Run every stage in order; each logs one line saying what it did."""
+# -- inputs and fingerprints ---------------------------------------------------------------------
+
+
+def bundle_digest(bundle: Path) -> str:
+    """The bundle's digest: the sha256 of its manifest (which lists every file's sha256)."""
+    manifest = bundle / MANIFEST
+    if not manifest.is_file():
+        raise BundleError(f"bundle is not frozen: {manifest} missing (run: lunasol bundle freeze {bundle})")
+    return sha256_file(manifest)
+
+
+def default_run_id(bundle: Path) -> str:
+    """The bundle's analysis run id, or its directory name."""
+    req = bundle / REQUEST
+    if req.is_file():
+        raw = read_json(req)
+        if isinstance(raw, dict) and isinstance(raw.get("analysis_run_id"), str) and raw["analysis_run_id"]:
+            return str(raw["analysis_run_id"])
+    return bundle.resolve().name
+
+
+def _template_hash(role: str) -> str | None:
+    from pipeline.models import template_hash
+
+    try:
+        return template_hash(role)
+    except BadInput:  # a missing template is reported by the stage itself, with its own message
+        return None
+
+
+def _versions() -> dict[str, str]:
+    out = {"lunasol": pipeline.__version__, "python": platform.python_version()}
+    for dist in ("litellm", "instructor", "openai", "pydantic", "duckdb", "jinja2"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "absent"
+    return out
+
+
+def model_inputs(settings: ModelSettings) -> dict[str, Any]:
+    """The model settings recorded in run.json (never a key: providers read those from env)."""
+    return {
+        "model": settings.model,
+        "api_base": settings.api_base,
+        "mode": settings.effective_mode(),
+        "store": str(settings.store) if settings.store else None,
+        "temperature": settings.temperature,
+        "max_reasks": settings.max_reasks,
+        "concurrency": settings.concurrency,
+        "budget_usd": settings.budget_usd,
+    }
+
+
+def write_run_json(ctx: RunContext, bdigest: str) -> None:
+    """Record the run's inputs in run.json, keeping whatever the export stage wrote there."""
+    from pipeline.models import ROLES
+
+    path = ctx.run_dir / "run.json"
+    data: dict[str, Any] = read_json(path) if path.is_file() else {}
+    data.setdefault("schema_version", 1)
+    data.setdefault("run_id", ctx.run_dir.name)
+    data["inputs"] = {
+        "bundle_path": str(ctx.bundle),
+        "bundle_digest": bdigest,
+        "models": model_inputs(ctx.options.models),
+        "templates": {role: _template_hash(role) for role in ROLES},
+        "versions": _versions(),
+    }
+    write_json(path, data)
+
+
+def stage_inputs(name: str, ctx: RunContext, bdigest: str, upstream: tuple[str, str] | None) -> dict[str, str]:
+    """The digests a stage is made from."""
+    inputs = {"lunasol": pipeline.__version__}
+    if upstream is None:
+        inputs["bundle"] = bdigest
+    else:
+        inputs[f"upstream:{upstream[0]}"] = upstream[1]
+    role = STAGE_ROLES.get(name)
+    if role:
+        inputs["template"] = _template_hash(role) or "missing"
+        inputs["model"] = ctx.options.models.model or "default"
+    return inputs
+
+
+def stage_outputs(name: str, ctx: RunContext) -> dict[str, str] | None:
+    """Digests of a stage's outputs (None when one is missing)."""
+    if name == "export":
+        from pipeline.ledger import ir_digest
+
+        return {"ir.duckdb#content": ir_digest(ctx.ir_path)} if ctx.ir_path.is_file() else None
+    return Ledger(ctx.run_dir).output_digests(STAGE_OUTPUTS.get(name, ()))
+
+
+def fingerprint(inputs: dict[str, str], outputs: dict[str, str]) -> str:
+    """What downstream stages depend on: the outputs' digests, or the inputs' for an output-less stage."""
+    return digest(outputs) if outputs else digest(inputs)
+
+
+# -- the run ---------------------------------------------------------------------------------------
+
+
+def _archive(ctx: RunContext, name: str, entry_outputs: dict[str, str]) -> None:
+    """Keep the outputs an invalidated stage is about to overwrite (invalidated work is kept)."""
+    for rel, d in entry_outputs.items():
+        src = ctx.run_dir / rel
+        if "#" in rel or not src.is_file():
+            continue
+        dest = ctx.run_dir / SUPERSEDED_DIR / f"{d.split(':')[-1][:12]}-{Path(rel).name}"
+        if not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest)
+
+
+def _invalidate_cells(ctx: RunContext, ledger: Ledger, role: str) -> None:
+    """Before a model stage reruns: mark per-cell results whose cell IR changed as invalidated."""
+    from pipeline.ledger import ir_cell_digests
+
+    if not ctx.ir_path.is_file():
+        return
+    now = ir_cell_digests(ctx.ir_path)
+    for name in ledger.names_for_stage(role):
+        if "/" not in name:
+            continue
+        entry = ledger.get(name)
+        cell = name.split("/", 1)[1]
+        if entry and entry.inputs.get("cell") and entry.inputs["cell"] != now.get(cell):
+            ledger.invalidate(name, f"cell {cell} IR changed" if cell in now else f"cell {cell} left the IR")
+
+
+def _record_cells(ctx: RunContext, ledger: Ledger, role: str) -> None:
+    """After a model stage: one ledger entry per persisted per-cell result."""
+    store = CellResults(ctx.run_dir, role)
+    for cell, raw in store.stored().items():
+        inputs = {k: str(v) for k, v in (raw.get("inputs") or {}).items() if v is not None}
+        inputs["key"] = str(raw["key"])
+        rel = f"{role}/{cell}.json"
+        name = f"{role}/{cell}"
+        entry = ledger.get(name)
+        outs = {rel: sha256_file(ctx.run_dir / rel)}
+        if entry is None or entry.state != "verified" or entry.outputs != outs:
+            ledger.mark_verified(name, role, inputs, outs)
+
+
+def _downstream(ledger: Ledger, index: int) -> list[str]:
+    """Every ledger entry after stage ``index`` (later stages, their per-cell entries, gates, proposals)."""
+    earlier = {n for n, _ in STAGES[: index + 1]}
+    # per-cell entries are invalidated precisely, by their own cell digest (_invalidate_cells)
+    return [
+        n
+        for n, e in ledger.data.entries.items()
+        if e.stage not in earlier and e.state != "invalidated" and "/" not in n
+    ]
+
+
+def _unblock_command(ctx: RunContext, exc: Blocked) -> str:
+    resume = hf.run_command(ctx.run_dir)
+    hint = exc.unblock or ""
+    if "lunasol run BUNDLE" in hint:
+        # the model layer does not know the bundle or run; give the exact command for this run
+        extra = hint.split("lunasol run BUNDLE", 1)[1].split("(")[0].split()
+        base = resume.split()
+        for flag in ("--record", "--replay", "--model"):
+            if flag in extra and flag in base:
+                i = base.index(flag)
+                del base[i : i + 2]
+        if "--resume" in extra:
+            extra.remove("--resume")
+        return " ".join(base[:-1] + extra + ["--resume"])
+    return hint or resume
+
+
+def _set_phase(ctx: RunContext, phase: hf.Phase, event: str) -> None:
+    h = hf.load(ctx.run_dir)
+    if h.phase != phase:
+        hf.update(ctx.run_dir, {"phase": phase}, event)
+
+
+def _after_sol(ctx: RunContext, ledger: Ledger) -> None:
+    """Open gate 1 when the shortlist is new; keep a decision made on the very same shortlist."""
+    from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
+
+    path = ctx.run_dir / SHORTLIST_FILE
+    if not path.is_file():
+        return
+    sdigest = read_shortlist(path).digest
+    h = hf.load(ctx.run_dir)
+    changes: dict[str, Any] = {"phase": "rootCausesMined"}
+    if h.shortlist_digest != sdigest or h.userRootCauseConfirmation == "not_started":
+        changes.update(
+            shortlist_digest=sdigest,
+            userRootCauseConfirmation="pending",
+            proposalGeneration="not_started",
+            proposalSelection="not_started",
+            proposals_digest=None,
+        )
+        if h.shortlist_digest and h.shortlist_digest != sdigest:
+            ledger.invalidate("gate1", f"shortlist changed: {h.shortlist_digest[:19]} → {sdigest[:19]}")
+    hf.update(ctx.run_dir, changes, "root causes mined")
+
+
+def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
+    """Run every stage in order, reusing what the ledger says is still valid; stop at gate 1."""
     if not options.bundle.is_dir():
         raise BadInput(f"bundle not found: {options.bundle}")
-    run_id = options.run_id or options.bundle.resolve().name
+    run_id = options.run_id or default_run_id(options.bundle)
+    if not run_id or "/" in run_id or run_id.startswith("."):
+        raise BadInput(f"invalid run id: {run_id!r}")
     ctx = RunContext(options=options, run_dir=options.runs_dir / run_id, log=log)
-    for name, target in STAGES:
-        summary = _load(target)(ctx)
+    bdigest = bundle_digest(options.bundle)
+    if options.dry_run:
+        return dry_run(ctx)
+    if options.resume:
+        _check_resume(ctx, bdigest)
+    ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    write_run_json(ctx, bdigest)
+    ledger = Ledger(ctx.run_dir)
+    result = RunResult(ctx=ctx)
+    upstream: tuple[str, str] | None = None
+    for i, (name, target) in enumerate(STAGES):
+        inputs = stage_inputs(name, ctx, bdigest, upstream)
+        ok, why = ledger.check(name, inputs, STAGE_OUTPUTS.get(name, ()))
+        outputs: dict[str, str] | None = None
+        if ok:
+            outputs = stage_outputs(name, ctx)
+            entry = ledger.get(name)
+            if outputs is None or (entry is not None and outputs != entry.outputs):
+                ok, why = False, "an output is missing or was modified outside lunasol"
+        if ok and outputs is not None:
+            if name == "export":
+                _verify_bundle(options.bundle)
+            log(f"[{name}] reused (verified, inputs unchanged)")
+            result.reused.append(name)
+            upstream = (name, fingerprint(inputs, outputs))
+            continue
+        entry = ledger.get(name)
+        if entry is not None and entry.state != "invalidated":
+            reason = why if entry.state == "verified" else f"{entry.state}: {entry.reason or ''}".strip()
+            ledger.invalidate(name, reason)
+        if entry is not None:
+            _archive(ctx, name, entry.outputs)
+            gone = ledger.invalidate_many(_downstream(ledger, i), f"upstream {name} recomputed: {why}")
+            if gone:
+                log(f"[{name}] {why}; invalidated downstream: {', '.join(sorted(gone))}")
+        role = STAGE_ROLES.get(name)
+        if role:
+            _invalidate_cells(ctx, ledger, role)
+        phase = hf.STAGE_PHASE.get(name)
+        if phase and hf.phase_reached(hf.load(ctx.run_dir), phase):
+            # the run is back before this stage until it is recomputed
+            _set_phase(ctx, hf.PHASES[hf.PHASES.index(phase) - 1], f"{name} recomputed: {why}")
+        ledger.mark_pending(name, name, inputs, reason=f"running ({why})")
+        try:
+            summary = _load(target)(ctx)
+        except Blocked as exc:
+            if role:
+                _record_cells(ctx, ledger, role)  # finished per-cell calls stay reusable for --resume
+            raise _blocked(ctx, name, exc) from None
+        outputs = stage_outputs(name, ctx)
+        if outputs is None:
+            raise BadInput(f"stage {name} finished but its output is missing: {STAGE_OUTPUTS.get(name)}")
+        ledger.mark_verified(name, name, inputs, outputs)
+        if role:
+            _record_cells(ctx, ledger, role)
+        if name == "sol":
+            _after_sol(ctx, ledger)
+        elif name in hf.STAGE_PHASE:
+            _set_phase(ctx, hf.STAGE_PHASE[name], f"{name} done")
+        result.ran.append(name)
+        upstream = (name, fingerprint(inputs, outputs))
         log(f"[{name}] {summary}")
-    return ctx
+    from pipeline.blocking import resolve_block_receipt
+
+    resolve_block_receipt(ctx.run_dir)
+    if any(n == "sol" for n, _ in STAGES):
+        _after_sol(ctx, ledger)
+    return result
+
+
+def _blocked(ctx: RunContext, stage: str, exc: Blocked) -> Blocked:
+    """Write the block receipt and return the one-line error the CLI prints (exit 3)."""
+    from pipeline.blocking import write_block_receipt
+
+    unblock = _unblock_command(ctx, exc)
+    path = write_block_receipt(ctx.run_dir, exc, stage=stage, unblock=unblock, command=hf.run_command(ctx.run_dir))
+    return Blocked(
+        f"blocked at {stage}: {exc.one_line()} | receipt: {path} | unblock: {unblock}",
+        reason=exc.reason,
+        tried=exc.tried,
+        unblock=unblock,
+    )
+
+
+def _verify_bundle(bundle: Path) -> None:
+    """A reused export still needs the frozen bytes to be the frozen bytes."""
+    from pipeline.bundle.manifest import verify
+
+    report = verify(bundle)
+    bad = [*report.changed, *report.missing]
+    if bad:
+        raise BundleError(
+            f"bundle changed since it was frozen: {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''} "
+            f"(re-freeze with: lunasol bundle freeze {bundle})"
+        )
+
+
+def _check_resume(ctx: RunContext, bdigest: str) -> None:
+    run_json = ctx.run_dir / "run.json"
+    if not run_json.is_file():
+        raise BadInput(f"nothing to resume: {ctx.run_dir} has no run.json (run without --resume)")
+    old = (read_json(run_json).get("inputs") or {}).get("bundle_digest")
+    if old and old != bdigest:
+        change = describe_changes({"bundle": old}, {"bundle": bdigest})
+        raise BadInput(
+            f"--resume continues the same inputs, but the bundle changed ({change}); "
+            "rerun without --resume to recompute what changed"
+        )
+
+
+# -- dry run ---------------------------------------------------------------------------------------
+
+
+def dry_run(ctx: RunContext) -> RunResult:
+    """Estimate calls, tokens and cost; no model is called and the runs directory is not touched.
+
+    Deterministic stages run in a temporary directory, role modules' ``plan(ctx)`` list their
+    calls, and :func:`pipeline.models.estimate` prices them.
+    """
+    from pipeline.models import PlannedCall, estimate, format_estimate
+
+    planned: list[PlannedCall] = []
+    notes: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="lunasol-dry-") as tmp:
+        tctx = RunContext(options=ctx.options, run_dir=Path(tmp) / ctx.run_dir.name, log=lambda _m: None)
+        tctx.run_dir.mkdir(parents=True)
+        model_stage_seen = False
+        for name, target in STAGES:
+            try:
+                mod, func = _module(target)
+            except ImportError as exc:
+                notes.append(f"{name}: not available ({exc})")
+                continue
+            plan = getattr(mod, "plan", None)
+            if plan is not None:
+                calls = list(plan(tctx))
+                planned += calls
+                model_stage_seen = True
+                if name != "luna" and not calls:
+                    notes.append(f"{name}: nothing to plan yet")
+            elif not model_stage_seen:
+                getattr(mod, func)(tctx)  # deterministic stage: needed to render real prompts
+            else:
+                notes.append(f"{name}: deterministic, runs after the model stages (no model call)")
+        est = estimate(planned, ctx.options.models)
+    ctx.log(format_estimate(est))
+    for n in notes:
+        ctx.log(f"note: {n}")
+    return RunResult(ctx=ctx, estimate=est)

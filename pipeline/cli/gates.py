@@ -1,9 +1,94 @@
-"""CLI verbs (placeholder until the owning stage lands)."""
+"""``lunasol confirm`` (gate 1) and ``lunasol status``."""
 
 from __future__ import annotations
 
+import sys
+
 import typer
+
+from pipeline.cli.common import JSON_OPTION, emit_json, resolve_run
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's verbs to the root app."""
+    """Add ``confirm`` and ``status`` to the root app."""
+
+    @app.command("confirm")
+    def confirm_cmd(
+        run: str = typer.Argument(..., help="Run directory (or run id under ./runs)."),
+        decision: list[str] = typer.Option(
+            [], "--decision", help="W-01=confirm|reject|unresolved|amend; one per weakness, every weakness."
+        ),
+        note: list[str] = typer.Option([], "--note", help='W-01="..." (required for amend: the amended statement).'),
+        by: str | None = typer.Option(None, "--by", help="Who decides (required)."),
+        digest: str | None = typer.Option(None, "--digest", help="The shortlist digest you decided on."),
+        operation_id: str | None = typer.Option(
+            None, "--operation-id", help="Idempotency key: the same id returns the same receipt."
+        ),
+        as_json: bool = JSON_OPTION,
+    ) -> None:
+        """Gate 1: confirm, reject, keep unresolved or amend each weakness of the shortlist.
+
+        A compare-and-set on the handoff revision and the shortlist digest: if either changed since
+        you looked, it refuses with needs_rebase (exit 4). Silence is never approval.
+        """
+        from pipeline import gates
+        from pipeline import handoff as hf
+        from pipeline.errors import BadInput
+        from pipeline.status import format_shortlist, status
+
+        run_dir = resolve_run(run)
+        # What the decider sees now is the base of the compare-and-set.
+        base = hf.load(run_dir)
+        seen_digest = digest or base.shortlist_digest
+        decisions = gates.parse_pairs(decision, "--decision")
+        notes = gates.parse_pairs(note, "--note")
+        if not decisions:
+            if not sys.stdin.isatty():
+                raise BadInput(
+                    "no --decision given: silence is never approval; decide on every weakness: "
+                    + hf.confirm_command(run_dir, base)
+                )
+            s = status(run_dir)
+            typer.echo(format_shortlist(s["shortlist"]["weaknesses"], s["shortlist"]["dropped"]))
+            for wid in hf.weakness_ids(run_dir):
+                d = typer.prompt(f"{wid}: confirm / reject / unresolved / amend")
+                decisions[wid] = d.strip()
+                if decisions[wid] == "amend" or typer.confirm(f"{wid}: add a note?", default=False):
+                    notes[wid] = typer.prompt(f"{wid}: note")
+            if by is None:
+                by = typer.prompt("your name")
+        if by is None:
+            raise BadInput("--by NAME is required: a decision needs a named person")
+        receipt, replayed = gates.confirm(
+            run_dir,
+            decisions,
+            by=by,
+            notes=notes,
+            expected_digest=seen_digest,
+            expected_revision=base.revision,
+            operation_id=operation_id,
+        )
+        if as_json:
+            emit_json({"replayed": replayed, "receipt": receipt.model_dump(mode="json")})
+            return
+        state = receipt.result.get("userRootCauseConfirmation")
+        verb = "replayed (nothing changed)" if replayed else "recorded"
+        typer.echo(
+            f"gate 1 {verb}: {state}; receipt {gates.receipt_path(run_dir, receipt.gate, receipt.operation_id)} "
+            f"(revision {receipt.base_revision}→{receipt.new_revision})"
+        )
+        typer.echo(f"next: {hf.next_command(run_dir)}")
+
+    @app.command("status")
+    def status_cmd(
+        run: str = typer.Argument(..., help="Run directory (or run id under ./runs)."),
+        as_json: bool = JSON_OPTION,
+    ) -> None:
+        """The run's state machine, its ledger, and the exact next command."""
+        from pipeline.status import format_status, status
+
+        s = status(resolve_run(run))
+        if as_json:
+            emit_json(s)
+        else:
+            typer.echo(format_status(s))

@@ -6,9 +6,6 @@ from pathlib import Path
 
 import typer
 
-from pipeline.runner import RunOptions, run
-from pipeline.settings import ModelSettings
-
 
 def register(app: typer.Typer) -> None:
     """Add ``run`` to the root app."""
@@ -27,7 +24,18 @@ def register(app: typer.Typer) -> None:
         budget_usd: float | None = typer.Option(None, "--budget-usd", help="Stop cleanly past this spend."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Estimate calls, tokens and cost; call nothing."),
     ) -> None:
-        """Export the IR, find patterns, mine root causes, and stop at gate 1."""
+        """Export the IR, find patterns, mine root causes, and stop at gate 1.
+
+        Rerunning with the same run id reuses everything still valid (an unchanged rerun makes no
+        model call); a changed input invalidates and recomputes only what depends on it.
+        """
+        from pipeline.errors import BadInput
+        from pipeline.runner import RunOptions, run
+        from pipeline.settings import ModelSettings
+        from pipeline.status import gate_report
+
+        if replay and record:
+            raise BadInput("--replay and --record exclude each other")
         mode = "replay" if replay else "record" if record else None
         settings = ModelSettings.from_env(
             model=model,
@@ -40,4 +48,6 @@ def register(app: typer.Typer) -> None:
         opts = RunOptions(
             bundle=bundle, run_id=run_id, runs_dir=runs_dir, resume=resume, dry_run=dry_run, models=settings
         )
-        run(opts, log=typer.echo)
+        result = run(opts, log=typer.echo)
+        if not dry_run:
+            typer.echo(gate_report(result.ctx.run_dir))

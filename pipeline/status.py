@@ -1,0 +1,135 @@
+"""``lunasol status``: the run's state machine, its ledger, a block receipt if any, and the exact next command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline import handoff as hf
+from pipeline.blocking import read_block_receipt
+from pipeline.ledger import Ledger
+
+
+def _shortlist_rows(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
+    from pipeline.errors import BadInput
+    from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
+
+    path = run_dir / SHORTLIST_FILE
+    if not path.is_file():
+        return [], [], None
+    try:
+        sl = read_shortlist(path)
+    except BadInput as exc:
+        return [], [{"weakness_id": "-", "reasons": [exc.one_line()]}], None
+    rows = [
+        {
+            "weakness_id": w.weakness_id,
+            "confidence": w.confidence,
+            "cells": w.support.counts.cells,
+            "tasks": w.support.counts.tasks,
+            "runs": w.support.counts.runs,
+            "pattern_groups": w.support.counts.pattern_groups,
+            "counter_evidence": len(w.counter_evidence.items),
+            "statement": w.statement,
+        }
+        for w in sl.weaknesses
+    ]
+    dropped = [{"weakness_id": d.weakness_id, "reasons": d.reasons} for d in sl.dropped]
+    return rows, dropped, sl.digest
+
+
+def status(run_dir: Path) -> dict[str, Any]:
+    """Everything ``lunasol status`` shows, as data."""
+    h = hf.load(run_dir)
+    rows, dropped, sdigest = _shortlist_rows(run_dir)
+    block = read_block_receipt(run_dir)
+    nxt = hf.next_command(run_dir, h)
+    if block and block.get("requested_unblock") and h.phase != "rootCausesMined":
+        nxt = str(block["requested_unblock"])
+    return {
+        "run_id": run_dir.name,
+        "run_dir": str(run_dir),
+        "handoff": h.model_dump(mode="json", exclude={"history"}),
+        "history": [e.model_dump(mode="json") for e in h.history[-10:]],
+        "ledger": Ledger(run_dir).summary(),
+        "shortlist": {"digest": sdigest, "weaknesses": rows, "dropped": dropped},
+        "block_receipt": block,
+        "next_command": nxt,
+    }
+
+
+def _trim(text: str, n: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def format_shortlist(rows: list[dict[str, Any]], dropped: list[dict[str, Any]]) -> str:
+    """The shortlist as a plain-text table (and the dropped weaknesses with their reasons)."""
+    if not rows and not dropped:
+        return "no weakness in the shortlist"
+    lines = [f"{'id':<6} {'conf':<7} {'cells':>5} {'tasks':>5} {'runs':>5} {'groups':>6} {'counter':>7}  statement"]
+    for r in rows:
+        lines.append(
+            f"{r['weakness_id']:<6} {r['confidence']:<7} {r['cells']:>5} {r['tasks']:>5} {r['runs']:>5} "
+            f"{r['pattern_groups']:>6} {r['counter_evidence']:>7}  {_trim(r['statement'], 90)}"
+        )
+    for d in dropped:
+        reasons = d["reasons"]
+        more = f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else ""
+        lines.append(f"dropped {d['weakness_id']}: {_trim(reasons[0], 110) if reasons else 'no reason'}{more}")
+    return "\n".join(lines)
+
+
+def gate_report(run_dir: Path) -> str:
+    """What a run prints when it stops: the shortlist table and the exact next command."""
+    s = status(run_dir)
+    h = s["handoff"]
+    out = []
+    if h["phase"] == "rootCausesMined":
+        out.append(f"weakness shortlist {s['shortlist']['digest']}:")
+        out.append(format_shortlist(s["shortlist"]["weaknesses"], s["shortlist"]["dropped"]))
+        if h["userRootCauseConfirmation"] == "pending":
+            out.append("gate 1: waiting for your decision on each weakness (silence is never approval)")
+        else:
+            out.append(f"gate 1: {h['userRootCauseConfirmation']}")
+    out.append(f"next: {s['next_command']}")
+    return "\n".join(out)
+
+
+def format_status(s: dict[str, Any]) -> str:
+    """Plain-text ``lunasol status``."""
+    h = s["handoff"]
+    lines = [
+        f"run {s['run_id']}  revision {h['revision']}  phase {h['phase']}",
+        f"  userRootCauseConfirmation: {h['userRootCauseConfirmation']}",
+        f"  proposalGeneration:        {h['proposalGeneration']}",
+        f"  proposalSelection:         {h['proposalSelection']}",
+    ]
+    if h.get("shortlist_digest"):
+        lines.append(f"  shortlist digest:          {h['shortlist_digest']}")
+    for gate, rel in sorted((h.get("receipts") or {}).items()):
+        lines.append(f"  receipt {gate}: {rel}")
+    lines.append("ledger:")
+    stage_rows = [r for r in s["ledger"] if "/" not in r["name"]]
+    cell_rows = [r for r in s["ledger"] if "/" in r["name"]]
+    for r in stage_rows:
+        reason = f"  ({r['reason']})" if r["reason"] else ""
+        lines.append(f"  {r['name']:<14} {r['state']:<12}{reason}")
+    if cell_rows:
+        counts: dict[str, int] = {}
+        for r in cell_rows:
+            counts[r["state"]] = counts.get(r["state"], 0) + 1
+        lines.append("  per-cell results: " + ", ".join(f"{n} {st}" for st, n in sorted(counts.items())))
+        for r in cell_rows:
+            if r["state"] != "verified":
+                lines.append(f"    {r['name']:<12} {r['state']:<12} ({r['reason']})")
+    rows, dropped = s["shortlist"]["weaknesses"], s["shortlist"]["dropped"]
+    if rows or dropped:
+        lines.append("shortlist:")
+        lines.extend("  " + ln for ln in format_shortlist(rows, dropped).splitlines())
+    br = s.get("block_receipt")
+    if br:
+        lines.append(f"BLOCKED at {br.get('stage')}: {br.get('blocking_constraint')}")
+        lines.append(f"  unblock: {br.get('requested_unblock')}")
+    lines.append(f"next: {s['next_command']}")
+    return "\n".join(lines)
