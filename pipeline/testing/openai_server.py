@@ -232,11 +232,22 @@ class FakeOpenAI:
             request = {}
         with self.lock:
             self.requests.append(request)
-            self.headers.append(dict(h.headers))
+            self.headers.append({k.lower(): v for k, v in h.headers.items()})
             item = self.script.pop(0) if self.script else None
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             handler = self.handler
+        done = False
+
+        def finished() -> None:
+            # Counted as finished before the answer is written: the client may send its next request
+            # as soon as it reads this one, before this thread would otherwise get to decrement.
+            nonlocal done
+            if not done:
+                done = True
+                with self.lock:
+                    self.in_flight -= 1
+
         try:
             if item is None:
                 item = handler or (
@@ -254,6 +265,7 @@ class FakeOpenAI:
             delay = self.delay_s + reply.delay_s
             if delay:
                 time.sleep(delay)
+            finished()
             if reply.drop:
                 h.close_connection = True
                 with contextlib.suppress(OSError):
@@ -271,8 +283,7 @@ class FakeOpenAI:
             except (BrokenPipeError, ConnectionResetError):  # the client timed out first
                 pass
         finally:
-            with self.lock:
-                self.in_flight -= 1
+            finished()
 
     def start(self) -> FakeOpenAI:
         """Serve in a daemon thread."""

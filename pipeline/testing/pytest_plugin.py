@@ -47,3 +47,18 @@ def model_settings(fake_llm: FakeOpenAI) -> Callable[..., ModelSettings]:
         return ModelSettings(**base)
 
     return make
+
+
+TINY_TEMPLATE = (
+    "{% block system %}You extract facts from cell {{ cell_id }}.{% endblock %}\n"
+    "{% block user %}Log of {{ cell_id }}:\n{{ text }}{% endblock %}\n"
+)
+
+
+@pytest.fixture
+def tiny_prompts(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A prompts dir with role ``t`` (context: cell_id, text), selected via LUNASOL_PROMPTS_DIR."""
+    d = tmp_path_factory.mktemp("prompts")
+    (d / "t.j2").write_text(TINY_TEMPLATE, encoding="utf-8")
+    monkeypatch.setenv("LUNASOL_PROMPTS_DIR", str(d))
+    return d
