@@ -143,7 +143,7 @@ class Emitter:
             source_path=self.rel,
             line_start=loc.line_start,
             line_end=loc.line_end,
-            json_pointer=ptr if (ptr or self.jf.jsonl) else None,
+            json_pointer=ptr or None,
             **fields,
         )
 

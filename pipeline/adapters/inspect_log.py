@@ -1,1 +1,197 @@
-ADAPTER = None  # placeholder
+"""Inspect AI eval logs: ``.json`` logs and ``.eval`` zip logs.
+
+A log holds ``eval`` (task, model, ...), ``status`` and ``samples``; a ``.eval`` zip holds
+``header.json`` and one ``samples/<id>_epoch_<n>.json`` member per sample. One cell per sample
+(id, epoch). Events are the sample's ``messages`` in order (step index = 0-based message
+position): system / user / assistant messages, assistant ``tool_calls`` (one ``tool_call`` each)
+and ``tool`` messages (``error`` when the message has an ``error``, else ``tool_result``). A
+sample-level ``error`` is a harness ``error`` event.
+
+Refs into a ``.eval`` name the zip file as the source (its sha256 is in the manifest) and the
+member in the JSON pointer: ``samples/1_epoch_1.json!/messages/3``, with the member's own line
+numbers. ``target``, ``scores``, ``output``, ``metadata`` and ``store`` go to the sidecar only.
+A log without samples (e.g. cancelled before any ran) is listed as skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pipeline.adapters.base import Adapter, CellSource, Discovery, Emitter, args_digest, as_text, load_json, tool_result_event
+from pipeline.adapters.spans import JsonFile, Located
+from pipeline.canonical import sha256_text
+from pipeline.ir.events import SourceEvent
+
+NAME = "inspect"
+_LABEL_KEYS = ("target", "scores", "output", "metadata", "store", "model_usage", "total_time", "working_time", "error_retries")
+
+
+def sniff(rel: str, head: str) -> bool:
+    """A ``.eval`` zip, or JSON with Inspect's top-level keys."""
+    if rel.endswith(".eval"):
+        return head.startswith("PK")
+    return rel.endswith(".json") and '"eval"' in head and '"version"' in head and '"status"' in head
+
+
+class _MemberEmitter(Emitter):
+    """An Emitter over one JSON member of a zip; pointers carry the member name."""
+
+    def __init__(self, bundle: Path, rel: str, member: str) -> None:
+        self.rel = rel
+        self.member = member
+        with zipfile.ZipFile(bundle / rel) as zf:
+            self.jf = JsonFile(zf.read(member).decode("utf-8"), max_depth=5)
+
+    def event(self, kind: str, ptr: str, *, line: int | None = None, **fields: Any) -> SourceEvent:
+        """As Emitter.event, with ``member!pointer``."""
+        loc: Located = self.jf.locate(ptr, line)
+        return SourceEvent(
+            kind=kind,
+            source_path=self.rel,
+            line_start=loc.line_start,
+            line_end=loc.line_end,
+            json_pointer=f"{self.member}!{ptr}",
+            **fields,
+        )
+
+
+def _sample_outcome(sample: dict[str, Any], log_status: str | None) -> tuple[dict[str, Any], list[str]]:
+    labels = {k: sample[k] for k in _LABEL_KEYS if k in sample}
+    scores = sample.get("scores") if isinstance(sample.get("scores"), dict) else {}
+    quality = None
+    values = [s.get("value") for s in scores.values() if isinstance(s, dict)]
+    if values:
+        v = values[0]
+        quality = 1.0 if v in ("C", True, 1, 1.0) else (0.0 if v in ("I", False, 0, 0.0) else (float(v) if isinstance(v, int | float) else None))
+    texts = []
+    for s in scores.values():
+        if isinstance(s, dict) and isinstance(s.get("explanation"), str) and len(s["explanation"]) > 40:
+            texts.append(s["explanation"])
+    out = {
+        "label": None if quality is None else ("completed" if quality >= 1.0 else "workflow_failed"),
+        "quality": quality,
+        "log_status": log_status,
+        **labels,
+    }
+    return out, texts
+
+
+def discover(bundle: Path, paths: list[str]) -> Discovery:
+    """One cell per sample of every log."""
+    cells: list[CellSource] = []
+    skipped: list[tuple[str, str]] = []
+    harnesses: set[str] = set()
+    for rel in paths:
+        samples: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (selector, sample)
+        if rel.endswith(".eval"):
+            try:
+                with zipfile.ZipFile(bundle / rel) as zf:
+                    names = zf.namelist()
+                    header = json.loads(zf.read("header.json")) if "header.json" in names else {}
+                    for name in sorted(n for n in names if n.startswith("samples/") and n.endswith(".json")):
+                        samples.append(({"member": name}, json.loads(zf.read(name))))
+            except (zipfile.BadZipFile, KeyError, ValueError) as exc:
+                skipped.append((rel, f"unreadable .eval zip ({exc})"))
+                continue
+        elif rel.endswith(".json"):
+            try:
+                header = load_json(bundle / rel, 3).docs[0][1]
+            except (ValueError, UnicodeDecodeError):
+                skipped.append((rel, "not valid JSON"))
+                continue
+            if not (isinstance(header, dict) and "eval" in header):
+                skipped.append((rel, "not an Inspect log"))
+                continue
+            samples = [({"index": i}, s) for i, s in enumerate(header.get("samples") or [])]
+        else:
+            skipped.append((rel, "not an Inspect log"))
+            continue
+        ev = header.get("eval") or {}
+        if not samples:
+            skipped.append((rel, f"log has no samples (status {header.get('status')})"))
+            continue
+        task = str(ev.get("task") or "inspect-task")
+        harness = f"inspect {task} ({ev.get('model')})"
+        harnesses.add(harness)
+        for sel, sample in samples:
+            sid = f"{sample.get('id')}-epoch{sample.get('epoch', 1)}"
+            out, texts = _sample_outcome(sample, header.get("status"))
+            cells.append(
+                CellSource(
+                    run_id=f"{rel.removeprefix('raw/')}#{sid}",
+                    task_id=f"{task}-{sample.get('id')}",
+                    path=rel,
+                    selector=sel,
+                    files=[rel],
+                    harness=harness,
+                    task_summary=as_text(sample.get("input"))[:500],
+                    step_index_base=0,
+                    source_steps=len(sample.get("messages") or []),
+                    outcome=out,
+                    label_texts=texts + ([as_text(sample["target"])] if len(as_text(sample.get("target"))) > 20 else []),
+                )
+            )
+    return Discovery(cells=cells, skipped=skipped, harness=" + ".join(sorted(harnesses)) or None)
+
+
+def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:
+    """Events of one sample's messages."""
+    sel = cell.get("selector") or {}
+    if "member" in sel:
+        em: Emitter = _MemberEmitter(bundle, cell["path"], str(sel["member"]))
+        sample = em.jf.docs[0][1]
+        base = ""
+    else:
+        em = Emitter(bundle, cell["path"], max_depth=6)
+        base = f"/samples/{int(sel['index'])}"
+        sample = em.doc()["samples"][int(sel["index"])]
+    for j, m in enumerate(sample.get("messages") or []):
+        ptr = f"{base}/messages/{j}"
+        role = str(m.get("role") or "")
+        text = as_text(m.get("content"))
+        if role == "tool":
+            err = m.get("error")
+            yield tool_result_event(
+                em,
+                ptr,
+                text if not err else f"{text}\n[{err.get('type')}] {err.get('message')}" if isinstance(err, dict) else text,
+                is_error=bool(err) if err is not None else None,
+                actor="tool",
+                step_index=j,
+                tool_name=m.get("function"),
+                call_id=m.get("tool_call_id"),
+                detail=err.get("type") if isinstance(err, dict) else None,
+            )
+            continue
+        calls = m.get("tool_calls") or []
+        if text or not calls:
+            yield em.event("message", ptr, actor=role, step_index=j, text=text, detail=m.get("source"))
+        for k, call in enumerate(calls):
+            args = call.get("arguments")
+            name = call.get("function")
+            yield em.event(
+                "tool_call",
+                f"{ptr}/tool_calls/{k}",
+                actor=role,
+                step_index=j,
+                tool_name=name,
+                call_id=call.get("id"),
+                args_digest=args_digest(args),
+                text=f"{name}({json.dumps(args, ensure_ascii=False, sort_keys=True)})",
+            )
+    if sample.get("error"):
+        err = as_text(sample["error"])
+        yield em.event("error", f"{base}/error", actor="harness", detail="sample_error", text=err, result_digest=sha256_text(err))
+
+
+ADAPTER = Adapter(
+    name=NAME,
+    description="Inspect AI logs (.json and .eval zip; one cell per sample)",
+    sniff=sniff,
+    discover=discover,
+    read=read,
+)

@@ -4,7 +4,8 @@ Adapters never rewrite a source file, so an IR event points into the original by
 inclusive line range plus, for JSON sources, a JSON pointer (RFC 6901) to the element. The pointer
 is resolved against the whole file when the file is one JSON document, else (JSON Lines) against
 the document on ``line_start``. When the element is a string holding a multi-line log (MAST
-traces), the pointer may end with ``#L<a>-L<b>``: lines a..b (1-based) of the decoded string.
+traces), the pointer may end with ``#L<a>-L<b>``: lines a..b (1-based) of the decoded string, and ``#/inner/pointer``
+descends into a string that itself holds JSON (segments apply left to right).
 
 The span finder is a small tokenizer (strings and structural characters only), so it is exact for
 any valid JSON, pretty-printed or compact, without a second full parse per element.
@@ -69,7 +70,6 @@ def value_spans(text: str, max_depth: int = 4, base: str = "") -> dict[str, tupl
     root_start = m.start()
     # Frame: [kind ('{' or '['), pointer, next index, current key, element start, expecting key]
     stack: list[list[Any]] = []
-    pending_start: int | None = root_start  # start of the value now being read
 
     def close_element(frame: list[Any], end_pos: int) -> None:
         start = frame[4]
@@ -123,7 +123,6 @@ def value_spans(text: str, max_depth: int = 4, base: str = "") -> dict[str, tupl
         else:  # a string: an object key, or a value (spans closed by the next , } ])
             if stack and stack[-1][0] == "{" and stack[-1][5]:
                 stack[-1][3] = json.loads(s)
-    del pending_start
     if base not in spans:  # a scalar document
         end = len(text.rstrip())
         spans[base] = (root_start, end)
@@ -221,6 +220,14 @@ def resolve_element(raw: bytes, line_start: int, line_end: int, json_pointer: st
     selected lines for a ``#L`` suffix), after checking that the element's own span lies within
     ``line_start..line_end``.
     """
+    if json_pointer and "!" in json_pointer.split("#", 1)[0]:
+        # A member of a zip container (Inspect .eval): "<member>!<pointer>", lines are the member's.
+        import io
+        import zipfile
+
+        member, _, json_pointer = json_pointer.partition("!")
+        with zipfile.ZipFile(io.BytesIO(raw)) as zf:
+            raw = zf.read(member)
     text = raw.decode("utf-8")
     lines = text.split("\n")
     if text.endswith("\n"):
@@ -229,7 +236,7 @@ def resolve_element(raw: bytes, line_start: int, line_end: int, json_pointer: st
         raise ValueError(f"lines {line_start}-{line_end} outside the file ({len(lines)} lines)")
     if not json_pointer:
         return "\n".join(lines[line_start - 1 : line_end])
-    ptr, _, sub = json_pointer.partition("#")
+    ptr, *subs = json_pointer.split("#")
     jf = JsonFile(text, max_depth=len(split_pointer(ptr)))
     doc_line = None if not jf.jsonl else line_start
     doc = jf.docs[0][1] if doc_line is None else json.loads(lines[doc_line - 1])
@@ -237,15 +244,20 @@ def resolve_element(raw: bytes, line_start: int, line_end: int, json_pointer: st
     loc = jf.locate(ptr, doc_line)
     if not (line_start <= loc.line_start and loc.line_end <= line_end):
         raise ValueError(f"{ptr} spans lines {loc.line_start}-{loc.line_end}, not within {line_start}-{line_end}")
-    if sub:
+    for sub in subs:  # inside a string value: "/ptr" parses it as JSON, "La-Lb" takes lines of it
+        if not isinstance(element, str):
+            raise ValueError(f"suffix #{sub} needs a string value")
         m = re.fullmatch(r"L(\d+)-L(\d+)", sub)
-        if m is None or not isinstance(element, str):
-            raise ValueError(f"bad string line suffix {sub!r}")
-        inner = element.split("\n")
-        a, b = int(m.group(1)), int(m.group(2))
-        if not (1 <= a <= b <= len(inner)):
-            raise ValueError(f"string lines {a}-{b} outside the value ({len(inner)} lines)")
-        return "\n".join(inner[a - 1 : b])
+        if m is not None:
+            inner = element.split("\n")
+            a, b = int(m.group(1)), int(m.group(2))
+            if not (1 <= a <= b <= len(inner)):
+                raise ValueError(f"string lines {a}-{b} outside the value ({len(inner)} lines)")
+            element = "\n".join(inner[a - 1 : b])
+        elif sub.startswith("/"):
+            element = get_pointer(json.loads(element), sub)
+        else:
+            raise ValueError(f"bad suffix #{sub}")
     if isinstance(element, str):
         return element
     return json.dumps(element, ensure_ascii=False, indent=2, sort_keys=True)
