@@ -1,0 +1,129 @@
+"""The Coordinator: group Luna's patterns across cells with DuckDB SQL (files in ``sql/``, run in order).
+
+Groups are keyed by pattern type and normalised concerns key (same obligation / target / state
+transition). Every occurrence keeps its own event ids and raw refs; duplicate lines written by one
+controller incident (same ts, same content) collapse into one occurrence. Per group: cells, tasks,
+runs, occurrences, and occurrences in successful cells (negatives, from the outcome sidecar, which
+the Coordinator may read and Luna never does). Every eligible cell is in the coverage table.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+import pipeline
+from pipeline.canonical import write_json
+from pipeline.errors import BadInput
+
+GROUPS_FILE = "pattern-groups.json"
+
+# When the Coordinator runs on an IR without a Luna stage (tests, hand-made patterns), the coverage
+# query still needs these tables; created only if absent, never replacing Luna's.
+_FALLBACK_DDL = """
+CREATE TABLE IF NOT EXISTS luna_cells (
+    cell_id VARCHAR PRIMARY KEY, status VARCHAR NOT NULL, parts INTEGER NOT NULL, est_tokens INTEGER NOT NULL,
+    attempts INTEGER NOT NULL, patterns INTEGER NOT NULL, reason VARCHAR
+);
+"""
+
+
+def sql_files() -> list[str]:
+    """Names of the Coordinator's SQL files, in the order they run."""
+    root = resources.files("pipeline.coordinator").joinpath("sql")
+    return sorted(p.name for p in root.iterdir() if p.name.endswith(".sql"))
+
+
+def _sql(name: str) -> str:
+    return resources.files("pipeline.coordinator").joinpath("sql", name).read_text(encoding="utf-8")
+
+
+def _has(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    row = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]).fetchone()
+    return bool(row and row[0])
+
+
+def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
+    cur = con.execute(sql)
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+def coordinate(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """Run the SQL over the IR on ``con`` (tables written there) and return the groups document."""
+    if not _has(con, "patterns"):
+        raise BadInput("no patterns table in the IR: the luna stage must run before the coordinator")
+    con.execute(_FALLBACK_DDL)
+    for name in sql_files():
+        con.execute(_sql(name))
+    groups = _rows(con, "SELECT * FROM pattern_groups ORDER BY group_id")
+    occurrences = _rows(con, "SELECT * FROM pattern_occurrences ORDER BY occurrence_id")
+    coverage = _rows(con, "SELECT * FROM pattern_coverage ORDER BY cell_id")
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    for o in occurrences:
+        by_group.setdefault(o["group_id"], []).append(
+            {
+                "occurrence_id": o["occurrence_id"],
+                "cell_id": o["cell_id"],
+                "task_id": o["task_id"],
+                "run_id": o["run_id"],
+                "pattern_ids": o["pattern_ids"],
+                "events": o["events"],
+                "refs": o["refs"],
+                "incidents": len(o["incidents"]),
+                "collapsed_lines": o["collapsed_lines"],
+                "duplicate_lines_only": o["duplicate_lines_only"],
+                "successful_cell": o["successful_cell"],
+            }
+        )
+    doc_groups = [
+        {
+            "group_id": g["group_id"],
+            "type": g["type"],
+            "concerns": g["concerns"],
+            "support": {
+                "occurrences": g["occurrences"],
+                "patterns": g["patterns"],
+                "cells": g["cells"],
+                "tasks": g["tasks"],
+                "runs": g["runs"],
+                "n_cells": g["n_cells"],
+                "n_tasks": g["n_tasks"],
+                "n_runs": g["n_runs"],
+            },
+            "negatives": {"occurrences": g["negative_occurrences"], "cells": g["negative_cells"]},
+            "collapsed_lines": g["collapsed_lines"],
+            "occurrences": by_group.get(g["group_id"], []),
+        }
+        for g in groups
+    ]
+    failed = [c["cell_id"] for c in coverage if c["luna_status"] not in ("ok", "split")]
+    return {
+        "schema_version": pipeline.SCHEMA_VERSION,
+        "totals": {
+            "eligible_cells": len(coverage),
+            "cells_with_patterns": sum(1 for c in coverage if c["patterns"]),
+            "cells_without_patterns": sum(1 for c in coverage if not c["patterns"]),
+            "cells_not_analysed": failed,
+            "patterns": sum(c["patterns"] for c in coverage),
+            "groups": len(doc_groups),
+            "occurrences": len(occurrences),
+            "collapsed_lines": sum(o["collapsed_lines"] for o in occurrences),
+        },
+        "groups": doc_groups,
+        "coverage": coverage,
+    }
+
+
+def run_coordinator(ir_path: Path, run_dir: Path) -> dict[str, Any]:
+    """Coordinate the run's patterns; write ``pattern-groups.json`` and the tables; return the document."""
+    con = duckdb.connect(str(ir_path))
+    try:
+        doc = coordinate(con)
+    finally:
+        con.close()
+    write_json(run_dir / GROUPS_FILE, doc)
+    return doc

@@ -1,0 +1,155 @@
+"""Coordinator SQL on hand-made IRs and patterns: grouping, incident dedup with every ref kept,
+negatives from outcomes, and coverage including cells with zero patterns."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from pipeline.coordinator import GROUPS_FILE, run_coordinator, sql_files
+from pipeline.luna.stage import TABLES_DDL
+from pipeline.probes.synthetic import write_ir
+
+TS = "2026-08-09T11:00:00Z"
+
+
+def sent_back(line: int) -> dict[str, Any]:
+    # One controller incident writing the same line three times (same ts, same content).
+    return {
+        "kind": "stage",
+        "detail": "stage_sent_back",
+        "actor": "controller",
+        "stage": "review",
+        "session_id": None,
+        "ts": TS,
+        "text": "stage review sent back to reviewer: blocker in design.md",
+        "target": "review",
+        "source_path": "cells/C003/controller.jsonl",
+        "line_start": line,
+    }
+
+
+def msg(text: str = "x") -> dict[str, Any]:
+    return {"kind": "message", "text": text}
+
+
+CELLS = {
+    "C001": [msg(), msg(), msg(), msg()],
+    "C002": [msg(), msg(), msg()],
+    "C003": [msg(), sent_back(7), sent_back(8), sent_back(9), msg()],
+    "C004": [msg()],  # no patterns at all
+    "C005": [msg()],  # Luna failed on it
+}
+OUTCOMES = {"C001": "workflow_failed", "C002": "completed", "C003": "workflow_failed", "C004": "completed"}
+TASKS = {"C001": "bat", "C002": "prom", "C003": "bat", "C004": "pytest", "C005": "pytest"}
+
+
+def pat(pid: str, cell: str, typ: str, concerns: str, evidence: list[str]) -> list[Any]:
+    return [pid, cell, typ, concerns, "observed", "fits", evidence, "medium", False, [], "luna", False]
+
+
+PATTERNS = [
+    pat("C001-P01", "C001", "repeated_exploration", "target:review.md", ["C001-e0001", "C001-e0003"]),
+    pat("C001-P02", "C001", "omission", "obligation:ob-1", ["C001-e0002"]),
+    pat("C002-P01", "C002", "repeated_exploration", "target:review.md", ["C002-e0000", "C002-e0002"]),
+    # C003: two patterns citing different duplicate lines of one incident -> one occurrence
+    pat("C003-P01", "C003", "zero_information_gain", "transition:review->review", ["C003-e0001"]),
+    pat("C003-P02", "C003", "zero_information_gain", "transition:review->review", ["C003-e0002", "C003-e0003"]),
+    # ... and a "repeat" that is only the duplicate lines of that incident
+    pat("C003-P03", "C003", "repeated_exploration", "transition:review->review", ["C003-e0001", "C003-e0003"]),
+]
+
+
+def build(tmp_path: Path) -> Path:
+    ir = write_ir(tmp_path / "run" / "ir.duckdb", CELLS, outcomes=OUTCOMES, task_of=TASKS)
+    con = duckdb.connect(str(ir))
+    con.execute(TABLES_DDL)
+    con.executemany("INSERT INTO patterns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", PATTERNS)
+    for cell, status, n in [("C001", "ok", 2), ("C002", "ok", 1), ("C003", "ok", 3), ("C004", "ok", 0)]:
+        con.execute("INSERT INTO luna_cells VALUES (?, ?, 1, 10, 1, ?, NULL)", [cell, status, n])
+    con.execute("INSERT INTO luna_cells VALUES ('C005', 'failed', 1, 10, 3, 0, 'part 1/1: invented ids')")
+    con.close()
+    return ir
+
+
+def group(doc: dict[str, Any], typ: str, concerns: str) -> dict[str, Any]:
+    [g] = [g for g in doc["groups"] if g["type"] == typ and g["concerns"] == concerns]
+    return g
+
+
+def test_groups_across_cells_with_support_and_negatives(tmp_path: Path) -> None:
+    ir = build(tmp_path)
+    doc = run_coordinator(ir, tmp_path / "run")
+    g = group(doc, "repeated_exploration", "target:review.md")
+    assert g["support"]["cells"] == ["C001", "C002"]
+    assert g["support"]["tasks"] == ["bat", "prom"]
+    assert g["support"]["n_runs"] == 2
+    assert g["support"]["occurrences"] == 2
+    assert g["negatives"] == {"occurrences": 1, "cells": ["C002"]}  # C002 completed
+    refs = {o["cell_id"]: o["refs"] for o in g["occurrences"]}
+    assert refs["C001"] == ["cells/C001/sessions/01.jsonl#L2-L2", "cells/C001/sessions/01.jsonl#L4-L4"]
+    assert [g["group_id"] for g in doc["groups"]] == sorted(g["group_id"] for g in doc["groups"])
+
+
+def test_duplicate_controller_lines_collapse_into_one_occurrence_keeping_every_ref(tmp_path: Path) -> None:
+    doc = run_coordinator(build(tmp_path), tmp_path / "run")
+    g = group(doc, "zero_information_gain", "transition:review->review")
+    [occ] = g["occurrences"]
+    assert occ["pattern_ids"] == ["C003-P01", "C003-P02"]
+    assert occ["events"] == ["C003-e0001", "C003-e0002", "C003-e0003"]
+    assert occ["refs"] == [
+        "cells/C003/controller.jsonl#L7-L7",
+        "cells/C003/controller.jsonl#L8-L8",
+        "cells/C003/controller.jsonl#L9-L9",
+    ]
+    assert occ["incidents"] == 1 and occ["collapsed_lines"] == 2
+    assert g["support"]["occurrences"] == 1 and g["support"]["patterns"] == 2
+    rep = group(doc, "repeated_exploration", "transition:review->review")
+    assert rep["occurrences"][0]["duplicate_lines_only"] is True
+
+
+def test_non_identical_controller_lines_stay_separate(tmp_path: Path) -> None:
+    cells = {"C001": [sent_back(1), sent_back(2) | {"ts": "2026-08-09T11:05:00Z"}]}
+    ir = write_ir(tmp_path / "run" / "ir.duckdb", cells)
+    con = duckdb.connect(str(ir))
+    con.execute(TABLES_DDL)
+    con.executemany(
+        "INSERT INTO patterns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            pat("C001-P01", "C001", "zero_information_gain", "transition:review->review", ["C001-e0000"]),
+            pat("C001-P02", "C001", "zero_information_gain", "transition:review->review", ["C001-e0001"]),
+        ],
+    )
+    con.close()
+    doc = run_coordinator(ir, tmp_path / "run")
+    assert doc["groups"][0]["support"]["occurrences"] == 2
+    assert doc["totals"]["collapsed_lines"] == 0
+
+
+def test_every_eligible_cell_is_in_coverage_zero_patterns_counted(tmp_path: Path) -> None:
+    doc = run_coordinator(build(tmp_path), tmp_path / "run")
+    cov = {c["cell_id"]: c for c in doc["coverage"]}
+    assert sorted(cov) == ["C001", "C002", "C003", "C004", "C005"]
+    assert cov["C004"]["patterns"] == 0 and cov["C004"]["luna_status"] == "ok"
+    assert cov["C005"]["luna_status"] == "failed" and cov["C005"]["patterns"] == 0
+    assert cov["C003"]["patterns"] == 3 and cov["C003"]["occurrences"] == 2
+    t = doc["totals"]
+    assert t["eligible_cells"] == 5 and t["cells_without_patterns"] == 2
+    assert t["cells_not_analysed"] == ["C005"]
+    assert t["patterns"] == len(PATTERNS)
+
+
+def test_output_file_is_canonical_and_rerun_identical(tmp_path: Path) -> None:
+    ir = build(tmp_path)
+    run_coordinator(ir, tmp_path / "run")
+    first = (tmp_path / "run" / GROUPS_FILE).read_bytes()
+    run_coordinator(ir, tmp_path / "run")
+    assert (tmp_path / "run" / GROUPS_FILE).read_bytes() == first
+    assert json.loads(first)["schema_version"] == 1
+
+
+def test_sql_files_ship_with_the_package() -> None:
+    assert sql_files()[0] == "00_macros.sql" and len(sql_files()) >= 4
