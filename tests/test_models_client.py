@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from pipeline.canonical import canonical_json
 from pipeline.models import BudgetExceeded, ModelClient, ModelUnavailable, ReplayMiss, read_calls
 from pipeline.settings import ModelSettings
-from pipeline.testing.openai_server import FakeOpenAI, Reply, raw_answer, rate_limited, server_error
+from pipeline.testing.openai_server import FakeOpenAI, Reply, rate_limited, raw_answer, server_error
 
 pytestmark = pytest.mark.usefixtures("tiny_prompts")
 

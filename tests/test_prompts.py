@@ -63,7 +63,7 @@ def test_log_text_with_jinja_syntax_is_not_rerendered(pdir: Path) -> None:
 
 
 def test_user_block_required_and_system_optional() -> None:
-    with pytest.raises(PromptError, match="no {% block user %}"):
+    with pytest.raises(PromptError, match=r"no \{% block user %\}"):
         render_source("{% block system %}s{% endblock %}", {}, name="x.j2")
     only_user = render_source("{% block user %}hi {{ n }}{% endblock %}", {"n": 1})
     assert only_user.messages == [{"role": "user", "content": "hi 1"}]

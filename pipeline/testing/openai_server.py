@@ -278,10 +278,8 @@ class FakeOpenAI:
             for k, v in reply.headers.items():
                 h.send_header(k, v)
             h.end_headers()
-            try:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client timed out first
                 h.wfile.write(body)
-            except (BrokenPipeError, ConnectionResetError):  # the client timed out first
-                pass
         finally:
             finished()
 
