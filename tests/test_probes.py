@@ -118,11 +118,17 @@ def test_repeats_in_different_cells_do_not_pair() -> None:
 
 
 def test_check_rerun_on_unchanged_source_is_a_hit() -> None:
-    cells = {"C004": [call("run_tests", target="tests/x"), msg(), call("run_tests", args=A2, target="tests/x")]}
+    cells = {"C004": [call("run_tests", target="/ws/x"), msg(), call("run_tests", target="/ws/x")]}
     [hit] = of(hits_for(cells), "check_rerun_unchanged_source")
     assert hit.type == "repeated_exploration"
     assert hit.evidence == ["C004-e0000", "C004-e0002"]
-    assert hit.key == "target:run_tests:tests/x"
+    assert hit.key == "target:run_tests:" + A1[:19]
+    assert "in /ws/x" in hit.explanation
+
+
+def test_a_different_check_command_is_not_a_rerun() -> None:
+    cells = {"C004": [call("run_tests", args=A1, target="/ws/x"), call("run_tests", args=A2, target="/ws/x")]}
+    assert of(hits_for(cells), "check_rerun_unchanged_source") == []
 
 
 def test_check_rerun_after_an_edit_is_not_a_hit() -> None:
@@ -171,39 +177,42 @@ def test_different_results_are_not_a_hit() -> None:
 # --- obligation_unclosed -------------------------------------------------------------------------------
 
 
-def test_unclosed_obligation_whose_stage_ran_is_a_hit() -> None:
+def test_unclosed_obligation_with_a_later_stage_is_a_hit() -> None:
     cells = {
         "C006": [
-            ctl("obligation", "obligation_opened", target="OB-1", stage="tasks"),
-            ctl("stage", "stage_started", stage="tasks"),
-            msg(),
+            ctl("obligation", "obligation_opened", target="O-2", stage="tasks"),
             ctl("stage", "stage_accepted", stage="tasks"),
+            ctl("stage", "stage_started", stage="implementation"),
+            msg(),
+            ctl("stage", "stage_started", stage="review"),
         ]
     }
     [hit] = of(hits_for(cells), "obligation_unclosed")
     assert hit.type == "omission"
-    assert hit.key == "obligation:ob-1"
-    assert hit.evidence == ["C006-e0000", "C006-e0001", "C006-e0003"]
+    assert hit.key == "obligation:o-2"
+    assert hit.evidence == ["C006-e0000", "C006-e0002", "C006-e0004"]
+    assert "implementation, review" in hit.explanation
 
 
-def test_closed_obligation_or_stage_never_ran_is_not_a_hit() -> None:
+def test_closed_obligation_or_no_later_stage_is_not_a_hit() -> None:
     cells = {
         "C001": [
-            ctl("obligation", "obligation_opened", target="OB-1", stage="tasks"),
-            ctl("stage", "stage_started", stage="tasks"),
-            ctl("obligation", "obligation_closed", target="OB-1", stage="tasks"),
+            ctl("obligation", "obligation_opened", target="O-1", stage="tasks"),
+            ctl("stage", "stage_started", stage="implementation"),
+            ctl("obligation", "obligation_closed", target="O-1", stage="implementation"),
         ],
         "C002": [
-            ctl("obligation", "obligation_opened", target="OB-2", stage="review"),
             ctl("stage", "stage_started", stage="tasks"),
+            ctl("obligation", "obligation_opened", target="O-2", stage="tasks"),
+            msg(),
         ],
     }
     assert of(hits_for(cells), "obligation_unclosed") == []
 
 
 def test_duplicate_opening_lines_make_one_hit() -> None:
-    line = ctl("obligation", "obligation_opened", target="OB-1", stage="tasks", ts="2026-08-09T10:00:00Z")
-    cells = {"C009": [line, dict(line), ctl("stage", "stage_started", stage="tasks")]}
+    line = ctl("obligation", "obligation_opened", target="O-1", stage="tasks", ts="2026-08-09T10:00:00Z")
+    cells = {"C009": [line, dict(line), ctl("stage", "stage_started", stage="implementation")]}
     [hit] = of(hits_for(cells), "obligation_unclosed")
     assert hit.evidence == ["C009-e0000", "C009-e0001", "C009-e0002"]
 

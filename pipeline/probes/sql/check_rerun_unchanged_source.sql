@@ -1,12 +1,13 @@
 -- repeated_exploration: a check (tests, lint, validate, ...) on the same target run again while the
 -- controller state digest is the same and nothing in between changed the source, a non-report
--- artifact or the operator's input. The target is the event's target, else its arguments digest.
+-- artifact or the operator's input. "Same check" is the same tool with the same arguments digest (the
+-- same command): a focused test and the full suite in one directory are different checks.
 WITH calls AS (
     SELECT cell_id, seq, event_id, tool_name, state_digest,
-           coalesce(target, args_digest) AS what,
-           tool_name || '|' || coalesce(target, args_digest) AS sig
+           coalesce(target, '') AS what, args_digest,
+           tool_name || '|' || args_digest AS sig
     FROM probe_events
-    WHERE kind = 'tool_call' AND tool_class = 'check' AND coalesce(target, args_digest) IS NOT NULL
+    WHERE kind = 'tool_call' AND tool_class = 'check' AND args_digest IS NOT NULL
 ),
 ordered AS (
     SELECT *, lag(seq) OVER w AS prev_seq, lag(state_digest) OVER w AS prev_state
@@ -29,12 +30,13 @@ chains AS (
 )
 SELECT
     cell_id,
-    'target:' || tool_name || ':' || CASE WHEN any_value(what) LIKE 'sha256:%' THEN left(any_value(what), 19) ELSE any_value(what) END AS key,
+    'target:' || tool_name || ':' || left(any_value(args_digest), 19) AS key,
     list(event_id ORDER BY seq) AS evidence,
     min(seq) AS first_seq,
     max(seq) AS last_seq,
-    printf('check %s on %s run %d times with controller state %s unchanged and no source, artifact or operator change in between',
-           tool_name, any_value(what), count(*), left(any_value(state_digest), 19)) AS explanation
+    printf('check %s (args %s%s) run %d times with controller state %s unchanged and no source, artifact or operator change in between',
+           tool_name, left(any_value(args_digest), 19), CASE WHEN any_value(what) = '' THEN '' ELSE ' in ' || any_value(what) END,
+           count(*), left(any_value(state_digest), 19)) AS explanation
 FROM chains
 GROUP BY cell_id, sig, chain, tool_name
 HAVING count(*) >= 2
