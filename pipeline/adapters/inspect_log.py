@@ -8,7 +8,7 @@ and ``tool`` messages (``error`` when the message has an ``error``, else ``tool_
 sample-level ``error`` is a harness ``error`` event.
 
 Refs into a ``.eval`` name the zip file as the source (its sha256 is in the manifest) and the
-member in the JSON pointer: ``samples/1_epoch_1.json!/messages/3``, with the member's own line
+member in the JSON pointer: ``/samples/1_epoch_1.json!/messages/3``, with the member's own line
 numbers. ``target``, ``scores``, ``output``, ``metadata`` and ``store`` go to the sidecar only.
 A log without samples (e.g. cancelled before any ran) is listed as skipped.
 """
@@ -54,7 +54,7 @@ class _MemberEmitter(Emitter):
             source_path=self.rel,
             line_start=loc.line_start,
             line_end=loc.line_end,
-            json_pointer=f"{self.member}!{ptr}",
+            json_pointer=f"/{self.member}!{ptr}",
             **fields,
         )
 

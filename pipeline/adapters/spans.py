@@ -221,11 +221,12 @@ def resolve_element(raw: bytes, line_start: int, line_end: int, json_pointer: st
     ``line_start..line_end``.
     """
     if json_pointer and "!" in json_pointer.split("#", 1)[0]:
-        # A member of a zip container (Inspect .eval): "<member>!<pointer>", lines are the member's.
+        # A member of a zip container (Inspect .eval): "/<member>!<pointer>", lines are the member's.
         import io
         import zipfile
 
         member, _, json_pointer = json_pointer.partition("!")
+        member = member.removeprefix("/")
         with zipfile.ZipFile(io.BytesIO(raw)) as zf:
             raw = zf.read(member)
     text = raw.decode("utf-8")

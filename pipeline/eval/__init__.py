@@ -1,0 +1,186 @@
+"""``lunasol eval``: score a run's findings against the human labels in its outcome sidecar.
+
+Decisive-step labels (Who&When: ``mistake_step``, 0-based, and ``mistake_agent``): per
+prediction source, exact step accuracy, within ±1 and ±3, agent accuracy, and the labelled cells
+with no prediction (listed, never dropped: they count as wrong in every accuracy). Steps match
+exactly as integers in the labels' numbering, never by substring.
+
+Failure-mode labels (MAST: annotators' votes, 2-of-3 majority per mode): per source and mode,
+precision and recall over the labelled cells.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from pipeline.errors import BadInput
+from pipeline.eval.predict import (
+    PROBE_MODES,
+    Prediction,
+    baseline_first_error,
+    baseline_first_error_cause,
+    baseline_first_step,
+    baseline_last_step,
+    from_probe_hits,
+    from_weakness_cards,
+    load_events,
+    mode_checks,
+    read_json_field,
+)
+
+LABEL_FORMATS = ("who-and-when", "mast")
+__all__ = ["LABEL_FORMATS", "evaluate", "normalise_agent", "score_steps"]
+
+
+def normalise_agent(name: str | None) -> str:
+    """Agent names compare without role suffixes, case, spaces or underscores ("Orchestrator (thought)")."""
+    if not name:
+        return ""
+    base = re.sub(r"\s*\(.*\)\s*$", "", name)
+    return re.sub(r"[\s_-]+", "", base).lower()
+
+
+def score_steps(labels: dict[str, tuple[int, str]], preds: dict[str, Prediction], offset: int = 0) -> dict[str, Any]:
+    """Decisive-step scores of one source. ``offset`` maps IR step numbers onto the labels' numbering."""
+    n = len(labels)
+    exact = within1 = within3 = agent_ok = 0
+    missing: list[str] = []
+    no_step: list[str] = []
+    for cell, (step, agent) in sorted(labels.items()):
+        p = preds.get(cell)
+        if p is None:
+            missing.append(cell)
+            continue
+        if normalise_agent(p.agent) == normalise_agent(agent):
+            agent_ok += 1
+        if p.step is None:
+            no_step.append(cell)
+            continue
+        d = abs((p.step - offset) - step)
+        exact += d == 0
+        within1 += d <= 1
+        within3 += d <= 3
+
+    def rate(k: int) -> float | None:
+        return round(k / n, 4) if n else None
+
+    return {
+        "labelled": n,
+        "predicted": n - len(missing),
+        "no_prediction": len(missing),
+        "no_prediction_cells": missing,
+        "prediction_without_step": no_step,
+        "exact": exact,
+        "within_1": within1,
+        "within_3": within3,
+        "agent": agent_ok,
+        "exact_acc": rate(exact),
+        "within_1_acc": rate(within1),
+        "within_3_acc": rate(within3),
+        "agent_acc": rate(agent_ok),
+    }
+
+
+def score_modes(labels: dict[str, set[str]], preds: dict[str, set[str]] | None) -> dict[str, Any]:
+    """Per-mode precision / recall over the labelled cells (None where undefined)."""
+    if preds is None:
+        return {"available": False}
+    modes = sorted({m for s in labels.values() for m in s} | {m for c, s in preds.items() if c in labels for m in s})
+    per: dict[str, Any] = {}
+    for m in modes:
+        tp = sum(1 for c in labels if m in labels[c] and m in preds.get(c, set()))
+        fp = sum(1 for c in labels if m not in labels[c] and m in preds.get(c, set()))
+        fn = sum(1 for c in labels if m in labels[c] and m not in preds.get(c, set()))
+        per[m] = {
+            "tp": tp,
+            "fp": fp,
+            "fn": fn,
+            "precision": round(tp / (tp + fp), 4) if tp + fp else None,
+            "recall": round(tp / (tp + fn), 4) if tp + fn else None,
+        }
+    return {"available": True, "cells_with_prediction": sum(1 for c in labels if preds.get(c)), "modes": per}
+
+
+def _offset(con: duckdb.DuckDBPyConnection, run_dir: Path, label_base: int) -> int:
+    """IR step numbering minus the labels' numbering (0 when the IR does not say)."""
+    bases = {r[0] for r in con.execute("SELECT DISTINCT step_index_base FROM cells").fetchall() if r[0] is not None}
+    if len(bases) == 1:
+        return int(next(iter(bases))) - label_base
+    try:  # IR written before step_index_base was filled: ask the bundle's request
+        from pipeline.adapters import cell_block
+        from pipeline.ir.export import run_bundle
+
+        bundle = run_bundle(run_dir)
+        cell = con.execute("SELECT cell_id FROM cells LIMIT 1").fetchone()
+        base = cell_block(bundle, cell[0]).get("step_index_base") if cell else None
+        return int(base) - label_base if isinstance(base, int) else 0
+    except Exception:
+        return 0
+
+
+def evaluate(run_dir: Path, labels: str) -> dict[str, Any]:
+    """Scores of every prediction source against the run's sidecar labels (see module doc)."""
+    if labels not in LABEL_FORMATS:
+        raise BadInput(f"unknown label format {labels!r}; known: {', '.join(LABEL_FORMATS)}")
+    ir = run_dir / "ir.duckdb"
+    if not ir.is_file():
+        raise BadInput(f"no IR in {run_dir} (run `lunasol export` first)")
+    con = duckdb.connect(str(ir), read_only=True)
+    try:
+        events = load_events(con)
+        outcomes = {r[0]: read_json_field(r[1]) for r in con.execute("SELECT cell_id, extra FROM outcomes").fetchall()}
+        eligible = {r[0] for r in con.execute("SELECT cell_id FROM cells WHERE eligibility = 'valid_behavior'").fetchall()}
+        cards, cards_status = from_weakness_cards(run_dir, events)
+        probes, fired, probe_status = from_probe_hits(con, events)
+        report: dict[str, Any] = {"run": run_dir.name, "labels": labels, "cells": len(eligible)}
+        if labels == "who-and-when":
+            gold: dict[str, tuple[int, str]] = {}
+            unusable: list[str] = []
+            for cell in sorted(eligible):
+                extra = outcomes.get(cell, {})
+                step = extra.get("mistake_step")
+                if step is None or not str(step).strip().lstrip("-").isdigit():
+                    unusable.append(cell)
+                    continue
+                gold[cell] = (int(str(step).strip()), str(extra.get("mistake_agent") or ""))
+            offset = _offset(con, run_dir, 0)
+            sources = {
+                "weakness_cards": (cards, cards_status),
+                "probe_hits": (probes, probe_status),
+                "baseline_first_error": ({c: p for c in gold if (p := baseline_first_error(events.get(c, [])))}, "deterministic"),
+                "baseline_first_error_cause": (
+                    {c: p for c in gold if (p := baseline_first_error_cause(events.get(c, [])))},
+                    "deterministic",
+                ),
+                "baseline_first_step": ({c: p for c in gold if (p := baseline_first_step(events.get(c, [])))}, "deterministic"),
+                "baseline_last_step": ({c: p for c in gold if (p := baseline_last_step(events.get(c, [])))}, "deterministic"),
+            }
+            report["labelled_cells"] = len(gold)
+            report["cells_without_usable_label"] = unusable
+            report["step_offset"] = offset
+            report["sources"] = {
+                name: {"status": status, **score_steps(gold, preds, offset)} for name, (preds, status) in sources.items()
+            }
+        else:
+            gold_modes: dict[str, set[str]] = {}
+            for cell in sorted(eligible):
+                fm = outcomes.get(cell, {}).get("failure_modes")
+                if isinstance(fm, dict):
+                    gold_modes[cell] = {m for m, v in fm.items() if isinstance(v, dict) and v.get("majority")}
+            probe_modes = {c: {PROBE_MODES[p] for p in ps if p in PROBE_MODES} for c, ps in fired.items()}
+            report["labelled_cells"] = len(gold_modes)
+            report["sources"] = {
+                "weakness_cards": {"status": cards_status + "; cards carry no failure-mode label", **score_modes(gold_modes, None)},
+                "probe_hits": {"status": probe_status, **score_modes(gold_modes, probe_modes)},
+                "baseline_mode_checks": {
+                    "status": "deterministic (repeated identical message/tool call; stop at a step cap)",
+                    **score_modes(gold_modes, {c: mode_checks(events.get(c, [])) for c in gold_modes}),
+                },
+            }
+        return report
+    finally:
+        con.close()
