@@ -77,8 +77,8 @@ _EDIT_VERB = re.compile(
 )
 _LOCATION = re.compile(r"(?i)\bline\s+\d+\b|\blines\s+\d+\s*[-–]\s*\d+|第\s*\d+\s*行|\.\w{1,5}:\d+\b|\bL\d+-L\d+\b")
 _CODE = re.compile(
-    r"```|\bdef\s+\w+\s*\(|\bclass\s+\w+\s*[:(]|\bfunction\s+\w*\s*\(|=>|\breturn\s+[\w(\[{]|"
-    r"\bimport\s+\w+|\bfrom\s+[\w.]+\s+import\b|\b[a-z]+_[a-z0-9_]+\(|\b[a-z]\w*\.[a-z_]\w*\(|"
+    r"```|\bdef\s+[A-Za-z_]\w*\s*\(|\bclass\s+[A-Z]\w*\s*[:(]|\bfunction\s+[A-Za-z_]\w*\s*\(|=>|^\s*return\b|"
+    r"^\s*import\s+[A-Za-z_][\w.]*|\bfrom\s+[A-Za-z_][\w.]*\s+import\s+[A-Za-z_]|\b[a-z]+_[a-z0-9_]+\(|\b[a-z]\w*\.[a-z_]\w*\(|"
     r"\{\s*$|\w+\s*(?:==|!=|\+=|-=|:=)\s*\w+|^\s*(?:\+\+\+|---|@@)\s|\bif\s*\(.*\)\s*\{"
 )
 

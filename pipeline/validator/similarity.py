@@ -22,7 +22,7 @@ from pipeline.proposals.card import ProposalCard
 
 RULES: dict[str, str] = {"V-DUPLICATE-STRATEGY": "two cards in one file are the same strategy in other words"}
 
-THRESHOLD = 0.45
+THRESHOLD = 0.32
 
 _TOKEN = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]|[a-z0-9]+")
 _STOP = frozenset(

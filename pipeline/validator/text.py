@@ -11,7 +11,7 @@ from pipeline.validator.findings import TextField
 # Sentence ends: CJK and ASCII punctuation, newlines; a period only when followed by space/end
 # so that "0.7x" and "e.g.x" stay whole.
 _SENTENCE_SPLIT = re.compile(r"[。！？；;!?\n]+|\.(?=\s|$)")
-_CLAUSE_SPLIT = re.compile(r"[。！？；;!?\n，,：:]+|\.(?=\s|$)")
+_CLAUSE_SPLIT = re.compile(r"[。！？；;!?\n，,：:()（）]+|\.(?=\s|$)")
 
 NEGATION = re.compile(
     r"(?i)\b(?:not|no|never|without|nor|neither|none)\b|n't\b|"
@@ -29,9 +29,13 @@ def clauses(text: str) -> list[str]:
     return [s.strip() for s in _CLAUSE_SPLIT.split(text) if s.strip()]
 
 
+NEGATION_WINDOW = 24
+"""How far (characters) before a word a negation still governs it: "names no target file or patch"."""
+
+
 def negated_before(clause: str, start: int) -> bool:
-    """True when a negation word occurs in ``clause`` before offset ``start``."""
-    return NEGATION.search(clause[:start]) is not None
+    """True when a negation word occurs in ``clause`` shortly before offset ``start``."""
+    return NEGATION.search(clause[max(0, start - NEGATION_WINDOW) : start]) is not None
 
 
 def normalise(text: str) -> str:
