@@ -14,6 +14,7 @@ any valid JSON, pretty-printed or compact, without a second full parse per eleme
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import re
 from collections.abc import Iterable
@@ -213,6 +214,20 @@ def string_line_ranges(value: str) -> LineIndex:
     return LineIndex(value)
 
 
+_FILES: dict[tuple[str, int], JsonFile] = {}
+
+
+def _cached_file(raw: bytes, text: str, depth: int) -> JsonFile:
+    # Resolving every ref of a run re-reads the same few files: parse each once per process.
+    key = (hashlib.sha256(raw).hexdigest(), depth)
+    jf = _FILES.get(key)
+    if jf is None:
+        if len(_FILES) > 32:
+            _FILES.clear()
+        jf = _FILES[key] = JsonFile(text, max_depth=depth)
+    return jf
+
+
 def resolve_element(raw: bytes, line_start: int, line_end: int, json_pointer: str | None) -> str:
     """The exact source text behind a ref; raises ValueError when the ref does not hold.
 
@@ -238,7 +253,7 @@ def resolve_element(raw: bytes, line_start: int, line_end: int, json_pointer: st
     if not json_pointer:
         return "\n".join(lines[line_start - 1 : line_end])
     ptr, *subs = json_pointer.split("#")
-    jf = JsonFile(text, max_depth=len(split_pointer(ptr)))
+    jf = _cached_file(raw, text, len(split_pointer(ptr)))
     doc_line = None if not jf.jsonl else line_start
     doc = jf.docs[0][1] if doc_line is None else json.loads(lines[doc_line - 1])
     element = get_pointer(doc, ptr)
