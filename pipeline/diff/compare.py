@@ -351,7 +351,7 @@ def validation_summary(result: Row | None) -> Row | None:
         return None
     verdict = result.get("verdict", result.get("status", result.get("valid", result.get("accepted"))))
     rules: list[str] = []
-    for key in ("errors", "violations", "issues", "messages", "reasons"):
+    for key in ("findings", "errors", "violations", "issues", "messages", "reasons"):
         val = result.get(key)
         if isinstance(val, list):
             rules += [str(e.get("rule", e.get("rule_id", e))) if isinstance(e, dict) else str(e) for e in val]
