@@ -90,6 +90,18 @@ def test_repeat_read_after_a_change_is_not_a_hit(between: dict[str, Any]) -> Non
     assert of(hits_for(cells), "repeat_call_same_state") == []
 
 
+def test_a_denied_permission_request_is_not_a_change() -> None:
+    cells = {
+        "C015": [
+            call("read_file", target="design.md"),
+            call("request_permission", args=A2, target=None),
+            {"kind": "tool_result", "text": "denied: design.md belongs to a confirmed stage", "state_digest": S1},
+            call("read_file", target="design.md"),
+        ]
+    }
+    assert len(of(hits_for(cells), "repeat_call_same_state")) == 1
+
+
 def test_repeat_read_with_other_args_or_other_state_is_not_a_hit() -> None:
     cells = {
         "C001": [call("read_file", args=A1), call("read_file", args=A2)],

@@ -1,11 +1,13 @@
 -- Shared definitions for the probes. Conservative on purpose: a probe claims "nothing changed"
 -- only when it can show it, so any tool it cannot classify counts as a possible change.
 
--- read / check / mutating / unknown, from the tool's name. Mutating words are tested first so that
--- e.g. `git_checkout` is not taken for a check.
+-- read / check / request / mutating / unknown, from the tool's name. A permission request changes
+-- nothing by itself (if granted, the write that follows is the change). Mutating words are tested
+-- before checks so that e.g. `git_checkout` is not taken for a check.
 CREATE OR REPLACE TEMP MACRO lunasol_tool_class(t) AS CASE
     WHEN t IS NULL THEN 'none'
-    WHEN regexp_matches(lower(t), '(write|edit|patch|apply|create|delete|remove|rename|move|replace|insert|commit|append|save|update|checkout|reset|install|mkdir|touch|request|ask|submit|accept|approve)')
+    WHEN regexp_matches(lower(t), '(permission|approval)') THEN 'request'
+    WHEN regexp_matches(lower(t), '(write|edit|patch|apply|create|delete|remove|rename|move|replace|insert|commit|append|save|update|checkout|reset|install|mkdir|touch|ask|submit|accept|approve)')
         THEN 'mutating'
     WHEN regexp_matches(lower(t), '(test|pytest|lint|check|validate|verify|typecheck|mypy|ruff|clippy|build|compile|vet)')
         THEN 'check'
