@@ -11,7 +11,9 @@ from pipeline.errors import Findings
 
 
 def validate(
-    file: Path = typer.Argument(..., help="A proposals YAML file: one card, a list, or a mapping with key 'proposals'."),
+    file: Path = typer.Argument(
+        ..., help="A proposals YAML file: one card, a list, or a mapping with key 'proposals'."
+    ),
     run: str | None = typer.Option(None, "--run", help="Also check the cards against this run (RUN dir or id)."),
     json_out: bool = JSON_OPTION,
 ) -> None:

@@ -82,17 +82,20 @@ def validate_entries(entries: list[Any], facts: RunFacts | None = None, source: 
     result = ValidationResult(source=source, run=str(facts.run_dir) if facts else None)
     parsed: list[tuple[int, ProposalCard]] = []
     for index, entry in enumerate(entries):
-        card, found = schema.check_schema(entry, index, f"proposals[{index}]")
-        report = CardReport(index=index, proposal_id=card.proposal_id if card else _raw_id(entry), findings=found)
-        if card is not None:
-            report.findings += check_card(card, index, facts)
-            parsed.append((index, card))
+        parsed_card, found = schema.check_schema(entry, index, f"proposals[{index}]")
+        pid = parsed_card.proposal_id if parsed_card else _raw_id(entry)
+        report = CardReport(index=index, proposal_id=pid, findings=found)
+        if parsed_card is not None:
+            report.findings += check_card(parsed_card, index, facts)
+            parsed.append((index, parsed_card))
         result.cards.append(report)
     for finding in schema.check_duplicate_ids(parsed):
         result.cards[finding.card].findings.append(finding)
     for index, rule, path, message in similarity.check_duplicates(parsed):
-        card = result.cards[index]
-        card.findings.append(Finding(rule=rule, path=path, message=message, card=index, proposal_id=card.proposal_id))
+        target = result.cards[index]
+        target.findings.append(
+            Finding(rule=rule, path=path, message=message, card=index, proposal_id=target.proposal_id)
+        )
     return result
 
 

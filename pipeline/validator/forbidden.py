@@ -1,6 +1,6 @@
-"""What a card must never contain: taxonomy, mutation family, target files, source paths,
-patches, prompt diffs or code.
+"""What a card must never contain: taxonomy, mutation family, target files, source paths, patches, code.
 
+Prompt diffs too.
 A card freezes the behaviour to change, not an implementation guess (seed 000). The
 policy for file names, decided here and documented in docs/validator.md:
 

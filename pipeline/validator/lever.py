@@ -46,11 +46,15 @@ _SEVERAL = re.compile(
 
 
 def _connective_bundles(text: str) -> str | None:
-    for clause in clauses(text):
+    parts = clauses(text)
+    for i, clause in enumerate(parts):
         for m in _CONNECTIVE.finditer(clause):
             if negated_before(clause, m.start()):
                 continue
-            if _CHANGE_VERB.search(clause, m.end()):
+            rest = clause[m.end() :]
+            if not rest.strip() and i + 1 < len(parts):
+                rest = parts[i + 1]  # "in addition, remove ...": the change is in the next clause
+            if _CHANGE_VERB.search(rest):
                 return m.group(0)
     return None
 

@@ -108,7 +108,8 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
         "a multiplier",
         re.compile(
             r"(?i)减半|减少一半|降低一半|砍半|翻倍|翻番|翻一番|加倍|双倍|\bhalve[sd]?\b|\bhalving\b|\bcut\s+(?:\w+\s+)?in\s+half\b|"
-            r"\bdoubl(?:e[sd]?|ing)\b(?![- ]check)|\btripl(?:e[sd]?|ing)\b|\bquadrupl(?:e[sd]?|ing)\b|\btwice as\b|\bhalf as\b"
+            r"\bdoubl(?:e[sd]?|ing)\b(?![- ]check)|\btripl(?:e[sd]?|ing)\b|\bquadrupl(?:e[sd]?|ing)\b|"
+            r"\btwice as\b|\bhalf as\b"
         ),
     ),
 ]

@@ -21,7 +21,9 @@ from pipeline.validator.quantities import CELL_REF
 RULES: dict[str, str] = {
     "V-RUN-PARENT": "parent_harness is not the run's parent harness",
     "V-RUN-WEAKNESS-UNKNOWN": "source_weakness is not in the run's weakness shortlist",
-    "V-RUN-WEAKNESS-UNCONFIRMED": "source_weakness has no confirm / amend decision in a gate-1 receipt on the current shortlist",
+    "V-RUN-WEAKNESS-UNCONFIRMED": (
+        "source_weakness has no confirm / amend decision in a gate-1 receipt on the current shortlist"
+    ),
     "V-RUN-TASK-OUTSIDE": "an affected task lies outside the weakness's support",
     "V-RUN-RUN-OUTSIDE": "an affected run lies outside the weakness's support",
     "V-RUN-CELL-UNKNOWN": "the card names a cell the run does not have",

@@ -15,8 +15,10 @@ duplicate written in another language is not caught.
 
 from __future__ import annotations
 
+import itertools
 import re
 import unicodedata
+from typing import Any
 
 from pipeline.proposals.card import ProposalCard
 
@@ -25,11 +27,12 @@ RULES: dict[str, str] = {"V-DUPLICATE-STRATEGY": "two cards in one file are the 
 THRESHOLD = 0.32
 
 _TOKEN = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]|[a-z0-9]+")
-_STOP = frozenset(
+_STOP_WORDS = (
     "a an the of to in on for and or but is are be been being it its this that these those with by as at from into "
     "than then so such which who whom whose when where while not no nor do does did will would can could should "
-    "may might must shall card strategy proposal".split()
+    "may might must shall card strategy proposal"
 )
+_STOP = frozenset(_STOP_WORDS.split(" "))
 _CJK_STOP = frozenset("的了是在和与及或而也就都将把被对其之")
 
 
@@ -54,7 +57,7 @@ def units(text: str) -> list[str]:
     return out
 
 
-def _jaccard(a: set[object], b: set[object]) -> float:
+def _jaccard(a: set[Any], b: set[Any]) -> float:
     return len(a & b) / len(a | b) if a or b else 0.0
 
 
@@ -63,7 +66,7 @@ def similarity(a: ProposalCard, b: ProposalCard) -> float:
     ua = units(a.strategy_change.proposed_strategy + " " + a.strategy_change.rationale)
     ub = units(b.strategy_change.proposed_strategy + " " + b.strategy_change.rationale)
     uni = _jaccard(set(ua), set(ub))
-    bi = _jaccard(set(zip(ua, ua[1:], strict=False)), set(zip(ub, ub[1:], strict=False)))
+    bi = _jaccard(set(itertools.pairwise(ua)), set(itertools.pairwise(ub)))
     return (uni + bi) / 2
 
 
