@@ -8,6 +8,7 @@ never count as differences; the diff of a run with itself is empty.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -182,12 +183,12 @@ def _pattern_score(a: Row, b: Row) -> float | None:
 def _match_items(
     a_rows: list[Row],
     b_rows: list[Row],
-    score: Any,
+    score: Callable[[Row, Row], float | None],
     threshold: float,
     id_key: str,
     ignore: frozenset[str],
     kind_key: str | None,
-    normalise_b: Any = None,
+    normalise_b: Callable[[Row, Row], Row] | None = None,
 ) -> tuple[list[Item], int, list[tuple[int, int]]]:
     pairs, only_a, only_b = greedy_match(a_rows, b_rows, score, threshold)
     items: list[Item] = []
@@ -269,19 +270,14 @@ def _group_score(a: Row, b: Row) -> float | None:
 def diff_groups(a: RunArtifacts, b: RunArtifacts) -> Section:
     """Pattern groups matched by type and the event ids their occurrences cite."""
     ga, gb = a.groups or [], b.groups or []
-    pairs, only_a, only_b = greedy_match(ga, gb, _group_score, 0.0)
-    items: list[Item] = []
-    unchanged = 0
-    for i, j, s in pairs:
-        changes = field_changes(ga[i], gb[j], ignore=GROUP_IGNORE)
-        if changes:
-            it = Item(status="changed", a_id=_group_id(ga[i]), b_id=_group_id(gb[j]), score=s, changes=changes)
-            it.kind, it.a, it.b = _str(ga[i].get("type")), ga[i], gb[j]
-            items.append(it)
-        else:
-            unchanged += 1
-    items += [Item(status="removed", a_id=_group_id(ga[i]), kind=_str(ga[i].get("type")), a=ga[i]) for i in only_a]
-    items += [Item(status="added", b_id=_group_id(gb[j]), kind=_str(gb[j].get("type")), b=gb[j]) for j in only_b]
+    # Groups carry their id under one of several names; normalise it so _match_items can report it.
+    na = [{**g, "_id": _group_id(g)} for g in ga]
+    nb = [{**g, "_id": _group_id(g)} for g in gb]
+    items, unchanged, _ = _match_items(na, nb, _group_score, 0.0, "_id", GROUP_IGNORE | {"_id"}, "type")
+    for it in items:
+        for row in (it.a, it.b):
+            if row is not None:
+                row.pop("_id", None)
     return Section(present_a=a.groups is not None, present_b=b.groups is not None, items=items, unchanged=unchanged)
 
 
@@ -330,7 +326,7 @@ def _strategy_text(p: Row) -> str:
     return str(sc or "")
 
 
-def _validation_by_id(v: Any) -> dict[str, Row]:
+def validation_by_id(v: Any) -> dict[str, Row]:
     """validation.json results keyed by proposal id (shapes: list, {results|cards|proposals: [...]}, {id: {...}})."""
     rows: list[Row] = []
     if isinstance(v, list):
@@ -360,7 +356,7 @@ def validation_summary(result: Row | None) -> Row | None:
 
 def diff_proposals(a: RunArtifacts, b: RunArtifacts, wmap: dict[str, str]) -> Section:
     """Proposal cards matched by (mapped) source weakness and strategy similarity; validation compared too."""
-    va, vb = _validation_by_id(a.validation), _validation_by_id(b.validation)
+    va, vb = validation_by_id(a.validation), validation_by_id(b.validation)
 
     def with_validation(p: Row, vals: dict[str, Row]) -> Row:
         row = dict(p)

@@ -17,7 +17,7 @@ from markupsafe import Markup, escape
 
 from pipeline.canonical import atomic_write_text
 from pipeline.diff.artifacts import Row, RunArtifacts, load_run
-from pipeline.diff.compare import call_totals, validation_summary
+from pipeline.diff.compare import call_totals, validation_by_id, validation_summary
 from pipeline.diff.match import EVENT_ID_RE, REF_RE, cited_ids
 from pipeline.report.evidence import EvidenceReader, Snippet
 from pipeline.runs_index import run_state
@@ -81,12 +81,6 @@ def _gate1_decisions(arts: RunArtifacts) -> dict[str, Any]:
     return dict(decisions) if isinstance(decisions, dict) else {}
 
 
-def _validation_rows(arts: RunArtifacts) -> dict[str, Row]:
-    from pipeline.diff.compare import _validation_by_id
-
-    return _validation_by_id(arts.validation)
-
-
 def _calls_summary(arts: RunArtifacts) -> dict[str, Any] | None:
     if arts.calls is None:
         return None
@@ -146,7 +140,7 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], dict[str, Snippet]]:
     by_cell: dict[str, list[Row]] = {}
     for p in arts.patterns or []:
         by_cell.setdefault(str(p.get("cell_id")), []).append(p)
-    vals = _validation_rows(arts)
+    vals = validation_by_id(arts.validation)
     proposals = [
         {"card": p, "validation": vals.get(str(p.get("proposal_id"))), "summary": None} for p in arts.proposals or []
     ]
