@@ -222,20 +222,24 @@ def _archive(ctx: RunContext, name: str, entry_outputs: dict[str, str]) -> None:
             shutil.copy2(src, dest)
 
 
-def _invalidate_cells(ctx: RunContext, ledger: Ledger, role: str) -> None:
-    """Before a model stage reruns: mark per-cell results whose cell IR changed as invalidated."""
+def _record_ir_cells(ctx: RunContext, ledger: Ledger) -> None:
+    """After export: one ledger entry per cell's IR digest; a changed cell invalidates its model results."""
     from pipeline.ledger import ir_cell_digests
 
-    if not ctx.ir_path.is_file():
-        return
     now = ir_cell_digests(ctx.ir_path)
-    for name in ledger.names_for_stage(role):
-        if "/" not in name:
-            continue
+    for name in ledger.names_for_stage("export"):
+        cell = name.split("/", 1)[1] if name.startswith("ir/") else None
+        if cell and cell not in now:
+            ledger.invalidate(name, f"cell {cell} left the IR")
+    for cell, d in sorted(now.items()):
+        name = f"ir/{cell}"
         entry = ledger.get(name)
-        cell = name.split("/", 1)[1]
-        if entry and entry.inputs.get("cell") and entry.inputs["cell"] != now.get(cell):
-            ledger.invalidate(name, f"cell {cell} IR changed" if cell in now else f"cell {cell} left the IR")
+        if entry is not None and entry.outputs.get("ir.duckdb#" + cell) != d:
+            ledger.invalidate(name, f"cell {cell} IR changed")
+            for role in set(STAGE_ROLES.values()):
+                ledger.invalidate(f"{role}/{cell}", f"cell {cell} IR changed")
+        if entry is None or entry.state != "verified" or entry.outputs.get("ir.duckdb#" + cell) != d:
+            ledger.mark_verified(name, "export", {"cell": cell}, {"ir.duckdb#" + cell: d})
 
 
 def _record_cells(ctx: RunContext, ledger: Ledger, role: str) -> None:
@@ -248,6 +252,9 @@ def _record_cells(ctx: RunContext, ledger: Ledger, role: str) -> None:
         name = f"{role}/{cell}"
         entry = ledger.get(name)
         outs = {rel: sha256_file(ctx.run_dir / rel)}
+        if entry is not None and entry.state == "verified" and entry.outputs != outs:
+            # recomputed: keep the old result's record as invalidated, with why
+            ledger.invalidate(name, f"{cell}: {describe_changes(entry.inputs, inputs)}; recomputed")
         if entry is None or entry.state != "verified" or entry.outputs != outs:
             ledger.mark_verified(name, role, inputs, outs)
 
@@ -306,7 +313,19 @@ def _after_sol(ctx: RunContext, ledger: Ledger) -> None:
         )
         if h.shortlist_digest and h.shortlist_digest != sdigest:
             ledger.invalidate("gate1", f"shortlist changed: {h.shortlist_digest[:19]} → {sdigest[:19]}")
+    else:
+        _restore_gate(ctx, ledger, sdigest)
     hf.update(ctx.run_dir, changes, "root causes mined")
+
+
+def _restore_gate(ctx: RunContext, ledger: Ledger, sdigest: str) -> None:
+    """A recompute that gives the very same shortlist keeps the decision made on it (bound to its digest)."""
+    entry = ledger.get("gate1")
+    rel = hf.load(ctx.run_dir).receipts.get("gate1")
+    if entry is None or entry.state != "invalidated" or not rel or not (ctx.run_dir / rel).is_file():
+        return
+    if read_json(ctx.run_dir / rel).get("subject", {}).get("digest") == sdigest:
+        ledger.mark_verified("gate1", "gate1", entry.inputs, entry.outputs)
 
 
 def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
@@ -353,8 +372,6 @@ def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
             if gone:
                 log(f"[{name}] {why}; invalidated downstream: {', '.join(sorted(gone))}")
         role = STAGE_ROLES.get(name)
-        if role:
-            _invalidate_cells(ctx, ledger, role)
         phase = hf.STAGE_PHASE.get(name)
         if phase and hf.phase_reached(hf.load(ctx.run_dir), phase):
             # the run is back before this stage until it is recomputed
@@ -370,6 +387,8 @@ def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
         if outputs is None:
             raise BadInput(f"stage {name} finished but its output is missing: {STAGE_OUTPUTS.get(name)}")
         ledger.mark_verified(name, name, inputs, outputs)
+        if name == "export":
+            _record_ir_cells(ctx, ledger)
         if role:
             _record_cells(ctx, ledger, role)
         if name == "sol":

@@ -97,6 +97,9 @@ def build_context(run_dir: Path, ir_path: Path) -> tuple[dict[str, Any], Evidenc
             "FROM cells c LEFT JOIN outcomes o USING (cell_id) ORDER BY c.cell_id",
         )
         coverage = _rows(con, "SELECT * FROM coverage ORDER BY cell_id") if _has_table(con, "coverage") else []
+        doc = read_json(run_dir / GROUPS_FILE) if (run_dir / GROUPS_FILE).is_file() else {}
+        if isinstance(doc, dict) and isinstance(doc.get("coverage"), list):
+            coverage = doc["coverage"]  # the Coordinator's coverage carries pattern counts per cell
         kinds = ", ".join(f"'{k}'" for k in TIMELINE_KINDS)
         events = _rows(
             con,
