@@ -167,21 +167,40 @@ def test_identical_results_are_a_hit() -> None:
         "C002": [
             call("run_tests", call_id="k1"),
             result("k1", R1),
-            call("apply_patch", args=A2, call_id="k2"),
-            result("k2", R2),
+            msg(),
             call("run_tests", call_id="k3"),
             result("k3", R1),
         ]
     }
     [hit] = of(hits_for(cells), "identical_result")
     assert hit.type == "zero_information_gain"
-    assert hit.evidence == ["C002-e0000", "C002-e0001", "C002-e0004", "C002-e0005"]
-    assert not hit.proves_unchanged  # it says nothing about what happened in between
+    assert hit.evidence == ["C002-e0000", "C002-e0001", "C002-e0003", "C002-e0004"]
+    assert hit.proves_unchanged
 
 
 def test_different_results_are_not_a_hit() -> None:
     cells = {
         "C002": [call("run_tests", call_id="k1"), result("k1", R1), call("run_tests", call_id="k2"), result("k2", R2)]
+    }
+    assert of(hits_for(cells), "identical_result") == []
+
+
+def test_identical_result_after_a_change_or_in_another_stage_is_not_a_hit() -> None:
+    cells = {
+        "C013": [
+            call("run_tests", call_id="k1"),
+            result("k1", R1),
+            call("apply_patch", args=A2, call_id="k2"),
+            result("k2", R2),
+            call("run_tests", call_id="k3"),
+            result("k3", R1),
+        ],
+        "C014": [
+            call("read_file", call_id="k1"),
+            result("k1", R1),
+            call("read_file", call_id="k2") | {"stage": "review", "actor": "reviewer"},
+            result("k2", R1) | {"stage": "review", "actor": "reviewer"},
+        ],
     }
     assert of(hits_for(cells), "identical_result") == []
 

@@ -45,8 +45,8 @@ PROBES: tuple[Probe, ...] = (
     Probe(
         "identical_result",
         "zero_information_gain",
-        False,
-        "same tool call returned a byte-identical result",
+        True,
+        "same actor, same stage, same tool call, byte-identical result, nothing changed in between",
     ),
     Probe(
         "obligation_unclosed",
