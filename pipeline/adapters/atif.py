@@ -160,10 +160,12 @@ def read_steps(em: Emitter, steps: list[Any], session: str | None, *, base_ptr: 
 
 def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:
     """Events of one chain, file by file."""
-    for rel in (cell.get("selector") or {}).get("chain") or [cell["path"]]:
+    for k, rel in enumerate((cell.get("selector") or {}).get("chain") or [cell["path"]]):
         em = Emitter(bundle, rel, max_depth=6)
         doc = em.doc()
-        yield from read_steps(em, doc["steps"], str(doc.get("session_id") or rel))
+        session = str(doc.get("session_id") or rel)
+        # Continuations may repeat the session id (and restart step ids): each file is its own session.
+        yield from read_steps(em, doc["steps"], session if k == 0 else f"{session}/cont-{k}")
 
 
 ADAPTER = Adapter(

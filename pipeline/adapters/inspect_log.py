@@ -23,7 +23,7 @@ from typing import Any
 
 from pipeline.adapters.base import Adapter, CellSource, Discovery, Emitter, args_digest, as_text, load_json, tool_result_event
 from pipeline.adapters.spans import JsonFile, Located
-from pipeline.canonical import sha256_text
+from pipeline.canonical import canonical_json, sha256_text
 from pipeline.ir.events import SourceEvent
 
 NAME = "inspect"
@@ -67,10 +67,9 @@ def _sample_outcome(sample: dict[str, Any], log_status: str | None) -> tuple[dic
     if values:
         v = values[0]
         quality = 1.0 if v in ("C", True, 1, 1.0) else (0.0 if v in ("I", False, 0, 0.0) else (float(v) if isinstance(v, int | float) else None))
-    texts = []
-    for s in scores.values():
-        if isinstance(s, dict) and isinstance(s.get("explanation"), str) and len(s["explanation"]) > 40:
-            texts.append(s["explanation"])
+    # The serialised scorer output must never reach events (its explanation may quote the answer,
+    # and a correct answer contains the target, so those alone are no leak test).
+    texts = [canonical_json(scores)] if scores else []
     out = {
         "label": None if quality is None else ("completed" if quality >= 1.0 else "workflow_failed"),
         "quality": quality,
@@ -132,7 +131,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                     step_index_base=0,
                     source_steps=len(sample.get("messages") or []),
                     outcome=out,
-                    label_texts=texts + ([as_text(sample["target"])] if len(as_text(sample.get("target"))) > 20 else []),
+                    label_texts=texts,
                 )
             )
     return Discovery(cells=cells, skipped=skipped, harness=" + ".join(sorted(harnesses)) or None)

@@ -59,7 +59,13 @@ def _is_history(items: list[Any]) -> bool:
 
 def sniff(rel: str, head: str) -> bool:
     """A JSON document with a ``history`` list of {content, role} (or such a bare list)."""
-    return rel.endswith(".json") and ('"history"' in head[:200] or ('"content"' in head and '"role"' in head))
+    if not rel.endswith(".json"):
+        return False
+    start = head.lstrip()[:400]
+    if start.startswith("{"):
+        return '"history"' in start and ('"mistake_' in head or '"question' in head or '"is_correct' in head)
+    banned = ('"action"', '"observation"', '"trace"', '"traj"', '"tool_calls"', '"step_id"')
+    return start.startswith("[") and '"content"' in start and '"role"' in start and not any(b in head for b in banned)
 
 
 def discover(bundle: Path, paths: list[str]) -> Discovery:
@@ -94,7 +100,8 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
             "quality": None if correct is None else (1.0 if correct else 0.0),
             **labels,
         }
-        label_texts = [str(labels[k]) for k in ("mistake_reason", "ground_truth") if labels.get(k)]
+        # Long label values only: a short ground truth ("8") legitimately occurs in any log.
+        label_texts = [str(labels[k]) for k in ("mistake_reason", "ground_truth") if len(str(labels.get(k) or "")) > 20]
         cells.append(
             CellSource(
                 run_id=rel.removeprefix("raw/").removesuffix(".json"),

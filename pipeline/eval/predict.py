@@ -75,7 +75,14 @@ def load_events(con: duckdb.DuckDBPyConnection) -> dict[str, list[Event]]:
 
 
 def _stepped(events: list[Event]) -> list[Event]:
-    return [e for e in events if e.step_index is not None and (e.actor or "").lower() not in USER_ACTORS]
+    # Agent steps: numbered events by an agent, not the user's turns nor tool / environment output.
+    return [
+        e
+        for e in events
+        if e.step_index is not None
+        and e.kind not in ("tool_result", "error")
+        and (e.actor or "").lower() not in USER_ACTORS
+    ]
 
 
 def _pred(e: Event | None) -> Prediction | None:
