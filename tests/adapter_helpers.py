@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -104,9 +103,16 @@ def need_shared_data() -> None:
         pytest.skip(f"shared data folder not found at {SHARED_DATA}")
 
 
-def make_subset(fmt: str, dest: Path) -> Path:
+# Who&When files whose eval figures are checked by hand in tests/test_eval.py.
+HAND_CHECKED = (
+    "who-and-when",
+    ["Algorithm-Generated/1.json", "Algorithm-Generated/12.json", "Algorithm-Generated/45.json", "Hand-Crafted/34.json"],
+)
+
+
+def make_subset(fmt: str, dest: Path, subset: tuple[str, list[str]] | None = None) -> Path:
     """Copy the format's subset (keeping relative paths) into ``dest`` and return it."""
-    folder, files = SUBSETS[fmt]
+    folder, files = subset or SUBSETS[fmt]
     for rel in files:
         src = SHARED_DATA / folder / rel
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -114,14 +120,21 @@ def make_subset(fmt: str, dest: Path) -> Path:
     return dest
 
 
-@cache
-def imported(fmt: str, base: Path) -> tuple[Path, Path, ImportResult]:
-    """Import and export one format's subset once per test session: (bundle, run dir, result)."""
-    src = make_subset(fmt, base / "src")
+_DONE: dict[tuple[str, Path], tuple[Path, Path, ImportResult]] = {}
+
+
+def imported(
+    fmt: str, base: Path, subset: tuple[str, list[str]] | None = None
+) -> tuple[Path, Path, ImportResult]:
+    """Import and export one format's subset once per base dir: (bundle, run dir, result)."""
+    if (fmt, base) in _DONE:
+        return _DONE[(fmt, base)]
+    src = make_subset(fmt, base / "src", subset)
     bundle = base / "bundle"
     result = import_bundle(fmt, src, bundle)
     run = base / "runs" / "r1"
     export(bundle, run)
+    _DONE[(fmt, base)] = (bundle, run, result)
     return bundle, run, result
 
 
