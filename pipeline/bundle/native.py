@@ -7,6 +7,7 @@ its exact line as the ref. Files are checked against the manifest before they ar
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,22 @@ def _sha(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+# orjson and json.dumps agree on everything a log line can hold except float spelling in
+# scientific or tiny notation; any output that might hold one goes the slow canonical way.
+_FLOAT_RISK = re.compile(rb"\d[eE]|0\.0000")
+
+
+def canonical_args(args: Any) -> str:
+    """``pipeline.canonical.canonical_json(args)``, fast (orjson) when the result is provably identical."""
+    try:
+        out = orjson.dumps(args, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return canonical_json(args)
+    if _FLOAT_RISK.search(out):
+        return canonical_json(args)
+    return out.decode("utf-8")
+
+
 def _str(value: Any) -> str | None:
     if value is None:
         return None
@@ -61,6 +78,15 @@ def tool_target(args: Any) -> str | None:
     return None
 
 
+def _stdlib_loads(raw: bytes, rel: str, n: int, exc: Exception) -> Any:
+    # orjson refuses a few things the JSON grammar allows (an escaped lone surrogate): ask the
+    # standard parser before calling the line invalid.
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise BundleError(f"invalid JSON in {rel} line {n}: {exc}") from None
+
+
 def iter_lines(data: bytes, rel: str) -> list[tuple[int, dict[str, Any]]]:
     """Parse a JSONL file: (1-based line number, object) for every non-blank line.
 
@@ -79,7 +105,7 @@ def iter_lines(data: bytes, rel: str) -> list[tuple[int, dict[str, Any]]]:
         try:
             rec = loads(raw)
         except orjson.JSONDecodeError as exc:
-            raise BundleError(f"invalid JSON in {rel} line {n}: {exc}") from None
+            rec = _stdlib_loads(raw, rel, n, exc)
         if not isinstance(rec, dict):
             raise BundleError(f"invalid record in {rel} line {n}: expected a JSON object")
         out.append((n, rec))
@@ -121,7 +147,7 @@ def _session_events(rel: str, data: bytes) -> list[SourceEvent]:
             )
         elif typ == "tool_call":
             args = rec.get("args")
-            args_json = canonical_json(args if args is not None else {})
+            args_json = canonical_args(args if args is not None else {})
             call_id = _str(rec.get("call_id"))
             tool = _str(rec.get("tool"))
             target = tool_target(args)

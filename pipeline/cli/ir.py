@@ -1,9 +1,71 @@
-"""CLI verbs (placeholder until the owning stage lands)."""
+"""``lunasol export``, ``show-ref`` and ``query``: the Trajectory IR of a run."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+
+from pipeline.cli.common import DEFAULT_RUNS_DIR, JSON_OPTION, emit_json, resolve_run
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's verbs to the root app."""
+    """Add the IR verbs to the root app."""
+
+    @app.command("export")
+    def export_cmd(
+        bundle: Path = typer.Argument(..., help="Frozen bundle directory."),
+        run_id: str | None = typer.Option(None, "--run-id", help="Run id (default: the request's analysis_run_id)."),
+        runs_dir: Path = typer.Option(DEFAULT_RUNS_DIR, "--runs-dir", help="Where run directories live."),
+        parquet: Path | None = typer.Option(None, "--parquet", help="Also write every table as Parquet here."),
+        as_json: bool = JSON_OPTION,
+    ) -> None:
+        """Verify a bundle and write its Trajectory IR to RUNS_DIR/RUN_ID/ir.duckdb."""
+        from pipeline.ir.export import export_bundle
+
+        report = export_bundle(bundle, run_id=run_id, runs_dir=runs_dir, parquet_dir=parquet)
+        if as_json:
+            emit_json(report.to_json())
+            return
+        typer.echo(f"exported {report.summary()} -> {report.ir_path} ({report.seconds:.2f}s)")
+        for cell_id, reason in report.excluded.items():
+            typer.echo(f"  excluded {cell_id}: {reason}")
+        if report.parquet:
+            typer.echo(f"  parquet: {len(report.parquet)} tables in {report.parquet[0].parent}")
+
+    @app.command("show-ref")
+    def show_ref_cmd(
+        ref: str = typer.Argument(..., help="PATH#Lstart-Lend[/json/pointer], PATH relative to the bundle."),
+        run: str = typer.Option(..., "--run", help="Run directory (or run id under ./runs)."),
+        as_json: bool = JSON_OPTION,
+    ) -> None:
+        """Print exactly the raw lines behind a ref, after checking the file's hash."""
+        from pipeline.ir.refs import resolve_ref, show_ref
+
+        run_dir = resolve_run(run)
+        if as_json:
+            emit_json(resolve_ref(run_dir, ref).to_json())
+        else:
+            typer.echo(show_ref(run_dir, ref))
+
+    @app.command("query")
+    def query_cmd(
+        run: str = typer.Argument(..., help="Run directory (or run id under ./runs)."),
+        sql: str = typer.Argument(..., help="One read-only SQL statement."),
+        as_json: bool = JSON_OPTION,
+    ) -> None:
+        """Run read-only SQL over the run's DuckDB and print a table (or JSON rows)."""
+        from pipeline.ir.query import query
+
+        result = query(resolve_run(run), sql)
+        if as_json:
+            emit_json(result.records())
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(*result.columns, show_lines=False)
+        for row in result.rows:
+            table.add_row(*("NULL" if v is None else str(v) for v in row))
+        Console(soft_wrap=True).print(table)
+        typer.echo(f"{len(result.rows)} rows")

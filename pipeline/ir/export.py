@@ -9,8 +9,10 @@ inside the bundle.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,8 +24,8 @@ from pipeline.bundle.request import AnalysisRequest, CellSpec, load_request
 from pipeline.canonical import canonical_json, read_json, sha256_bytes, write_json
 from pipeline.errors import BadInput, BundleError
 from pipeline.ir.events import Reader, SourceEvent, reader_for
-from pipeline.ir.schema import IR_SCHEMA_VERSION, event_id, trim_text
-from pipeline.ir.store import IR_FILE, write_ir, write_parquet
+from pipeline.ir.schema import IR_SCHEMA_VERSION, TEXT_LIMIT, trim_text
+from pipeline.ir.store import IR_FILE, IRWriter, write_parquet
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -35,12 +37,12 @@ RUN_FILE = "run.json"
 RUN_SCHEMA_VERSION = 1
 _OUTCOME_NUMBERS = ("quality", "completion", "cost", "stability")
 
-# Events columns in schema order, with their Arrow types (built lazily: pyarrow loads on use).
-_EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("event_id", "string"),
+# Columns built in Python for each event, in this order. event_id and segment_id are derived
+# in SQL from (cell_id, seq, seg_no) on insert: same rule as schema.event_id, no Python strings.
+_EVENT_ROW: tuple[tuple[str, str], ...] = (
     ("cell_id", "string"),
-    ("segment_id", "string"),
     ("seq", "int32"),
+    ("seg_no", "int32"),
     ("ts", "string"),
     ("kind", "string"),
     ("detail", "string"),
@@ -63,7 +65,13 @@ _EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("source_sha256", "string"),
     ("json_pointer", "string"),
 )
-_SEGMENT_COLUMNS: tuple[tuple[str, str], ...] = (
+_INSERT_EVENTS = (
+    "INSERT INTO events BY NAME SELECT "
+    "format('{}-e{:04d}', cell_id, seq) AS event_id, "
+    "format('{}-s{:03d}', cell_id, seg_no) AS segment_id, "
+    "* EXCLUDE (seg_no) FROM _lunasol_events"
+)
+_SEGMENT_ROW: tuple[tuple[str, str], ...] = (
     ("segment_id", "string"),
     ("cell_id", "string"),
     ("seq", "int32"),
@@ -74,6 +82,8 @@ _SEGMENT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("last_event_seq", "int32"),
     ("event_count", "int32"),
 )
+# Rows per Arrow batch handed to DuckDB: bounds memory, keeps DuckDB busy while Python reads on.
+BATCH_ROWS = 65_536
 
 
 @dataclass
@@ -108,88 +118,60 @@ class ExportReport:
         }
 
 
-class _Columns:
-    """Column lists for events and segments, appended cell by cell."""
-
-    def __init__(self) -> None:
-        self.events: dict[str, list[Any]] = {name: [] for name, _ in _EVENT_COLUMNS}
-        self.segments: dict[str, list[Any]] = {name: [] for name, _ in _SEGMENT_COLUMNS}
-
-    def add_cell(self, cell_id: str, events: list[SourceEvent], manifest: Manifest) -> int:
-        # Time order; ties by file then line. sort() is stable, so a reader's order breaks the rest.
-        events.sort(key=lambda e: (e.ts or "", e.source_path, e.line_start))
-        ev = self.events
-        sg = self.segments
-        shas: dict[str, str] = {}
-        state: str | None = None
-        seg_key: tuple[str | None, str | None, str | None] | None = None
-        seg_no = -1
-        seg_id = ""
-        seg_first = 0
-        for seq, e in enumerate(events):
-            if e.kind == "state_change" and e.state_digest:
-                state = e.state_digest
-            elif e.state_digest is None:
-                e.state_digest = state  # the controller state in force at this event
-            key = (e.stage, e.session_id, e.actor)
-            if key != seg_key:
-                if seg_key is not None:
-                    self._close_segment(cell_id, seg_id, seg_no, seg_key, seg_first, seq - 1)
-                seg_key, seg_no, seg_first = key, seg_no + 1, seq
-                seg_id = f"{cell_id}-s{seg_no:03d}"
-            sha = shas.get(e.source_path)
-            if sha is None:
-                sha = shas[e.source_path] = manifest.get(e.source_path).sha256
-            text, cut = trim_text(e.text)
-            ev["event_id"].append(event_id(cell_id, seq))
-            ev["cell_id"].append(cell_id)
-            ev["segment_id"].append(seg_id)
-            ev["seq"].append(seq)
-            ev["ts"].append(e.ts)
-            ev["kind"].append(e.kind)
-            ev["detail"].append(e.detail)
-            ev["actor"].append(e.actor)
-            ev["stage"].append(e.stage)
-            ev["session_id"].append(e.session_id)
-            ev["step_index"].append(e.step_index)
-            ev["text"].append(text)
-            ev["text_truncated"].append(cut)
-            ev["text_chars"].append(len(e.text))
-            ev["tool_name"].append(e.tool_name)
-            ev["call_id"].append(e.call_id)
-            ev["args_digest"].append(e.args_digest)
-            ev["result_digest"].append(e.result_digest)
-            ev["state_digest"].append(e.state_digest)
-            ev["target"].append(e.target)
-            ev["source_path"].append(e.source_path)
-            ev["line_start"].append(e.line_start)
-            ev["line_end"].append(e.line_end)
-            ev["source_sha256"].append(sha)
-            ev["json_pointer"].append(e.json_pointer)
-        if seg_key is not None:
-            self._close_segment(cell_id, seg_id, seg_no, seg_key, seg_first, len(events) - 1)
-        del sg
-        return len(events)
-
-    def _close_segment(
-        self, cell_id: str, seg_id: str, no: int, key: tuple[str | None, str | None, str | None], first: int, last: int
-    ) -> None:
-        sg = self.segments
-        sg["segment_id"].append(seg_id)
-        sg["cell_id"].append(cell_id)
-        sg["seq"].append(no)
-        sg["stage"].append(key[0])
-        sg["session_id"].append(key[1])
-        sg["actor"].append(key[2])
-        sg["first_event_seq"].append(first)
-        sg["last_event_seq"].append(last)
-        sg["event_count"].append(last - first + 1)
-
-
-def _table(columns: dict[str, list[Any]], spec: tuple[tuple[str, str], ...]) -> pa.Table:
+def _arrow(rows: list[tuple[Any, ...]], spec: tuple[tuple[str, str], ...]) -> pa.Table:
     import pyarrow as pa
 
-    return pa.table({name: pa.array(columns[name], type=getattr(pa, typ)()) for name, typ in spec})
+    cols = list(zip(*rows, strict=True)) if rows else [() for _ in spec]
+    return pa.table({name: pa.array(col, type=getattr(pa, typ)()) for (name, typ), col in zip(spec, cols, strict=True)})
+
+
+def cell_rows(
+    cell_id: str, events: list[SourceEvent], manifest: Manifest
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Order one cell's events and turn them into event rows and segment rows (see ``_EVENT_ROW``)."""
+    # Time order; ties by file then line. sort() is stable, so a reader's order breaks the rest.
+    events.sort(key=lambda e: (e.ts or "", e.source_path, e.line_start))
+    rows: list[tuple[Any, ...]] = []
+    segments: list[tuple[Any, ...]] = []
+    append = rows.append
+    shas: dict[str, str] = {}
+    state: str | None = None
+    seg_key: tuple[str | None, str | None, str | None] | None = None
+    seg_no = -1
+    seg_first = 0
+    for seq, e in enumerate(events):
+        if e.kind == "state_change" and e.state_digest:
+            state = e.state_digest
+        elif e.state_digest is None:
+            e.state_digest = state  # the controller state in force at this event
+        key = (e.stage, e.session_id, e.actor)
+        if key != seg_key:
+            if seg_key is not None:
+                segments.append(_segment(cell_id, seg_no, seg_key, seg_first, seq - 1))
+            seg_key, seg_no, seg_first = key, seg_no + 1, seq
+        path = e.source_path
+        sha = shas.get(path)
+        if sha is None:
+            sha = shas[path] = manifest.get(path).sha256
+        text = e.text
+        chars = len(text)
+        cut = False
+        if chars > TEXT_LIMIT:
+            text, cut = trim_text(text)
+        append(
+            (cell_id, seq, seg_no, e.ts, e.kind, e.detail, e.actor, e.stage, e.session_id, e.step_index,
+             text, cut, chars, e.tool_name, e.call_id, e.args_digest, e.result_digest, e.state_digest,
+             e.target, path, e.line_start, e.line_end, sha, e.json_pointer)
+        )  # fmt: skip
+    if seg_key is not None:
+        segments.append(_segment(cell_id, seg_no, seg_key, seg_first, len(events) - 1))
+    return rows, segments
+
+
+def _segment(
+    cell_id: str, no: int, key: tuple[str | None, str | None, str | None], first: int, last: int
+) -> tuple[Any, ...]:
+    return (f"{cell_id}-s{no:03d}", cell_id, no, key[0], key[1], key[2], first, last, last - first + 1)
 
 
 def _read_outcomes(bundle: Path, manifest: Manifest, request: AnalysisRequest) -> dict[str, list[Any]]:
@@ -255,15 +237,64 @@ def _write_run_json(run_dir: Path, bundle: Path, request: AnalysisRequest, diges
     write_json(path, data)
 
 
-def _read_all(
-    bundle: Path, cells: list[CellSpec], manifest: Manifest, reader: Reader
-) -> tuple[_Columns, dict[str, int]]:
-    cols = _Columns()
-    counts: dict[str, int] = {}
+def _event_batches(
+    bundle: Path,
+    cells: list[CellSpec],
+    manifest: Manifest,
+    reader: Reader,
+    counts: dict[str, int],
+    segments: list[tuple[Any, ...]],
+) -> Iterator[pa.RecordBatch]:
+    """Read every eligible cell; yield event rows as Arrow batches, fill counts and segments."""
+    pending: list[tuple[Any, ...]] = []
     for cell in cells:
-        events = list(reader(bundle, cell, manifest))
-        counts[cell.cell_id] = cols.add_cell(cell.cell_id, events, manifest)
-    return cols, counts
+        rows, segs = cell_rows(cell.cell_id, list(reader(bundle, cell, manifest)), manifest)
+        counts[cell.cell_id] = len(rows)
+        pending.extend(rows)
+        segments.extend(segs)
+        if len(pending) >= BATCH_ROWS:
+            yield _arrow(pending, _EVENT_ROW).to_batches()[0]
+            pending = []
+    if pending:
+        yield _arrow(pending, _EVENT_ROW).to_batches()[0]
+
+
+def _load_cells(
+    writer: IRWriter, bundle: Path, cells: list[CellSpec], manifest: Manifest, reader: Reader
+) -> dict[str, int]:
+    """Stream every eligible cell into ``events`` (one INSERT), then ``segments``; return events per cell."""
+    counts: dict[str, int] = {}
+    segments: list[tuple[Any, ...]] = []
+    schema = _arrow([], _EVENT_ROW).schema
+    batches = _event_batches(bundle, cells, manifest, reader, counts, segments)
+    with _gc_paused():
+        writer.insert_stream(_INSERT_EVENTS, "_lunasol_events", schema, batches)
+    writer.insert_table("segments", _arrow(segments, _SEGMENT_ROW))
+    return counts
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    # Millions of short-lived tuples make the cyclic GC rescan everything over and over; the
+    # export creates no reference cycles worth collecting, so pause it for the bulk load.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _step_bases(bundle: Path, request: AnalysisRequest) -> list[int | None]:
+    if request.format == "native":
+        return [None for _ in request.cells]
+    import importlib
+
+    base_of = getattr(importlib.import_module("pipeline.adapters"), "step_index_base", None)
+    if base_of is None:
+        return [None for _ in request.cells]
+    return [base_of(bundle, c.cell_id) if c.eligibility == "valid_behavior" else None for c in request.cells]
 
 
 def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> ExportReport:
@@ -286,63 +317,76 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
     if not cells:
         raise BundleError(f"empty bundle: {bundle} lists no valid_behavior cells")
     reader = reader_for(request.format)
-    cols, counts = _read_all(bundle, cells, manifest, reader)
-    total = sum(counts.values())
-    if total == 0:
-        raise BundleError(f"empty bundle: no events in any of the {len(cells)} eligible cells of {bundle}")
-    outcomes = _read_outcomes(bundle, manifest, request)
-
+    outcomes = _read_outcomes(bundle, manifest, request)  # checked before anything is written
     excluded = {
         c.cell_id: request.exclusion_reason(c.cell_id) or "" for c in request.cells if c.eligibility == "excluded"
     }
-    harness = request.parent_harness
-    tables = {
-        "meta": pa.table(
-            {
-                "key": ["analysis_run_id", "bundle_digest", "format", "ir_schema_version", "lunasol_version"],
-                "value": [
-                    request.analysis_run_id,
-                    bundle_digest,
-                    request.format,
-                    str(IR_SCHEMA_VERSION),
-                    pipeline.__version__,
-                ],
-            }
-        ),
-        "cells": pa.table(
-            {
-                "cell_id": [c.cell_id for c in request.cells],
-                "task_id": [c.task_id for c in request.cells],
-                "run_id": [c.run_id for c in request.cells],
-                "eligibility": [c.eligibility for c in request.cells],
-                "exclusion_reason": [excluded.get(c.cell_id) for c in request.cells],
-                "harness": [harness for _ in request.cells],
-                "step_index_base": pa.array([None] * len(request.cells), type=pa.int32()),
-            }
-        ),
-        "segments": _table(cols.segments, _SEGMENT_COLUMNS),
-        "events": _table(cols.events, _EVENT_COLUMNS),
-        "outcomes": pa.table(
-            {k: pa.array(v, type=pa.float64() if k in _OUTCOME_NUMBERS else pa.string()) for k, v in outcomes.items()}
-        ),
-        "coverage": pa.table(
-            {
-                "cell_id": [c.cell_id for c in request.cells],
-                "status": ["excluded" if c.cell_id in excluded else "included" for c in request.cells],
-                "reason": [excluded.get(c.cell_id) for c in request.cells],
-                "events": pa.array([counts.get(c.cell_id, 0) for c in request.cells], type=pa.int32()),
-            }
-        ),
-    }
-    del cols
 
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     ir_path = run_dir / IR_FILE
+    writer: IRWriter | None = None
     try:
-        write_ir(ir_path, tables)
+        writer = IRWriter(ir_path)
+        counts = _load_cells(writer, bundle, cells, manifest, reader)
+        total = sum(counts.values())
+        if total == 0:
+            raise BundleError(f"empty bundle: no events in any of the {len(cells)} eligible cells of {bundle}")
+        ids = [c.cell_id for c in request.cells]
+        writer.insert_table(
+            "meta",
+            pa.table(
+                {
+                    "key": ["analysis_run_id", "bundle_digest", "format", "ir_schema_version", "lunasol_version"],
+                    "value": [
+                        request.analysis_run_id,
+                        bundle_digest,
+                        request.format,
+                        str(IR_SCHEMA_VERSION),
+                        pipeline.__version__,
+                    ],
+                }
+            ),
+        )
+        writer.insert_table(
+            "cells",
+            pa.table(
+                {
+                    "cell_id": ids,
+                    "task_id": [c.task_id for c in request.cells],
+                    "run_id": [c.run_id for c in request.cells],
+                    "eligibility": [c.eligibility for c in request.cells],
+                    "exclusion_reason": [excluded.get(i) for i in ids],
+                    "harness": [request.parent_harness for _ in ids],
+                    "step_index_base": pa.array(_step_bases(bundle, request), type=pa.int32()),
+                }
+            ),
+        )
+        writer.insert_table(
+            "outcomes",
+            pa.table(
+                {
+                    k: pa.array(v, type=pa.float64() if k in _OUTCOME_NUMBERS else pa.string())
+                    for k, v in outcomes.items()
+                }
+            ),
+        )
+        writer.insert_table(
+            "coverage",
+            pa.table(
+                {
+                    "cell_id": ids,
+                    "status": ["excluded" if i in excluded else "included" for i in ids],
+                    "reason": [excluded.get(i) for i in ids],
+                    "events": pa.array([counts.get(i, 0) for i in ids], type=pa.int32()),
+                }
+            ),
+        )
+        writer.commit()
         written = write_parquet(ir_path, parquet_dir) if parquet_dir is not None else []
-    except Exception:
+    except BaseException:
+        if writer is not None:
+            writer.abort()
         if created:
             with contextlib.suppress(OSError):
                 run_dir.rmdir()  # only if still empty: never remove anything we did not create
@@ -377,3 +421,16 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
 def stage(ctx: RunContext) -> str:
     """Runner stage: export the run's bundle into ``ctx.run_dir``; one-line summary."""
     return export(ctx.bundle, ctx.run_dir).summary()
+
+
+def export_bundle(
+    bundle: Path, run_id: str | None = None, runs_dir: Path = Path("runs"), parquet_dir: Path | None = None
+) -> ExportReport:
+    """``lunasol export``: the run id defaults to the request's ``analysis_run_id``."""
+    if run_id is None:
+        if not bundle.is_dir():
+            raise BundleError(f"bundle not found: {bundle}")
+        run_id = load_request(bundle).analysis_run_id
+    if not run_id or "/" in run_id or run_id in (".", ".."):
+        raise BadInput(f"bad run id {run_id!r}")
+    return export(bundle, runs_dir / run_id, parquet_dir)

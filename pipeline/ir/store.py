@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,35 +27,108 @@ def _tmp_paths(path: Path) -> list[Path]:
     return [tmp, tmp.with_name(tmp.name + ".wal")]
 
 
-def write_ir(path: Path, tables: dict[str, pa.Table]) -> None:
-    """Create the IR at ``path`` from Arrow tables, atomically: a failure leaves no ``ir.duckdb``.
+class IRWriter:
+    """Bulk-loads Arrow data into a temp DuckDB file; ``commit`` renames it into place.
 
-    Tables are bulk-loaded (``INSERT ... BY NAME SELECT * FROM arrow``), never row by row.
+    ``abort`` (or any error before commit) removes the temp file, so a failed export never
+    leaves an ``ir.duckdb`` behind. Nothing is inserted row by row.
     """
-    import duckdb
 
-    tmp, wal = _tmp_paths(path)
-    for p in (tmp, wal):
-        p.unlink(missing_ok=True)
-    try:
-        con = duckdb.connect(str(tmp))
-        try:
-            con.execute(DDL)
-            for name in TABLES:
-                table = tables.get(name)
-                if table is None or table.num_rows == 0:
+    def __init__(self, path: Path) -> None:
+        import duckdb
+
+        self.path = path
+        self._tmp, self._wal = _tmp_paths(path)
+        for p in (self._tmp, self._wal):
+            p.unlink(missing_ok=True)
+        self._con = duckdb.connect(str(self._tmp))
+        # One checkpoint at the end instead of one per WAL threshold: the load is one transaction anyway.
+        self._con.execute("SET checkpoint_threshold = '64GB'")
+        self._con.execute(DDL)
+
+    def insert_table(self, name: str, table: pa.Table) -> None:
+        """Insert a whole Arrow table into IR table ``name`` (columns matched by name)."""
+        if table.num_rows:
+            self._con.register("_lunasol_src", table)
+            try:
+                self._con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _lunasol_src")
+            finally:
+                self._con.unregister("_lunasol_src")
+
+    def insert_stream(self, sql: str, source: str, schema: pa.Schema, batches: Iterator[pa.RecordBatch]) -> None:
+        """Run one ``INSERT ... SELECT ... FROM <source>`` over batches produced by ``batches``.
+
+        The iterator runs in a producer thread while DuckDB (which releases the GIL) inserts the
+        previous batch, so Python parsing and DuckDB writing overlap. One INSERT statement: DuckDB
+        writes row groups and the primary-key index in one pass. A producer error is re-raised as is.
+        """
+        import pyarrow as pa
+
+        q: queue.Queue[pa.RecordBatch | BaseException | None] = queue.Queue(maxsize=4)
+        failure: list[BaseException] = []
+        stop = threading.Event()
+
+        def put(item: pa.RecordBatch | BaseException | None) -> bool:
+            # Never block forever: the consumer may have died (DuckDB error) and set `stop`.
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
                     continue
-                con.register("_lunasol_src", table)
-                con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _lunasol_src")
-                con.unregister("_lunasol_src")
-            con.execute("CHECKPOINT")
+            return False
+
+        def produce() -> None:
+            try:
+                for batch in batches:
+                    if not put(batch):
+                        return
+                put(None)
+            except BaseException as exc:
+                failure.append(exc)
+                put(exc)
+
+        def consume() -> Iterator[pa.RecordBatch]:
+            while True:
+                item = q.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise RuntimeError("producer failed")  # the real error is in `failure`
+                yield item
+
+        thread = threading.Thread(target=produce, name="lunasol-ir-producer", daemon=True)
+        thread.start()
+        try:
+            self._con.register(source, pa.RecordBatchReader.from_batches(schema, consume()))
+            self._con.execute(sql)
+        except BaseException:
+            if failure:
+                raise failure[0] from None
+            raise
         finally:
-            con.close()
-        os.replace(tmp, path)
-    finally:
-        for p in (tmp, wal):
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
+            stop.set()
+            thread.join()
+            with contextlib.suppress(Exception):
+                self._con.unregister(source)
+        if failure:
+            raise failure[0]
+
+    def commit(self) -> None:
+        """Checkpoint and rename the file into place."""
+        try:
+            self._con.execute("CHECKPOINT")
+            self._con.close()
+            os.replace(self._tmp, self.path)
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Close and remove the temp file (a no-op after a successful commit)."""
+        with contextlib.suppress(Exception):
+            self._con.close()
+        for p in (self._tmp, self._wal):
+            p.unlink(missing_ok=True)
 
 
 def write_parquet(ir_path: Path, out_dir: Path) -> list[Path]:

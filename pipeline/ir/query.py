@@ -1,0 +1,77 @@
+"""``lunasol query``: read-only SQL over a run's IR.
+
+The connection is opened ``read_only`` with external access disabled (no files, no ATTACH, no
+extension downloads); the statement allow-list only makes the error message friendlier.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import BadInput
+from pipeline.ir.schema import IR_SCHEMA_VERSION
+from pipeline.ir.store import IR_FILE
+
+_ALLOWED = ("select", "with", "describe", "show", "pragma", "from", "explain", "summarize", "values", "table")
+_FIRST_WORD = re.compile(r"^\s*(?:--[^\n]*\n\s*|/\*.*?\*/\s*)*\(?\s*([A-Za-z]+)", re.DOTALL)
+
+
+@dataclass
+class QueryResult:
+    """Column names and rows of one query."""
+
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+
+    def records(self) -> list[dict[str, Any]]:
+        """Rows as JSON-ready dicts (non-JSON values become strings)."""
+        return [{c: _jsonable(v) for c, v in zip(self.columns, row, strict=True)} for row in self.rows]
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, decimal.Decimal | datetime.date | datetime.time | datetime.timedelta):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
+def query(run_dir: Path, sql: str) -> QueryResult:
+    """Run one read-only statement against ``run_dir/ir.duckdb``; any SQL error is one BadInput line."""
+    import duckdb
+
+    m = _FIRST_WORD.match(sql)
+    if m is None or m.group(1).lower() not in _ALLOWED:
+        word = m.group(1).upper() if m else "(empty)"
+        raise BadInput(f"query is read-only: {word} statements are not allowed (use SELECT / WITH / DESCRIBE)")
+    path = run_dir / IR_FILE
+    if not path.is_file():
+        raise BadInput(f"no IR in {run_dir} (run: lunasol export BUNDLE)")
+    try:
+        con = duckdb.connect(str(path), read_only=True, config={"enable_external_access": False})
+    except duckdb.Error as exc:
+        raise BadInput(f"cannot open {path}: {' '.join(str(exc).split())}") from None
+    try:
+        row = con.execute("SELECT value FROM meta WHERE key = 'ir_schema_version'").fetchone()
+        if row is not None and int(row[0]) > IR_SCHEMA_VERSION:
+            raise BadInput(f"{path} has IR schema {row[0]}, newer than this lunasol ({IR_SCHEMA_VERSION})")
+        try:
+            cur = con.execute(sql)
+            columns = [d[0] for d in cur.description or []]
+            rows = cur.fetchall() if columns else []
+        except duckdb.Error as exc:
+            raise BadInput(f"SQL error: {' '.join(str(exc).split())}") from None
+    finally:
+        con.close()
+    return QueryResult(columns, rows)

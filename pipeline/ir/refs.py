@@ -1,0 +1,127 @@
+"""Refs back to raw bytes: ``PATH#Lstart-Lend`` (optionally followed by a JSON pointer ``/a/0``).
+
+PATH is relative to the bundle root; lines are 1-based and inclusive. Resolving a ref re-hashes
+the whole raw file and checks it against the manifest, so what is shown is the frozen bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.bundle.manifest import MANIFEST_FILE, read_frozen, read_manifest
+from pipeline.bundle.request import check_relative
+from pipeline.canonical import read_json, sha256_bytes
+from pipeline.errors import BadInput, BundleError
+
+_REF = re.compile(r"^(?P<path>[^#]+)#L(?P<start>\d+)(?:-L(?P<end>\d+))?(?P<pointer>/.*)?$")
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A parsed ref."""
+
+    path: str
+    line_start: int
+    line_end: int
+    json_pointer: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.path}#L{self.line_start}-L{self.line_end}{self.json_pointer or ''}"
+
+
+@dataclass(frozen=True)
+class RefView:
+    """What a ref points at: the raw lines, and the element when the ref has a JSON pointer."""
+
+    ref: Ref
+    lines: str
+    element: str | None = None
+    sha256: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """Machine-readable form."""
+        return {"ref": str(self.ref), "lines": self.lines, "element": self.element, "sha256": self.sha256}
+
+
+def parse_ref(text: str) -> Ref:
+    """Parse ``PATH#Lstart-Lend[/json/pointer]``; a malformed or escaping ref is BadInput."""
+    m = _REF.match(text.strip())
+    if m is None:
+        raise BadInput(f"not a ref: {text!r} (expected PATH#Lstart-Lend, e.g. cells/C001/controller.jsonl#L3-L3)")
+    start = int(m["start"])
+    end = int(m["end"]) if m["end"] else start
+    if start < 1 or end < start:
+        raise BadInput(f"bad line range in ref {text!r}: lines are 1-based and start <= end")
+    check_relative(m["path"], "ref path")
+    return Ref(m["path"], start, end, m["pointer"])
+
+
+def ref_of(source_path: str, line_start: int, line_end: int, json_pointer: str | None = None) -> str:
+    """The ref string of an event's source columns."""
+    return str(Ref(source_path, line_start, line_end, json_pointer))
+
+
+def _pointer_element(raw: bytes, ref: Ref) -> str:
+    pointer = ref.json_pointer or ""
+    try:
+        # The adapters' span locator also checks that the element lies within the ref's lines.
+        from pipeline.adapters.spans import resolve_element
+    except ImportError:  # pragma: no cover - adapters ship with lunasol; kept for a partial install
+        return _plain_pointer(raw, ref)
+    try:
+        element = resolve_element(raw, ref.line_start, ref.line_end, pointer)
+    except (ValueError, KeyError, IndexError, json.JSONDecodeError) as exc:
+        raise BundleError(f"ref {ref} does not resolve: {exc}") from None
+    try:
+        return json.dumps(json.loads(element), ensure_ascii=False, indent=2, sort_keys=True)
+    except json.JSONDecodeError:
+        return element  # a string element (or its selected lines) is shown as text
+
+
+def _plain_pointer(raw: bytes, ref: Ref) -> str:
+    text = raw.decode("utf-8")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        doc = json.loads(text.split("\n")[ref.line_start - 1])
+    node: Any = doc
+    for tok in (ref.json_pointer or "")[1:].split("/"):
+        tok = tok.replace("~1", "/").replace("~0", "~")
+        node = node[int(tok)] if isinstance(node, list) else node[tok]
+    return json.dumps(node, ensure_ascii=False, indent=2, sort_keys=True)
+
+
+def resolve_ref(run_dir: Path, ref: str | Ref) -> RefView:
+    """The frozen bytes behind a ref of this run (hash-checked); errors are one line."""
+    from pipeline.ir.export import RUN_FILE, run_bundle
+
+    parsed = parse_ref(ref) if isinstance(ref, str) else ref
+    bundle = run_bundle(run_dir)
+    manifest = read_manifest(bundle)
+    expected = read_json(run_dir / RUN_FILE).get("bundle_digest")
+    if expected and sha256_bytes((bundle / MANIFEST_FILE).read_bytes()) != expected:
+        raise BundleError(f"bundle {bundle} was re-frozen since this run was exported (manifest digest differs)")
+    raw = read_frozen(bundle, parsed.path, manifest)
+    lines = raw.split(b"\n")
+    if raw.endswith(b"\n"):
+        lines.pop()
+    if parsed.line_end > len(lines):
+        raise BadInput(f"ref {parsed} is past the end of {parsed.path} ({len(lines)} lines)")
+    try:
+        text = b"\n".join(lines[parsed.line_start - 1 : parsed.line_end]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise BundleError(f"invalid UTF-8 in {parsed.path} lines {parsed.line_start}-{parsed.line_end}") from None
+    element = _pointer_element(raw, parsed) if parsed.json_pointer else None
+    return RefView(parsed, text, element, manifest.get(parsed.path).sha256)
+
+
+def show_ref(run_dir: Path, ref: str) -> str:
+    """Exactly the raw lines behind ``ref`` (and, after a ``# POINTER`` line, the pointed element)."""
+    view = resolve_ref(run_dir, ref)
+    if view.element is None:
+        return view.lines
+    return f"{view.lines}\n# {view.ref.json_pointer}\n{view.element}"
