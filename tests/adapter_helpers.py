@@ -106,7 +106,12 @@ def need_shared_data() -> None:
 # Who&When files whose eval figures are checked by hand in tests/test_eval.py.
 HAND_CHECKED = (
     "who-and-when",
-    ["Algorithm-Generated/1.json", "Algorithm-Generated/12.json", "Algorithm-Generated/45.json", "Hand-Crafted/34.json"],
+    [
+        "Algorithm-Generated/1.json",
+        "Algorithm-Generated/12.json",
+        "Algorithm-Generated/45.json",
+        "Hand-Crafted/34.json",
+    ],
 )
 
 
@@ -123,9 +128,7 @@ def make_subset(fmt: str, dest: Path, subset: tuple[str, list[str]] | None = Non
 _DONE: dict[tuple[str, Path], tuple[Path, Path, ImportResult]] = {}
 
 
-def imported(
-    fmt: str, base: Path, subset: tuple[str, list[str]] | None = None
-) -> tuple[Path, Path, ImportResult]:
+def imported(fmt: str, base: Path, subset: tuple[str, list[str]] | None = None) -> tuple[Path, Path, ImportResult]:
     """Import and export one format's subset once per base dir: (bundle, run dir, result)."""
     if (fmt, base) in _DONE:
         return _DONE[(fmt, base)]

@@ -6,8 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
 from adapter_helpers import (
     SHARED_DATA,
     SUBSETS,
@@ -18,6 +16,8 @@ from adapter_helpers import (
     need_shared_data,
     source_blocks,
 )
+from typer.testing import CliRunner
+
 from pipeline.adapters import FORMATS, detect, import_bundle
 from pipeline.bundle.manifest import verify
 from pipeline.canonical import sha256_file
@@ -50,7 +50,7 @@ def test_import_freezes_verbatim_copies(fmt: str, base: Path) -> None:
         assert sha256_file(bundle / "raw" / rel) == sha256_file(SHARED_DATA / folder / rel)
     req = json.loads((bundle / "analysis-request.json").read_text())
     assert req["format"] == fmt
-    assert req["parent_harness"] and req["parent_harness"] != fmt or fmt in ("tau",)
+    assert (req["parent_harness"] and req["parent_harness"] != fmt) or fmt in ("tau",)
     assert len(req["cells"]) == result.cells > 0  # type: ignore[attr-defined]
     outcomes = [json.loads(x) for x in (bundle / "sidecar/outcomes.jsonl").read_text().splitlines()]
     assert [o["cell_id"] for o in outcomes] == [c["cell_id"] for c in req["cells"]]
@@ -100,9 +100,7 @@ def test_who_and_when_labels_checked_from_the_source(base: Path) -> None:
         assert doc["mistake_reason"][:120] not in cell_text
         steps = [e["step_index"] for e in events if e["cell_id"] == cell]
         assert steps == list(range(len(doc["history"])))  # order and 0-based step index kept
-        outcome = next(
-            json.loads(x) for x in (bundle / "sidecar/outcomes.jsonl").read_text().splitlines() if cell in x
-        )
+        outcome = next(json.loads(x) for x in (bundle / "sidecar/outcomes.jsonl").read_text().splitlines() if cell in x)
         assert outcome["mistake_step"] == doc["mistake_step"] and outcome["mistake_agent"] == doc["mistake_agent"]
 
 
@@ -125,7 +123,7 @@ def test_tau_steps_are_one_based_index(base: Path) -> None:
 
 
 def test_inspect_eval_zip_members_and_tool_errors(base: Path) -> None:
-    bundle, run, result = _imported("inspect", base)
+    _, run, result = _imported("inspect", base)
     events = events_of(run)
     zipped = [e for e in events if e["source_path"].endswith(".eval")]
     assert zipped and all("!" in (e["json_pointer"] or "") for e in zipped)

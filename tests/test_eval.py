@@ -7,9 +7,9 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from adapter_helpers import HAND_CHECKED, SHARED_DATA, events_of, imported, need_shared_data
 from typer.testing import CliRunner
 
-from adapter_helpers import HAND_CHECKED, SHARED_DATA, events_of, imported, need_shared_data
 from pipeline.cli.app import app
 from pipeline.errors import BadInput
 from pipeline.eval import evaluate, normalise_agent, score_steps

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from collections import Counter
 from functools import lru_cache
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -128,7 +129,7 @@ def keep_reader_order(events: list[SourceEvent]) -> list[SourceEvent]:
     order stays the one the source defines (the raw lines still hold every timestamp).
     """
     keys = [_order_key(e) for e in events]
-    if all(a <= b for a, b in zip(keys, keys[1:], strict=False)):
+    if all(a <= b for a, b in pairwise(keys)):
         return events
     for e in events:
         e.ts = None
@@ -152,4 +153,6 @@ def resolve_ref(bundle: Path, source_path: str, line_start: int, line_end: int, 
     try:
         return resolve_element(raw, line_start, line_end, json_pointer)
     except (ValueError, KeyError, IndexError) as exc:
-        raise BundleError(f"ref {source_path}#L{line_start}-L{line_end}{json_pointer or ''} does not resolve: {exc}")
+        raise BundleError(
+            f"ref {source_path}#L{line_start}-L{line_end}{json_pointer or ''} does not resolve: {exc}"
+        ) from None

@@ -111,7 +111,9 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
     return Discovery(cells=cells, skipped=skipped, harness=" + ".join(sorted(harnesses)) or None)
 
 
-def read_steps(em: Emitter, steps: list[Any], session: str | None, *, base_ptr: str = "/steps") -> Iterator[SourceEvent]:
+def read_steps(
+    em: Emitter, steps: list[Any], session: str | None, *, base_ptr: str = "/steps"
+) -> Iterator[SourceEvent]:
     """Events of ATIF steps (also used for Harbor's ATIF copies of Claude Code runs)."""
     for i, st in enumerate(steps):
         ptr = f"{base_ptr}/{i}"

@@ -75,6 +75,11 @@ def load_json(path: Path, max_depth: int = 4) -> JsonFile:
     return jf
 
 
+def as_dict(value: Any) -> dict[str, Any]:
+    """``value`` when it is a JSON object, else an empty dict (foreign logs omit or null fields)."""
+    return value if isinstance(value, dict) else {}
+
+
 def as_text(value: Any) -> str:
     """Message content of any common shape as plain text (strings, content-part lists, objects)."""
     if value is None:

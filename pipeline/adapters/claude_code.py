@@ -31,6 +31,7 @@ from pipeline.adapters.base import (
     Discovery,
     Emitter,
     args_digest,
+    as_dict,
     as_text,
     load_json,
     tool_result_event,
@@ -129,7 +130,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
 def _message_events(
     em: Emitter, line: int, rec: dict[str, Any], step: int, actor: str, session: str, ts: str | None
 ) -> Iterator[SourceEvent]:
-    msg = rec.get("message") if isinstance(rec.get("message"), dict) else {}
+    msg = as_dict(rec.get("message"))
     role = str(msg.get("role") or rec.get("type"))
     content = msg.get("content")
     common: dict[str, Any] = {"line": line, "step_index": step, "session_id": session, "ts": ts}
@@ -140,7 +141,15 @@ def _message_events(
     if isinstance(content, str) or content is None:
         text = as_text(content)
         if "<command-name>/clear</command-name>" in text:
-            yield em.event("state_change", "/message", actor="user", detail="clear", state_digest=digest(["clear", step]), text=text, **common)
+            yield em.event(
+                "state_change",
+                "/message",
+                actor="user",
+                detail="clear",
+                state_digest=digest(["clear", step]),
+                text=text,
+                **common,
+            )
             return
         yield em.event("message", "/message", actor=who, text=text, **common)
         return
@@ -177,7 +186,9 @@ def _message_events(
             yield em.event("message", ptr, actor=who, detail=ptype, text=as_text([part]), **common)
 
 
-def _record_events(em: Emitter, line: int, rec: dict[str, Any], step: int, session: str, agent: str | None) -> Iterator[SourceEvent]:
+def _record_events(
+    em: Emitter, line: int, rec: dict[str, Any], step: int, session: str, agent: str | None
+) -> Iterator[SourceEvent]:
     rtype = rec.get("type")
     ts = rec.get("timestamp")
     parent = rec.get("parent_tool_use_id")
@@ -185,21 +196,51 @@ def _record_events(em: Emitter, line: int, rec: dict[str, Any], step: int, sessi
     if rtype in ("assistant", "user"):
         events = list(_message_events(em, line, rec, step, actor, session, ts))
         if not events:  # an empty content list still is a step of the source
-            events = [em.event("message", "/message", line=line, actor=actor, step_index=step, session_id=session, ts=ts)]
+            events = [
+                em.event("message", "/message", line=line, actor=actor, step_index=step, session_id=session, ts=ts)
+            ]
         yield from events
         return
     common: dict[str, Any] = {"line": line, "step_index": step, "session_id": session, "ts": ts}
     sub = rec.get("subtype")
     if rtype == "result":
-        yield em.event("message", "/result" if "result" in rec else "", actor=actor, detail="result", text=as_text(rec.get("result")), **common)
+        yield em.event(
+            "message",
+            "/result" if "result" in rec else "",
+            actor=actor,
+            detail="result",
+            text=as_text(rec.get("result")),
+            **common,
+        )
     elif rtype == "system" and sub == "compact_boundary":
         meta = rec.get("compactMetadata")
-        yield em.event("state_change", "", actor="harness", detail="compact_boundary", state_digest=digest(["compact", rec.get("uuid")]), text=as_text(rec.get("content")) or as_text(meta), **common)
+        yield em.event(
+            "state_change",
+            "",
+            actor="harness",
+            detail="compact_boundary",
+            state_digest=digest(["compact", rec.get("uuid")]),
+            text=as_text(rec.get("content")) or as_text(meta),
+            **common,
+        )
     elif rtype == "system" and sub == "api_retry":
-        yield em.event("error", "", actor="harness", detail="api_retry", text=as_text({k: v for k, v in rec.items() if k not in ("type", "subtype", "session_id", "uuid")}), **common)
+        yield em.event(
+            "error",
+            "",
+            actor="harness",
+            detail="api_retry",
+            text=as_text({k: v for k, v in rec.items() if k not in ("type", "subtype", "session_id", "uuid")}),
+            **common,
+        )
     else:
-        body = rec.get("content") if "content" in rec else {k: rec.get(k) for k in ("model", "cwd", "permissionMode", "claude_code_version") if k in rec}
-        yield em.event("other", "", actor="harness", detail=f"{rtype}/{sub}" if sub else str(rtype), text=as_text(body), **common)
+        body = (
+            rec.get("content")
+            if "content" in rec
+            else {k: rec.get(k) for k in ("model", "cwd", "permissionMode", "claude_code_version") if k in rec}
+        )
+        yield em.event(
+            "other", "", actor="harness", detail=f"{rtype}/{sub}" if sub else str(rtype), text=as_text(body), **common
+        )
 
 
 def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pipeline.adapters.base import as_dict
+
 
 def trial_dir(bundle: Path, rel: str) -> Path | None:
     """The trial folder a log under ``<trial>/agent/`` belongs to, when it has a ``result.json``."""
@@ -43,7 +45,7 @@ def trial_outcome(bundle: Path, trial: Path | None) -> tuple[dict[str, Any], lis
         out["verifier_reward"] = reward
         exc = res.get("exception_info")
         out["exception_type"] = exc.get("exception_type") if isinstance(exc, dict) else None
-        agent = res.get("agent_result") if isinstance(res.get("agent_result"), dict) else {}
+        agent = as_dict(res.get("agent_result"))
         cost = agent.get("cost_usd")
         out["cost"] = float(cost) if isinstance(cost, int | float) else None
         out["n_input_tokens"] = agent.get("n_input_tokens")

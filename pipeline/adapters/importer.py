@@ -126,7 +126,7 @@ def _build(adapter: Adapter, src: Path, tmp: Path, dest: Path) -> ImportResult:
             tasks[c.task_id] = c.task_summary
         cells.append(
             CellSpec(cell_id=cell_id, task_id=c.task_id, run_id=c.run_id, eligibility=c.eligibility, path=c.path)
-        )  # type: ignore[arg-type]
+        )
         if c.eligibility == "excluded":
             exclusions.append(Exclusion(cell_id=cell_id, reason=c.exclusion_reason or "excluded by the source data"))
         blocks[cell_id] = {

@@ -21,13 +21,33 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.adapters.base import Adapter, CellSource, Discovery, Emitter, args_digest, as_text, load_json, tool_result_event
+from pipeline.adapters.base import (
+    Adapter,
+    CellSource,
+    Discovery,
+    Emitter,
+    args_digest,
+    as_dict,
+    as_text,
+    load_json,
+    tool_result_event,
+)
 from pipeline.adapters.spans import JsonFile, Located
 from pipeline.canonical import canonical_json, sha256_text
 from pipeline.ir.events import SourceEvent
 
 NAME = "inspect"
-_LABEL_KEYS = ("target", "scores", "output", "metadata", "store", "model_usage", "total_time", "working_time", "error_retries")
+_LABEL_KEYS = (
+    "target",
+    "scores",
+    "output",
+    "metadata",
+    "store",
+    "model_usage",
+    "total_time",
+    "working_time",
+    "error_retries",
+)
 
 
 def sniff(rel: str, head: str) -> bool:
@@ -61,12 +81,16 @@ class _MemberEmitter(Emitter):
 
 def _sample_outcome(sample: dict[str, Any], log_status: str | None) -> tuple[dict[str, Any], list[str]]:
     labels = {k: sample[k] for k in _LABEL_KEYS if k in sample}
-    scores = sample.get("scores") if isinstance(sample.get("scores"), dict) else {}
+    scores = as_dict(sample.get("scores"))
     quality = None
     values = [s.get("value") for s in scores.values() if isinstance(s, dict)]
     if values:
         v = values[0]
-        quality = 1.0 if v in ("C", True, 1, 1.0) else (0.0 if v in ("I", False, 0, 0.0) else (float(v) if isinstance(v, int | float) else None))
+        quality = (
+            1.0
+            if v in ("C", True, 1, 1.0)
+            else (0.0 if v in ("I", False, 0, 0.0) else (float(v) if isinstance(v, int | float) else None))
+        )
     # The serialised scorer output must never reach events (its explanation may quote the answer,
     # and a correct answer contains the target, so those alone are no leak test).
     texts = [canonical_json(scores)] if scores else []
@@ -157,7 +181,11 @@ def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:
             yield tool_result_event(
                 em,
                 ptr,
-                text if not err else f"{text}\n[{err.get('type')}] {err.get('message')}" if isinstance(err, dict) else text,
+                text
+                if not err
+                else f"{text}\n[{err.get('type')}] {err.get('message')}"
+                if isinstance(err, dict)
+                else text,
                 is_error=bool(err) if err is not None else None,
                 actor="tool",
                 step_index=j,
@@ -184,7 +212,9 @@ def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:
             )
     if sample.get("error"):
         err = as_text(sample["error"])
-        yield em.event("error", f"{base}/error", actor="harness", detail="sample_error", text=err, result_digest=sha256_text(err))
+        yield em.event(
+            "error", f"{base}/error", actor="harness", detail="sample_error", text=err, result_digest=sha256_text(err)
+        )
 
 
 ADAPTER = Adapter(

@@ -1,5 +1,7 @@
-"""MAST / MAD human-labelled traces: a JSON list of ``{mas_name, benchmark_name, trace_id, round,
-trace, annotations}``, where ``trace`` is one raw log per run in one of seven multi-agent styles.
+"""MAST / MAD human-labelled traces: raw multi-agent logs split into speaker turns.
+
+The file is a JSON list of ``{mas_name, benchmark_name, trace_id, round, trace, annotations}``,
+where ``trace`` is one raw log per run in one of seven multi-agent styles.
 
 Splitting a trace into speaker turns works on the trace's own lines:
 
@@ -37,7 +39,9 @@ from pipeline.ir.events import SourceEvent
 
 NAME = "mast"
 
-_LOGURU = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[.,]\d+ \| (?P<level>\w+)\s*\| (?P<src>[\w.<>]+):[\w<>]+:\d+ - (?P<msg>.*)$")
+_LOGURU = re.compile(
+    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[.,]\d+ \| (?P<level>\w+)\s*\| (?P<src>[\w.<>]+):[\w<>]+:\d+ - (?P<msg>.*)$"
+)
 _STYLES: dict[str, list[re.Pattern[str]]] = {
     "loguru": [_LOGURU],
     "hyperagent": [re.compile(r"^HyperAgent_\S+ - (?P<level>[A-Z]+) - (?P<msg>.*)$")],
@@ -140,7 +144,11 @@ def split_lines(lines: list[str]) -> list[Turn]:
         while last > i and not lines[last].strip():
             last -= 1
         text = "\n".join(lines[i : last + 1])
-        info: dict[str, Any] = {"actor": None, "detail": "preamble"} if m is None else _classify(style or "", m, "\n".join(lines[i + 1 : last + 1]))
+        info: dict[str, Any] = (
+            {"actor": None, "detail": "preamble"}
+            if m is None
+            else _classify(style or "", m, "\n".join(lines[i + 1 : last + 1]))
+        )
         turns.append(Turn(first=i + 1, last=last + 1, text=text, **info))
     return turns
 
@@ -174,12 +182,29 @@ def split_trace(trace: str) -> tuple[list[tuple[str, Turn]], dict[str, Any], str
             a, b = index.span(*spans[f"/trajectory/{j}"])
             text = _content_lines(msg.get("content"))
             kind = "tool_result" if looks_like_error(text) and msg.get("role") == "user" else "message"
-            out.append(("", Turn(a, b, text, str(msg.get("name") or msg.get("role")), kind=kind, detail=msg.get("role"))))
+            out.append(
+                ("", Turn(a, b, text, str(msg.get("name") or msg.get("role")), kind=kind, detail=msg.get("role")))
+            )
     elif isinstance(traj, list):
         # One log line per array element, each on its own line of the pretty-printed trace.
         elem_lines = [index.span(*spans[f"/trajectory/{j}"])[0] for j in range(len(traj))]
         for t in split_lines([str(x) for x in traj]):
-            out.append(("", Turn(elem_lines[t.first - 1], elem_lines[t.last - 1], t.text, t.actor, t.kind, t.detail, t.target, t.tool_name, t.args)))
+            out.append(
+                (
+                    "",
+                    Turn(
+                        elem_lines[t.first - 1],
+                        elem_lines[t.last - 1],
+                        t.text,
+                        t.actor,
+                        t.kind,
+                        t.detail,
+                        t.target,
+                        t.tool_name,
+                        t.args,
+                    ),
+                )
+            )
     elif isinstance(doc.get("content"), str):
         out.extend(("#/content", t) for t in split_lines(doc["content"].split("\n")))
     return out, labels, task
@@ -229,7 +254,9 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                 doc = load_json(bundle / rel, 2).docs[0][1]
             except (ValueError, UnicodeDecodeError):
                 doc = None
-        if not (isinstance(doc, list) and doc and all(isinstance(r, dict) and isinstance(r.get("trace"), str) for r in doc)):
+        if not (
+            isinstance(doc, list) and doc and all(isinstance(r, dict) and isinstance(r.get("trace"), str) for r in doc)
+        ):
             skipped.append((rel, "not a list of MAST trace records"))
             continue
         for i, rec in enumerate(doc):
@@ -262,7 +289,9 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                 )
             )
     harnesses = sorted({c.harness for c in cells if c.harness})
-    return Discovery(cells=cells, skipped=skipped, harness="MAST traces: " + ", ".join(harnesses) if harnesses else None)
+    return Discovery(
+        cells=cells, skipped=skipped, harness="MAST traces: " + ", ".join(harnesses) if harnesses else None
+    )
 
 
 def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:

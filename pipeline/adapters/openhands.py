@@ -23,6 +23,7 @@ from pipeline.adapters.base import (
     Discovery,
     Emitter,
     args_digest,
+    as_dict,
     as_text,
     load_json,
     tool_result_event,
@@ -73,8 +74,8 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
             for hptr, rec in records:
                 found += 1
                 stream = rec if not hptr else rec["history"]
-                meta = rec if isinstance(rec, dict) else {}
-                metrics = meta.get("metrics") if isinstance(meta.get("metrics"), dict) else {}
+                meta = as_dict(rec)
+                metrics = as_dict(meta.get("metrics"))
                 cost = metrics.get("accumulated_cost")
                 success = meta.get("success")
                 labels = {k: v for k, v in meta.items() if k not in _NOT_LABELS}
@@ -108,8 +109,8 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
 
 def _action_event(em: Emitter, ptr: str, e: dict[str, Any], step: int, line: int | None) -> SourceEvent:
     action = str(e.get("action"))
-    args = e.get("args") if isinstance(e.get("args"), dict) else {k: v for k, v in e.items() if k != "action"}
-    meta = e.get("tool_call_metadata") if isinstance(e.get("tool_call_metadata"), dict) else {}
+    args = as_dict(e.get("args")) if isinstance(e.get("args"), dict) else {k: v for k, v in e.items() if k != "action"}
+    meta = as_dict(e.get("tool_call_metadata"))
     actor = str(e.get("source") or "agent")
     thought = as_text(args.get("thought"))
     common: dict[str, Any] = {"ts": e.get("timestamp"), "actor": actor, "step_index": step, "detail": action}
@@ -139,8 +140,8 @@ def _action_event(em: Emitter, ptr: str, e: dict[str, Any], step: int, line: int
 
 def _observation_event(em: Emitter, ptr: str, e: dict[str, Any], step: int, line: int | None) -> SourceEvent:
     obs = str(e.get("observation"))
-    extras = e.get("extras") if isinstance(e.get("extras"), dict) else {}
-    meta = e.get("tool_call_metadata") if isinstance(e.get("tool_call_metadata"), dict) else {}
+    extras = as_dict(e.get("extras"))
+    meta = as_dict(e.get("tool_call_metadata"))
     common: dict[str, Any] = {
         "ts": e.get("timestamp"),
         "actor": str(e.get("source") or "environment"),

@@ -17,7 +17,6 @@ import bisect
 import hashlib
 import json
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -277,9 +276,3 @@ def resolve_element(raw: bytes, line_start: int, line_end: int, json_pointer: st
     if isinstance(element, str):
         return element
     return json.dumps(element, ensure_ascii=False, indent=2, sort_keys=True)
-
-
-def iter_lines_with_numbers(text: str) -> Iterable[tuple[int, str]]:
-    """(1-based number, line) pairs of a text, newline stripped."""
-    for i, line in enumerate(text.split("\n"), start=1):
-        yield i, line

@@ -45,7 +45,8 @@ def import_cmd(
         f"[{result.harness}] into {result.dest}"
     )
     if result.skipped:
-        typer.echo(f"{len(result.skipped)} files hold no run (copied, not read); e.g. {result.skipped[0][0]}: {result.skipped[0][1]}")
+        path, why = result.skipped[0]
+        typer.echo(f"{len(result.skipped)} files hold no run (copied, not read); e.g. {path}: {why}")
 
 
 def _fmt(v: Any) -> str:

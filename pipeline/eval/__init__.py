@@ -133,7 +133,9 @@ def evaluate(run_dir: Path, labels: str) -> dict[str, Any]:
     try:
         events = load_events(con)
         outcomes = {r[0]: read_json_field(r[1]) for r in con.execute("SELECT cell_id, extra FROM outcomes").fetchall()}
-        eligible = {r[0] for r in con.execute("SELECT cell_id FROM cells WHERE eligibility = 'valid_behavior'").fetchall()}
+        eligible = {
+            r[0] for r in con.execute("SELECT cell_id FROM cells WHERE eligibility = 'valid_behavior'").fetchall()
+        }
         cards, cards_status = from_weakness_cards(run_dir, events)
         probes, fired, probe_status = from_probe_hits(con, events)
         report: dict[str, Any] = {"run": run_dir.name, "labels": labels, "cells": len(eligible)}
@@ -151,19 +153,29 @@ def evaluate(run_dir: Path, labels: str) -> dict[str, Any]:
             sources = {
                 "weakness_cards": (cards, cards_status),
                 "probe_hits": (probes, probe_status),
-                "baseline_first_error": ({c: p for c in gold if (p := baseline_first_error(events.get(c, [])))}, "deterministic"),
+                "baseline_first_error": (
+                    {c: p for c in gold if (p := baseline_first_error(events.get(c, [])))},
+                    "deterministic",
+                ),
                 "baseline_first_error_cause": (
                     {c: p for c in gold if (p := baseline_first_error_cause(events.get(c, [])))},
                     "deterministic",
                 ),
-                "baseline_first_step": ({c: p for c in gold if (p := baseline_first_step(events.get(c, [])))}, "deterministic"),
-                "baseline_last_step": ({c: p for c in gold if (p := baseline_last_step(events.get(c, [])))}, "deterministic"),
+                "baseline_first_step": (
+                    {c: p for c in gold if (p := baseline_first_step(events.get(c, [])))},
+                    "deterministic",
+                ),
+                "baseline_last_step": (
+                    {c: p for c in gold if (p := baseline_last_step(events.get(c, [])))},
+                    "deterministic",
+                ),
             }
             report["labelled_cells"] = len(gold)
             report["cells_without_usable_label"] = unusable
             report["step_offset"] = offset
             report["sources"] = {
-                name: {"status": status, **score_steps(gold, preds, offset)} for name, (preds, status) in sources.items()
+                name: {"status": status, **score_steps(gold, preds, offset)}
+                for name, (preds, status) in sources.items()
             }
         else:
             gold_modes: dict[str, set[str]] = {}
@@ -174,7 +186,10 @@ def evaluate(run_dir: Path, labels: str) -> dict[str, Any]:
             probe_modes = {c: {PROBE_MODES[p] for p in ps if p in PROBE_MODES} for c, ps in fired.items()}
             report["labelled_cells"] = len(gold_modes)
             report["sources"] = {
-                "weakness_cards": {"status": cards_status + "; cards carry no failure-mode label", **score_modes(gold_modes, None)},
+                "weakness_cards": {
+                    "status": cards_status + "; cards carry no failure-mode label",
+                    **score_modes(gold_modes, None),
+                },
                 "probe_hits": {"status": probe_status, **score_modes(gold_modes, probe_modes)},
                 "baseline_mode_checks": {
                     "status": "deterministic (repeated identical message/tool call; stop at a step cap)",
