@@ -74,10 +74,11 @@ class Item(BaseModel):
 
 
 class CellDiff(BaseModel):
-    """Patterns of one cell that differ between the runs."""
+    """Patterns of one cell that differ between the runs, and its coverage row (Luna status, counts)."""
 
     cell_id: str
-    items: list[Item]
+    items: list[Item] = Field(default_factory=list)
+    coverage: list[FieldChange] = Field(default_factory=list)
 
 
 class Section(BaseModel):
@@ -227,6 +228,15 @@ def _str(v: Any) -> str | None:
     return None if v is None else str(v)
 
 
+def _coverage_rows(arts: RunArtifacts) -> dict[str, Row]:
+    """The Coordinator's per-cell coverage (Luna status, pattern counts), when pattern-groups.json has it."""
+    doc = arts.groups_doc
+    rows = doc.get("coverage") if isinstance(doc, dict) else None
+    if not isinstance(rows, list):
+        return {}
+    return {str(r["cell_id"]): r for r in rows if isinstance(r, dict) and r.get("cell_id") is not None}
+
+
 def diff_patterns(a: RunArtifacts, b: RunArtifacts) -> tuple[list[CellDiff], Section]:
     """Per cell: patterns matched by type and evidence overlap, then compared field by field."""
     by_a: dict[str, list[Row]] = defaultdict(list)
@@ -235,13 +245,15 @@ def diff_patterns(a: RunArtifacts, b: RunArtifacts) -> tuple[list[CellDiff], Sec
         by_a[str(p.get("cell_id"))].append(p)
     for p in b.patterns or []:
         by_b[str(p.get("cell_id"))].append(p)
+    cov_a, cov_b = _coverage_rows(a), _coverage_rows(b)
     cells: list[CellDiff] = []
     unchanged = 0
-    for cell in sorted(set(by_a) | set(by_b)):
+    for cell in sorted(set(by_a) | set(by_b) | set(cov_a) | set(cov_b)):
         items, same, _ = _match_items(by_a[cell], by_b[cell], _pattern_score, 0.0, "pattern_id", PATTERN_IGNORE, "type")
         unchanged += same
-        if items:
-            cells.append(CellDiff(cell_id=cell, items=items))
+        coverage = field_changes(cov_a.get(cell), cov_b.get(cell), ignore=VOLATILE | {"cell_id"})
+        if items or coverage:
+            cells.append(CellDiff(cell_id=cell, items=items, coverage=coverage))
     section = Section(present_a=a.patterns is not None, present_b=b.patterns is not None, unchanged=unchanged)
     return cells, section
 

@@ -90,7 +90,7 @@ def _lines(d: RunDiff, md: bool) -> list[str]:
 
     section("inputs (run.json)", d.inputs)
     out.append("")
-    n_items = sum(len(c.items) for c in d.cells)
+    n_items = sum(len(c.items) for c in d.cells)  # coverage-only cells count as differing cells too
     pres = _presence("patterns", d.patterns)
     out.append(
         h("patterns per cell")
@@ -99,6 +99,7 @@ def _lines(d: RunDiff, md: bool) -> list[str]:
     )
     for cell in d.cells:
         out.append(bullet + f"cell {cell.cell_id}")
+        out.extend(sub + "coverage " + change_line(c) for c in cell.coverage)
         for it in cell.items:
             out.append(sub + _item_head(it))
             out.extend(sub + "  " + change_line(c) for c in it.changes)
