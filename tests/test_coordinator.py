@@ -69,8 +69,8 @@ def build(tmp_path: Path) -> Path:
     con.execute(TABLES_DDL)
     con.executemany("INSERT INTO patterns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", PATTERNS)
     for cell, status, n in [("C001", "ok", 2), ("C002", "ok", 1), ("C003", "ok", 3), ("C004", "ok", 0)]:
-        con.execute("INSERT INTO luna_cells VALUES (?, ?, 1, 10, 1, ?, NULL)", [cell, status, n])
-    con.execute("INSERT INTO luna_cells VALUES ('C005', 'failed', 1, 10, 3, 0, 'part 1/1: invented ids')")
+        con.execute("INSERT INTO luna_cells VALUES (?, ?, 1, 10, 1, ?, NULL, FALSE)", [cell, status, n])
+    con.execute("INSERT INTO luna_cells VALUES ('C005', 'failed', 1, 10, 3, 0, 'part 1/1: invented ids', FALSE)")
     con.close()
     return ir
 

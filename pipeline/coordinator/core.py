@@ -26,7 +26,7 @@ GROUPS_FILE = "pattern-groups.json"
 _FALLBACK_DDL = """
 CREATE TABLE IF NOT EXISTS luna_cells (
     cell_id VARCHAR PRIMARY KEY, status VARCHAR NOT NULL, parts INTEGER NOT NULL, est_tokens INTEGER NOT NULL,
-    attempts INTEGER NOT NULL, patterns INTEGER NOT NULL, reason VARCHAR
+    attempts INTEGER NOT NULL, patterns INTEGER NOT NULL, reason VARCHAR, reused BOOLEAN NOT NULL
 );
 """
 

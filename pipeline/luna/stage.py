@@ -48,7 +48,8 @@ CREATE OR REPLACE TABLE luna_cells (
     est_tokens INTEGER NOT NULL,      -- rendered IR, chars/4
     attempts INTEGER NOT NULL,
     patterns INTEGER NOT NULL,
-    reason VARCHAR
+    reason VARCHAR,
+    reused BOOLEAN NOT NULL           -- answer taken from runs/<id>/luna/<cell>.json (same prompt, template, model)
 );
 CREATE OR REPLACE TABLE probe_verdicts (
     cell_id VARCHAR NOT NULL,
@@ -79,6 +80,7 @@ class CellRun:
     est_tokens: int
     attempts: int = 0
     reason: str | None = None
+    reused: bool = False
     merged: CellPatterns = field(default_factory=CellPatterns)
 
 
@@ -162,8 +164,12 @@ async def _call_part(client: ModelClient, cell: CellIR, part: Part, context: dic
 
 
 async def run_luna(ctx: RunContext) -> list[CellRun]:
-    """Call Luna for every part of every eligible cell; merge, overrule, and return per-cell results."""
-    from pipeline.ledger import CellResults, cell_key
+    """Call Luna for every part of every eligible cell; merge, overrule, and return per-cell results.
+
+    Each cell's answers are persisted (``runs/<id>/luna/<cell>.json``) as soon as its calls finish,
+    so a crash or a block keeps every finished cell and ``--resume`` never asks it again.
+    """
+    from pipeline.ledger import CellResults, cell_key, ir_cell_digests
     from pipeline.models import ModelClient, template_hash
 
     con = duckdb.connect(str(ctx.ir_path))
@@ -173,55 +179,43 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
     finally:
         con.close()
     summaries = _task_summaries(ctx.bundle)
+    cell_digests = ir_cell_digests(ctx.ir_path)
     client = ModelClient(ctx.options.models, ctx.run_dir, log=ctx.log)
     store = CellResults(ctx.run_dir, "luna")
     thash = template_hash("luna")
 
-    jobs: list[tuple[CellIR, Part, dict[str, Any]]] = []
-    keys: dict[str, str] = {}
-    cached: dict[str, list[LunaAnswer]] = {}
-    for cell, parts, _size in prepared:
+    async def cell_job(cell: CellIR, parts: list[Part], size: int) -> CellRun:
+        run = CellRun(cell.cell_id, "split" if len(parts) > 1 else "ok", len(parts), size)
+        if len(parts) > 1:
+            run.reason = (
+                f"rendered IR ~{size} tokens > budget {context_budget()}; split by segment into {len(parts)} parts"
+            )
         contexts = [part_context(cell, p, summaries.get(cell.task_id, "")) for p in parts]
         key = _cell_key(cell_key, contexts, thash, client.model)
-        keys[cell.cell_id] = key
         stored = store.get(cell.cell_id, key)
         if stored is not None:
-            cached[cell.cell_id] = [LunaAnswer.model_validate(a) for a in stored["answers"]]
-            continue
-        jobs.extend((cell, p, c) for p, c in zip(parts, contexts, strict=True))
-
-    outcomes = await client.gather([_call_part(client, c, p, ctx_) for c, p, ctx_ in jobs], label="luna")
-    by_cell: dict[str, list[tuple[Part, CallOutcome[LunaAnswer]]]] = {}
-    for (cell, part, _c), outcome in zip(jobs, outcomes, strict=True):
-        by_cell.setdefault(cell.cell_id, []).append((part, outcome))
-
-    results: list[CellRun] = []
-    for cell, parts, size in prepared:
-        run = CellRun(cell.cell_id, "split" if len(parts) > 1 else "ok", len(parts), size)
-        if cell.cell_id in cached:
-            answers = cached[cell.cell_id]
-            run.reason = "reused: same cell IR, template and model as a finished call"
+            run.reused = True
+            answers = [LunaAnswer.model_validate(a) for a in stored["answers"]]
         else:
-            done = by_cell.get(cell.cell_id, [])
-            run.attempts = sum(o.attempts for _, o in done)
-            failed = [(p, o) for p, o in done if not o.ok or o.value is None]
+            outs = await asyncio.gather(*[_call_part(client, cell, p, c) for p, c in zip(parts, contexts, strict=True)])
+            run.attempts = sum(o.attempts for o in outs)
+            failed = [(p, o) for p, o in zip(parts, outs, strict=True) if not o.ok or o.value is None]
             if failed:
                 run.status = "failed"
-                run.reason = "; ".join(f"part {p.label}: {' | '.join(o.errors) or 'no answer'}" for p, o in failed)
-                results.append(run)
-                continue
-            answers = [o.value for _, o in done if o.value is not None]
+                why = "; ".join(f"part {p.label}: {' | '.join(o.errors) or 'no answer'}" for p, o in failed)
+                run.reason = why if run.reason is None else f"{run.reason}; {why}"
+                return run
+            answers = [o.value for o in outs if o.value is not None]
             store.put(
                 cell.cell_id,
-                keys[cell.cell_id],
+                key,
                 {"answers": [a.model_dump(mode="json") for a in answers]},
-                inputs={"template": thash, "model": client.model},
+                inputs={"cell": cell_digests.get(cell.cell_id), "template": thash, "model": client.model},
             )
-        if len(parts) > 1:
-            note = f"rendered IR ~{size} tokens > budget {context_budget()}; split by segment into {len(parts)} parts"
-            run.reason = note if run.reason is None else f"{note}; {run.reason}"
         run.merged = merge_cell(cell.cell_id, answers, cell.hits, cell.seq_of)
-        results.append(run)
+        return run
+
+    results: list[CellRun] = await client.gather([cell_job(c, p, s) for c, p, s in prepared], label="luna")
     return results
 
 
@@ -249,9 +243,9 @@ def write_outputs(ir_path: Path, run_dir: Path, results: list[CellRun]) -> tuple
                 ],
             )  # fmt: skip
         con.executemany(
-            "INSERT INTO luna_cells VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO luna_cells VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [
-                [r.cell_id, r.status, r.parts, r.est_tokens, r.attempts, len(r.merged.patterns), r.reason]
+                [r.cell_id, r.status, r.parts, r.est_tokens, r.attempts, len(r.merged.patterns), r.reason, r.reused]
                 for r in results
             ],
         )
