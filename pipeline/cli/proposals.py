@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from pipeline.cli.common import JSON_OPTION, emit_json, resolve_run
-from pipeline.errors import Findings
+from pipeline.errors import BadInput, Findings
 
 
 def validate(
@@ -22,6 +22,7 @@ def validate(
 
     run_dir = resolve_run(run) if run else None
     result = validate_file(file, run_dir)
+    counts = result.as_dict()["counts"]
     if json_out:
         emit_json(result.as_dict())
     else:
@@ -30,13 +31,113 @@ def validate(
             typer.echo(f"{name}: {'valid' if card.valid else 'INVALID'}")
             for finding in card.findings:
                 typer.echo(f"  {finding.line()}")
-        counts = result.as_dict()["counts"]
         typer.echo(f"{counts['valid']} of {counts['cards']} cards valid, {counts['findings']} findings")
     if not result.valid:
-        counts = result.as_dict()["counts"]
         raise Findings(f"{counts['invalid']} of {counts['cards']} cards invalid in {file}")
+
+
+def propose(
+    run: str = typer.Argument(..., help="Run directory (or run id under ./runs)."),
+    model: str | None = typer.Option(None, "--model", help="Override the run's model (litellm model string)."),
+    api_base: str | None = typer.Option(None, "--api-base", help="Override the run's OpenAI-compatible base URL."),
+    replay: Path | None = typer.Option(None, "--replay", help="Serve answers only from this recording store."),
+    record: Path | None = typer.Option(None, "--record", help="Call live and store every exchange here."),
+    concurrency: int | None = typer.Option(None, "--concurrency", help="Concurrent model calls."),
+    budget_usd: float | None = typer.Option(None, "--budget-usd", help="Stop cleanly past this spend."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """Proposal cards for every confirmed weakness (0..N each), validated; writes proposals.yaml and validation.json.
+
+    Uses the run's model settings (run.json) unless overridden. Refuses (exit 3) until gate 1 has a
+    receipt for the current shortlist.
+    """
+    from pipeline import handoff as hf
+    from pipeline.proposals.proposer import propose as do_propose
+    from pipeline.proposals.proposer import run_model_settings
+
+    if replay and record:
+        raise BadInput("--replay and --record exclude each other")
+    run_dir = resolve_run(run)
+    mode = "replay" if replay else "record" if record else None
+    settings = run_model_settings(
+        run_dir,
+        model=model,
+        api_base=api_base,
+        mode=mode,
+        store=replay or record,
+        concurrency=concurrency,
+        budget_usd=budget_usd,
+    )
+    result = do_propose(run_dir, settings, log=typer.echo if not json_out else (lambda _m: None))
+    if json_out:
+        emit_json({"proposals_digest": result.proposals_digest, "validation": result.validation})
+        return
+    typer.echo(f"[propose] {result.summary()}")
+    for w in result.validation["weaknesses"]:
+        if w["zero_cards"]:
+            typer.echo(f"  {w['weakness_id']}: no card proposed (an honest zero)")
+    for c in result.validation["cards"]:
+        if c["status"] == "rejected":
+            rules = ", ".join(sorted({f["rule"] for f in c["findings"]}))
+            typer.echo(f"  {c['proposal_id']} ({c['source_weakness']}) kept out: {rules}")
+    typer.echo(f"next: {hf.next_command(run_dir)}")
+
+
+def select(
+    run: str = typer.Argument(..., help="Run directory (or run id under ./runs)."),
+    proposal: str | None = typer.Option(None, "--proposal", help="The proposal you select, e.g. P-01."),
+    none: bool = typer.Option(False, "--none", help="Select no proposal."),
+    redo: bool = typer.Option(False, "--redo", help="Ask for new proposals."),
+    by: str | None = typer.Option(None, "--by", help="Who decides (required)."),
+    note: str | None = typer.Option(None, "--note", help="Why (kept in the receipt)."),
+    digest: str | None = typer.Option(None, "--digest", help="The proposals digest you decided on."),
+    operation_id: str | None = typer.Option(
+        None, "--operation-id", help="Idempotency key: the same id returns the same receipt."
+    ),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """Gate 2: select one proposal, none, or ask for a redo. A selection does not authorise implementation.
+
+    A compare-and-set on the handoff revision and the proposals digest: if either changed since you
+    looked, it refuses with needs_rebase (exit 4).
+    """
+    from pipeline import gates
+    from pipeline import handoff as hf
+    from pipeline.proposals.selection import NOT_AUTHORISATION, Choice
+    from pipeline.proposals.selection import select as do_select
+
+    if sum([proposal is not None, none, redo]) != 1:
+        raise BadInput("choose exactly one of --proposal P-.., --none or --redo")
+    if not by:
+        raise BadInput("--by NAME is required: a decision needs a named person")
+    run_dir = resolve_run(run)
+    base = hf.load(run_dir)
+    choice: Choice = "proposal" if proposal is not None else "none" if none else "redo"
+    receipt, replayed = do_select(
+        run_dir,
+        choice=choice,
+        by=by,
+        proposal_id=proposal,
+        note=note,
+        expected_digest=digest or base.proposals_digest,
+        expected_revision=base.revision,
+        operation_id=operation_id,
+    )
+    if json_out:
+        emit_json({"replayed": replayed, "receipt": receipt.model_dump(mode="json")})
+        return
+    verb = "replayed (nothing changed)" if replayed else "recorded"
+    what = f"selected {proposal}" if proposal else "no proposal selected" if none else "redo requested"
+    typer.echo(
+        f"gate 2 {verb}: {what}; receipt {gates.receipt_path(run_dir, receipt.gate, receipt.operation_id)} "
+        f"(revision {receipt.base_revision}→{receipt.new_revision})"
+    )
+    typer.echo(f"note: {NOT_AUTHORISATION}")
+    typer.echo(f"next: {hf.next_command(run_dir)}")
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's verbs to the root app."""
     app.command("validate")(validate)
+    app.command("propose")(propose)
+    app.command("select")(select)

@@ -1,0 +1,348 @@
+"""The Proposer: per confirmed weakness, one model call that returns 0..N proposal cards.
+
+Flow of :func:`propose`:
+
+1. Gate 1 must have a valid receipt on the current shortlist (silence is never approval):
+   otherwise ``Blocked`` (exit 3) with the exact ``lunasol confirm`` command, and a block receipt.
+2. For each confirmed (or amended) weakness, in shortlist order: one call of ``prompts/proposer.j2``
+   with the weakness card, its support, the cells of the run and the pattern groups it cites.
+   The answer (:class:`ProposalList`) is checked by the deterministic validator with the run's
+   facts; invalid cards go back to the model with the rule messages (the client's ``check``
+   re-ask loop), and whatever still fails is kept out with its reasons.
+3. All accepted cards are validated once more together (two weaknesses may yield the same
+   strategy); survivors are numbered P-01, P-02, ... in shortlist order, rejected cards R-01, ...
+4. ``proposals.yaml`` and ``validation.json`` are written atomically; the handoff moves to
+   ``proposalGeneration: done`` / ``proposalSelection: pending`` with the proposals digest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.canonical import pretty_json, read_json, sha256_file, write_json
+from pipeline.errors import BadInput, Blocked
+from pipeline.proposals.card import ProposalCard, ProposalList
+from pipeline.proposals.io import write_cards
+from pipeline.settings import ModelSettings
+from pipeline.validator import RULES, RunFacts, load_run_facts, validate_entries
+
+ROLE = "proposer"
+PROPOSALS_FILE = "proposals.yaml"
+VALIDATION_FILE = "validation.json"
+VALIDATION_SCHEMA_VERSION = 1
+GROUPS_FILE = "pattern-groups.json"
+
+
+@dataclass
+class WeaknessResult:
+    """What one weakness's call produced."""
+
+    weakness_id: str
+    decision: str
+    call: dict[str, Any]
+    accepted: list[ProposalCard] = field(default_factory=list)
+    rejected: list[tuple[dict[str, Any], list[dict[str, Any]]]] = field(default_factory=list)
+
+
+@dataclass
+class ProposeResult:
+    """The outcome of ``lunasol propose``."""
+
+    run_dir: Path
+    cards: list[ProposalCard]
+    validation: dict[str, Any]
+    proposals_digest: str
+
+    def summary(self) -> str:
+        """One line: cards per weakness, rejected count, digest."""
+        per = ", ".join(
+            f"{w['weakness_id']}: {len(w['accepted'])}"
+            + (f" (+{len(w['rejected'])} rejected)" if w["rejected"] else "")
+            for w in self.validation["weaknesses"]
+        )
+        return (
+            f"{len(self.cards)} proposal card(s) [{per or 'no confirmed weakness'}]; proposals {self.proposals_digest}"
+        )
+
+
+# -- settings -------------------------------------------------------------------------------------
+
+
+def run_model_settings(run_dir: Path, **overrides: Any) -> ModelSettings:
+    """The model settings the run was made with (run.json ``inputs.models``), flags overriding them."""
+    recorded: dict[str, Any] = {}
+    path = run_dir / "run.json"
+    if path.is_file():
+        raw = read_json(path)
+        models = (raw.get("inputs") or {}).get("models") if isinstance(raw, dict) else None
+        if isinstance(models, dict):
+            recorded = {k: v for k, v in models.items() if k in ModelSettings.model_fields and v is not None}
+    mode_override = overrides.get("mode")
+    if mode_override is not None or overrides.get("model") is not None:
+        # A new mode or model from the flags: the recorded store belongs to the recorded mode.
+        if mode_override != recorded.get("mode"):
+            recorded.pop("store", None)
+        if mode_override is None:
+            recorded.pop("mode", None)
+    recorded.update({k: v for k, v in overrides.items() if v is not None})
+    return ModelSettings.from_env(**recorded)
+
+
+# -- context --------------------------------------------------------------------------------------
+
+
+def _groups_by_id(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / GROUPS_FILE
+    if not path.is_file():
+        return {}
+    raw = read_json(path)
+    if isinstance(raw, dict):
+        raw = raw.get("pattern_groups", raw.get("groups", []))
+    out: dict[str, Any] = {}
+    for g in raw if isinstance(raw, list) else []:
+        if isinstance(g, dict):
+            gid = g.get("group_id", g.get("pattern_group_id", g.get("id")))
+            if isinstance(gid, str):
+                out[gid] = g
+    return out
+
+
+def build_context(
+    run_dir: Path, weakness: Any, decision: dict[str, Any], facts: RunFacts, groups: dict[str, Any]
+) -> dict[str, Any]:
+    """The template context of one proposer call (the weakness card is a pipeline.sol WeaknessCard)."""
+    card = weakness.model_dump(mode="json")
+    cited = [groups[g] for g in weakness.support.pattern_groups if g in groups]
+    return {
+        "request_id": f"{ROLE}/{weakness.weakness_id}",
+        "run_id": run_dir.name,
+        "parent_harness": facts.parent_harness or "unknown",
+        "weakness_id": weakness.weakness_id,
+        "decision": str(decision.get("decision")),
+        "note": decision.get("note") or "",
+        "weakness_json": pretty_json(card).strip(),
+        "support_json": pretty_json(
+            {"cells": weakness.support.cells, "tasks": weakness.support.tasks, "runs": weakness.support.runs}
+        ).strip(),
+        "cells": sorted(facts.cells),
+        "pattern_groups_json": pretty_json(cited).strip() if cited else "none cited",
+        "rules": [{"id": rule, "what": what} for rule, what in RULES.items()],
+    }
+
+
+# -- the calls ------------------------------------------------------------------------------------
+
+
+def make_check(facts: RunFacts) -> Callable[[ProposalList], list[str]]:
+    """The client's ``check`` hook: validator messages (rule id, path, explanation) for a re-ask."""
+
+    def check(answer: ProposalList) -> list[str]:
+        result = validate_entries([c.model_dump(mode="json") for c in answer.proposals], facts)
+        return [f.line() for f in result.findings]
+
+    return check
+
+
+def _split(
+    entries: list[dict[str, Any]], facts: RunFacts
+) -> tuple[list[ProposalCard], list[tuple[dict[str, Any], list[dict[str, Any]]]]]:
+    result = validate_entries(entries, facts)
+    accepted, rejected = [], []
+    for report, entry in zip(result.cards, entries, strict=True):
+        if report.valid:
+            accepted.append(ProposalCard.model_validate(entry))
+        else:
+            rejected.append((entry, [f.model_dump() for f in report.findings]))
+    return accepted, rejected
+
+
+async def _propose_all(
+    run_dir: Path,
+    settings: ModelSettings,
+    facts: RunFacts,
+    confirmed: dict[str, dict[str, Any]],
+    log: Callable[[str], None],
+) -> list[WeaknessResult]:
+    from pipeline.models import ModelClient
+    from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
+
+    shortlist = read_shortlist(run_dir / SHORTLIST_FILE)
+    groups = _groups_by_id(run_dir)
+    weaknesses = [w for w in shortlist.weaknesses if w.weakness_id in confirmed]
+    client = ModelClient(settings, run_dir, log=log)
+    check = make_check(facts)
+    coros = [
+        client.call(
+            role=ROLE,
+            cell_id=w.weakness_id,
+            context=build_context(run_dir, w, confirmed[w.weakness_id], facts, groups),
+            response_model=ProposalList,
+            check=check,
+        )
+        for w in weaknesses
+    ]
+    outcomes = await client.gather(coros, label="proposer")
+    results: list[WeaknessResult] = []
+    for w, out in zip(weaknesses, outcomes, strict=True):
+        res = WeaknessResult(
+            weakness_id=w.weakness_id,
+            decision=str(confirmed[w.weakness_id].get("decision")),
+            call={"ok": out.ok, "attempts": out.attempts, "errors": list(out.errors), "key": out.key},
+        )
+        if out.ok and out.value is not None:
+            entries = [c.model_dump(mode="json") for c in out.value.proposals]
+        elif out.last_answer is not None:
+            entries = [dict(c) for c in out.last_answer.get("proposals", [])]
+        else:
+            entries = []  # no parseable answer: recorded in the call's errors, never silently
+        res.accepted, res.rejected = _split(entries, facts)
+        results.append(res)
+    return results
+
+
+# -- the stage ------------------------------------------------------------------------------------
+
+
+def _renumber(card: ProposalCard, pid: str) -> ProposalCard:
+    data = card.model_dump(mode="json")
+    data["proposal_id"] = pid
+    return ProposalCard.model_validate(data)
+
+
+def assemble(
+    run_dir: Path, results: list[WeaknessResult], facts: RunFacts
+) -> tuple[list[ProposalCard], dict[str, Any]]:
+    """Cross-check all accepted cards together, number them, and build validation.json."""
+    pool = [(r.weakness_id, c) for r in results for c in r.accepted]
+    numbered = [_renumber(c, f"P-{i + 1:02d}") for i, (_, c) in enumerate(pool)]
+    together = validate_entries([c.model_dump(mode="json") for c in numbered], facts)
+    final: list[ProposalCard] = []
+    final_by_weakness: dict[str, list[str]] = {r.weakness_id: [] for r in results}
+    late_rejects: dict[str, list[tuple[dict[str, Any], list[dict[str, Any]]]]] = {r.weakness_id: [] for r in results}
+    for (wid, _), card, report in zip(pool, numbered, together.cards, strict=True):
+        if report.valid:
+            final.append(card)
+        else:
+            late_rejects[wid].append((card.model_dump(mode="json"), [f.model_dump() for f in report.findings]))
+    # Number again so accepted ids have no gaps (a late reject leaves one).
+    final = [_renumber(c, f"P-{i + 1:02d}") for i, c in enumerate(final)]
+    cards_out: list[dict[str, Any]] = []
+    weaknesses_out: list[dict[str, Any]] = []
+    it = iter(final)
+    r_no = 0
+    for r in results:
+        kept = [next(it) for _ in range(len(r.accepted) - len(late_rejects[r.weakness_id]))]
+        final_by_weakness[r.weakness_id] = [c.proposal_id for c in kept]
+        for c in kept:
+            cards_out.append(
+                {
+                    "proposal_id": c.proposal_id,
+                    "source_weakness": r.weakness_id,
+                    "status": "accepted",
+                    "valid": True,
+                    "findings": [],
+                }
+            )
+        rejected_ids = []
+        for entry, findings in r.rejected + late_rejects[r.weakness_id]:
+            r_no += 1
+            rid = f"R-{r_no:02d}"
+            rejected_ids.append(rid)
+            cards_out.append(
+                {
+                    "proposal_id": rid,
+                    "model_proposal_id": entry.get("proposal_id") if isinstance(entry, dict) else None,
+                    "source_weakness": r.weakness_id,
+                    "status": "rejected",
+                    "valid": False,
+                    "findings": findings,
+                    "card": entry,
+                }
+            )
+        weaknesses_out.append(
+            {
+                "weakness_id": r.weakness_id,
+                "decision": r.decision,
+                "call": r.call,
+                "accepted": final_by_weakness[r.weakness_id],
+                "rejected": rejected_ids,
+                "zero_cards": not final_by_weakness[r.weakness_id] and not rejected_ids and r.call["ok"],
+            }
+        )
+    validation = {
+        "schema_version": VALIDATION_SCHEMA_VERSION,
+        "run_id": run_dir.name,
+        "shortlist_digest": facts.shortlist_digest,
+        "weaknesses": weaknesses_out,
+        "cards": cards_out,
+        "counts": {
+            "accepted": len(final),
+            "rejected": sum(1 for c in cards_out if c["status"] == "rejected"),
+            "weaknesses": len(results),
+        },
+    }
+    return final, validation
+
+
+def _blocked_without_gate1(run_dir: Path, exc: Blocked) -> Blocked:
+    from pipeline.blocking import write_block_receipt
+
+    unblock = exc.unblock
+    write_block_receipt(run_dir, exc, stage="propose", unblock=unblock, command=f"lunasol propose {run_dir}")
+    return Blocked(f"{exc.one_line()}; run: {unblock}", reason=exc.reason, unblock=unblock)
+
+
+def propose(run_dir: Path, settings: ModelSettings, log: Callable[[str], None] = print) -> ProposeResult:
+    """Generate, validate and write the run's proposal cards (``lunasol propose``)."""
+    from pipeline import handoff as hf
+    from pipeline.blocking import write_block_receipt
+    from pipeline.gates import confirmed_weaknesses
+    from pipeline.ledger import Ledger
+
+    if not (run_dir / "weakness-shortlist.json").is_file():
+        raise BadInput(f"{run_dir} has no weakness-shortlist.json: run the analysis up to gate 1 first")
+    current = hf.load(run_dir)
+    if current.proposalSelection in ("selected", "none"):
+        # Regenerating would silently change what gate 2 decided on.
+        raise BadInput(
+            f"gate 2 already decided ({current.proposalSelection}); to generate new proposals first record "
+            f"a redo: lunasol select {run_dir} --redo --by NAME"
+        )
+    try:
+        confirmed = confirmed_weaknesses(run_dir)
+    except Blocked as exc:
+        raise _blocked_without_gate1(run_dir, exc) from None
+    facts = load_run_facts(run_dir)
+    try:
+        results = asyncio.run(_propose_all(run_dir, settings, facts, confirmed, log))
+    except Blocked as exc:
+        write_block_receipt(run_dir, exc, stage="propose", unblock=exc.unblock, command=f"lunasol propose {run_dir}")
+        raise
+    cards, validation = assemble(run_dir, results, facts)
+    path = run_dir / PROPOSALS_FILE
+    write_cards(path, cards)
+    proposals_digest = sha256_file(path)
+    validation["proposals_digest"] = proposals_digest
+    write_json(run_dir / VALIDATION_FILE, validation)
+    hf.update(
+        run_dir,
+        {"proposalGeneration": "done", "proposalSelection": "pending", "proposals_digest": proposals_digest},
+        f"proposals generated ({len(cards)} card(s))",
+    )
+    Ledger(run_dir).mark_verified(
+        "proposals",
+        ROLE,
+        {"shortlist": facts.shortlist_digest or "none", "template": _template_hash()},
+        {PROPOSALS_FILE: proposals_digest, VALIDATION_FILE: sha256_file(run_dir / VALIDATION_FILE)},
+    )
+    return ProposeResult(run_dir=run_dir, cards=cards, validation=validation, proposals_digest=proposals_digest)
+
+
+def _template_hash() -> str:
+    from pipeline.models import template_hash
+
+    return template_hash(ROLE)

@@ -1,0 +1,114 @@
+"""Gate 2: the user selects one proposal, none, or asks for a redo - as a receipt.
+
+The decision goes through :func:`pipeline.gates.commit`, the same compare-and-set as gate 1:
+bound to the digest of ``proposals.yaml`` and to the handoff revision the decider saw (stale →
+``needs_rebase``, exit 4), idempotent per operation id, receipts in ``runs/<id>/gates/``.
+
+A selection is not an authorisation: it does not authorise implementing the change, running
+an experiment, or touching the frozen evidence (seed 000, human gate 2). The receipt says so
+in its request (``authorises_implementation: false``) and :func:`selection_status` says so too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pipeline.errors import BadInput, Blocked
+from pipeline.proposals.io import read_entries
+
+GATE2 = "gate2"
+PROPOSALS_FILE = "proposals.yaml"
+NOT_AUTHORISATION = (
+    "a selection is not an authorisation: it does not authorise implementing the change, "
+    "running an experiment, or modifying the frozen evidence"
+)
+Choice = Literal["proposal", "none", "redo"]
+_STATE = {"proposal": "selected", "none": "none", "redo": "redo"}
+
+
+def proposal_ids(run_dir: Path) -> list[str]:
+    """The ids of the cards in the run's proposals.yaml."""
+    path = run_dir / PROPOSALS_FILE
+    if not path.is_file():
+        return []
+    return [str(e.get("proposal_id")) for e in read_entries(path) if isinstance(e, dict)]
+
+
+def select(
+    run_dir: Path,
+    *,
+    choice: Choice,
+    by: str,
+    proposal_id: str | None = None,
+    note: str | None = None,
+    expected_digest: str | None = None,
+    expected_revision: int | None = None,
+    operation_id: str | None = None,
+) -> tuple[Any, bool]:
+    """Gate 2: commit the selection as a receipt; return (receipt, replayed)."""
+    from pipeline import gates
+    from pipeline import handoff as hf
+
+    if (choice == "proposal") != (proposal_id is not None):
+        raise BadInput("choose exactly one of --proposal P-.., --none or --redo")
+    if not (run_dir / PROPOSALS_FILE).is_file():
+        raise Blocked(
+            f"no {PROPOSALS_FILE} in {run_dir}: gate 2 has nothing to decide on",
+            reason="missing_data",
+            unblock=f"lunasol propose {run_dir}",
+        )
+    ids = proposal_ids(run_dir)
+    if proposal_id is not None and proposal_id not in ids:
+        raise BadInput(f"no proposal {proposal_id} in {run_dir / PROPOSALS_FILE} (it has {', '.join(ids) or 'none'})")
+    request = {
+        "choice": choice,
+        "proposal_id": proposal_id,
+        "note": note or None,
+        "authorises_implementation": False,
+        "meaning": NOT_AUTHORISATION,
+    }
+
+    def apply(h: hf.Handoff) -> dict[str, Any]:
+        if h.proposalGeneration != "done":
+            raise Blocked(
+                "gate 2 is not open: no proposals were generated for the current state",
+                reason="missing_data",
+                unblock=f"lunasol propose {run_dir}",
+            )
+        return {"proposalSelection": _STATE[choice]}
+
+    return gates.commit(
+        run_dir,
+        gate=GATE2,
+        artifact=PROPOSALS_FILE,
+        by=by,
+        request=request,
+        apply=apply,
+        expected_digest=expected_digest,
+        expected_revision=expected_revision,
+        operation_id=operation_id,
+    )
+
+
+def selection_status(run_dir: Path) -> dict[str, Any]:
+    """Gate 2 as ``lunasol status`` can show it: state, the chosen card, and what it does not authorise."""
+    from pipeline import handoff as hf
+    from pipeline.canonical import read_json
+
+    h = hf.load(run_dir)
+    out: dict[str, Any] = {
+        "proposalSelection": h.proposalSelection,
+        "proposals_digest": h.proposals_digest,
+        "proposal_id": None,
+        "receipt": h.receipts.get(GATE2),
+        "authorises_implementation": False,
+        "meaning": NOT_AUTHORISATION,
+    }
+    rel = h.receipts.get(GATE2)
+    if rel and (run_dir / rel).is_file():
+        raw = read_json(run_dir / rel)
+        request = raw.get("request", {}) if isinstance(raw, dict) else {}
+        out["proposal_id"] = request.get("proposal_id")
+        out["by"] = raw.get("by")
+    return out
