@@ -8,6 +8,8 @@ Splitting a trace into speaker turns works on the trace's own lines:
 * a JSON trace (HyperAgent, AG2) contributes its ``trajectory``: a list of messages (one turn
   each) or a list of log lines (split like text); its ``problem_statement`` is a context message;
   ``note`` and ``other_data`` (annotators' notes, gold answer / patch) are labels;
+* a text trace that ends with ``Evaluation`` and a JSON verdict (AppWorld's evaluator) has that
+  trailer cut off into the sidecar (``trace_labels.trace_evaluation``): it is an outcome;
 * a JSON trace with a ``content`` log (MetaGPT) is split inside that string;
 * a text trace is split at header lines. Each known style is a set of header patterns (loguru
   lines of MetaGPT / OpenManus, HyperAgent log lines, AppWorld's "Response from X Agent",
@@ -157,6 +159,18 @@ def _content_lines(content: Any) -> str:
     return "\n".join(content) if isinstance(content, list) else str(content or "")
 
 
+def _evaluation_trailer(lines: list[str]) -> int | None:
+    """Index of an ``Evaluation`` line followed by one JSON object up to the end (AppWorld's verdict)."""
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].strip() == "Evaluation":
+            try:
+                json.loads("\n".join(lines[i + 1 :]))
+            except json.JSONDecodeError:
+                return None
+            return i
+    return None
+
+
 def split_trace(trace: str) -> tuple[list[tuple[str, Turn]], dict[str, Any], str]:
     """Turns of one trace as (suffix prefix, turn), the JSON trace's label parts, and its task text."""
     labels: dict[str, Any] = {}
@@ -166,7 +180,12 @@ def split_trace(trace: str) -> tuple[list[tuple[str, Turn]], dict[str, Any], str
     except json.JSONDecodeError:
         doc = None
     if not isinstance(doc, dict):
-        return [("", t) for t in split_lines(trace.split("\n"))], labels, task
+        lines = trace.split("\n")
+        cut = _evaluation_trailer(lines)
+        if cut is not None:  # the benchmark's verdict, appended to the log: an outcome, not a turn
+            labels["trace_evaluation"] = json.loads("\n".join(lines[cut + 1 :]))
+            lines = lines[:cut]
+        return [("", t) for t in split_lines(lines)], labels, task
     labels = {k: doc[k] for k in ("note", "other_data", "cost") if k in doc}
     task = _content_lines(doc.get("problem_statement") or doc.get("prompt") or "")
     index = LineIndex(trace)
@@ -266,6 +285,8 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
             for v in trace_labels.values():
                 if isinstance(v, dict) and isinstance(v.get("text"), list):
                     texts.extend(t for t in v["text"] if isinstance(t, str) and len(t) > 20)
+            if "trace_evaluation" in trace_labels:
+                texts.append(json.dumps(trace_labels["trace_evaluation"], indent=4)[:300])
             mas = str(rec.get("mas_name") or "MAS")
             cells.append(
                 CellSource(
