@@ -205,6 +205,7 @@ class ModelClient:
         self._instructor: Any = None
         self._openai_clients: dict[int, Any] = {}
         self._price_warned = False
+        self._unpriced = False
 
     # ------------------------------------------------------------------ public
     def usage(self) -> Usage:
@@ -303,7 +304,9 @@ class ModelClient:
         """Run many calls under ``settings.concurrency`` with a progress bar (on a TTY) showing spend."""
         from pipeline.models.progress import gather_bounded
 
-        return await gather_bounded(coros, self.settings.concurrency, label=label, usage=self.usage)
+        # Twice the HTTP bound: the next calls render and prepare while others wait on the network,
+        # so a freed slot is used at once; the HTTP concurrency itself stays at settings.concurrency.
+        return await gather_bounded(coros, 2 * self.settings.concurrency, label=label, usage=self.usage)
 
     # ------------------------------------------------------------------ internals
     def _model_from_store(self) -> str | None:
@@ -375,14 +378,16 @@ class ModelClient:
             )
 
     def _price(self, prompt_tokens: int, completion_tokens: int) -> float | None:
+        if self._unpriced:
+            return None
         litellm = load_litellm()
-
         try:
             p, c = litellm.cost_per_token(
                 model=self.model, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens
             )
             return float(p) + float(c)
-        except Exception:  # litellm raises for a model not in its bundled price map
+        except Exception:  # litellm raises for a model not in its bundled price map; remember (it is slow)
+            self._unpriced = True
             return None
 
     def _account(self, state: _CallState, response: Any) -> None:
@@ -427,8 +432,8 @@ class ModelClient:
                 )
             record = check_record(record, store.path_for(key))
             response = litellm.ModelResponse(**record.get("response_openai", record["response"]))
+            self._account(state, response)
         else:
-            self._check_budget()
             live, raw = await self._live(kwargs, capture=store is not None)
             if store is None:
                 response = live
@@ -449,7 +454,6 @@ class ModelClient:
                 )
                 # Return what replay will return, built from the stored body, so both paths are identical.
                 response = litellm.ModelResponse(**body)
-        self._account(state, response)
         return response
 
     def _transport_kwargs(self) -> dict[str, Any]:
@@ -530,7 +534,11 @@ class ModelClient:
                     tok = _CAPTURE.set(slot if use_capture else None)
                     try:
                         async with self._semaphore():
+                            # Budget checked and spend booked while holding the slot, so calls queued
+                            # behind the bound never start on a budget that is already spent.
+                            self._check_budget()
                             response = await litellm.acompletion(**call_kwargs)
+                            self._account(state, response)
                     finally:
                         _CAPTURE.reset(tok)
                     raw = None
