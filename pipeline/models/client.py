@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -122,7 +123,17 @@ def load_litellm() -> Any:
     import litellm
 
     litellm.suppress_debug_info = True
+    quiet_instructor()
     return litellm
+
+
+def quiet_instructor() -> None:
+    """Instructor logs every failed attempt at ERROR; the call log records them, so keep stderr to one line.
+
+    ``LUNASOL_DEBUG=1`` keeps instructor's messages.
+    """
+    if not os.environ.get("LUNASOL_DEBUG"):
+        logging.getLogger("instructor").setLevel(logging.CRITICAL)
 
 
 def _no_wait() -> bool:
@@ -324,6 +335,7 @@ class ModelClient:
                 raise BadInput("no model given: pass --model (e.g. openai/gpt-4o-mini) or set LUNASOL_MODEL")
             import instructor
 
+            quiet_instructor()
             mode = getattr(instructor.Mode, INSTRUCTOR_MODES[self.instructor_mode])
             self._instructor = instructor.from_litellm(self._exchange, mode=mode)
         return self._instructor

@@ -15,6 +15,9 @@ from pydantic import BaseModel
 from pipeline.models.prompts import render
 from pipeline.settings import ModelSettings
 
+ASSUMED_MODEL = "openai/gpt-4o-mini"
+"""Model used to count and price a dry run when none is given (said so in the table)."""
+
 DEFAULT_OUTPUT_TOKENS = 800
 """Assumed completion size per call when a role does not say (stated in the table)."""
 
@@ -50,6 +53,7 @@ class Estimate:
     roles: list[RoleEstimate] = field(default_factory=list)
     price_known: bool = True
     counted_with: str = "litellm.token_counter"
+    model_assumed: bool = False  # no --model given: priced as ASSUMED_MODEL
 
     @property
     def calls(self) -> int:
@@ -77,6 +81,7 @@ class Estimate:
         """JSON-ready view."""
         return {
             "model": self.model,
+            "model_assumed": self.model_assumed,
             "price_known": self.price_known,
             "counted_with": self.counted_with,
             "calls": self.calls,
@@ -111,7 +116,9 @@ def instructor_request(messages: list[dict[str, Any]], response_model: type[Base
     """The kwargs instructor would hand to litellm for these messages (schema, tools, system text added)."""
     import instructor
 
-    from pipeline.models.client import INSTRUCTOR_MODES
+    from pipeline.models.client import INSTRUCTOR_MODES, quiet_instructor
+
+    quiet_instructor()  # the deliberate stop below would be logged as a failed attempt
 
     imode = os.environ.get("LUNASOL_INSTRUCTOR_MODE", "tools").lower()
     client: Any = instructor.from_litellm(_capture, mode=getattr(instructor.Mode, INSTRUCTOR_MODES.get(imode, "TOOLS")))
@@ -149,8 +156,8 @@ def _price(model: str, prompt_tokens: int, completion_tokens: int) -> float | No
 
 def estimate(planned: list[PlannedCall], settings: ModelSettings) -> Estimate:
     """Render and count every planned call; price from litellm's bundled map (offline)."""
-    model = settings.model or "openai/gpt-4o-mini"
-    est = Estimate(model=model)
+    model = settings.model or ASSUMED_MODEL
+    est = Estimate(model=model, model_assumed=settings.model is None)
     by_role: dict[str, RoleEstimate] = {}
     for call in planned:
         rendered = render(call.role, call.context)
@@ -170,7 +177,8 @@ def estimate(planned: list[PlannedCall], settings: ModelSettings) -> Estimate:
 
 def format_estimate(est: Estimate) -> str:
     """Plain-text table of an :class:`Estimate`, stating assumptions and unknown prices."""
-    lines = [f"dry run: model {est.model} (nothing was called)"]
+    assumed = " (assumed: no --model given)" if est.model_assumed else ""
+    lines = [f"dry run: model {est.model}{assumed} (nothing was called)"]
     lines.append(f"{'role':<10} {'calls':>6} {'prompt tok':>11} {'output tok*':>12} {'est. cost':>12}")
 
     def money(v: float | None) -> str:
