@@ -155,3 +155,20 @@ def test_cli_eval_json_and_errors(base: Path, tmp_path: Path) -> None:
     assert res.exit_code == 2
     with pytest.raises(BadInput):
         evaluate(tmp_path, "who-and-when")
+
+
+def test_foreign_checks_success_claim_and_step_cap(base: Path) -> None:
+    need_shared_data()
+    bundle, run, _ = imported("claude-code", base / "cc")
+    rep = evaluate(run, "who-and-when")
+    assert rep["labelled_cells"] == 0  # no decisive-step labels here: nothing scored, nothing invented
+    cells = json.loads((bundle / "analysis-request.json").read_text())["cells"]
+    regex_log = next(c["cell_id"] for c in cells if c["run_id"] == "regex-log__XYfBZFy")
+    # regex-log: the last word is "Done. The regex is saved ..." and verifier/reward.txt says 0.
+    claims = rep["checks"]["success_claim_failing_verifier"]["first_evidence"]
+    assert list(claims) == [regex_log]
+    ev = next(e for e in events_of(run) if e["event_id"] == claims[regex_log])
+    assert ev["detail"] == "result" and "Done" in ev["text"]
+    _, run_oh, _ = imported("openhands", base / "oh")
+    capped = evaluate(run_oh, "who-and-when")["checks"]["step_cap"]
+    assert capped["cells"] == 1  # the multi_swe_bench run stopped on "maximum iteration"

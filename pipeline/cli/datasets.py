@@ -66,6 +66,8 @@ def eval_cmd(
         emit_json(report)
         return
     typer.echo(f"{report['run']}: {report['labelled_cells']} labelled cells of {report['cells']} ({labels})")
+    checks = ", ".join(f"{k} {v['cells']}" for k, v in report["checks"].items())
+    typer.echo(f"deterministic checks (cells): {checks}")
     for name, s in report["sources"].items():
         typer.echo(f"\n{name}: {s['status']}")
         if labels == "who-and-when":

@@ -7,6 +7,9 @@ exactly as integers in the labels' numbering, never by substring.
 
 Failure-mode labels (MAST: annotators' votes, 2-of-3 majority per mode): per source and mode,
 precision and recall over the labelled cells.
+
+Every report also carries ``checks``: the foreign-data deterministic checks of
+:mod:`pipeline.eval.checks` over all eligible cells (labelled or not).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import duckdb
 
 from pipeline.errors import BadInput
+from pipeline.eval.checks import run_checks, summarise
 from pipeline.eval.predict import (
     PROBE_MODES,
     Prediction,
@@ -139,6 +143,7 @@ def evaluate(run_dir: Path, labels: str) -> dict[str, Any]:
         cards, cards_status = from_weakness_cards(run_dir, events)
         probes, fired, probe_status = from_probe_hits(con, events)
         report: dict[str, Any] = {"run": run_dir.name, "labels": labels, "cells": len(eligible)}
+        report["checks"] = summarise({c: run_checks(events.get(c, []), outcomes.get(c, {})) for c in sorted(eligible)})
         if labels == "who-and-when":
             gold: dict[str, tuple[int, str]] = {}
             unusable: list[str] = []

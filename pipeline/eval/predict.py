@@ -28,11 +28,6 @@ import duckdb
 USER_ACTORS = {"user", "human", "system", "harness", "environment", "tool"}
 STEP_REPETITION = "1.3 Step Repetition"
 TERMINATION = "1.5 Unaware of Termination Conditions"
-_CAP = re.compile(
-    r"maximum iteration|max(?:imum)?[ _]?(?:turns|steps|iterations) (?:reached|exceeded)|reached the maximum|"
-    r"Executing step (\d+)/\1\b|exit_cost|step limit",
-    re.IGNORECASE,
-)
 
 
 @dataclass(frozen=True)
@@ -195,20 +190,14 @@ PROBE_MODES = {
 
 def mode_checks(events: list[Event]) -> set[str]:
     """Failure modes the deterministic checks see in one cell (MAST-14 titles)."""
+    from pipeline.eval.checks import run_checks
+
+    found = run_checks(events, {})
     modes: set[str] = set()
-    seen: set[tuple[str | None, str]] = set()
-    for e in events:
-        key: tuple[str | None, str] | None = None
-        if e.kind == "tool_call" and e.args_digest:
-            key = (e.tool_name, e.args_digest)
-        elif e.kind == "message" and len(e.text.strip()) >= 40:
-            key = (e.actor, " ".join(e.text.split()))
-        if key is not None:
-            if key in seen:
-                modes.add(STEP_REPETITION)
-            seen.add(key)
-        if e.kind in ("error", "other", "message", "state_change") and _CAP.search(e.text):
-            modes.add(TERMINATION)
+    if "repeated_tool_call" in found or "repeated_message" in found:
+        modes.add(STEP_REPETITION)
+    if "step_cap" in found:
+        modes.add(TERMINATION)
     return modes
 
 
