@@ -116,7 +116,9 @@ def main() -> None:
     args = parser.parse_args()
     figures = run(args.events, args.keep, args.repeats)
     print(json.dumps(figures, indent=2))
-    print(f"self peak RSS (parent) {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB", file=sys.stderr)
+    print(
+        f"self peak RSS (parent) {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB", file=sys.stderr
+    )
 
 
 if __name__ == "__main__":

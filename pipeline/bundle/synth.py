@@ -126,3 +126,24 @@ def write_bundle(
 
         freeze(root)
     return total
+
+
+def tree_snapshot(root: Path) -> dict[str, str]:
+    """Every entry under ``root`` (files hashed, directories and links named): to prove nothing changed."""
+    import hashlib
+    import os
+
+    snap: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        for name in dirnames:
+            p = here / name
+            snap[p.relative_to(root).as_posix() + "/"] = "link:" + os.readlink(p) if p.is_symlink() else "dir"
+        for name in filenames:
+            p = here / name
+            rel = p.relative_to(root).as_posix()
+            if p.is_symlink():
+                snap[rel] = "link:" + os.readlink(p)
+            else:
+                snap[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return snap

@@ -125,3 +125,29 @@ def show_ref(run_dir: Path, ref: str) -> str:
     if view.element is None:
         return view.lines
     return f"{view.lines}\n# {view.ref.json_pointer}\n{view.element}"
+
+
+def read_refs(run_dir: Path, refs: list[str]) -> dict[str, str]:
+    """Many refs at once (each raw file hash-checked once): ref -> its raw lines. Any bad ref raises."""
+    from pipeline.ir.export import RUN_FILE, run_bundle
+
+    bundle = run_bundle(run_dir)
+    manifest = read_manifest(bundle)
+    expected = read_json(run_dir / RUN_FILE).get("bundle_digest")
+    if expected and sha256_bytes((bundle / MANIFEST_FILE).read_bytes()) != expected:
+        raise BundleError(f"bundle {bundle} was re-frozen since this run was exported (manifest digest differs)")
+    files: dict[str, list[bytes]] = {}
+    out: dict[str, str] = {}
+    for text in refs:
+        ref = parse_ref(text)
+        lines = files.get(ref.path)
+        if lines is None:
+            raw = read_frozen(bundle, ref.path, manifest)
+            lines = raw.split(b"\n")
+            if raw.endswith(b"\n"):
+                lines.pop()
+            files[ref.path] = lines
+        if ref.line_end > len(lines):
+            raise BadInput(f"ref {ref} is past the end of {ref.path} ({len(lines)} lines)")
+        out[text] = b"\n".join(lines[ref.line_start - 1 : ref.line_end]).decode("utf-8")
+    return out
