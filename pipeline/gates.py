@@ -256,6 +256,11 @@ def confirm(
             reason="missing_data",
             unblock=hf.run_command(run_dir),
         )
+    if not ids:
+        raise BadInput(
+            "the shortlist holds no weakness: there is nothing to confirm (see its dropped list; "
+            f"rerun with another model or prompt: {hf.run_command(run_dir, resume=False)})"
+        )
     bad = {k: v for k, v in decisions.items() if v not in DECISIONS}
     if bad:
         k, v = next(iter(bad.items()))

@@ -193,6 +193,10 @@ def next_command(run_dir: Path, handoff: Handoff | None = None) -> str:
     if h.phase != "rootCausesMined":
         return run_command(run_dir)
     if h.userRootCauseConfirmation in ("pending", "not_started"):
+        if (run_dir / "weakness-shortlist.json").is_file() and not weakness_ids(run_dir):
+            return "# the shortlist holds no weakness: nothing to confirm. Rerun the analysis: " + run_command(
+                run_dir, resume=False
+            )
         return confirm_command(run_dir, h)
     if h.userRootCauseConfirmation == "rejected":
         return f"# every weakness was rejected; nothing to propose. Rerun the analysis: {run_command(run_dir)}"

@@ -15,8 +15,11 @@ repeats a finished call.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +30,7 @@ from pipeline.canonical import digest, read_json, sha256_file, write_json
 from pipeline.errors import BadInput
 
 LEDGER_FILE = "ledger.json"
+LEDGER_LOCK = ".ledger.lock"
 LEDGER_SCHEMA_VERSION = 1
 
 State = Literal["pending", "verified", "invalidated"]
@@ -109,6 +113,24 @@ class Ledger:
         """Write the ledger atomically."""
         write_json(self.path, self.data.model_dump(mode="json"))
 
+    @contextmanager
+    def _mutate(self) -> Iterator[None]:
+        """Reload, change and save under an exclusive file lock.
+
+        Concurrent writers (a run and a gate decision) then never lose each other's entries.
+        """
+        with self._lock:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.run_dir / LEDGER_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                self.data = self._load()
+                yield
+                self.save()
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+
     # -- queries -------------------------------------------------------------------------------
 
     def get(self, name: str) -> Entry | None:
@@ -154,7 +176,7 @@ class Ledger:
 
     def mark_pending(self, name: str, stage: str, inputs: Mapping[str, str], reason: str = "in progress") -> None:
         """An entry is being (re)made from these inputs."""
-        with self._lock:
+        with self._mutate():
             entry = self.get(name)
             if entry is None:
                 entry = Entry(state="pending", stage=stage)
@@ -165,13 +187,12 @@ class Ledger:
             entry.stage = stage
             entry.inputs = dict(inputs)
             entry.reason = reason
-            self.save()
 
     def mark_verified(
         self, name: str, stage: str, inputs: Mapping[str, str], outputs: Mapping[str, str] | None = None
     ) -> None:
         """An entry was made from ``inputs`` and its outputs have these digests."""
-        with self._lock:
+        with self._mutate():
             entry = self.get(name)
             if entry is None:
                 entry = Entry(state="verified", stage=stage)
@@ -183,27 +204,26 @@ class Ledger:
             entry.inputs = dict(inputs)
             entry.outputs = dict(outputs or {})
             entry.reason = None
-            self.save()
 
-    def invalidate(self, name: str, reason: str, *, save: bool = True) -> bool:
+    def _invalidate(self, name: str, reason: str) -> bool:
+        entry = self.get(name)
+        if entry is None or entry.state == "invalidated":
+            return False
+        self._push_history(entry)
+        entry.state = "invalidated"
+        entry.reason = reason
+        return True
+
+    def invalidate(self, name: str, reason: str) -> bool:
         """Mark one entry invalidated (kept, with the reason); False when there was nothing to invalidate."""
-        with self._lock:
-            entry = self.get(name)
-            if entry is None or entry.state == "invalidated":
-                return False
-            self._push_history(entry)
-            entry.state = "invalidated"
-            entry.reason = reason
-            if save:
-                self.save()
-            return True
+        with self._mutate():
+            return self._invalidate(name, reason)
 
     def invalidate_many(self, names: Iterable[str], reason: str) -> list[str]:
         """Invalidate several entries at once; return those that changed."""
-        changed = [n for n in names if self.invalidate(n, reason, save=False)]
-        if changed:
-            self.save()
-        return changed
+        wanted = list(names)
+        with self._mutate():
+            return [n for n in wanted if self._invalidate(n, reason)]
 
     def names_for_stage(self, stage: str) -> list[str]:
         """Every entry that belongs to ``stage`` (the stage entry and its per-cell entries)."""

@@ -179,11 +179,6 @@ def test_blocked_sol_writes_receipt_and_resume_repeats_no_finished_call(setup: d
     assert not (d / "block-receipt.json").exists() and list((d / "block-receipts").glob("*.json"))
 
 
-@pytest.mark.xfail(
-    reason="the luna stage stores per-cell results after the whole gather, not as each call "
-    "finishes (proposed fix in /work/notes/sol.md)",
-    strict=False,
-)
 def test_resume_after_a_crash_inside_luna_keeps_finished_cells(setup: dict[str, Any]) -> None:
     d = setup["run_dir"]
 
