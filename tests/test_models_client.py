@@ -103,6 +103,7 @@ async def test_replay_miss_names_role_cell_template_key(
         await one(client, cell="C9")  # a prompt never recorded
     e = err.value
     assert e.exit_code == 3 and e.role == "t" and e.cell_id == "C9" and e.key.startswith("sha256:")
+    assert e.reason == "missing_data"
     assert e.template_hash.startswith("sha256:")
     msg = e.one_line()
     assert "role=t" in msg and "cell=C9" in msg and e.key in msg and "--record" in msg
@@ -351,3 +352,13 @@ async def test_no_model_is_bad_input(tmp_path: Path) -> None:
 
     with pytest.raises(BadInput, match="no model given"):
         await one(ModelClient(ModelSettings(), tmp_path))
+
+
+async def test_auth_error_is_a_credential_block(
+    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+) -> None:
+    fake_llm.push(Reply(status=401, body={"error": {"message": "invalid api key", "type": "invalid_request_error"}}))
+    with pytest.raises(ModelUnavailable) as err:
+        await one(ModelClient(model_settings(), tmp_path / "r"))
+    assert err.value.reason == "credential" and len(fake_llm.requests) == 1
+    assert read_calls(tmp_path / "r")[0]["outcome"] == "model_unavailable"

@@ -179,6 +179,17 @@ def _retry_after(exc: BaseException) -> float | None:
         return None
 
 
+def _reason(exc: BaseException) -> str:
+    # seed 001's constraint classes: a refused key is a credential problem, the rest is the provider's.
+    litellm = load_litellm()
+    refused = tuple(
+        t
+        for t in (getattr(litellm, "AuthenticationError", None), getattr(litellm, "PermissionDeniedError", None))
+        if isinstance(t, type)
+    )
+    return "credential" if refused and isinstance(exc, refused) else "external_system"
+
+
 def _describe(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:300]}"
@@ -270,7 +281,7 @@ class ModelClient:
             if value is not None:
                 outcome = "ok"
         except LunasolError as exc:
-            outcome = getattr(exc, "reason", "error")
+            outcome = str(getattr(exc, "kind", None) or getattr(exc, "reason", "error"))
             errors = [exc.one_line()]
             raise
         finally:
@@ -360,7 +371,7 @@ class ModelClient:
                 last_exc = getattr(attempts[-1], "exception", None) if attempts else None
                 return None, [_describe(last_exc or exc)]
             raise ModelUnavailable(
-                f"model call failed for role={_STATE.get().role}: {_describe(exc)}", reason="model_error"
+                f"model call failed for role={_STATE.get().role}: {_describe(exc)}", reason=_reason(exc)
             ) from exc
         # instructor returns a dynamic subclass carrying the raw response; keep only the plain model.
         return response_model.model_validate(obj.model_dump()), []
@@ -568,7 +579,7 @@ class ModelClient:
             raise ModelUnavailable(
                 f"model {self.model} unavailable for role={state.role} cell={state.cell_id or '-'} after "
                 f"{state.transport_retries} retries: {_describe(exc)}",
-                reason="model_unavailable",
+                reason=_reason(exc),
                 tried=tried,
                 unblock="check the provider / --api-base and key, then: lunasol run BUNDLE --resume",
             ) from exc

@@ -14,6 +14,8 @@ class PromptError(BadInput):
 class ReplayMiss(Blocked):
     """Replay found no recording for a request; never falls back to a live call."""
 
+    kind = "replay_miss"  # outcome in calls.jsonl; ``reason`` is seed 001's constraint class
+
     def __init__(
         self, *, role: str, cell_id: str | None, template_hash: str, key: str, model: str | None, store: str
     ) -> None:
@@ -24,7 +26,7 @@ class ReplayMiss(Blocked):
         super().__init__(
             f"replay: no recording for role={role} cell={cell_id or '-'} template={template_hash} key={key} "
             f"in {store}; re-record with: {unblock}",
-            reason="replay_miss",
+            reason="missing_data",
             unblock=unblock,
             role=role,
             cell_id=cell_id,
@@ -41,6 +43,8 @@ class ReplayMiss(Blocked):
 class BudgetExceeded(Blocked):
     """The run's budget (USD or tokens) is spent; no further model call is started."""
 
+    kind = "budget_exceeded"
+
     def __init__(
         self,
         message: str,
@@ -53,7 +57,7 @@ class BudgetExceeded(Blocked):
     ) -> None:
         super().__init__(
             message,
-            reason="budget_exceeded",
+            reason="user_stop",  # the user set the limit; raising it is their call
             unblock="lunasol run BUNDLE --resume --budget-usd <higher>  (finished calls are not repeated)",
             spent_usd=spent_usd,
             spent_tokens=spent_tokens,
@@ -66,4 +70,9 @@ class BudgetExceeded(Blocked):
 
 
 class ModelUnavailable(Blocked):
-    """Transport faults (rate limits, timeouts, 5xx, refused connections) outlasted every retry."""
+    """Transport faults outlasted every retry, or the provider refused the request (key, model, size).
+
+    ``reason`` is ``credential`` for an authentication or permission error, else ``external_system``.
+    """
+
+    kind = "model_unavailable"
