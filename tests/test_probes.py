@@ -310,7 +310,7 @@ def test_hits_roundtrip_through_the_table_with_stable_ids() -> None:
         ("review.md", "target:review.md"),
         ("transition: review → review", "transition:review->review"),
         ("obligation:OB-3  ", "obligation:ob-3"),
-        ("target:run tests on src", "target:run-tests-on-src"),
+        ("target:run_tests:python  -m pytest -q", "target:run_tests:python -m pytest -q"),
     ],
 )
 def test_normalise_key(raw: str, norm: str) -> None:

@@ -169,7 +169,7 @@ _KEY_KINDS = ("obligation", "target", "transition")
 
 
 def normalise_key(key: str) -> str:
-    """Normalise a concerns key: ``kind:value``, lower case, whitespace folded to '-'.
+    """Normalise a concerns key: ``kind:value``, lower case, whitespace folded to one space.
 
     Keys without a known kind prefix are taken as a target. Equal behaviour named with a
     different case or spacing gets the same key, so the Coordinator can group across cells.
@@ -179,4 +179,4 @@ def normalise_key(key: str) -> str:
     if not sep or kind.strip() not in _KEY_KINDS:
         kind, value = "target", text
     value = re.sub(r"\s*(->|→)\s*", "->", value.strip().strip("`'\""))
-    return f"{kind.strip()}:{value.replace(' ', '-')}"
+    return f"{kind.strip()}:{value}"
