@@ -277,8 +277,11 @@ def _unblock_command(ctx: RunContext, exc: Blocked) -> str:
         # the model layer does not know the bundle or run; give the exact command for this run
         extra = hint.split("lunasol run BUNDLE", 1)[1].split("(")[0].split()
         base = resume.split()
-        for flag in ("--record", "--replay", "--model"):
-            if flag in extra and flag in base:
+        drop = {"--model"} & set(extra)
+        if {"--record", "--replay"} & set(extra):
+            drop |= {"--record", "--replay"}  # one store mode only
+        for flag in drop:
+            if flag in base:
                 i = base.index(flag)
                 del base[i : i + 2]
         if "--resume" in extra:
@@ -363,9 +366,12 @@ def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
             upstream = (name, fingerprint(inputs, outputs))
             continue
         entry = ledger.get(name)
-        if entry is not None and entry.state != "invalidated":
-            reason = why if entry.state == "verified" else f"{entry.state}: {entry.reason or ''}".strip()
-            ledger.invalidate(name, reason)
+        if entry is not None and entry.state == "pending":
+            why = "did not finish last time (interrupted or blocked)"
+        elif entry is not None and entry.state == "invalidated":
+            why = entry.reason or "invalidated"
+        if entry is not None and entry.state == "verified":
+            ledger.invalidate(name, why)
         if entry is not None:
             _archive(ctx, name, entry.outputs)
             gone = ledger.invalidate_many(_downstream(ledger, i), f"upstream {name} recomputed: {why}")
@@ -376,7 +382,7 @@ def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
         if phase and hf.phase_reached(hf.load(ctx.run_dir), phase):
             # the run is back before this stage until it is recomputed
             _set_phase(ctx, hf.PHASES[hf.PHASES.index(phase) - 1], f"{name} recomputed: {why}")
-        ledger.mark_pending(name, name, inputs, reason=f"running ({why})")
+        ledger.mark_pending(name, name, inputs, reason=f"running: {why}")
         try:
             summary = _load(target)(ctx)
         except Blocked as exc:
@@ -411,6 +417,11 @@ def _blocked(ctx: RunContext, stage: str, exc: Blocked) -> Blocked:
     from pipeline.blocking import write_block_receipt
 
     unblock = _unblock_command(ctx, exc)
+    if not exc.tried:  # the attempt itself, with its real outcome
+        mode = ctx.options.models.effective_mode()
+        exc.tried = [
+            {"ladder_step": "attempt", "action": f"ran stage {stage} ({mode} mode)", "outcome": exc.one_line()}
+        ]
     path = write_block_receipt(ctx.run_dir, exc, stage=stage, unblock=unblock, command=hf.run_command(ctx.run_dir))
     return Blocked(
         f"blocked at {stage}: {exc.one_line()} | receipt: {path} | unblock: {unblock}",

@@ -10,6 +10,7 @@ dropped with its reasons in the shortlist's ``dropped`` list, never silently.
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,11 @@ if TYPE_CHECKING:
 ROLE = "sol"
 GROUPS_FILE = "pattern-groups.json"
 TIMELINE_KINDS = ("stage", "state_change", "handoff", "obligation", "artifact", "error")
-TIMELINE_TEXT = 160
+# Messages of checkers and the operator (findings, decisions, new information) and permission requests.
+TIMELINE_ACTORS = ("operator", "reviewer", "validator")
+TIMELINE_TOOLS = ("request_permission",)
+TIMELINE_TEXT = 200
+_DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 OUTPUT_TOKENS = 3000
 
 
@@ -101,18 +106,24 @@ def build_context(run_dir: Path, ir_path: Path) -> tuple[dict[str, Any], Evidenc
         if isinstance(doc, dict) and isinstance(doc.get("coverage"), list):
             coverage = doc["coverage"]  # the Coordinator's coverage carries pattern counts per cell
         kinds = ", ".join(f"'{k}'" for k in TIMELINE_KINDS)
+        actors = ", ".join(f"'{a}'" for a in TIMELINE_ACTORS)
+        tools = ", ".join(f"'{t}'" for t in TIMELINE_TOOLS)
         events = _rows(
             con,
-            "SELECT e.event_id, e.cell_id, e.stage, e.actor, e.kind, e.detail, e.target, e.state_digest, "
+            "SELECT e.event_id, e.cell_id, e.stage, e.actor, e.kind, e.detail, "
             f"substr(coalesce(e.text, ''), 1, {TIMELINE_TEXT}) AS text FROM events e JOIN cells c USING (cell_id) "
-            f"WHERE c.eligibility = 'valid_behavior' AND e.kind IN ({kinds}) ORDER BY e.cell_id, e.seq",
+            f"WHERE c.eligibility = 'valid_behavior' AND (e.kind IN ({kinds}) OR (e.kind = 'message' AND "
+            f"e.actor IN ({actors})) OR e.tool_name IN ({tools})) ORDER BY e.cell_id, e.seq",
         )
     finally:
         con.close()
     eligible = [c for c in cells if c["eligibility"] == "valid_behavior"]
-    timelines: dict[str, list[dict[str, Any]]] = {}
+    timelines: dict[str, list[str]] = {}
     for e in events:
-        timelines.setdefault(e.pop("cell_id"), []).append({k: v for k, v in e.items() if v not in (None, "")})
+        # one compact line per event; digests shortened (8 hex digits are enough to see "unchanged")
+        text = _DIGEST.sub(lambda m: m.group(1)[:8], " ".join(str(e["text"] or "").split()))
+        line = f"{e['event_id']} {e['stage'] or '-'}/{e['actor'] or '-'} {e['detail'] or e['kind']}: {text}"
+        timelines.setdefault(e["cell_id"], []).append(line)
     context: dict[str, Any] = {
         "run_id": run_dir.name,
         "harnesses": sorted({str(c["harness"]) for c in eligible if c["harness"]}),
@@ -125,8 +136,12 @@ def build_context(run_dir: Path, ir_path: Path) -> tuple[dict[str, Any], Evidenc
         "timelines": timelines,
     }
     # Pre-serialised views: templates embed JSON verbatim (never re-templated, stable bytes).
-    for key in ("cells", "excluded", "coverage", "pattern_groups", "timelines"):
+    for key in ("cells", "excluded", "coverage", "pattern_groups"):
         context[f"{key}_json"] = pretty_json(context[key]).strip()
+    outcome = {c["cell_id"]: f"{c['task_id']}, {c['outcome'] or 'no outcome'}" for c in eligible}
+    context["timelines_text"] = "\n\n".join(
+        f"### {cell} ({outcome.get(cell, '')})\n" + "\n".join(lines) for cell, lines in sorted(timelines.items())
+    )
     return context, index
 
 
