@@ -57,7 +57,11 @@ def serve(fake: FakeOpenAI, answers: dict[str, list[list[dict[str, Any]]]]) -> N
             return Reply(status=400, body={"error": {"message": f"no answer for {rid}"}})
         n = served.get(rid, 0)
         served[rid] = n + 1
-        return answer({"proposals": seq[min(n, len(seq) - 1)]})(request)
+        cards = seq[min(n, len(seq) - 1)]
+        body: dict[str, Any] = {"proposals": cards}
+        if not cards:
+            body["note"] = "no single lever follows from this evidence"
+        return answer(body)(request)
 
     fake.handler = handle
 
@@ -85,6 +89,7 @@ def test_two_strategies_and_an_honest_zero(
     val = read_json(run / VALIDATION_FILE)
     by_w = {w["weakness_id"]: w for w in val["weaknesses"]}
     assert by_w["W-04"]["zero_cards"] is True and by_w["W-04"]["decision"] == "amend"
+    assert by_w["W-04"]["note"] == "no single lever follows from this evidence"
     assert by_w["W-02"]["accepted"] == ["P-01", "P-02"]
     assert val["proposals_digest"] == sha256_file(run / PROPOSALS_FILE)
     # the written file passes the validator against the run, and the handoff moved on

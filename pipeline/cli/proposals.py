@@ -75,7 +75,8 @@ def propose(
     typer.echo(f"[propose] {result.summary()}")
     for w in result.validation["weaknesses"]:
         if w["zero_cards"]:
-            typer.echo(f"  {w['weakness_id']}: no card proposed (an honest zero)")
+            why = f": {w['note']}" if w.get("note") else ""
+            typer.echo(f"  {w['weakness_id']}: no card proposed (an honest zero){why}")
     for c in result.validation["cards"]:
         if c["status"] == "rejected":
             rules = ", ".join(sorted({f["rule"] for f in c["findings"]}))

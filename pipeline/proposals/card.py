@@ -91,6 +91,10 @@ class ProposalList(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     proposals: list[ProposalCard] = Field(default_factory=list)
+    note: str | None = Field(
+        default=None,
+        description="when no card is proposed: why no clear single-lever strategy follows from the evidence",
+    )
 
 
 def card_json_schema() -> dict[str, Any]:

@@ -44,6 +44,7 @@ class WeaknessResult:
     weakness_id: str
     decision: str
     call: dict[str, Any]
+    note: str | None = None
     accepted: list[ProposalCard] = field(default_factory=list)
     rejected: list[tuple[dict[str, Any], list[dict[str, Any]]]] = field(default_factory=list)
 
@@ -195,8 +196,10 @@ async def _propose_all(
         )
         if out.ok and out.value is not None:
             entries = [c.model_dump(mode="json") for c in out.value.proposals]
+            res.note = out.value.note
         elif out.last_answer is not None:
             entries = [dict(c) for c in out.last_answer.get("proposals", [])]
+            res.note = out.last_answer.get("note")
         else:
             entries = []  # no parseable answer: recorded in the call's errors, never silently
         res.accepted, res.rejected = _split(entries, facts)
@@ -271,6 +274,7 @@ def assemble(
                 "accepted": final_by_weakness[r.weakness_id],
                 "rejected": rejected_ids,
                 "zero_cards": not final_by_weakness[r.weakness_id] and not rejected_ids and r.call["ok"],
+                "note": r.note,
             }
         )
     validation = {
