@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
-import logging
 import os
 import time
 from collections.abc import Callable
@@ -34,6 +33,28 @@ from pipeline.models.calllog import CallLog
 from pipeline.models.errors import BudgetExceeded, ModelUnavailable, ReplayMiss
 from pipeline.models.prompts import render
 from pipeline.models.store import RecordingStore, canonical_request, check_record, make_record, request_key
+from pipeline.models.transport import (
+    describe as _describe,
+)
+from pipeline.models.transport import (
+    load_litellm,
+    quiet_instructor,
+)
+from pipeline.models.transport import (
+    lunasol_cause as _lunasol_cause,
+)
+from pipeline.models.transport import (
+    no_wait as _no_wait,
+)
+from pipeline.models.transport import (
+    reason_for as _reason,
+)
+from pipeline.models.transport import (
+    retry_after as _retry_after,
+)
+from pipeline.models.transport import (
+    retryable_types as _retryable_types,
+)
 from pipeline.settings import ModelSettings
 
 T = TypeVar("T", bound=BaseModel)
@@ -116,83 +137,6 @@ class _CallState:
 
 _STATE: contextvars.ContextVar[_CallState] = contextvars.ContextVar("lunasol_call_state")
 _CAPTURE: contextvars.ContextVar[list[bytes] | None] = contextvars.ContextVar("lunasol_capture", default=None)
-
-
-def load_litellm() -> Any:
-    """Import litellm lazily (3+ s) with its feedback banner off; offline switches are already set."""
-    import litellm
-
-    litellm.suppress_debug_info = True
-    quiet_instructor()
-    return litellm
-
-
-def quiet_instructor() -> None:
-    """Instructor logs every failed attempt at ERROR; the call log records them, so keep stderr to one line.
-
-    ``LUNASOL_DEBUG=1`` keeps instructor's messages.
-    """
-    if not os.environ.get("LUNASOL_DEBUG"):
-        logging.getLogger("instructor").setLevel(logging.CRITICAL)
-
-
-def _no_wait() -> bool:
-    return os.environ.get("LUNASOL_TEST_NO_WAIT") == "1"
-
-
-def _lunasol_cause(exc: BaseException) -> LunasolError | None:
-    # instructor wraps what the completion function raised; find our own error in the chain.
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        if isinstance(cur, LunasolError):
-            return cur
-        seen.add(id(cur))
-        cur = cur.__cause__ or cur.__context__
-    return None
-
-
-def _retryable_types() -> tuple[type[BaseException], ...]:
-    litellm = load_litellm()
-    names = (
-        "RateLimitError",
-        "Timeout",
-        "APIConnectionError",
-        "InternalServerError",  # also what "connection refused" and a garbage 200 body map to
-        "ServiceUnavailableError",
-        "BadGatewayError",
-    )
-    return tuple(getattr(litellm, n) for n in names if isinstance(getattr(litellm, n, None), type))
-
-
-def _retry_after(exc: BaseException) -> float | None:
-    headers: Any = getattr(exc, "litellm_response_headers", None)
-    if not headers:
-        response = getattr(exc, "response", None)
-        headers = getattr(response, "headers", None)
-    if not headers or not hasattr(headers, "get"):
-        return None
-    value = headers.get("retry-after") or headers.get("Retry-After")
-    try:
-        return min(max(float(value), 0.0), 60.0) if value is not None else None
-    except (TypeError, ValueError):  # HTTP-date form: fall back to exponential backoff
-        return None
-
-
-def _reason(exc: BaseException) -> str:
-    # seed 001's constraint classes: a refused key is a credential problem, the rest is the provider's.
-    litellm = load_litellm()
-    refused = tuple(
-        t
-        for t in (getattr(litellm, "AuthenticationError", None), getattr(litellm, "PermissionDeniedError", None))
-        if isinstance(t, type)
-    )
-    return "credential" if refused and isinstance(exc, refused) else "external_system"
-
-
-def _describe(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text[:300]}"
 
 
 class ModelClient:
@@ -284,27 +228,36 @@ class ModelClient:
             outcome = str(getattr(exc, "kind", None) or getattr(exc, "reason", "error"))
             errors = [exc.one_line()]
             raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"  # a sibling call blocked the stage (budget, replay miss)
+            errors = ["cancelled"]
+            raise
+        except Exception as exc:
+            outcome = "error"
+            errors = [_describe(exc)]
+            raise
         finally:
             _STATE.reset(token)
             self._usage.calls += 1
-            self.calllog.append(
-                {
-                    "role": role,
-                    "cell_id": cell_id,
-                    "template_hash": rendered.template_hash,
-                    "keys": list(state.keys),
-                    "mode": self.mode,
-                    "model": self.model,
-                    "prompt_tokens": state.prompt_tokens,
-                    "completion_tokens": state.completion_tokens,
-                    "cost_usd": None if state.cost_usd is None else round(state.cost_usd, 10),
-                    "latency_ms": round((time.perf_counter() - started) * 1000, 1),
-                    "attempts": len(state.keys),
-                    "transport_retries": state.transport_retries,
-                    "outcome": outcome,
-                    "errors": errors,
-                }
-            )
+            if outcome != "cancelled" or state.keys:  # a call cancelled before it asked anything is not logged
+                self.calllog.append(
+                    {
+                        "role": role,
+                        "cell_id": cell_id,
+                        "template_hash": rendered.template_hash,
+                        "keys": list(state.keys),
+                        "mode": self.mode,
+                        "model": self.model,
+                        "prompt_tokens": state.prompt_tokens,
+                        "completion_tokens": state.completion_tokens,
+                        "cost_usd": None if state.cost_usd is None else round(state.cost_usd, 10),
+                        "latency_ms": round((time.perf_counter() - started) * 1000, 1),
+                        "attempts": len(state.keys),
+                        "transport_retries": state.transport_retries,
+                        "outcome": outcome,
+                        "errors": errors,
+                    }
+                )
         ok = value is not None
         return CallOutcome(
             ok=ok,

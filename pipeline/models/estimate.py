@@ -116,7 +116,8 @@ def instructor_request(messages: list[dict[str, Any]], response_model: type[Base
     """The kwargs instructor would hand to litellm for these messages (schema, tools, system text added)."""
     import instructor
 
-    from pipeline.models.client import INSTRUCTOR_MODES, quiet_instructor
+    from pipeline.models.client import INSTRUCTOR_MODES
+    from pipeline.models.transport import quiet_instructor
 
     quiet_instructor()  # the deliberate stop below would be logged as a failed attempt
 
@@ -135,7 +136,7 @@ def instructor_request(messages: list[dict[str, Any]], response_model: type[Base
 
 
 def _count(model: str, request: dict[str, Any]) -> int:
-    from pipeline.models.client import load_litellm
+    from pipeline.models.transport import load_litellm
 
     litellm = load_litellm()
 
@@ -143,7 +144,7 @@ def _count(model: str, request: dict[str, Any]) -> int:
 
 
 def _price(model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
-    from pipeline.models.client import load_litellm
+    from pipeline.models.transport import load_litellm
 
     litellm = load_litellm()
 

@@ -1,0 +1,92 @@
+"""Transport helpers of the model client: lazy litellm, retry classification, Retry-After, messages."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from pipeline.errors import LunasolError
+
+
+def load_litellm() -> Any:
+    """Import litellm lazily (3+ s) with its feedback banner off; offline switches are already set."""
+    import litellm
+
+    litellm.suppress_debug_info = True
+    quiet_instructor()
+    return litellm
+
+
+def quiet_instructor() -> None:
+    """Instructor logs every failed attempt at ERROR; the call log records them, so keep stderr to one line.
+
+    ``LUNASOL_DEBUG=1`` keeps instructor's messages.
+    """
+    if not os.environ.get("LUNASOL_DEBUG"):
+        logging.getLogger("instructor").setLevel(logging.CRITICAL)
+
+
+def no_wait() -> bool:
+    """True when retry waits must be zero (LUNASOL_TEST_NO_WAIT=1, set by the tests)."""
+    return os.environ.get("LUNASOL_TEST_NO_WAIT") == "1"
+
+
+def lunasol_cause(exc: BaseException) -> LunasolError | None:
+    """Our own error in the cause/context chain of ``exc``, if any."""
+    # instructor wraps what the completion function raised; find our own error in the chain.
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, LunasolError):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def retryable_types() -> tuple[type[BaseException], ...]:
+    """Litellm exception classes that are transport faults (retried with backoff)."""
+    litellm = load_litellm()
+    names = (
+        "RateLimitError",
+        "Timeout",
+        "APIConnectionError",
+        "InternalServerError",  # also what "connection refused" and a garbage 200 body map to
+        "ServiceUnavailableError",
+        "BadGatewayError",
+    )
+    return tuple(getattr(litellm, n) for n in names if isinstance(getattr(litellm, n, None), type))
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """Seconds from a Retry-After header (capped at 60), or None."""
+    headers: Any = getattr(exc, "litellm_response_headers", None)
+    if not headers:
+        response = getattr(exc, "response", None)
+        headers = getattr(response, "headers", None)
+    if not headers or not hasattr(headers, "get"):
+        return None
+    value = headers.get("retry-after") or headers.get("Retry-After")
+    try:
+        return min(max(float(value), 0.0), 60.0) if value is not None else None
+    except (TypeError, ValueError):  # HTTP-date form: fall back to exponential backoff
+        return None
+
+
+def reason_for(exc: BaseException) -> str:
+    """Block receipt constraint class for a provider error."""
+    # seed 001's constraint classes: a refused key is a credential problem, the rest is the provider's.
+    litellm = load_litellm()
+    refused = tuple(
+        t
+        for t in (getattr(litellm, "AuthenticationError", None), getattr(litellm, "PermissionDeniedError", None))
+        if isinstance(t, type)
+    )
+    return "credential" if refused and isinstance(exc, refused) else "external_system"
+
+
+def describe(exc: BaseException) -> str:
+    """One line: exception type and message (folded, cut at 300 characters)."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}"
