@@ -103,3 +103,32 @@ async def test_recordings_are_servable_by_an_openai_compatible_server(
     assert [o.value for o in served] == [o.value for o in recorded]
     assert [o.keys for o in served] == [o.keys for o in recorded]
     assert [o.tokens for o in served] == [o.tokens for o in recorded]
+
+
+async def test_server_command_line_serves_recordings(
+    tmp_path: Path, tiny_prompts: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+) -> None:
+    import subprocess
+    import sys
+
+    fake_llm.handler = raw_answer('{"label": "cli", "score": 7}')
+    ctx = {"cell_id": "C1", "text": "x"}
+    rec = ModelClient(model_settings(mode="record", store=tmp_path / "s"), tmp_path / "r1")
+    await rec.call(role="t", cell_id="C1", context=ctx, response_model=Verdict)
+    root = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, "-m", "pipeline.testing.openai_server", "--port", "0", "--recordings", str(tmp_path / "s")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=root)
+    try:
+        assert proc.stdout is not None
+        base = proc.stdout.readline().split()[-1]
+        live = ModelClient(ModelSettings(model="openai/test-model", api_base=base), tmp_path / "r2")
+        out = await live.call(role="t", cell_id="C1", context=ctx, response_model=Verdict)
+        assert out.value == Verdict(label="cli", score=7)
+        # a request that was never recorded gets a 404, which is not retried: the call blocks
+        from pipeline.models import ModelUnavailable
+
+        with pytest.raises(ModelUnavailable, match="no recording matches"):
+            await live.call(role="t", cell_id="C2", context={"cell_id": "C2", "text": "y"}, response_model=Verdict)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
