@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import duckdb
 import pytest
 from adapter_helpers import (
     SHARED_DATA,
@@ -240,3 +241,27 @@ def test_unknown_format_is_bad_input(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["bundle", "import", "nope", str(tmp_path), str(tmp_path / "d")])
     assert res.exit_code == 2
     assert "unknown format" in res.output
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_label_values_never_in_luna_prompts(fmt: str, base: Path) -> None:
+    # What Luna is sent per cell: the rendered IR part plus task summary, run and task ids.
+    stage = pytest.importorskip("pipeline.luna.stage")
+    bundle, run, result = _imported(fmt, base)
+    summaries = {
+        t["task_id"]: t["summary"] for t in json.loads((bundle / "analysis-request.json").read_text())["tasks"]
+    }
+    con = duckdb.connect(str(run / "ir.duckdb"), read_only=True)
+    try:
+        prepared = stage.prepare(con)
+    finally:
+        con.close()
+    assert prepared
+    for cell, parts, _ in prepared:
+        prompt = "\n".join(
+            json.dumps(stage.part_context(cell, p, summaries.get(cell.task_id, "")), ensure_ascii=False) + p.text
+            for p in parts
+        )
+        for value in result.label_texts.get(cell.cell_id, []):  # type: ignore[attr-defined]
+            assert value[:200] not in prompt, (cell.cell_id, value[:60])
+        assert "mistake_reason" not in prompt and "annotator_1" not in prompt

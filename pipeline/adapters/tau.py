@@ -86,7 +86,8 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                 label_texts.append(str(task["instruction"]))
             cells.append(
                 CellSource(
-                    run_id=f"{rel.removeprefix('raw/')}{ptr or ''}#trial{rec.get('trial', 0)}",
+                    # Not the file name: upstream names can state the failure category (a label).
+                    run_id=f"{env or 'tau'}-task{rec['task_id']}-trial{rec.get('trial', 0)}{ptr.replace('/', '-')}",
                     task_id=f"{env or 'tau'}-{rec['task_id']}",
                     path=rel,
                     selector={"pointer": ptr},
