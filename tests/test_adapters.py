@@ -265,3 +265,14 @@ def test_label_values_never_in_luna_prompts(fmt: str, base: Path) -> None:
         for value in result.label_texts.get(cell.cell_id, []):  # type: ignore[attr-defined]
             assert value[:200] not in prompt, (cell.cell_id, value[:60])
         assert "mistake_reason" not in prompt and "annotator_1" not in prompt
+
+
+@pytest.mark.parametrize(("fmt", "base_index"), [("who-and-when", 0), ("tau", 1), ("atif", 1), ("swe-agent", 0)])
+def test_step_index_base_reaches_the_ir(fmt: str, base_index: int, base: Path) -> None:
+    _, run, _ = _imported(fmt, base)
+    con = duckdb.connect(str(run / "ir.duckdb"), read_only=True)
+    try:
+        bases = {r[0] for r in con.execute("SELECT step_index_base FROM cells").fetchall()}
+    finally:
+        con.close()
+    assert bases == {base_index}

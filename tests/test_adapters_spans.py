@@ -8,7 +8,7 @@ import zipfile
 
 import pytest
 
-from pipeline.adapters.spans import JsonFile, pointer, resolve_element, split_pointer, value_spans
+from pipeline.adapters.spans import JsonFile, pointer, ref_lines, resolve_element, split_pointer, value_spans
 
 
 def test_pretty_json_element_lines() -> None:
@@ -78,6 +78,8 @@ def test_zip_member_pointer() -> None:
     loc = JsonFile(member, 3).locate("/messages/1")
     got = resolve_element(buf.getvalue(), loc.line_start, loc.line_end, "/samples/1_epoch_1.json!/messages/1")
     assert json.loads(got) == {"role": "tool", "content": "x"}
+    shown = ref_lines(buf.getvalue(), loc.line_start, loc.line_end, "/samples/1_epoch_1.json!/messages/1")
+    assert json.loads(shown.strip().rstrip(",")) == {"role": "tool", "content": "x"}
 
 
 def test_pointer_escaping_round_trip() -> None:

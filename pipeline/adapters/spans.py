@@ -227,6 +227,30 @@ def _cached_file(raw: bytes, text: str, depth: int) -> JsonFile:
     return jf
 
 
+def _member(raw: bytes, json_pointer: str | None) -> tuple[bytes, str | None]:
+    """(bytes the lines count in, pointer within them): a zip member's when the pointer names one."""
+    if json_pointer and "!" in json_pointer.split("#", 1)[0]:
+        # A member of a zip container (Inspect .eval): "/<member>!<pointer>", lines are the member's.
+        import io
+        import zipfile
+
+        member, _, rest = json_pointer.partition("!")
+        with zipfile.ZipFile(io.BytesIO(raw)) as zf:
+            return zf.read(member.removeprefix("/")), rest
+    return raw, json_pointer
+
+
+def ref_lines(raw: bytes, line_start: int, line_end: int, json_pointer: str | None = None) -> str:
+    """The raw lines a ref names: of the file, or of the zip member its pointer names."""
+    data, _ = _member(raw, json_pointer)
+    lines = data.decode("utf-8").split("\n")
+    if data.endswith(b"\n"):
+        lines = lines[:-1]
+    if not (1 <= line_start <= line_end <= len(lines)):
+        raise ValueError(f"lines {line_start}-{line_end} outside the file ({len(lines)} lines)")
+    return "\n".join(lines[line_start - 1 : line_end])
+
+
 def resolve_element(raw: bytes, line_start: int, line_end: int, json_pointer: str | None) -> str:
     """The exact source text behind a ref; raises ValueError when the ref does not hold.
 
@@ -234,15 +258,7 @@ def resolve_element(raw: bytes, line_start: int, line_end: int, json_pointer: st
     selected lines for a ``#L`` suffix), after checking that the element's own span lies within
     ``line_start..line_end``.
     """
-    if json_pointer and "!" in json_pointer.split("#", 1)[0]:
-        # A member of a zip container (Inspect .eval): "/<member>!<pointer>", lines are the member's.
-        import io
-        import zipfile
-
-        member, _, json_pointer = json_pointer.partition("!")
-        member = member.removeprefix("/")
-        with zipfile.ZipFile(io.BytesIO(raw)) as zf:
-            raw = zf.read(member)
+    raw, json_pointer = _member(raw, json_pointer)
     text = raw.decode("utf-8")
     lines = text.split("\n")
     if text.endswith("\n"):
