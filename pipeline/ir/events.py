@@ -1,21 +1,29 @@
-"""What a reader yields per raw record, and how export finds the reader of a bundle's format.
+"""What a reader yields per raw record, how export finds the reader, and how events become rows.
 
 A reader is ``reader(bundle, cell, manifest) -> Iterable[SourceEvent]``. The native format's
 reader lives in :mod:`pipeline.bundle.native`; adapters for public trajectory formats
 provide theirs through ``pipeline.adapters.reader_for(format)``.
+
+:func:`event_batches` orders each cell's events (ts, file, line), numbers them, cuts segments,
+carries the controller state digest forward, and yields Arrow batches for a bulk insert.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import BadInput
+from pipeline.ir.schema import TEXT_LIMIT, trim_text
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from pipeline.bundle.manifest import Manifest
     from pipeline.bundle.request import CellSpec
 
@@ -69,3 +77,151 @@ def reader_for(fmt: str) -> Reader:
         raise BadInput(f"unknown bundle format {fmt!r} (adapters provide no reader_for)")
     reader: Reader = finder(fmt)
     return reader
+
+
+# Columns built in Python for each event, in this order. event_id and segment_id are derived
+# in SQL from (cell_id, seq, seg_no) on insert: same rule as schema.event_id, no Python strings.
+EVENT_ROW: tuple[tuple[str, str], ...] = (
+    ("cell_id", "string"),
+    ("seq", "int32"),
+    ("seg_no", "int32"),
+    ("ts", "string"),
+    ("kind", "string"),
+    ("detail", "string"),
+    ("actor", "string"),
+    ("stage", "string"),
+    ("session_id", "string"),
+    ("step_index", "int32"),
+    ("text", "string"),
+    ("text_truncated", "bool_"),
+    ("text_chars", "int32"),
+    ("tool_name", "string"),
+    ("call_id", "string"),
+    ("args_digest", "string"),
+    ("result_digest", "string"),
+    ("state_digest", "string"),
+    ("target", "string"),
+    ("source_path", "string"),
+    ("line_start", "int32"),
+    ("line_end", "int32"),
+    ("source_sha256", "string"),
+    ("json_pointer", "string"),
+)
+SEGMENT_ROW: tuple[tuple[str, str], ...] = (
+    ("segment_id", "string"),
+    ("cell_id", "string"),
+    ("seq", "int32"),
+    ("stage", "string"),
+    ("session_id", "string"),
+    ("actor", "string"),
+    ("first_event_seq", "int32"),
+    ("last_event_seq", "int32"),
+    ("event_count", "int32"),
+)
+# Rows per Arrow batch handed to DuckDB: bounds memory, keeps DuckDB busy while Python reads on.
+BATCH_ROWS = 65_536
+
+
+def to_arrow(rows: list[tuple[Any, ...]], spec: tuple[tuple[str, str], ...]) -> pa.Table:
+    """Row tuples -> an Arrow table with the given (name, pyarrow type name) columns."""
+    import pyarrow as pa
+
+    cols = list(zip(*rows, strict=True)) if rows else [() for _ in spec]
+    return pa.table({name: pa.array(col, type=getattr(pa, typ)()) for (name, typ), col in zip(spec, cols, strict=True)})
+
+
+def cell_rows(
+    cell_id: str, events: list[SourceEvent], manifest: Manifest
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Order one cell's events and turn them into event rows and segment rows (see ``EVENT_ROW``)."""
+    # Time order; ties by file then line. sort() is stable, so a reader's order breaks the rest.
+    events.sort(key=lambda e: (e.ts or "", e.source_path, e.line_start))
+    rows: list[tuple[Any, ...]] = []
+    segments: list[tuple[Any, ...]] = []
+    append = rows.append
+    shas: dict[str, str] = {}
+    state: str | None = None
+    seg_key: tuple[str | None, str | None, str | None] | None = None
+    seg_no = -1
+    seg_first = 0
+    for seq, e in enumerate(events):
+        if e.kind == "state_change" and e.state_digest:
+            state = e.state_digest
+        elif e.state_digest is None:
+            e.state_digest = state  # the controller state in force at this event
+        key = (e.stage, e.session_id, e.actor)
+        if key != seg_key:
+            if seg_key is not None:
+                segments.append(_segment(cell_id, seg_no, seg_key, seg_first, seq - 1))
+            seg_key, seg_no, seg_first = key, seg_no + 1, seq
+        path = e.source_path
+        sha = shas.get(path)
+        if sha is None:
+            sha = shas[path] = manifest.get(path).sha256
+        text = e.text
+        chars = len(text)
+        cut = False
+        if chars > TEXT_LIMIT:
+            text, cut = trim_text(text)
+        append(
+            (cell_id, seq, seg_no, e.ts, e.kind, e.detail, e.actor, e.stage, e.session_id, e.step_index,
+             text, cut, chars, e.tool_name, e.call_id, e.args_digest, e.result_digest, e.state_digest,
+             e.target, path, e.line_start, e.line_end, sha, e.json_pointer)
+        )  # fmt: skip
+    if seg_key is not None:
+        segments.append(_segment(cell_id, seg_no, seg_key, seg_first, len(events) - 1))
+    return rows, segments
+
+
+def _segment(
+    cell_id: str, no: int, key: tuple[str | None, str | None, str | None], first: int, last: int
+) -> tuple[Any, ...]:
+    return (f"{cell_id}-s{no:03d}", cell_id, no, key[0], key[1], key[2], first, last, last - first + 1)
+
+
+def _serial_batches(
+    bundle: Path,
+    cells: list[CellSpec],
+    manifest: Manifest,
+    reader: Reader,
+    counts: dict[str, int],
+    segments: list[tuple[Any, ...]],
+) -> Iterator[pa.RecordBatch]:
+    """Read every eligible cell; yield event rows as Arrow batches, fill counts and segments."""
+    pending: list[tuple[Any, ...]] = []
+    for cell in cells:
+        rows, segs = cell_rows(cell.cell_id, list(reader(bundle, cell, manifest)), manifest)
+        counts[cell.cell_id] = len(rows)
+        pending.extend(rows)
+        segments.extend(segs)
+        if len(pending) >= BATCH_ROWS:
+            yield to_arrow(pending, EVENT_ROW).to_batches()[0]
+            pending = []
+    if pending:
+        yield to_arrow(pending, EVENT_ROW).to_batches()[0]
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector for a bulk load."""
+    # Millions of short-lived tuples make the cyclic GC rescan everything over and over; the
+    # export creates no reference cycles worth collecting, so pause it for the bulk load.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def event_batches(
+    bundle: Path,
+    cells: list[CellSpec],
+    manifest: Manifest,
+    fmt: str,
+    counts: dict[str, int],
+    segments: list[tuple[Any, ...]],
+) -> Iterator[pa.RecordBatch]:
+    """Every eligible cell as Arrow batches of ``EVENT_ROW`` in request order; fills counts and segments."""
+    yield from _serial_batches(bundle, cells, manifest, reader_for(fmt), counts, segments)

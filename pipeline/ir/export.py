@@ -1,18 +1,17 @@
 """``lunasol export``: a verified bundle -> the run's Trajectory IR (DuckDB, optionally Parquet).
 
-Order of work: check the manifest and re-hash the bundle, read the request, read every eligible
-cell into columns in memory, and only then create the run directory and write the DuckDB file
-(temp file + rename). A bad bundle therefore leaves nothing behind, and nothing is ever written
-inside the bundle.
+Order of work: check the manifest and re-hash the bundle, read and check the request and the
+outcome sidecar, then stream every eligible cell into a temp DuckDB file (one bulk INSERT fed by
+Arrow batches) and rename it into place. Any error removes the temp file and a run directory
+this export created, so a bad bundle leaves nothing behind; nothing is ever written inside the
+bundle.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,13 +22,11 @@ from pipeline.bundle.native import iter_lines
 from pipeline.bundle.request import AnalysisRequest, CellSpec, load_request
 from pipeline.canonical import canonical_json, read_json, sha256_bytes, write_json
 from pipeline.errors import BadInput, BundleError
-from pipeline.ir.events import Reader, SourceEvent, reader_for
-from pipeline.ir.schema import IR_SCHEMA_VERSION, TEXT_LIMIT, trim_text
+from pipeline.ir.events import EVENT_ROW, SEGMENT_ROW, event_batches, gc_paused, reader_for, to_arrow
+from pipeline.ir.schema import IR_SCHEMA_VERSION
 from pipeline.ir.store import IR_FILE, IRWriter, write_parquet
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
     from pipeline.runner import RunContext
 
 OUTCOMES_FILE = "sidecar/outcomes.jsonl"
@@ -37,53 +34,12 @@ RUN_FILE = "run.json"
 RUN_SCHEMA_VERSION = 1
 _OUTCOME_NUMBERS = ("quality", "completion", "cost", "stability")
 
-# Columns built in Python for each event, in this order. event_id and segment_id are derived
-# in SQL from (cell_id, seq, seg_no) on insert: same rule as schema.event_id, no Python strings.
-_EVENT_ROW: tuple[tuple[str, str], ...] = (
-    ("cell_id", "string"),
-    ("seq", "int32"),
-    ("seg_no", "int32"),
-    ("ts", "string"),
-    ("kind", "string"),
-    ("detail", "string"),
-    ("actor", "string"),
-    ("stage", "string"),
-    ("session_id", "string"),
-    ("step_index", "int32"),
-    ("text", "string"),
-    ("text_truncated", "bool_"),
-    ("text_chars", "int32"),
-    ("tool_name", "string"),
-    ("call_id", "string"),
-    ("args_digest", "string"),
-    ("result_digest", "string"),
-    ("state_digest", "string"),
-    ("target", "string"),
-    ("source_path", "string"),
-    ("line_start", "int32"),
-    ("line_end", "int32"),
-    ("source_sha256", "string"),
-    ("json_pointer", "string"),
-)
 _INSERT_EVENTS = (
     "INSERT INTO events BY NAME SELECT "
     "format('{}-e{:04d}', cell_id, seq) AS event_id, "
     "format('{}-s{:03d}', cell_id, seg_no) AS segment_id, "
     "* EXCLUDE (seg_no) FROM _lunasol_events"
 )
-_SEGMENT_ROW: tuple[tuple[str, str], ...] = (
-    ("segment_id", "string"),
-    ("cell_id", "string"),
-    ("seq", "int32"),
-    ("stage", "string"),
-    ("session_id", "string"),
-    ("actor", "string"),
-    ("first_event_seq", "int32"),
-    ("last_event_seq", "int32"),
-    ("event_count", "int32"),
-)
-# Rows per Arrow batch handed to DuckDB: bounds memory, keeps DuckDB busy while Python reads on.
-BATCH_ROWS = 65_536
 
 
 @dataclass
@@ -116,62 +72,6 @@ class ExportReport:
             "excluded": self.excluded,
             "parquet": [p.as_posix() for p in self.parquet],
         }
-
-
-def _arrow(rows: list[tuple[Any, ...]], spec: tuple[tuple[str, str], ...]) -> pa.Table:
-    import pyarrow as pa
-
-    cols = list(zip(*rows, strict=True)) if rows else [() for _ in spec]
-    return pa.table({name: pa.array(col, type=getattr(pa, typ)()) for (name, typ), col in zip(spec, cols, strict=True)})
-
-
-def cell_rows(
-    cell_id: str, events: list[SourceEvent], manifest: Manifest
-) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Order one cell's events and turn them into event rows and segment rows (see ``_EVENT_ROW``)."""
-    # Time order; ties by file then line. sort() is stable, so a reader's order breaks the rest.
-    events.sort(key=lambda e: (e.ts or "", e.source_path, e.line_start))
-    rows: list[tuple[Any, ...]] = []
-    segments: list[tuple[Any, ...]] = []
-    append = rows.append
-    shas: dict[str, str] = {}
-    state: str | None = None
-    seg_key: tuple[str | None, str | None, str | None] | None = None
-    seg_no = -1
-    seg_first = 0
-    for seq, e in enumerate(events):
-        if e.kind == "state_change" and e.state_digest:
-            state = e.state_digest
-        elif e.state_digest is None:
-            e.state_digest = state  # the controller state in force at this event
-        key = (e.stage, e.session_id, e.actor)
-        if key != seg_key:
-            if seg_key is not None:
-                segments.append(_segment(cell_id, seg_no, seg_key, seg_first, seq - 1))
-            seg_key, seg_no, seg_first = key, seg_no + 1, seq
-        path = e.source_path
-        sha = shas.get(path)
-        if sha is None:
-            sha = shas[path] = manifest.get(path).sha256
-        text = e.text
-        chars = len(text)
-        cut = False
-        if chars > TEXT_LIMIT:
-            text, cut = trim_text(text)
-        append(
-            (cell_id, seq, seg_no, e.ts, e.kind, e.detail, e.actor, e.stage, e.session_id, e.step_index,
-             text, cut, chars, e.tool_name, e.call_id, e.args_digest, e.result_digest, e.state_digest,
-             e.target, path, e.line_start, e.line_end, sha, e.json_pointer)
-        )  # fmt: skip
-    if seg_key is not None:
-        segments.append(_segment(cell_id, seg_no, seg_key, seg_first, len(events) - 1))
-    return rows, segments
-
-
-def _segment(
-    cell_id: str, no: int, key: tuple[str | None, str | None, str | None], first: int, last: int
-) -> tuple[Any, ...]:
-    return (f"{cell_id}-s{no:03d}", cell_id, no, key[0], key[1], key[2], first, last, last - first + 1)
 
 
 def _read_outcomes(bundle: Path, manifest: Manifest, request: AnalysisRequest) -> dict[str, list[Any]]:
@@ -237,53 +137,16 @@ def _write_run_json(run_dir: Path, bundle: Path, request: AnalysisRequest, diges
     write_json(path, data)
 
 
-def _event_batches(
-    bundle: Path,
-    cells: list[CellSpec],
-    manifest: Manifest,
-    reader: Reader,
-    counts: dict[str, int],
-    segments: list[tuple[Any, ...]],
-) -> Iterator[pa.RecordBatch]:
-    """Read every eligible cell; yield event rows as Arrow batches, fill counts and segments."""
-    pending: list[tuple[Any, ...]] = []
-    for cell in cells:
-        rows, segs = cell_rows(cell.cell_id, list(reader(bundle, cell, manifest)), manifest)
-        counts[cell.cell_id] = len(rows)
-        pending.extend(rows)
-        segments.extend(segs)
-        if len(pending) >= BATCH_ROWS:
-            yield _arrow(pending, _EVENT_ROW).to_batches()[0]
-            pending = []
-    if pending:
-        yield _arrow(pending, _EVENT_ROW).to_batches()[0]
-
-
-def _load_cells(
-    writer: IRWriter, bundle: Path, cells: list[CellSpec], manifest: Manifest, reader: Reader
-) -> dict[str, int]:
+def _load_cells(writer: IRWriter, bundle: Path, cells: list[CellSpec], manifest: Manifest, fmt: str) -> dict[str, int]:
     """Stream every eligible cell into ``events`` (one INSERT), then ``segments``; return events per cell."""
     counts: dict[str, int] = {}
     segments: list[tuple[Any, ...]] = []
-    schema = _arrow([], _EVENT_ROW).schema
-    batches = _event_batches(bundle, cells, manifest, reader, counts, segments)
-    with _gc_paused():
+    schema = to_arrow([], EVENT_ROW).schema
+    batches = event_batches(bundle, cells, manifest, fmt, counts, segments)
+    with gc_paused():
         writer.insert_stream(_INSERT_EVENTS, "_lunasol_events", schema, batches)
-    writer.insert_table("segments", _arrow(segments, _SEGMENT_ROW))
+    writer.insert_table("segments", to_arrow(segments, SEGMENT_ROW))
     return counts
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    # Millions of short-lived tuples make the cyclic GC rescan everything over and over; the
-    # export creates no reference cycles worth collecting, so pause it for the bulk load.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _step_bases(bundle: Path, request: AnalysisRequest) -> list[int | None]:
@@ -316,7 +179,7 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
     cells = request.eligible_cells
     if not cells:
         raise BundleError(f"empty bundle: {bundle} lists no valid_behavior cells")
-    reader = reader_for(request.format)
+    reader_for(request.format)  # an unknown format fails here, before anything is written
     outcomes = _read_outcomes(bundle, manifest, request)  # checked before anything is written
     excluded = {
         c.cell_id: request.exclusion_reason(c.cell_id) or "" for c in request.cells if c.eligibility == "excluded"
@@ -328,7 +191,7 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
     writer: IRWriter | None = None
     try:
         writer = IRWriter(ir_path)
-        counts = _load_cells(writer, bundle, cells, manifest, reader)
+        counts = _load_cells(writer, bundle, cells, manifest, request.format)
         total = sum(counts.values())
         if total == 0:
             raise BundleError(f"empty bundle: no events in any of the {len(cells)} eligible cells of {bundle}")
