@@ -54,9 +54,17 @@ _STYLES: dict[str, list[re.Pattern[str]]] = {
         re.compile(r"^\s*(?P<loop>(?:Entering|Exiting) .+? Agent message loop)\s*$"),
         re.compile(r"^\*{5,} (?P<task>Task .*?)\s*\*{5,}\s*$"),
     ],
-    "chatdev": [re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d INFO\] (?P<actor>[^:\n]{1,60}?): ?(?P<msg>.*)$")],
+    "chatdev": [
+        re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d INFO\] (?P<actor>[^:\n*\[]{1,60}?): ?(?P<msg>.*)$"),
+        re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d INFO\] (?P<note>.*)$"),
+    ],
     "autogen": [re.compile(r"^(?P<actor>[\w .@-]{1,60}?) \(to (?P<to>[\w .@-]{1,60})\):\s*$")],
-    "magentic": [re.compile(r"^-{5,}\s*(?P<actor>[^-].*?)\s*-{5,}\s*$")],
+    "magentic": [
+        re.compile(r"^-{5,}\s*(?P<actor>[^-].*?)\s*-{5,}\s*$"),
+        re.compile(
+            r"^(?P<actor>[A-Z]\w*(?:Orchestrator|Surfer|Terminal|Coder|Executor))\s*(?:\((?P<sub>[^)]*)\))?:(?:\s|$)"
+        ),
+    ],
 }
 _ROLE_IN_MSG = re.compile(r"^(?:\S+ )?(?P<name>[A-Z][\w]*)\((?P<role>[\w ]+)\):")
 _MANUS = re.compile(r"^\W*\s*(?P<actor>[A-Z][\w]*)(?:'s thoughts| selected)")
@@ -126,7 +134,9 @@ def _classify(style: str, m: re.Match[str], block: str) -> dict[str, Any]:
         if mm := _MANUS.match(msg):
             return {"actor": mm.group("actor")}
         return {"actor": g.get("src"), "kind": "other", "detail": g.get("level")}
-    return {"actor": g.get("actor"), "target": g.get("to")}
+    if style == "chatdev" and g.get("note") is not None:
+        return {"actor": "harness", "kind": "other"}
+    return {"actor": g.get("actor"), "target": g.get("to"), "detail": g.get("sub")}
 
 
 def split_lines(lines: list[str]) -> list[Turn]:
