@@ -276,3 +276,9 @@ def test_step_index_base_reaches_the_ir(fmt: str, base_index: int, base: Path) -
     finally:
         con.close()
     assert bases == {base_index}
+
+
+@pytest.mark.parametrize("argv", [["bundle", "import", "--help"], ["eval", "--help"]])
+def test_verbs_have_help(argv: list[str]) -> None:
+    res = CliRunner().invoke(app, argv)
+    assert res.exit_code == 0 and "Usage" in res.output

@@ -107,7 +107,6 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
     """One cell per sample of every log."""
     cells: list[CellSource] = []
     skipped: list[tuple[str, str]] = []
-    harnesses: set[str] = set()
     for rel in paths:
         samples: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (selector, sample)
         if rel.endswith(".eval"):
@@ -139,7 +138,6 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
             continue
         task = str(ev.get("task") or "inspect-task")
         harness = f"inspect {task} ({ev.get('model')})"
-        harnesses.add(harness)
         for sel, sample in samples:
             sid = f"{sample.get('id')}-epoch{sample.get('epoch', 1)}"
             out, texts = _sample_outcome(sample, header.get("status"))
@@ -158,7 +156,9 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                     label_texts=texts,
                 )
             )
-    return Discovery(cells=cells, skipped=skipped, harness=" + ".join(sorted(harnesses)) or None)
+    tasks = sorted({c.task_id.rsplit("-", 1)[0] for c in cells})
+    shown = ", ".join(tasks[:4]) + (f" and {len(tasks) - 4} more" if len(tasks) > 4 else "")
+    return Discovery(cells=cells, skipped=skipped, harness=f"Inspect AI ({shown})" if cells else None)
 
 
 def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:
