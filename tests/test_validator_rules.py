@@ -108,6 +108,13 @@ def test_basis_needs_a_word_and_a_reference() -> None:
         ("strategy_change.current_strategy", "See prompts/reviewer.md for the current wording.", "V-NO-SOURCE-PATH"),
         ("strategy_change.current_strategy", "The check at line 88 ignores verdicts.", "V-NO-SOURCE-PATH"),
         ("strategy_change.rationale", "This is a small diff against the runner.", "V-NO-PATCH"),
+        ("regression_risks.0", "Apply a minimal patch to the router first, or the risk stays.", "V-NO-PATCH"),
+        ("rejection_conditions.0", "补丁：在 Controller 中拦截负面 verdict 之后仍被 accept。", "V-NO-PATCH"),
+        (
+            "strategy_change.proposed_strategy",
+            "Have the owner edit .workflow/tasks.md after a verdict.",
+            "V-NO-TARGET-FILE",
+        ),
         ("strategy_change.proposed_strategy", "Reword the reviewer prompt to stress ownership.", "V-NO-PROMPT-DIFF"),
         ("strategy_change.proposed_strategy", "把 reviewer 提示词改为“先读断言”。", "V-NO-PROMPT-DIFF"),
         ("strategy_change.proposed_strategy", "Call route_back(stage) when a verdict is negative.", "V-NO-CODE"),
@@ -134,6 +141,14 @@ def test_forbidden_content(path: str, text: str, rule: str) -> None:
         ("evidence.summary", "Standard/Full profiles and design/tasks artifacts stay as they are in C011."),
         ("evidence.summary", "The run ended workflow_failed (C011) after valid_behavior checks."),
         ("strategy_change.current_strategy", "The harness returns to implementation after an import error."),
+        ("evidence.summary", "C013 wrote a new changes.patch, its state digest changed, and the checks passed."),
+        ("rejection_conditions.0", "The reviewer clears the blocker although the candidate's patch did not change."),
+        (
+            "expected_effect.behavioral_change",
+            "After the verdict the owner rewrites .workflow/tasks.md and re-confirms it.",
+        ),
+        ("rejection_conditions.0", "审查者在 .workflow/delta-spec.md 未变化时清除了 blocker。"),
+        ("evidence.summary", "C013 的 changes.patch 发生了真实变化，之后同一检查通过。"),
     ],
 )
 def test_forbidden_look_alikes_pass(path: str, text: str) -> None:

@@ -20,10 +20,10 @@ policy for file names, decided here and documented in docs/validator.md:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from pipeline.validator.findings import TextField
-from pipeline.validator.text import clauses, negated_before
+from pipeline.validator.text import clauses, negated_before, sentences
 
 RULES: dict[str, str] = {
     "V-NO-TAXONOMY": "names a mechanism taxonomy or category label",
@@ -39,7 +39,27 @@ _CODE_EXT = (
     r"py|pyi|ts|tsx|js|jsx|mjs|cjs|go|rs|java|kt|kts|scala|rb|php|c|cc|cpp|cxx|h|hpp|cs|swift|sh|bash|zsh|ps1|"
     r"toml|ini|cfg|conf|yaml|yml|j2|jinja|jinja2|tmpl|tpl|hbs|mustache|prompt|sql|proto|gradle|xml|lock|vue|svelte"
 )
-_ARTIFACT_EXT = r"md|markdown|txt|log|json|jsonl|csv|html|rst"
+_ARTIFACT_EXT = r"md|markdown|txt|log|json|jsonl|csv|html|rst|patch|diff"
+# Directories that hold implementation, not workflow artifacts: a path through them is a source path.
+_IMPL_DIRS = frozenset(
+    {
+        "src",
+        "lib",
+        "pkg",
+        "internal",
+        "cmd",
+        "app",
+        "prompts",
+        "prompt",
+        "templates",
+        "template",
+        "config",
+        "configs",
+        "scripts",
+        "tests",
+        "test",
+    }
+)
 
 # Named-thing words (exempt inside a negated clause).
 _TAXONOMY = re.compile(
@@ -53,7 +73,14 @@ _MUTATION = re.compile(
 _TARGET_LABEL = re.compile(
     r"(?i)target[ _-]?files?|files? to (?:change|edit|modify|touch)|目标文件|待修改(?:的)?文件|需(?:要)?修改的文件"
 )
-_PATCH = re.compile(r"(?i)\bpatch(?:es|ed|ing)?\b|\bdiffs?\b|\bhunks?\b|\bgit apply\b|补丁|打补丁|代码差异|差异补丁")
+# Any patch word (not a file extension such as changes.patch): flagged in the strategy itself.
+_PATCH = re.compile(r"(?i)(?<!\.)\bpatch(?:es|ed|ing)?\b|(?<!\.)\bdiffs?\b|\bhunks?\b|\bgit apply\b|补丁|代码差异")
+# A patch *prescribed*: flagged anywhere (elsewhere a patch may be observed behaviour: "C013 changed its patch").
+_PATCH_PRESCRIBED = re.compile(
+    r"(?i)\b(?:apply|applies|write|ship|provide|land|submit|prepare|make)\s+(?:a|the|this|one|our)?\s*(?:small\s+|minimal\s+)?"
+    r"(?:patch|diff)\b|\bpatch(?:es|ing)?\s+(?:the|its|our|their)\s+(?:controller|harness|runner|workflow|code|prompt)|"
+    r"(?:patch|diff)\s*[:：]|打(?:一个|个)?补丁|(?:提供|应用|编写|提交)(?:一个)?补丁|补丁\s*[:：]"
+)
 _PROMPT_DIFF = re.compile(
     r"(?i)prompt[ _-]?(?:diff|wording|edit|rewrite|change|text)|system[ _-]?prompt|"
     r"\b(?:reword|rewrite|edit|modify|change|update|tweak|amend)\s+(?:the\s+)?(?:\w+\s+){0,2}prompts?\b|"
@@ -83,10 +110,16 @@ _CODE = re.compile(
 )
 
 
-def _named(fields: Iterable[TextField], pattern: re.Pattern[str], rule: str, what: str) -> list[tuple[str, str, str]]:
+def _named(
+    fields: Iterable[TextField],
+    pattern: re.Pattern[str],
+    rule: str,
+    what: str,
+    split: Callable[[str], list[str]] = clauses,
+) -> list[tuple[str, str, str]]:
     out = []
     for f in fields:
-        for clause in clauses(f.text):
+        for clause in split(f.text):
             for m in pattern.finditer(clause):
                 if not negated_before(clause, m.start()):
                     out.append((rule, f.path, f"{what} ({m.group(0).strip()!r}); a card names the behaviour, not it"))
@@ -106,7 +139,11 @@ def check_forbidden(fields: list[TextField]) -> list[tuple[str, str, str]]:
     prompt_diff = _named(fields, _PROMPT_DIFF, "V-NO-PROMPT-DIFF", "prescribes prompt wording")
     out += prompt_diff
     patch_paths = {p for _, p, _ in prompt_diff}
-    out += [x for x in _named(fields, _PATCH, "V-NO-PATCH", "asks for a patch or diff") if x[1] not in patch_paths]
+    strategy = [f for f in fields if f.path.endswith((".proposed_strategy", ".rationale"))]
+    others = [f for f in fields if f not in strategy]
+    patch = _named(strategy, _PATCH, "V-NO-PATCH", "asks for a patch or diff")
+    patch += _named(others, _PATCH_PRESCRIBED, "V-NO-PATCH", "asks for a patch or diff", split=sentences)
+    out += [x for x in patch if x[1] not in patch_paths]
     for f in fields:
         out += _concrete(f)
     return out
@@ -116,12 +153,16 @@ def _concrete(f: TextField) -> list[tuple[str, str, str]]:
     out: list[tuple[str, str, str]] = []
     text = f.text
     path_spans: list[tuple[int, int]] = []
+    artifacts: list[re.Match[str]] = []
     for m in list(_PATH_WITH_DIR.finditer(text)) + list(_CODE_ROOT.finditer(text)):
         if any(s <= m.start() < e for s, e in path_spans):
             continue
         path_spans.append((m.start(), m.end()))
         if f.area == "evidence" and _BUNDLE_REF.search(m.group(0)):
             continue  # a bundle source ref is evidence, not a source path
+        if _is_artifact_path(m.group(0)):
+            artifacts.append(m)  # a workflow artifact the harness writes (.workflow/tasks.md): observed behaviour
+            continue
         out.append(("V-NO-SOURCE-PATH", f.path, f"names the source path {m.group(0)!r}; name the behaviour instead"))
         break
     loc = _LOCATION.search(text)
@@ -133,7 +174,7 @@ def _concrete(f: TextField) -> list[tuple[str, str, str]]:
         out.append(("V-NO-TARGET-FILE", f.path, f"names the file {m.group(0)!r}; a card names no target file"))
         break
     if f.path.endswith((".proposed_strategy", ".rationale")):
-        for m in _ARTIFACT_FILE.finditer(text):
+        for m in artifacts + list(_ARTIFACT_FILE.finditer(text)):
             if _EDIT_VERB.search(text[max(0, m.start() - 30) : m.start()]):
                 out.append(
                     ("V-NO-TARGET-FILE", f.path, f"tells someone to edit {m.group(0)!r}; that makes it a target file")
@@ -143,6 +184,15 @@ def _concrete(f: TextField) -> list[tuple[str, str, str]]:
     if code:
         out.append(("V-NO-CODE", f.path, f"contains code ({code!r}); a card describes behaviour, not code"))
     return out
+
+
+def _is_artifact_path(path: str) -> bool:
+    """A path to a workflow artifact: an artifact extension and no implementation directory on the way."""
+    if _BUNDLE_REF.search(path):
+        return False
+    parts = path.strip("./").split("/")
+    ext = parts[-1].rsplit(".", 1)[-1].lower() if "." in parts[-1] else ""
+    return bool(re.fullmatch(_ARTIFACT_EXT, ext)) and not any(p.lower() in _IMPL_DIRS for p in parts[:-1])
 
 
 def _first_code(text: str) -> str | None:
