@@ -282,3 +282,11 @@ def test_step_index_base_reaches_the_ir(fmt: str, base_index: int, base: Path) -
 def test_verbs_have_help(argv: list[str]) -> None:
     res = CliRunner().invoke(app, argv)
     assert res.exit_code == 0 and "Usage" in res.output
+
+
+def test_dest_inside_src_is_refused(tmp_path: Path) -> None:
+    need_shared_data()
+    src = make_subset("tau", tmp_path / "src")
+    res = CliRunner().invoke(app, ["bundle", "import", "tau", str(src), str(src / "bundle")])
+    assert res.exit_code == 2 and "inside the source" in res.output
+    assert not (src / "bundle").exists()

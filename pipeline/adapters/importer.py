@@ -54,9 +54,10 @@ def _copy_source(src: Path, raw: Path) -> None:
         shutil.copyfile(src, raw / src.name)
         return
 
-    # Regular files only, bytes copied as they are; symlinks and special files are left out on purpose.
+    # Regular files and folders only, bytes copied as they are; symlinks, sockets and fifos are left out.
     def _ignore(directory: str, names: list[str]) -> list[str]:
-        return [n for n in names if (Path(directory) / n).is_symlink()]
+        paths = [(n, Path(directory) / n) for n in names]
+        return [n for n, p in paths if p.is_symlink() or not (p.is_file() or p.is_dir())]
 
     shutil.copytree(src, raw, symlinks=False, ignore=_ignore, copy_function=shutil.copyfile)
 
@@ -86,6 +87,8 @@ def import_bundle(
         raise BadInput(f"source not found: {src}")
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise BadInput(f"destination {dest} exists and is not empty; choose a new directory")
+    if src.is_dir() and src.resolve() in (dest.resolve(), *dest.resolve().parents):
+        raise BadInput(f"destination {dest} is inside the source {src}; put the bundle elsewhere")
     detected = fmt == "auto"
     if detected:
         fmt = detect(src)
