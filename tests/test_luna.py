@@ -311,3 +311,14 @@ def test_a_rejection_without_a_change_claim_stands(
     assert read_patterns(ctx) == []
     assert table(ctx, "SELECT verdict FROM probe_verdicts") == [("rejected",)]
     assert table(ctx, "SELECT count(*) FROM probe_conflicts") == [(0,)]
+
+
+def test_a_cell_without_events_is_covered_without_a_call(
+    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+) -> None:
+    fake_llm.handler = scripted({"C001": [GOOD_C001]})
+    ctx = make_ctx(tmp_path, model_settings(), {"C001": CELLS["C001"], "C003": []})
+    run_stages(ctx)
+    assert {cell_of(r) for r in fake_llm.requests} == {"C001"}
+    rows = table(ctx, "SELECT cell_id, status, patterns, reason FROM luna_cells ORDER BY 1")
+    assert rows[1][:3] == ("C003", "ok", 0) and "no events" in rows[1][3]

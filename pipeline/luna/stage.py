@@ -190,6 +190,9 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
             run.reason = (
                 f"rendered IR ~{size} tokens > budget {context_budget()}; split by segment into {len(parts)} parts"
             )
+        if not cell.seq_of:
+            run.reason = "no events in the IR: nothing to analyse, no call made"
+            return run
         contexts = [part_context(cell, p, summaries.get(cell.task_id, "")) for p in parts]
         key = _cell_key(cell_key, contexts, thash, client.model)
         stored = store.get(cell.cell_id, key)
