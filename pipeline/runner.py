@@ -344,6 +344,7 @@ def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
         return dry_run(ctx)
     if options.resume:
         _check_resume(ctx, bdigest)
+    created = not ctx.run_dir.exists()
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     write_run_json(ctx, bdigest)
     ledger = Ledger(ctx.run_dir)
@@ -389,6 +390,10 @@ def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
             if role:
                 _record_cells(ctx, ledger, role)  # finished per-cell calls stay reusable for --resume
             raise _blocked(ctx, name, exc) from None
+        except BadInput:
+            if created and name == STAGES[0][0]:
+                shutil.rmtree(ctx.run_dir, ignore_errors=True)  # bad input leaves no partial run behind
+            raise
         outputs = stage_outputs(name, ctx)
         if outputs is None:
             raise BadInput(f"stage {name} finished but its output is missing: {STAGE_OUTPUTS.get(name)}")

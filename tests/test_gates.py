@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 from pathlib import Path
 from typing import Any
@@ -286,3 +287,16 @@ def test_cli_no_decision_off_a_terminal_is_bad_input(run_dir: Path) -> None:
     assert "silence is never approval" in res.output
     st = runner.invoke(app, ["status", str(run_dir), "--json"])
     assert st.exit_code == 0 and '"userRootCauseConfirmation": "pending"' in st.output
+
+
+def test_cli_interactive_confirm_on_a_terminal(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pipeline.cli.gates as cli_gates
+
+    monkeypatch.setattr(cli_gates, "on_terminal", lambda: True)
+    # W-01: an invalid answer is asked again, then confirm without a note; W-02: amend (a note is required)
+    res = runner.invoke(app, ["confirm", str(run_dir)], input="maybe\nconfirm\nn\namend\nreview only\nana\n")
+    assert res.exit_code == 0, res.output
+    assert "W-01" in res.output and "gate 1 recorded: confirmed" in res.output
+    receipt = json.loads((run_dir / hf.load(run_dir).receipts["gate1"]).read_text(encoding="utf-8"))
+    assert receipt["by"] == "ana"
+    assert receipt["request"]["decisions"]["W-02"] == {"decision": "amend", "note": "review only"}

@@ -253,3 +253,12 @@ def test_resume_refuses_a_changed_bundle(setup: dict[str, Any]) -> None:
     with pytest.raises(BadInput, match="bundle changed"):
         run(setup["opts"], log=lambda _m: None)
     shutil.rmtree(setup["run_dir"])
+
+
+def test_bad_bundle_leaves_no_run_directory(setup: dict[str, Any]) -> None:
+    from pipeline.errors import BundleError
+
+    (setup["bundle"] / "cells" / "C001" / "controller.jsonl").write_text("changed\n", encoding="utf-8")  # not re-frozen
+    with pytest.raises(BundleError):
+        run(setup["opts"], log=lambda _m: None)
+    assert not setup["run_dir"].exists()

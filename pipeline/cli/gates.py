@@ -9,6 +9,11 @@ import typer
 from pipeline.cli.common import JSON_OPTION, emit_json, resolve_run
 
 
+def on_terminal() -> bool:
+    """Whether a person can be asked (stdin is a terminal)."""
+    return sys.stdin.isatty()
+
+
 def register(app: typer.Typer) -> None:
     """Add ``confirm`` and ``status`` to the root app."""
 
@@ -43,16 +48,19 @@ def register(app: typer.Typer) -> None:
         decisions = gates.parse_pairs(decision, "--decision")
         notes = gates.parse_pairs(note, "--note")
         if not decisions:
-            if not sys.stdin.isatty():
+            if not on_terminal():
                 raise BadInput(
                     "no --decision given: silence is never approval; decide on every weakness: "
                     + hf.confirm_command(run_dir, base)
                 )
             s = status(run_dir)
             typer.echo(format_shortlist(s["shortlist"]["weaknesses"], s["shortlist"]["dropped"]))
+            choices = "/".join(gates.DECISIONS)
             for wid in hf.weakness_ids(run_dir):
-                d = typer.prompt(f"{wid}: confirm / reject / unresolved / amend")
-                decisions[wid] = d.strip()
+                answer = ""
+                while answer not in gates.DECISIONS:  # ask again until it is one of the four
+                    answer = typer.prompt(f"{wid} ({choices})").strip().lower()
+                decisions[wid] = answer
                 if decisions[wid] == "amend" or typer.confirm(f"{wid}: add a note?", default=False):
                     notes[wid] = typer.prompt(f"{wid}: note")
             if by is None:
