@@ -103,3 +103,23 @@ def test_seed_cards_pass_one_by_one(seed_cards: list[dict[str, object]]) -> None
 def test_seed_cards_together_are_not_duplicates(seed_cards: list[dict[str, object]]) -> None:
     result = validate_entries(seed_cards)
     assert result.valid, [f.line() for f in result.findings]
+
+
+def test_similarity_calibration(seed_cards: list[dict[str, object]]) -> None:
+    """Every pair of valid cards (all files, the seed's, the demo's) stays below the threshold; paraphrases above."""
+    import json
+    from itertools import combinations
+
+    from pipeline.proposals.card import ProposalCard
+    from pipeline.validator.similarity import THRESHOLD, similarity
+
+    entries = [e for p in VALID for e in parse_entries(p.read_text(encoding="utf-8"))] + list(seed_cards)
+    demo = Path(__file__).resolve().parent.parent / "fixtures" / "answers" / "h0-demo" / "proposer" / "W-01.json"
+    entries += json.loads(demo.read_text(encoding="utf-8"))["proposals"]
+    cards = [ProposalCard.model_validate(e) for e in entries]
+    assert len(cards) >= 14
+    highest = max(similarity(a, b) for a, b in combinations(cards, 2))
+    assert highest < THRESHOLD - 0.05
+    for path in sorted((CARDS / "invalid").glob("V-DUPLICATE-STRATEGY__*.yaml")):
+        a, b = (ProposalCard.model_validate(e) for e in parse_entries(path.read_text(encoding="utf-8")))
+        assert similarity(a, b) >= THRESHOLD

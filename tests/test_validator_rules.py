@@ -81,6 +81,7 @@ def test_invented_quantities_are_caught_in_predictions(text: str) -> None:
         "Rebuild time should fall toward the baseline observed in C001 of H0, about 4 minutes per cell.",
         "成本应回到 H0 基线（C001、C010 实测约 4 分钟）。",
         "The tests keep passing; no double-check is skipped.",
+        "相同拒绝的处置应一成不变，统一成同一种终止方式。",
     ],
 )
 def test_look_alikes_and_cited_figures_pass(text: str) -> None:
