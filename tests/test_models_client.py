@@ -362,3 +362,23 @@ async def test_auth_error_is_a_credential_block(
         await one(ModelClient(model_settings(), tmp_path / "r"))
     assert err.value.reason == "credential" and len(fake_llm.requests) == 1
     assert read_calls(tmp_path / "r")[0]["outcome"] == "model_unavailable"
+
+
+async def test_concurrent_record_keeps_each_raw_body_with_its_request(
+    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+) -> None:
+    def echo_cell(req: dict[str, Any]) -> Reply:
+        cell = req["messages"][1]["content"].split()[2].rstrip(":")  # "Log of C7:\n..."
+        return raw_answer(json.dumps({"summary": cell, "event_ids": []}))(req)
+
+    fake_llm.handler = echo_cell
+    fake_llm.delay_s = 0.02
+    client = ModelClient(model_settings(mode="record", store=tmp_path / "s", concurrency=6), tmp_path / "r")
+    outs = await client.gather([one(client, f"C{i}") for i in range(12)])
+    assert [o.value.summary for o in outs] == [f"C{i}" for i in range(12)]  # type: ignore[union-attr]
+    for path in (tmp_path / "s").glob("*/*.json"):
+        rec = json.loads(path.read_text())
+        assert rec["response_source"] == "http_body"
+        args = rec["response"]["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+        assert json.loads(args)["summary"] == rec["cell_id"]
+        assert rec["cell_id"] in rec["request"]["messages"][1]["content"]
