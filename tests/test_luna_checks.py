@@ -154,6 +154,11 @@ def test_render_event_trims_visibly_and_shows_ids_and_digests() -> None:
     assert line.startswith("C001-e0007 10:01:02 [tool_result run_tests exit_code=1] call=call_9 result=abababababab:")
     assert "chars trimmed" in line and len(line) < 600
     assert trim("short", 10) == "short"
+    state = render_event(
+        {"event_id": "C001-e0001", "kind": "state_change", "detail": "state", "state_digest": "sha256:" + "c" * 64,
+         "text": "state sha256:" + "c" * 64 + ": current_stage=review"}
+    )  # fmt: skip
+    assert state.endswith("[state]: state sha256:cccccccccccc…: current_stage=review")
 
 
 def test_split_keeps_every_event_and_places_candidates() -> None:

@@ -83,6 +83,7 @@ class Part:
 
 
 _WS = re.compile(r"[ \t\r\f\v]+")
+_FULL_DIGEST = re.compile(r"sha256:([0-9a-f]{12})[0-9a-f]{52}")
 
 
 def _squash(text: str) -> str:
@@ -121,9 +122,10 @@ def render_event(row: dict[str, Any]) -> str:
         bits.append(f"args={_short(row['args_digest'])}")
     if kind in ("tool_result", "artifact") and row.get("result_digest"):
         bits.append(f"result={_short(row['result_digest'])}")
-    if kind == "state_change" and row.get("state_digest"):
+    if kind == "state_change" and row.get("state_digest") and row["state_digest"] not in (row.get("text") or ""):
         bits.append(f"state={_short(row['state_digest'])}")
-    text = _squash(row.get("text") or "")
+    # Full digests in log text (state lines, artifacts) shown as their first 12 hex digits plus "…".
+    text = _FULL_DIGEST.sub(r"sha256:\1…", _squash(row.get("text") or ""))
     if row.get("text_truncated"):
         text += f" [IR kept {len(row.get('text') or '')} of {row.get('text_chars')} chars]"
     limit = _LIMITS.get(kind, _DEFAULT_LIMIT)
