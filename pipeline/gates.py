@@ -147,8 +147,10 @@ def commit(
                 current_revision=handoff.revision,
             )
         if expected_digest is not None and expected_digest != now_digest:
+            what = describe_change(run_dir, artifact, expected_digest)
             raise NeedsRebase(
-                f"needs_rebase: {artifact} changed: you decided on {expected_digest}, it is now {now_digest}",
+                f"needs_rebase: {artifact} changed: you decided on {expected_digest}, it is now {now_digest}"
+                + (f" ({what})" if what else ""),
                 current_digest=now_digest,
             )
         result = apply(handoff)
@@ -170,6 +172,30 @@ def commit(
             raise NeedsRebase(f"needs_rebase: another decision with operation id {op} was committed first")
         _apply_receipt(run_dir, receipt, path)
         return receipt, False
+
+
+def describe_change(run_dir: Path, artifact: str, old_digest: str) -> str:
+    """What changed in a shortlist since the version with ``old_digest`` (kept under superseded/), by weakness."""
+    if artifact != SHORTLIST:
+        return ""
+    old: dict[str, Any] | None = None
+    for p in sorted((run_dir / "superseded").glob(f"*-{SHORTLIST}")):
+        raw = read_json(p)
+        if isinstance(raw, dict) and raw.get("digest") == old_digest:
+            old = raw
+            break
+    if old is None:
+        return "the version you decided on is not kept"
+    new = read_json(run_dir / artifact)
+    before = {w["weakness_id"]: w for w in old.get("weaknesses", [])}
+    after = {w["weakness_id"]: w for w in new.get("weaknesses", [])}
+    parts = [f"{w} new" for w in sorted(set(after) - set(before))]
+    parts += [f"{w} gone" for w in sorted(set(before) - set(after))]
+    for w in sorted(set(before) & set(after)):
+        fields = sorted(k for k in set(before[w]) | set(after[w]) if before[w].get(k) != after[w].get(k))
+        if fields:
+            parts.append(f"{w} changed: {', '.join(fields)}")
+    return "; ".join(parts) or "same weaknesses; other fields changed (made_from, denominator or dropped)"
 
 
 def _apply_receipt(run_dir: Path, receipt: Receipt, path: Path) -> None:

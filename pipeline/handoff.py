@@ -152,7 +152,13 @@ def run_command(run_dir: Path, *, resume: bool = True) -> str:
         raw = read_json(run_json)
         if isinstance(raw, dict):
             inputs = raw.get("inputs", {})
-            bundle = str(inputs.get("bundle_path") or raw.get("bundle_path") or bundle)
+            given = inputs.get("bundle_path")
+            if given and Path(given).is_dir():
+                bundle = str(given)  # as the user typed it, still valid from here
+            elif isinstance(raw.get("bundle"), str):
+                bundle = str((run_dir / raw["bundle"]).resolve())  # export stores it relative to the run
+            elif given:
+                bundle = str(given)
             models = inputs.get("models") or {}
     parts = ["lunasol", "run", bundle, "--run-id", run_dir.name, "--runs-dir", str(run_dir.parent)]
     if models.get("model"):

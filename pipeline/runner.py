@@ -12,11 +12,14 @@ call plus the downstream steps. A :class:`~pipeline.errors.Blocked` error writes
 
 from __future__ import annotations
 
+import fcntl
 import importlib
+import os
 import platform
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -53,6 +56,7 @@ STAGE_ROLES: dict[str, str] = {"luna": "luna", "sol": "sol"}
 MANIFEST = "manifest.json"
 REQUEST = "analysis-request.json"
 SUPERSEDED_DIR = "superseded"
+RUN_LOCK = ".run.lock"
 
 
 @dataclass
@@ -346,6 +350,27 @@ def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
         _check_resume(ctx, bdigest)
     created = not ctx.run_dir.exists()
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    with _exclusive_run(ctx.run_dir):
+        return _run_stages(ctx, bdigest, created)
+
+
+@contextmanager
+def _exclusive_run(run_dir: Path) -> Iterator[None]:
+    """One ``lunasol run`` per run directory at a time (a second one is refused, not queued)."""
+    fd = os.open(run_dir / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BadInput(f"another lunasol run is working on {run_dir}; wait for it to finish") from None
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
+    """The stage loop of :func:`run` (the caller holds the run lock)."""
+    options, log = ctx.options, ctx.log
     write_run_json(ctx, bdigest)
     ledger = Ledger(ctx.run_dir)
     result = RunResult(ctx=ctx)

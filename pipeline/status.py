@@ -116,10 +116,13 @@ def format_status(s: dict[str, Any]) -> str:
         reason = f"  ({r['reason']})" if r["reason"] else ""
         lines.append(f"  {r['name']:<14} {r['state']:<12}{reason}")
     if cell_rows:
-        counts: dict[str, int] = {}
+        counts: dict[str, dict[str, int]] = {}
         for r in cell_rows:
-            counts[r["state"]] = counts.get(r["state"], 0) + 1
-        lines.append("  per-cell results: " + ", ".join(f"{n} {st}" for st, n in sorted(counts.items())))
+            per = counts.setdefault(r["name"].split("/", 1)[0], {})
+            per[r["state"]] = per.get(r["state"], 0) + 1
+        for prefix, by_state in sorted(counts.items()):
+            states = ", ".join(f"{n} {st}" for st, n in sorted(by_state.items()))
+            lines.append(f"  {prefix + '/<cell>':<14} {states}")
         for r in cell_rows:
             if r["state"] != "verified":
                 lines.append(f"    {r['name']:<12} {r['state']:<12} ({r['reason']})")

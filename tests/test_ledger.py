@@ -14,7 +14,7 @@ from pipeline import gates
 from pipeline import handoff as hf
 from pipeline.canonical import read_json
 from pipeline.cli.app import app
-from pipeline.errors import Blocked
+from pipeline.errors import Blocked, NeedsRebase
 from pipeline.ledger import CellResults, Ledger, cell_key
 from pipeline.models import read_calls
 from pipeline.runner import RunOptions, run
@@ -132,6 +132,7 @@ def test_one_changed_cell_costs_one_luna_call_and_invalidates_downstream(setup: 
     run(setup["opts"], log=lambda _m: None)
     gates.confirm(d, {"W-01": "confirm"}, by="ana", expected_digest=None, expected_revision=None)
     old_receipt = d / hf.load(d).receipts["gate1"]
+    old_digest = hf.load(d).shortlist_digest
     change_cell(setup["bundle"], "C002")
     logs: list[str] = []
     res = run(setup["opts"], log=logs.append)
@@ -151,6 +152,9 @@ def test_one_changed_cell_costs_one_luna_call_and_invalidates_downstream(setup: 
     assert old_receipt.is_file()
     assert hf.load(d).userRootCauseConfirmation == "pending"
     assert any("invalidated downstream" in line for line in logs)
+    # deciding on the old shortlist now: needs_rebase, saying what changed
+    with pytest.raises(NeedsRebase, match="same weaknesses; other fields changed"):
+        gates.confirm(d, {"W-01": "confirm"}, by="bo", expected_digest=old_digest, expected_revision=None)
     assert (d / "superseded").is_dir()  # the outputs it replaced are kept
 
 
@@ -262,3 +266,13 @@ def test_bad_bundle_leaves_no_run_directory(setup: dict[str, Any]) -> None:
     with pytest.raises(BundleError):
         run(setup["opts"], log=lambda _m: None)
     assert not setup["run_dir"].exists()
+
+
+def test_a_second_concurrent_run_is_refused(setup: dict[str, Any]) -> None:
+    from pipeline.errors import BadInput
+    from pipeline.runner import _exclusive_run
+
+    d = setup["run_dir"]
+    d.mkdir(parents=True)
+    with _exclusive_run(d), pytest.raises(BadInput, match="another lunasol run is working"):
+        run(setup["opts"], log=lambda _m: None)
