@@ -29,9 +29,11 @@ from pipeline.ir.export import export
 t0 = time.perf_counter()
 report = export(Path(sys.argv[1]), Path(sys.argv[2]))
 secs = time.perf_counter() - t0
+ru = resource.getrusage(resource.RUSAGE_SELF)
+cpu = ru.ru_utime + ru.ru_stime
 self_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 kids_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-print(json.dumps({"events": report.events, "seconds": secs, "peak_rss_mib": (self_kib + kids_kib) / 1024}))
+print(json.dumps({"events": report.events, "seconds": secs, "cpu": cpu, "peak_rss_mib": (self_kib + kids_kib) / 1024}))
 """
 
 # DuckDB's own work on the same files, each in a fresh process. `scan` is the issue's reference
@@ -53,7 +55,9 @@ n = con.execute("SELECT count(*) FROM t").fetchone()[0] if mode == "ingest" else
 if mode == "ingest":
     con.execute("CHECKPOINT")
 con.close()
-print(json.dumps({"rows": n, "seconds": time.perf_counter() - t0}))
+import resource
+ru = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"rows": n, "seconds": time.perf_counter() - t0, "cpu": ru.ru_utime + ru.ru_stime}))
 """
 
 
@@ -86,17 +90,20 @@ def run(events: int = 1_000_000, keep: Path | None = None, repeats: int = 2) -> 
         listing = tmp / "jsonl-files.json"
         listing.write_text(json.dumps(files))
         ref: dict[str, float] = {}
+        ref_cpu: dict[str, float] = {}
         rows = 0
         for mode in ("scan", "scan_union", "ingest"):
-            times = []
+            times, cpus = [], []
             for i in range(repeats):
                 target = tmp / f"duckdb-ingest-{i}.duckdb"
                 target.unlink(missing_ok=True)
                 out = _child(_SCAN, str(listing), mode, str(target))
                 target.unlink(missing_ok=True)
                 times.append(out["seconds"])
+                cpus.append(out["cpu"])
                 rows = int(out["rows"])
             ref[mode] = min(times)
+            ref_cpu[mode] = min(cpus)
         exports = []
         for i in range(repeats):
             run_dir = tmp / f"run{i}"
@@ -110,12 +117,14 @@ def run(events: int = 1_000_000, keep: Path | None = None, repeats: int = 2) -> 
             "jsonl_mib": round(size / 2**20, 1),
             "generate_s": round(gen_s, 2),
             "export_s": round(export_s, 2),
+            "export_cpu_s": round(min(e["cpu"] for e in exports), 2),
             "events_per_s": round(exports[0]["events"] / export_s),
             "peak_rss_mib": round(max(e["peak_rss_mib"] for e in exports)),
             "duckdb_rows": rows,
             "duckdb_scan_s": round(ref["scan"], 2),
             "duckdb_scan_union_s": round(ref["scan_union"], 2),
             "duckdb_ingest_s": round(ref["ingest"], 2),
+            "duckdb_cpu_s": {k: round(v, 2) for k, v in ref_cpu.items()},
             "ratio_export_to_scan": round(export_s / ref["scan"], 1),
             "ratio_export_to_scan_union": round(export_s / ref["scan_union"], 1),
             "ratio_export_to_duckdb_ingest": round(export_s / ref["ingest"], 1),

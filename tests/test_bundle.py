@@ -189,5 +189,23 @@ def test_manifest_listed_symlink_out(bundle: Path, tmp_path: Path) -> None:
     data = json.loads((bundle / MANIFEST_FILE).read_text())
     data["files"].append({"path": "o.txt", "sha256": sha256_file(outside), "size": 1})
     (bundle / MANIFEST_FILE).write_text(json.dumps(data))
-    with pytest.raises(BundleError, match="resolves outside the bundle"):
+    with pytest.raises(BundleError, match="outside the bundle"):
         verify(bundle)
+
+
+def test_read_frozen_rehashes_a_file_changed_after_verify(bundle: Path) -> None:
+    from pipeline.bundle import read_frozen
+
+    manifest = read_manifest(bundle)
+    assert verify(bundle, manifest).ok
+    rel = "cells/C001/controller.jsonl"
+    assert rel in manifest.hashed_ok
+    assert read_frozen(bundle, rel, manifest) == (bundle / rel).read_bytes()
+    raw = bytearray((bundle / rel).read_bytes())
+    raw[1] = ord("Z") if raw[1] != ord("Z") else ord("Y")
+    os.unlink(bundle / rel)  # a new inode, as editors and generators produce
+    (bundle / rel).write_bytes(bytes(raw))
+    with pytest.raises(BundleError, match="changed since the bundle was frozen"):
+        read_frozen(bundle, rel, manifest)
+    with pytest.raises(BundleError, match="changed since the bundle was frozen"):
+        read_frozen(bundle, rel, read_manifest(bundle))

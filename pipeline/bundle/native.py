@@ -121,62 +121,63 @@ def _session_events(rel: str, data: bytes) -> list[SourceEvent]:
     events: list[SourceEvent] = []
     append = events.append
     for n, rec in iter_lines(data, rel):
-        typ = rec.get("type")
-        ts = rec.get("ts")
-        stage = rec.get("stage") or file_stage
-        actor = rec.get("actor") or file_actor
-        session = _str(rec.get("session")) or stem
-        step = rec.get("step")
-        step_index = step if isinstance(step, int) else None
-        if typ == "message":
-            role = rec.get("role") or actor
-            append(
-                SourceEvent(
-                    "message",
-                    rel,
-                    n,
-                    n,
-                    ts,
-                    "message",
-                    role,
-                    stage,
-                    session,
-                    step_index,
-                    _str(rec.get("content")) or "",
-                )
-            )
-        elif typ == "tool_call":
-            args = rec.get("args")
+        g = rec.get
+        typ = g("type")
+        # Fields are almost always strings already; _str only runs for the odd value.
+        ts = g("ts")
+        if ts.__class__ is not str:
+            ts = _str(ts)
+        stage = g("stage") or file_stage
+        if stage.__class__ is not str:
+            stage = _str(stage)
+        actor = g("actor") or file_actor
+        if actor.__class__ is not str:
+            actor = _str(actor)
+        session = g("session")
+        if session.__class__ is not str:
+            session = _str(session) or stem
+        step = g("step")
+        step_index = step if step.__class__ is int else None
+        if typ == "tool_call":
+            args = g("args")
             args_json = canonical_args(args if args is not None else {})
-            call_id = _str(rec.get("call_id"))
-            tool = _str(rec.get("tool"))
+            call_id = g("call_id")
+            if call_id.__class__ is not str:
+                call_id = _str(call_id)
+            tool = _str(g("tool"))
             target = tool_target(args)
             if call_id is not None:
                 targets[call_id] = target
-            ev = SourceEvent("tool_call", rel, n, n, ts, "tool_call", actor, stage, session, step_index)
-            ev.text = f"{tool} {args_json}"
-            ev.tool_name = tool
-            ev.call_id = call_id
-            ev.args_digest = _sha(args_json)
-            ev.target = target
-            append(ev)
-        elif typ == "tool_result":
-            output = _str(rec.get("output")) or ""
-            call_id = _str(rec.get("call_id"))
-            code = rec.get("exit_code")
-            ev = SourceEvent("tool_result", rel, n, n, ts, "tool_result", actor, stage, session, step_index, output)
-            if code not in (0, None):
-                ev.detail = f"tool_result exit_code={code}"
-            ev.tool_name = _str(rec.get("tool"))
-            ev.call_id = call_id
-            ev.result_digest = _sha(output)
-            ev.target = targets.get(call_id) if call_id is not None else None
-            append(ev)
-        elif typ == "error":
-            src = _str(rec.get("source"))
             append(
-                SourceEvent("error", rel, n, n, ts, src or "error", actor, stage, session, step_index,
-                            _str(rec.get("message")) or "")
+                SourceEvent("tool_call", rel, n, n, ts, "tool_call", actor, stage, session, step_index,
+                            f"{tool} {args_json}", tool, call_id, _sha(args_json), None, None, target)
+            )  # fmt: skip
+        elif typ == "tool_result":
+            output = g("output")
+            if output.__class__ is not str:
+                output = _str(output) or ""
+            call_id = g("call_id")
+            if call_id.__class__ is not str:
+                call_id = _str(call_id)
+            code = g("exit_code")
+            detail = "tool_result" if code == 0 or code is None else f"tool_result exit_code={code}"
+            append(
+                SourceEvent("tool_result", rel, n, n, ts, detail, actor, stage, session, step_index, output,
+                            _str(g("tool")), call_id, None, _sha(output), None,
+                            targets.get(call_id) if call_id is not None else None)
+            )  # fmt: skip
+        elif typ == "message":
+            role = g("role") or actor
+            if role.__class__ is not str:
+                role = _str(role)
+            append(
+                SourceEvent("message", rel, n, n, ts, "message", role, stage, session, step_index,
+                            _str(g("content")) or "")
+            )  # fmt: skip
+        elif typ == "error":
+            append(
+                SourceEvent("error", rel, n, n, ts, _str(g("source")) or "error", actor, stage, session, step_index,
+                            _str(g("message")) or "")
             )  # fmt: skip
         else:
             append(

@@ -127,7 +127,13 @@ def to_arrow(rows: list[tuple[Any, ...]], spec: tuple[tuple[str, str], ...]) -> 
     import pyarrow as pa
 
     cols = list(zip(*rows, strict=True)) if rows else [() for _ in spec]
-    return pa.table({name: pa.array(col, type=getattr(pa, typ)()) for (name, typ), col in zip(spec, cols, strict=True)})
+    arrays = {}
+    for (name, typ), col in zip(spec, cols, strict=True):
+        pa_type = getattr(pa, typ)()
+        # A column with no value at all (json_pointer, step_index in native bundles) costs nothing.
+        none = col.count(None) == len(col)
+        arrays[name] = pa.nulls(len(col), type=pa_type) if none else pa.array(col, type=pa_type)
+    return pa.table(arrays)
 
 
 def cell_rows(
@@ -189,16 +195,29 @@ def _serial_batches(
 ) -> Iterator[pa.RecordBatch]:
     """Read every eligible cell; yield event rows as Arrow batches, fill counts and segments."""
     pending: list[tuple[Any, ...]] = []
+    in_batch: list[str] = []
     for cell in cells:
         rows, segs = cell_rows(cell.cell_id, list(reader(bundle, cell, manifest)), manifest)
         counts[cell.cell_id] = len(rows)
         pending.extend(rows)
         segments.extend(segs)
+        in_batch.append(cell.cell_id)
         if len(pending) >= BATCH_ROWS:
-            yield to_arrow(pending, EVENT_ROW).to_batches()[0]
-            pending = []
+            yield _batch(pending, in_batch)
+            pending, in_batch = [], []
     if pending:
-        yield to_arrow(pending, EVENT_ROW).to_batches()[0]
+        yield _batch(pending, in_batch)
+
+
+def _batch(rows: list[tuple[Any, ...]], cell_ids: list[str]) -> pa.RecordBatch:
+    import pyarrow as pa
+
+    try:
+        return to_arrow(rows, EVENT_ROW).to_batches()[0]
+    except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+        # Only a reader can get here (wrong value types); say which cells, not a traceback.
+        where = cell_ids[0] if len(cell_ids) == 1 else f"{cell_ids[0]}..{cell_ids[-1]}"
+        raise BadInput(f"the reader produced an ill-typed event field in cell(s) {where}: {exc}") from None
 
 
 @contextlib.contextmanager
