@@ -132,3 +132,17 @@ async def test_server_command_line_serves_recordings(
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_resolve_settings_fills_model_for_replay(tmp_path: Path) -> None:
+    from pipeline.models import resolve_settings
+
+    k = key()
+    store = RecordingStore(tmp_path, "replay")
+    store.path_for(k).parent.mkdir(parents=True)
+    store.path_for(k).write_text(json.dumps({"key": k, "response": {}, "model": "openai/m"}))
+    assert resolve_settings(ModelSettings(mode="replay", store=tmp_path)).model == "openai/m"
+    assert resolve_settings(ModelSettings(mode="replay", store=tmp_path, model="openai/x")).model == "openai/x"
+    assert resolve_settings(ModelSettings(model=None)).model is None  # live: nothing to infer
+    with pytest.raises(BadInput, match="replay store not found"):
+        resolve_settings(ModelSettings(mode="replay", store=tmp_path / "nope"))

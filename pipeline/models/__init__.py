@@ -17,7 +17,7 @@ from pipeline.models.errors import BudgetExceeded, ModelUnavailable, PromptError
 from pipeline.models.estimate import Estimate, PlannedCall, estimate, format_estimate
 from pipeline.models.progress import gather_bounded
 from pipeline.models.prompts import ROLES, RenderedPrompt, prompts_dir, render, template_hash, template_hashes
-from pipeline.models.store import RecordingStore, canonical_request, request_key
+from pipeline.models.store import RecordingStore, canonical_request, request_key, resolve_settings
 
 __all__ = [
     "ROLES",
@@ -42,6 +42,7 @@ __all__ = [
     "read_calls",
     "render",
     "request_key",
+    "resolve_settings",
     "summarise",
     "template_hash",
     "template_hashes",

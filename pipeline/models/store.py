@@ -161,3 +161,22 @@ def check_record(record: Any, path: Path) -> dict[str, Any]:
     if not isinstance(version, int) or version > STORE_SCHEMA_VERSION:
         raise BadInput(f"recording {path} has schema_version {version}; this lunasol reads <= {STORE_SCHEMA_VERSION}")
     return record
+
+
+def resolve_settings(settings: Any) -> Any:
+    """Settings with ``model`` filled from a replay store when none was given (one model recorded).
+
+    Call it once before the stages run, so every artifact that names the model names the same one
+    in a recording run and in its replay (``--replay DIR`` alone is then enough).
+    """
+    from pipeline.errors import BadInput
+
+    if settings.model or settings.effective_mode() != "replay" or settings.store is None:
+        return settings
+    store = RecordingStore(Path(settings.store), "replay")
+    if not store.root.is_dir():
+        raise BadInput(f"replay store not found: {settings.store}")
+    models = store.models()
+    if len(models) > 1:
+        raise BadInput(f"replay store holds several models ({', '.join(sorted(models))}); pass --model")
+    return settings.model_copy(update={"model": next(iter(models))}) if models else settings
