@@ -125,3 +125,21 @@ def test_no_luna_request_in_the_store_carries_an_outcome() -> None:
         assert "workflow_failed" not in text
         assert "outcome" not in text.lower()
         assert '"label"' not in text
+
+
+def test_record_demo_routes_by_request_id_and_reports_missing_answers(tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from fixtures.record_demo import AnswerBook, answer_name
+
+    (tmp_path / "luna").mkdir()
+    (tmp_path / "luna" / "C004.json").write_text('{"patterns": [], "rejected_candidates": []}', encoding="utf-8")
+    req = {"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "request-id: luna/C004\nCell"}]}
+    assert answer_name(req) == "luna/C004"
+    book = AnswerBook(tmp_path)
+    assert book(req).status == 200 and book.served == {"luna/C004": 1}
+    other = {"messages": [{"role": "user", "content": "request-id: proposer/W-09\n"}]}
+    assert book(other).status == 400 and book.missing == {"proposer/W-09"}
+    with pytest.raises(ValueError):
+        book.path("../../etc/passwd")
