@@ -9,6 +9,7 @@ never approval).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +28,11 @@ RULES: dict[str, str] = {
     "V-RUN-TASK-OUTSIDE": "an affected task lies outside the weakness's support",
     "V-RUN-RUN-OUTSIDE": "an affected run lies outside the weakness's support",
     "V-RUN-CELL-UNKNOWN": "the card names a cell the run does not have",
+    "V-RUN-REF-UNKNOWN": "the card cites an event id or source ref that does not resolve in the run",
 }
+
+EVENT_REF = re.compile(r"(?<![\w-])C\d{2,}-e\d{3,}(?!\w)")
+SOURCE_REF = re.compile(r"(?<![\w/.#-])[\w.-]+(?:/[\w.-]+)+#L\d+(?:-L\d+)?")
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,41 @@ class RunFacts:
     unconfirmed_reason: str | None = None  # why no gate-1 receipt counts, with the unblock command
     cells: frozenset[str] = frozenset()
     shortlist_digest: str | None = None
+    has_ir: bool = False
+
+    def unknown_events(self, event_ids: set[str]) -> set[str]:
+        """Event ids not in the run's IR (none when the run has no IR to check against)."""
+        if not event_ids or not self.has_ir:
+            return set()
+        import duckdb
+
+        con = duckdb.connect(str(self.run_dir / "ir.duckdb"), read_only=True)
+        try:
+            ids = sorted(event_ids)
+            marks = ", ".join("?" for _ in ids)
+            found = {
+                r[0] for r in con.execute(f"SELECT event_id FROM events WHERE event_id IN ({marks})", ids).fetchall()
+            }
+        finally:
+            con.close()
+        return event_ids - found
+
+    def unresolved_refs(self, refs: set[str]) -> dict[str, str]:
+        """Source refs that do not resolve to the frozen bundle bytes, with the reason."""
+        if not refs or not (self.run_dir / "run.json").is_file():
+            return {}
+        if "bundle" not in read_json(self.run_dir / "run.json"):
+            return {}  # a run without a recorded bundle has nothing to resolve refs against
+        from pipeline.errors import LunasolError
+        from pipeline.ir.refs import resolve_ref
+
+        out: dict[str, str] = {}
+        for ref in sorted(refs):
+            try:
+                resolve_ref(self.run_dir, ref)
+            except (LunasolError, OSError, ValueError) as exc:
+                out[ref] = exc.one_line() if isinstance(exc, LunasolError) else str(exc)
+        return out
 
 
 def load_run_facts(run_dir: Path) -> RunFacts:
@@ -78,6 +118,7 @@ def load_run_facts(run_dir: Path) -> RunFacts:
             runs=frozenset(w.support.runs),
         )
     facts.cells = frozenset(shortlist.denominator.cells) | frozenset(shortlist.denominator.excluded)
+    facts.has_ir = (run_dir / "ir.duckdb").is_file()
     try:
         decided = confirmed_weaknesses(run_dir)
     except Blocked as exc:
@@ -135,4 +176,11 @@ def check_run(card: ProposalCard, prefix: str, fields: list[TextField], facts: R
             unknown = sorted({c for c in CELL_REF.findall(f.text) if c not in facts.cells})
             if unknown:
                 out.append(("V-RUN-CELL-UNKNOWN", f.path, f"names {', '.join(unknown)}, not a cell of this run"))
+    for f in fields:
+        missing = sorted(facts.unknown_events(set(EVENT_REF.findall(f.text))))
+        bad_refs = facts.unresolved_refs(set(SOURCE_REF.findall(f.text)))
+        if missing:
+            out.append(("V-RUN-REF-UNKNOWN", f.path, f"cites {', '.join(missing)}, not an event of this run's IR"))
+        for ref, why in sorted(bad_refs.items()):
+            out.append(("V-RUN-REF-UNKNOWN", f.path, f"cites {ref}, which does not resolve: {why}"))
     return out

@@ -3,6 +3,7 @@ shortlist (W-02, W-04, W-09) and, optionally, a gate-1 receipt made through pipe
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pipeline import handoff as hf
@@ -51,11 +52,30 @@ W02_RUNS = ["h0-flask-json-provider-r2", "h0-click-option-groups-r1", "h0-click-
 W02_TASKS = ["flask-json-provider", "click-option-groups"]
 
 
+DEMO_BUNDLE = Path(__file__).resolve().parents[2] / "fixtures" / "bundles" / "h0-demo"
+
+
 def make_run(runs_dir: Path, *, confirmed: bool = True, run_id: str = "h0-validator-test") -> Path:
-    """Write the synthetic run; with ``confirmed`` also commit gate 1 (W-02 confirm, W-04 amend, W-09 reject)."""
+    """Write the synthetic run; with ``confirmed`` also commit gate 1 (W-02 confirm, W-04 amend, W-09 reject).
+
+    Refs resolve against the frozen demo bundle (run.json ``bundle``); the IR holds only an ``events``
+    table with one event per supporting cell (``C007-e0001``, ...), enough for event-id checks.
+    """
+    import duckdb
+
     run_dir = runs_dir / run_id
     run_dir.mkdir(parents=True)
-    write_json(run_dir / "run.json", {"schema_version": 1, "run_id": run_id, "parent_harness": "H0"})
+    run_json = {"schema_version": 1, "run_id": run_id, "parent_harness": "H0"}
+    if DEMO_BUNDLE.is_dir():
+        run_json["bundle"] = os.path.relpath(DEMO_BUNDLE, run_dir)
+    write_json(run_dir / "run.json", run_json)
+    con = duckdb.connect(str(run_dir / "ir.duckdb"))
+    try:
+        con.execute("CREATE TABLE events (event_id VARCHAR)")
+        for cell in ("C002", "C007", "C009", "C011", "C019", "C021"):
+            con.execute("INSERT INTO events VALUES (?)", [f"{cell}-e0001"])
+    finally:
+        con.close()
     shortlist = write_shortlist(
         run_dir / SHORTLIST_FILE,
         Shortlist(
