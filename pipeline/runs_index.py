@@ -71,6 +71,13 @@ def run_state(arts: RunArtifacts) -> str:
 
 
 def _model(run: dict[str, Any]) -> str | None:
+    inputs = run.get("inputs")
+    if isinstance(inputs, dict) and isinstance(inputs.get("models"), dict):
+        # run.json as the runner writes it: inputs.models = ModelSettings (model may be None in replay).
+        settings = inputs["models"]
+        model, mode = settings.get("model"), settings.get("mode")
+        if model or mode:
+            return " ".join(str(x) for x in (model, f"({mode})" if mode else None) if x)
     models = run.get("models", run.get("model"))
     if isinstance(models, str):
         return models
@@ -88,6 +95,8 @@ def _model(run: dict[str, Any]) -> str | None:
 
 def _bundle(run: dict[str, Any]) -> tuple[str | None, str | None]:
     b = run.get("bundle")
+    if isinstance(b, str) and b:
+        return Path(b).name, str(run.get("bundle_digest") or "") or None
     if isinstance(b, dict):
         path = b.get("path") or b.get("name")
         dig = b.get("digest") or b.get("manifest_digest")

@@ -35,6 +35,23 @@ def _events(run_dir: Path) -> dict[str, list[str]]:
     return out
 
 
+HOSTILE = "</script><script>window.__pwned = 1; alert(1)</script><img src=x onerror=alert(2)> & done"
+CONTROLLER_REF = "cells/C001/controller.jsonl#L1-L2"
+
+
+def hostile_event(run_dir: Path) -> str:
+    """The event id of the hostile reviewer line."""
+    import duckdb
+
+    con = duckdb.connect(str(run_dir / "ir.duckdb"), read_only=True)
+    try:
+        row = con.execute("SELECT event_id FROM events WHERE text LIKE '%__pwned%'").fetchone()
+    finally:
+        con.close()
+    assert row is not None
+    return str(row[0])
+
+
 def weakness(wid: str, cells: list[str], refs: list[str], statement: str, confidence: str = "medium") -> dict[str, Any]:
     """A weakness card shaped like pipeline.sol.cards.WeaknessCard."""
     return {
@@ -91,15 +108,22 @@ def proposal(pid: str, source: str, strategy: str) -> dict[str, Any]:
 
 def build_run(root: Path, name: str = "run-a") -> Path:
     """A small but complete run: real IR from a generated bundle, then every downstream artifact."""
+    from pipeline.bundle.manifest import freeze
     from pipeline.bundle.synth import write_bundle
     from pipeline.ir.export import export
 
     bundle = root / "bundle"
     if not bundle.exists():
-        write_bundle(bundle, cells=3, events_per_cell=12, excluded=1, seed=3)
+        write_bundle(bundle, cells=3, events_per_cell=12, excluded=1, seed=3, freeze_it=False)
+        # Log text is untrusted: one reviewer line tries to break out of the report's HTML.
+        with (bundle / "cells/C003/sessions/04-review-reviewer.jsonl").open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"content": HOSTILE, "role": "reviewer", "session": "C003-04",
+                                 "ts": "2026-08-09T23:59:59Z", "type": "message"}) + "\n")  # fmt: skip
+        freeze(bundle)
     run_dir = root / "runs" / name
     export(bundle, run_dir)
     ev = _events(run_dir)
+    hostile = hostile_event(run_dir)
     run = json.loads((run_dir / "run.json").read_text())
     run["models"] = {"luna": "openai/test-model", "sol": "openai/test-model"}
     run["templates"] = {"luna": "sha256:" + "1" * 64, "sol": "sha256:" + "2" * 64}
@@ -130,7 +154,7 @@ def build_run(root: Path, name: str = "run-a") -> Path:
     )  # fmt: skip
     cards = [
         weakness("W-01", ["C001", "C002"], [ev["C001"][2], ev["C002"][3]], "checkers re-check unchanged sources"),
-        weakness("W-02", ["C003"], [ev["C003"][0]], "obligations stay open at hand-off", "low"),
+        weakness("W-02", ["C003"], [hostile, CONTROLLER_REF], "obligations stay open at hand-off <b>bold?</b>", "low"),
     ]
     write_json(run_dir / "weakness-shortlist.json", {"schema_version": 1, "digest": "sha256:" + "a" * 64,
                                                       "weaknesses": cards, "dropped": []})  # fmt: skip

@@ -25,11 +25,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _run(bundle: Path, recordings: Path, runs_dir: Path, run_id: str) -> int:
-    res = CliRunner().invoke(
-        app, ["run", str(bundle), "--replay", str(recordings), "--runs-dir", str(runs_dir), "--run-id", run_id]
-    )
-    return res.exit_code
+def _run(bundle: Path, recordings: Path, runs_dir: Path) -> tuple[int, Path, str]:
+    # The default run id: it is part of what the recorded requests saw, so each run gets its own runs dir.
+    res = CliRunner().invoke(app, ["run", str(bundle), "--replay", str(recordings), "--runs-dir", str(runs_dir)])
+    (run_dir,) = [p for p in runs_dir.iterdir() if p.is_dir()]
+    return res.exit_code, run_dir, res.output
 
 
 def _answer_holder(response: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -60,45 +60,44 @@ def edit_one_luna_answer(recordings: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, str]:
+def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str, int]:
     root = tmp_path_factory.mktemp("demo-diff")
-    runs = root / "runs"
     edited = root / "recordings"
     shutil.copytree(DEMO_RECORDINGS, edited)
     cell = edit_one_luna_answer(edited)
-    code_a = _run(DEMO_BUNDLE, DEMO_RECORDINGS, runs, "a")
-    code_a2 = _run(DEMO_BUNDLE, DEMO_RECORDINGS, runs, "a2")
-    code_b = _run(DEMO_BUNDLE, edited, runs, "b")
-    assert code_a == 0 and code_a2 == 0, (code_a, code_a2)
-    # Downstream of the edited answer, Sol's request changed: its replay may block (exit 3).
-    assert code_b in (0, 3)
-    return runs / "a", runs / "a2", runs / "b", cell
+    code_a, a, out_a = _run(DEMO_BUNDLE, DEMO_RECORDINGS, root / "a")
+    code_b, b, out_b = _run(DEMO_BUNDLE, edited, root / "b")
+    assert code_a == 0, out_a
+    # Downstream of the edited answer Sol's request may have changed: then its replay blocks (exit 3).
+    assert code_b in (0, 3), out_b
+    return a, b, cell, code_b
 
 
-def test_two_replays_of_the_demo_are_identical(demo_runs: tuple[Path, Path, Path, str]) -> None:
-    a, a2, _, _ = demo_runs
-    d = diff_run_dirs(a, a2)
-    assert d.identical, render_text(d)
-    assert d.patterns.unchanged > 0
-    res = CliRunner().invoke(app, ["diff", str(a), str(a2)])
-    assert res.exit_code == 0
+def test_demo_run_diffed_with_itself_is_empty(demo_runs: tuple[Path, Path, str, int]) -> None:
+    a = demo_runs[0]
+    d = diff_run_dirs(a, a)
+    assert d.identical and d.patterns.unchanged > 0 and d.weaknesses.unchanged > 0
+    assert CliRunner().invoke(app, ["diff", str(a), str(a)]).exit_code == 0
 
 
-def test_edited_luna_answer_shows_exactly_that_cell(demo_runs: tuple[Path, Path, Path, str]) -> None:
-    a, _, b, cell = demo_runs
+def test_edited_luna_answer_shows_exactly_that_cell(demo_runs: tuple[Path, Path, str, int]) -> None:
+    a, b, cell, code_b = demo_runs
     d = diff_run_dirs(a, b)
     assert not d.identical
     assert [c.cell_id for c in d.cells] == [cell], render_text(d)
     (item,) = d.cells[0].items
     assert item.status == "changed" and [c.path for c in item.changes] == ["confidence"]
+    # Two separate replays differ in timestamps, latencies and paths: none of that is a difference.
+    assert [c.path for c in d.inputs] == ["inputs.models.store"]
+    if code_b == 0:  # Sol did not see the changed field: everything downstream is the same
+        assert not d.groups.differs and not d.weaknesses.differs and not d.state and not d.calls
     res = CliRunner().invoke(app, ["diff", str(a), str(b), "--markdown"])
     assert res.exit_code == 1 and f"cell {cell}" in res.output
 
 
-def test_report_of_the_demo(demo_runs: tuple[Path, Path, Path, str]) -> None:
+def test_report_of_the_demo(demo_runs: tuple[Path, Path, str, int]) -> None:
     from pipeline.report import render_report
 
-    a = demo_runs[0]
-    html, stats = render_report(a)
-    assert stats["refs"] > 0 and stats["hash_mismatches"] == 0 and stats["unresolved"] == 0
-    assert "C001" in html
+    html, stats = render_report(demo_runs[0])
+    assert stats["refs"] > 100 and stats["hash_mismatches"] == 0 and stats["unresolved"] == 0
+    assert 'id="weakness-W-01"' in html

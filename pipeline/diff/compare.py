@@ -156,11 +156,19 @@ def diff_inputs(a: RunArtifacts, b: RunArtifacts) -> list[FieldChange]:
     The bundle's location (a path relative to the run) is not an input when both runs record the
     bundle's digest: the digest says whether the bytes are the same.
     """
-    ra, rb = dict(a.run), dict(b.run)
-    if "bundle_digest" in ra and "bundle_digest" in rb and isinstance(ra.get("bundle"), str):
-        ra.pop("bundle", None)
-        rb.pop("bundle", None)
-    return field_changes(ra, rb, ignore=VOLATILE | IDENTITY)
+    return field_changes(_without_location(a.run), _without_location(b.run), ignore=VOLATILE | IDENTITY)
+
+
+def _without_location(obj: Any) -> Any:
+    """Drop bundle paths next to a bundle digest, at any depth (the digest is what identifies the bytes)."""
+    if isinstance(obj, dict):
+        has_digest = "bundle_digest" in obj
+        return {
+            k: _without_location(v)
+            for k, v in obj.items()
+            if not (has_digest and k in ("bundle", "bundle_path") and isinstance(v, str))
+        }
+    return obj
 
 
 # ---------------------------------------------------------------- patterns

@@ -50,6 +50,8 @@ def _presence(name: str, s: Section) -> str | None:
         return f"{name}: only in A (B has none)"
     if s.present_b and not s.present_a:
         return f"{name}: only in B (A has none)"
+    if not s.present_a and not s.present_b:
+        return f"{name}: in neither run"
     return None
 
 
@@ -110,7 +112,7 @@ def _lines(d: RunDiff, md: bool) -> list[str]:
     section("gate decisions", d.gates)
     section("run state", d.state)
     out.append("")
-    out.append(h("model calls") + (" — no differences" if not d.calls else ""))
+    out.append(h("model calls") + ("" if d.calls else " — no differences" if md else ": no differences"))
     out.append(bullet + "A: " + _calls_line(d.calls_a))
     out.append(bullet + "B: " + _calls_line(d.calls_b))
     out.extend(bullet + change_line(c) for c in d.calls)
