@@ -89,3 +89,30 @@ def test_shortlist_digest_is_its_own_content(opts: RunOptions, fake_llm: FakeOpe
     write_json(path, raw)
     with pytest.raises(BadInput, match="does not match its digest"):
         read_shortlist(path)
+
+
+def _lines(cell: str, n: int) -> list[tuple[str, str]]:
+    details = ["stage_started", "state", "handoff", "stage_sent_back", "artifact_written"]
+    return [(details[i % 5], f"{cell}-e{i:04d} review/controller {details[i % 5]}: text {i}") for i in range(n)]
+
+
+def test_timelines_fit_the_budget_visibly() -> None:
+    from pipeline.sol.stage import fit_timelines
+
+    lines = {"C001": _lines("C001", 50), "C002": _lines("C002", 50)}
+    full, omitted = fit_timelines(lines, 10**6)
+    assert omitted == 0 and len(full["C001"]) == 50
+    # a budget that only fits the valuable lines: low-value ones go, with a marker per cell
+    valuable = sum(len(ln) + 1 for v in lines.values() for d, ln in v if d in ("state", "stage_sent_back"))
+    mid, omitted = fit_timelines(lines, valuable + 200)
+    assert omitted == 60
+    assert mid["C001"][0] == "[30 stage-start / handoff / artifact lines omitted in this cell]"
+    assert all("stage_started" not in ln for ln in mid["C001"][1:])
+    # a tiny budget: each cell keeps its first and last lines and says how many were cut between
+    tiny, omitted = fit_timelines(lines, 600)
+    c1 = tiny["C001"]
+    cut = next(ln for ln in c1 if ln.startswith("[... "))
+    n_cut = int(cut.split()[1])
+    assert c1[1].startswith("C001-e0001") and c1[-1].startswith("C001-e0048")
+    assert omitted == 2 * (30 + n_cut)
+    assert len(c1) - 2 + n_cut == 20  # every valuable line is either kept or counted as cut

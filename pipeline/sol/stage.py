@@ -10,6 +10,7 @@ dropped with its reasons in the shortlist's ``dropped`` list, never silently.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,8 @@ TIMELINE_KINDS = ("stage", "state_change", "handoff", "obligation", "artifact", 
 TIMELINE_ACTORS = ("operator", "reviewer", "validator")
 TIMELINE_TOOLS = ("request_permission",)
 TIMELINE_TEXT = 200
+TIMELINE_BUDGET_CHARS = 400_000  # ~100K tokens; larger batches are trimmed visibly (fit_timelines)
+LOW_VALUE = frozenset({"stage_started", "handoff", "artifact_written"})
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 OUTPUT_TOKENS = 3000
 
@@ -86,6 +89,58 @@ def _has_table(con: Any, name: str) -> bool:
     )
 
 
+def timeline_budget() -> int:
+    """Characters the timelines may take in Sol's prompt (env ``LUNASOL_SOL_TIMELINE_CHARS``)."""
+    return int(os.environ.get("LUNASOL_SOL_TIMELINE_CHARS", TIMELINE_BUDGET_CHARS))
+
+
+def fit_timelines(lines: dict[str, list[tuple[str, str]]], budget: int) -> tuple[dict[str, list[str]], int]:
+    """Fit per-cell timelines into ``budget`` characters, never silently.
+
+    First the low-value lines (stage started, handoffs, artifacts written) go; then each cell keeps
+    its first and last lines with a marker saying how many were left out in between. Returns the
+    timelines and the number of events omitted.
+    """
+
+    def size(t: dict[str, list[str]]) -> int:
+        return sum(len(x) + 1 for v in t.values() for x in v)
+
+    full = {c: [ln for _, ln in v] for c, v in lines.items()}
+    if size(full) <= budget:
+        return full, 0
+    kept = {c: [ln for d, ln in v if d not in LOW_VALUE] for c, v in lines.items()}
+    omitted = sum(len(v) for v in lines.values()) - sum(len(v) for v in kept.values())
+    if size(kept) > budget and kept:
+        per_cell = max(budget // len(kept), 200)
+        for c, v in kept.items():
+            if sum(len(x) + 1 for x in v) <= per_cell:
+                continue
+            head: list[str] = []
+            tail: list[str] = []
+            used = 0
+            i, j = 0, len(v) - 1
+            while i <= j:  # alternate from both ends: the start and the end of a cell matter most
+                nxt = v[i] if len(head) <= len(tail) else v[j]
+                if used + len(nxt) + 1 > per_cell:
+                    break
+                used += len(nxt) + 1
+                if len(head) <= len(tail):
+                    head.append(nxt)
+                    i += 1
+                else:
+                    tail.insert(0, nxt)
+                    j -= 1
+            cut = len(v) - len(head) - len(tail)
+            omitted += cut
+            kept[c] = [*head, f"[... {cut} events omitted here to fit the prompt ...]", *tail]
+    if omitted:
+        for c in kept:
+            dropped_low = sum(1 for d, _ in lines[c] if d in LOW_VALUE)
+            if dropped_low:
+                kept[c].insert(0, f"[{dropped_low} stage-start / handoff / artifact lines omitted in this cell]")
+    return kept, omitted
+
+
 def build_context(run_dir: Path, ir_path: Path) -> tuple[dict[str, Any], EvidenceIndex]:
     """The template context for Sol and the evidence index its answer is checked against."""
     import duckdb
@@ -118,12 +173,13 @@ def build_context(run_dir: Path, ir_path: Path) -> tuple[dict[str, Any], Evidenc
     finally:
         con.close()
     eligible = [c for c in cells if c["eligibility"] == "valid_behavior"]
-    timelines: dict[str, list[str]] = {}
+    raw_lines: dict[str, list[tuple[str, str]]] = {}
     for e in events:
         # one compact line per event; digests shortened (8 hex digits are enough to see "unchanged")
         text = _DIGEST.sub(lambda m: m.group(1)[:8], " ".join(str(e["text"] or "").split()))
         line = f"{e['event_id']} {e['stage'] or '-'}/{e['actor'] or '-'} {e['detail'] or e['kind']}: {text}"
-        timelines.setdefault(e["cell_id"], []).append(line)
+        raw_lines.setdefault(e["cell_id"], []).append((str(e["detail"] or e["kind"]), line))
+    timelines, omitted = fit_timelines(raw_lines, timeline_budget())
     context: dict[str, Any] = {
         "run_id": run_dir.name,
         "harnesses": sorted({str(c["harness"]) for c in eligible if c["harness"]}),
@@ -134,6 +190,12 @@ def build_context(run_dir: Path, ir_path: Path) -> tuple[dict[str, Any], Evidenc
         "coverage": coverage,
         "pattern_groups": groups,
         "timelines": timelines,
+        "timelines_note": (
+            "complete"
+            if not omitted
+            else f"trimmed to fit the prompt: {omitted} of {sum(len(v) for v in raw_lines.values())} events "
+            "omitted (marked in place); every event id stays citable"
+        ),
     }
     # Pre-serialised views: templates embed JSON verbatim (never re-templated, stable bytes).
     for key in ("cells", "excluded", "coverage", "pattern_groups"):
