@@ -196,3 +196,36 @@ def test_failure_after_streamed_batches_leaves_nothing(
     with pytest.raises(BadInput, match=f"invalid JSON in {last} line"):
         export(bundle, runs_dir / "r")
     assert not (runs_dir / "r").exists()
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"ts": "2026-08-09T00:00:00Z", "type": "message", "content": "\\ud800"}',  # lone surrogate
+        '{"ts": "2026-08-09T00:00:00Z", "type": "message", "content": NaN}',
+        '"just a string"',
+    ],
+)
+def test_odd_lines_are_one_line_errors(bundle: Path, runs_dir: Path, line: str) -> None:
+    with (bundle / SESSION).open("a") as fh:
+        fh.write(line + "\n")
+    freeze(bundle)
+    result = runner.invoke(app, ["export", str(bundle), "--runs-dir", str(runs_dir)])
+    assert result.exit_code == 2, result.output
+    assert SESSION in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_odd_but_valid_values_export(bundle: Path, runs_dir: Path) -> None:
+    odd = [
+        '{"ts": 17, "type": "tool_call", "call_id": 5, "tool": ["x"], "args": {"path": 3, "n": 1e-7}, "session": 9}',
+        '{"ts": "2026-08-09T00:00:01Z", "type": "tool_result", "call_id": 5, "output": {"a": 1}, "exit_code": "x"}',
+        '{"ts": "2026-08-09T00:00:02Z", "type": "surprise", "step": true}',
+    ]
+    with (bundle / SESSION).open("a") as fh:
+        fh.write("\n".join(odd) + "\n")
+    with (bundle / "cells" / "C001" / "controller.jsonl").open("a") as fh:
+        fh.write('{"ts": "2026-08-09T00:00:03Z", "event": "state", "state_digest": "d", "confirmed": 3}\n')
+    freeze(bundle)
+    report = export(bundle, runs_dir / "r")
+    assert report.events > 0

@@ -121,3 +121,11 @@ def test_bad_refs_exit_2(run_dir: Path, ref: str, message: str) -> None:
 def test_not_a_run_dir(tmp_path: Path) -> None:
     result = runner.invoke(app, ["show-ref", f"{SESSION}#L1-L1", "--run", str(tmp_path)])
     assert result.exit_code == 2
+
+
+def test_corrupt_run_json_is_one_line(run_dir: Path) -> None:
+    (run_dir / "run.json").write_text("{not json")
+    result = runner.invoke(app, ["show-ref", f"{SESSION}#L1-L1", "--run", str(run_dir)])
+    assert result.exit_code == 2
+    assert "run.json is not valid JSON" in result.output
+    assert len(result.output.strip().splitlines()) == 1

@@ -7,7 +7,6 @@ its exact line as the ref. Files are checked against the manifest before they ar
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -78,15 +77,6 @@ def tool_target(args: Any) -> str | None:
     return None
 
 
-def _stdlib_loads(raw: bytes, rel: str, n: int, exc: Exception) -> Any:
-    # orjson refuses a few things the JSON grammar allows (an escaped lone surrogate): ask the
-    # standard parser before calling the line invalid.
-    try:
-        return json.loads(raw)
-    except ValueError:
-        raise BundleError(f"invalid JSON in {rel} line {n}: {exc}") from None
-
-
 def iter_lines(data: bytes, rel: str) -> list[tuple[int, dict[str, Any]]]:
     """Parse a JSONL file: (1-based line number, object) for every non-blank line.
 
@@ -105,7 +95,8 @@ def iter_lines(data: bytes, rel: str) -> list[tuple[int, dict[str, Any]]]:
         try:
             rec = loads(raw)
         except orjson.JSONDecodeError as exc:
-            rec = _stdlib_loads(raw, rel, n, exc)
+            # orjson also refuses what is not valid Unicode (an escaped lone surrogate): same error.
+            raise BundleError(f"invalid JSON in {rel} line {n}: {exc}") from None
         if not isinstance(rec, dict):
             raise BundleError(f"invalid record in {rel} line {n}: expected a JSON object")
         out.append((n, rec))
@@ -198,7 +189,8 @@ def _controller_text(ev: str, rec: dict[str, Any]) -> tuple[str, str | None]:
     if ev == "artifact_written":
         return f"artifact {g('artifact')} written in stage {g('stage')} ({g('digest')})", _str(g("artifact"))
     if ev == "state":
-        confirmed = ",".join(str(s) for s in g("confirmed") or [])
+        stages = g("confirmed")
+        confirmed = ",".join(str(s) for s in (stages if isinstance(stages, list) else [stages] if stages else []))
         return (
             f"state {g('state_digest')}: current_stage={g('current_stage')} confirmed=[{confirmed}]",
             _str(g("current_stage")),

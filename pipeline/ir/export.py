@@ -107,20 +107,31 @@ def _inside(root: Path, path: Path) -> bool:
     return path == root or root in path.parents
 
 
+def read_run_json(run_dir: Path) -> dict[str, Any]:
+    """A run's ``run.json`` as a dict; missing or unreadable is one BadInput line."""
+    path = run_dir / RUN_FILE
+    if not path.is_file():
+        raise BadInput(f"not a lunasol run directory: {run_dir} (no {RUN_FILE})")
+    try:
+        data = read_json(path)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise BadInput(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise BadInput(f"{path} is not a JSON object")
+    return data
+
+
 def run_bundle(run_dir: Path) -> Path:
     """The bundle a run was exported from (``run.json`` stores it relative to the run directory)."""
-    run_json = run_dir / RUN_FILE
-    if not run_json.is_file():
-        raise BadInput(f"not a lunasol run directory: {run_dir} (no {RUN_FILE})")
-    bundle = read_json(run_json).get("bundle")
+    bundle = read_run_json(run_dir).get("bundle")
     if not isinstance(bundle, str):
-        raise BadInput(f"{run_json} names no bundle")
+        raise BadInput(f"{run_dir / RUN_FILE} names no bundle")
     return (run_dir / bundle).resolve()
 
 
 def _write_run_json(run_dir: Path, bundle: Path, request: AnalysisRequest, digest: str, export: dict[str, Any]) -> None:
     path = run_dir / RUN_FILE
-    data: dict[str, Any] = read_json(path) if path.is_file() else {}
+    data: dict[str, Any] = read_run_json(run_dir) if path.is_file() else {}
     data.update(
         {
             "schema_version": RUN_SCHEMA_VERSION,

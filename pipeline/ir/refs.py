@@ -14,7 +14,7 @@ from typing import Any
 
 from pipeline.bundle.manifest import MANIFEST_FILE, read_frozen, read_manifest
 from pipeline.bundle.request import check_relative
-from pipeline.canonical import read_json, sha256_bytes
+from pipeline.canonical import sha256_bytes
 from pipeline.errors import BadInput, BundleError
 
 _REF = re.compile(r"^(?P<path>[^#]+)#L(?P<start>\d+)(?:-L(?P<end>\d+))?(?P<pointer>/.*)?$")
@@ -97,12 +97,12 @@ def _plain_pointer(raw: bytes, ref: Ref) -> str:
 
 def resolve_ref(run_dir: Path, ref: str | Ref) -> RefView:
     """The frozen bytes behind a ref of this run (hash-checked); errors are one line."""
-    from pipeline.ir.export import RUN_FILE, run_bundle
+    from pipeline.ir.export import read_run_json, run_bundle
 
     parsed = parse_ref(ref) if isinstance(ref, str) else ref
     bundle = run_bundle(run_dir)
     manifest = read_manifest(bundle)
-    expected = read_json(run_dir / RUN_FILE).get("bundle_digest")
+    expected = read_run_json(run_dir).get("bundle_digest")
     if expected and sha256_bytes((bundle / MANIFEST_FILE).read_bytes()) != expected:
         raise BundleError(f"bundle {bundle} was re-frozen since this run was exported (manifest digest differs)")
     raw = read_frozen(bundle, parsed.path, manifest)
@@ -129,11 +129,11 @@ def show_ref(run_dir: Path, ref: str) -> str:
 
 def read_refs(run_dir: Path, refs: list[str]) -> dict[str, str]:
     """Many refs at once (each raw file hash-checked once): ref -> its raw lines. Any bad ref raises."""
-    from pipeline.ir.export import RUN_FILE, run_bundle
+    from pipeline.ir.export import read_run_json, run_bundle
 
     bundle = run_bundle(run_dir)
     manifest = read_manifest(bundle)
-    expected = read_json(run_dir / RUN_FILE).get("bundle_digest")
+    expected = read_run_json(run_dir).get("bundle_digest")
     if expected and sha256_bytes((bundle / MANIFEST_FILE).read_bytes()) != expected:
         raise BundleError(f"bundle {bundle} was re-frozen since this run was exported (manifest digest differs)")
     files: dict[str, list[bytes]] = {}
