@@ -166,6 +166,9 @@ def test_report_in_headless_chromium(run_dir: Path, tmp_path: Path) -> None:
                 assert viewer.locator("code.sha").inner_text() == manifest_sha(run_dir, ref.split("#")[0])
                 if key == hostile:  # the hostile line is shown as text, exactly as logged
                     assert json.loads(shown[0])["content"] == HOSTILE
+            # An in-page link to a pattern group opens its (collapsed) card.
+            page.locator('#weaknesses a.internal:text-is("G-01")').first.click()
+            page.wait_for_function("document.getElementById('group-G-01').open === true")
             page.screenshot(path=str(tmp_path / "report.png"), full_page=False)
             assert page.evaluate("typeof window.__pwned") == "undefined"
             page.keyboard.press("Escape")

@@ -94,19 +94,43 @@ def _calls_summary(arts: RunArtifacts) -> dict[str, Any] | None:
         return {"roles": t.by_role, "totals": t.model_dump(exclude={"by_role"})}
 
 
-def _linkifier(snippets: dict[str, Snippet]) -> Any:
+def _internal_anchors(arts: RunArtifacts) -> dict[str, str]:
+    """Ids of this run's own items (patterns, groups, weaknesses, proposals) -> their anchors in the page."""
+    out: dict[str, str] = {}
+    for rows, key, prefix in (
+        (arts.patterns, "pattern_id", "pattern"),
+        (arts.groups, "group_id", "group"),
+        (arts.weaknesses, "weakness_id", "weakness"),
+        (arts.proposals, "proposal_id", "proposal"),
+    ):
+        for row in rows or []:
+            if isinstance(row.get(key), str) and row[key]:
+                out[row[key]] = f"{prefix}-{row[key]}"
+    return out
+
+
+def _linkifier(snippets: dict[str, Snippet], internal: dict[str, str]) -> Any:
+    # One pass over the text: refs and event ids (raw lines), then the run's own ids (in-page anchors).
+    names = "|".join(re.escape(k) for k in sorted(internal, key=len, reverse=True))
+    token = re.compile(_TOKEN.pattern + (rf"|(?<![\w-])(?:{names})(?![\w-])" if names else ""))
+
     def linkify(value: Any) -> Markup:
-        """Escape text and turn every known event id / ref into a link to its raw lines."""
+        """Escape text; turn every known event id / ref into a link to its raw lines, own ids into anchors."""
         text = str(value)
         out: list[str] = []
         pos = 0
-        for m in _TOKEN.finditer(text):
-            snip = snippets.get(m.group(0))
-            if snip is None:
+        for m in token.finditer(text):
+            word = m.group(0)
+            snip = snippets.get(word)
+            if snip is not None:
+                cls = "ref" if snip.status == "verified" else "ref bad"
+                link = f'<a class="{cls}" href="#{snip.anchor}" data-ref="{snip.anchor}">{escape(word)}</a>'
+            elif word in internal:
+                link = f'<a class="internal" href="#{escape(internal[word])}">{escape(word)}</a>'
+            else:
                 continue
             out.append(str(escape(text[pos : m.start()])))
-            cls = "ref" if snip.status == "verified" else "ref bad"
-            out.append(f'<a class="{cls}" href="#{snip.anchor}" data-ref="{snip.anchor}">{escape(m.group(0))}</a>')
+            out.append(link)
             pos = m.end()
         out.append(str(escape(text[pos:])))
         return Markup("".join(out))
@@ -114,7 +138,7 @@ def _linkifier(snippets: dict[str, Snippet]) -> Any:
     return linkify
 
 
-def _environment(snippets: dict[str, Snippet]) -> Any:
+def _environment(snippets: dict[str, Snippet], internal: dict[str, str]) -> Any:
     import jinja2
 
     env = jinja2.Environment(
@@ -126,7 +150,7 @@ def _environment(snippets: dict[str, Snippet]) -> Any:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters["linkify"] = _linkifier(snippets)
+    env.filters["linkify"] = _linkifier(snippets, internal)
     return env
 
 
@@ -170,6 +194,10 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], dict[str, Snippet]]:
         "gate1": _gate1_decisions(arts),
         "proposals": proposals if arts.proposals is not None else None,
         "validation": arts.validation,
+        # Per weakness: the proposer's outcome (accepted / rejected cards, an honest zero and its note).
+        "proposer_outcomes": [w for w in (arts.validation.get("weaknesses") or []) if isinstance(w, dict)]
+        if isinstance(arts.validation, dict) and isinstance(arts.validation.get("weaknesses"), list)
+        else [],
         "gates": sorted(arts.gates.items()),
         "calls": calls,
         "snippets": [snippets[k] for k in sorted(snippets)],
@@ -182,7 +210,7 @@ def render_report(run_dir: Path) -> tuple[str, dict[str, int]]:
     """The report's HTML and its figures (refs embedded, hash mismatches, unresolved ids)."""
     arts = load_run(run_dir)
     ctx, snippets = context(arts)
-    html = _environment(snippets).get_template(TEMPLATE).render(**ctx)
+    html = _environment(snippets, _internal_anchors(arts)).get_template(TEMPLATE).render(**ctx)
     stats = {
         "bytes": len(html.encode("utf-8")),
         "refs": sum(1 for s in snippets.values() if s.status == "verified"),
