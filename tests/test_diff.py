@@ -446,3 +446,26 @@ def test_load_run_reads_partial_runs(base_run: Path) -> None:
     arts = load_run(b)
     assert arts.patterns is None and arts.weaknesses is None and arts.calls is None
     assert arts.proposals is not None
+
+
+def test_renumbered_proposal_keeps_its_gate_2_selection(base_run: Path) -> None:
+    def gate2(run: Path, pid: str) -> None:
+        write_json(
+            run / "gates" / "gate2-op9.json",
+            {"gate": "gate2", "operation_id": "op9", "by": "ana", "decided_at": "2026-11-30T11:00:00Z",
+             "base_revision": 7, "new_revision": 8, "request": {"choice": "proposal", "proposal_id": pid},
+             "result": {"proposalSelection": "selected"}},
+        )  # fmt: skip
+
+    a = copy_run(base_run, "sel-a")
+    gate2(a, "P-01")
+    b = copy_run(a, "sel-b")
+    doc = yaml.safe_load((b / "proposals.yaml").read_text())
+    doc["proposals"][0]["proposal_id"] = "P-04"
+    (b / "proposals.yaml").write_text(yaml.safe_dump(doc))
+    rewrite_json(b / "validation.json", lambda v: {"results": [{**v["results"][0], "proposal_id": "P-04"}]})
+    gate2(b, "P-04")
+    assert diff_run_dirs(a, b).identical
+    gate2(b, "P-05")  # another selection: now the gate differs
+    d = diff_run_dirs(a, b)
+    assert [(c.path, c.a, c.b) for c in d.gates] == [("gate2.proposal_id", "P-04", "P-05")]

@@ -102,6 +102,7 @@ class CallTotals(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
+    cost_known: bool = True  # False when any call had no known price (then cost_usd is a lower bound)
     attempts: int = 0
     failures: int = 0
     by_role: dict[str, dict[str, float]] = Field(default_factory=dict)
@@ -374,7 +375,7 @@ def validation_summary(result: Row | None) -> Row | None:
     return {"verdict": verdict, "rules": sorted(rules)}
 
 
-def diff_proposals(a: RunArtifacts, b: RunArtifacts, wmap: dict[str, str]) -> Section:
+def diff_proposals(a: RunArtifacts, b: RunArtifacts, wmap: dict[str, str]) -> tuple[Section, dict[str, str]]:
     """Proposal cards matched by (mapped) source weakness and strategy similarity; validation compared too."""
     va, vb = validation_by_id(a.validation), validation_by_id(b.validation)
 
@@ -399,15 +400,13 @@ def diff_proposals(a: RunArtifacts, b: RunArtifacts, wmap: dict[str, str]) -> Se
             return {**y, "source_weakness": x.get("source_weakness")}
         return y
 
-    items, unchanged, _ = _match_items(
+    items, unchanged, pairs = _match_items(
         pa, pb, score, PROPOSAL_MATCH_THRESHOLD, "proposal_id", PROPOSAL_IGNORE, "source_weakness", normalise
     )
-    return Section(
-        present_a=a.proposals is not None,
-        present_b=b.proposals is not None,
-        items=items,
-        unchanged=unchanged,
-    )
+    pmap = {str(pa[i].get("proposal_id")): str(pb[j].get("proposal_id")) for i, j in pairs}
+    section = Section(present_a=a.proposals is not None, present_b=b.proposals is not None)
+    section.items, section.unchanged = items, unchanged
+    return section, pmap
 
 
 # ---------------------------------------------------------------- gates, state, calls
@@ -415,10 +414,14 @@ GATE_IGNORE = VOLATILE | frozenset({"run_id", "by", "base_revision", "new_revisi
 GATE_IGNORE = GATE_IGNORE | frozenset({"receipt_digest", "subject", "schema_version"})
 
 
-def gate_decisions(receipt: Row, wmap: dict[str, str] | None = None) -> Row:
+PROPOSAL_KEYS = frozenset({"proposal_id", "proposal", "selected", "selection"})
+
+
+def gate_decisions(receipt: Row, wmap: dict[str, str] | None = None, pmap: dict[str, str] | None = None) -> Row:
     """The decision content of a gate receipt (request and result), without digests, revisions or times.
 
-    Weakness ids of run A are mapped to run B's (``wmap``) so a renumbered shortlist is not a change.
+    Weakness and proposal ids of run A are mapped to run B's (``wmap``, ``pmap``) so a renumbered
+    shortlist or proposals file is not a change.
     """
     out: Row = {}
     request: Row = receipt["request"] if isinstance(receipt.get("request"), dict) else receipt
@@ -429,6 +432,8 @@ def gate_decisions(receipt: Row, wmap: dict[str, str] | None = None) -> Row:
             value = _decision_map(value)
             if wmap is not None:
                 value = {wmap.get(k, k): v for k, v in value.items()}
+        elif key in PROPOSAL_KEYS and pmap is not None and isinstance(value, str):
+            value = pmap.get(value, value)
         out[key] = _strip(value, VOLATILE)
     if isinstance(receipt.get("result"), dict):
         out["result"] = _strip(receipt["result"], VOLATILE)
@@ -451,7 +456,7 @@ def _rev(receipt: Row) -> float:
     return _num(receipt.get("new_revision"))
 
 
-def _gates_view(arts: RunArtifacts, wmap: dict[str, str] | None) -> Row:
+def _gates_view(arts: RunArtifacts, wmap: dict[str, str] | None, pmap: dict[str, str] | None = None) -> Row:
     """Per gate, the decision of its latest receipt (highest new revision, then file name)."""
     latest: dict[str, tuple[float, str, Row]] = {}
     for name, receipt in arts.gates.items():
@@ -459,7 +464,7 @@ def _gates_view(arts: RunArtifacts, wmap: dict[str, str] | None) -> Row:
         cand = (_rev(receipt), name, receipt)
         if kind not in latest or cand[:2] > latest[kind][:2]:
             latest[kind] = cand
-    return {kind: gate_decisions(r, wmap) for kind, (_, _, r) in sorted(latest.items())}
+    return {kind: gate_decisions(r, wmap, pmap) for kind, (_, _, r) in sorted(latest.items())}
 
 
 STATE_IGNORE = VOLATILE | IDENTITY | frozenset({"revision", "history", "receipts", "schema_version"})
@@ -493,7 +498,10 @@ def call_totals(calls: list[Row] | None) -> CallTotals:
         tokens: Row = c["tokens"] if isinstance(c.get("tokens"), dict) else {}
         pt = _num(c.get("prompt_tokens", tokens.get("prompt", usage.get("prompt_tokens"))))
         ct = _num(c.get("completion_tokens", tokens.get("completion", usage.get("completion_tokens"))))
-        cost = _num(c.get("cost_usd", c.get("cost")))
+        raw_cost = c.get("cost_usd", c.get("cost"))
+        cost = _num(raw_cost)
+        if raw_cost is None:
+            t.cost_known = False
         attempts = _num(c.get("attempts", 1)) if not isinstance(c.get("attempts"), list) else len(c["attempts"])
         outcome = str(c.get("outcome", "ok")).lower()
         failed = outcome not in ("ok", "success", "succeeded", "replayed", "cached", "done")
@@ -517,6 +525,7 @@ def diff_runs(a: RunArtifacts, b: RunArtifacts) -> RunDiff:
     """Compare two loaded runs; the result is empty (``identical``) for a run and itself."""
     cells, patterns = diff_patterns(a, b)
     weaknesses, wmap = diff_weaknesses(a, b)
+    proposals, pmap = diff_proposals(a, b, wmap)
     calls_a, calls_b = call_totals(a.calls), call_totals(b.calls)
     return RunDiff(
         a=str(a.path),
@@ -529,8 +538,8 @@ def diff_runs(a: RunArtifacts, b: RunArtifacts) -> RunDiff:
         groups=diff_groups(a, b),
         weaknesses=weaknesses,
         weakness_map=wmap,
-        proposals=diff_proposals(a, b, wmap),
-        gates=field_changes(_gates_view(a, wmap), _gates_view(b, None)),
+        proposals=proposals,
+        gates=field_changes(_gates_view(a, wmap, pmap), _gates_view(b, None)),
         state=field_changes(_state_view(a), _state_view(b)),
         calls_a=calls_a,
         calls_b=calls_b,

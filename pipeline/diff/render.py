@@ -29,9 +29,9 @@ def change_line(c: FieldChange) -> str:
             return f"{c.path}: {' '.join(parts)}"
         return f"{c.path}: order {_short(c.a)} -> {_short(c.b)}"
     if c.a is None:
-        return f"{c.path}: (absent) -> {_short(c.b)}"
+        return f"{c.path}: only in B" if isinstance(c.b, dict) else f"{c.path}: (absent) -> {_short(c.b)}"
     if c.b is None:
-        return f"{c.path}: {_short(c.a)} -> (absent)"
+        return f"{c.path}: only in A" if isinstance(c.a, dict) else f"{c.path}: {_short(c.a)} -> (absent)"
     return f"{c.path}: {_short(c.a)} -> {_short(c.b)}"
 
 
@@ -56,8 +56,9 @@ def _presence(name: str, s: Section) -> str | None:
 
 
 def _calls_line(t: CallTotals) -> str:
+    cost = f"${t.cost_usd:.4f}" if t.cost_known else f"cost unknown (>= ${t.cost_usd:.4f})"
     return (
-        f"{t.calls} calls, {t.prompt_tokens}+{t.completion_tokens} tokens, ${t.cost_usd:.4f}, "
+        f"{t.calls} calls, {t.prompt_tokens}+{t.completion_tokens} tokens, {cost}, "
         f"{t.attempts} attempts, {t.failures} failures"
     )
 
