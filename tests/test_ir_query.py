@@ -77,3 +77,10 @@ def test_read_only_connection_is_the_real_guard(run_dir: Path) -> None:
 def test_query_missing_ir(tmp_path: Path) -> None:
     result = runner.invoke(app, ["query", str(tmp_path), "SELECT 1"])
     assert result.exit_code == 2
+
+
+@pytest.mark.parametrize("verb", [["bundle", "freeze"], ["bundle", "verify"], ["export"], ["show-ref"], ["query"]])
+def test_verbs_have_help(verb: list[str]) -> None:
+    result = runner.invoke(app, [*verb, "--help"])
+    assert result.exit_code == 0
+    assert "Usage" in result.output

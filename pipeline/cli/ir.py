@@ -35,7 +35,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command("show-ref")
     def show_ref_cmd(
-        ref: str = typer.Argument(..., help="PATH#Lstart-Lend[/json/pointer], PATH relative to the bundle."),
+        ref: str = typer.Argument(
+            ...,
+            help="PATH#Lstart-Lend, PATH relative to the bundle; may end with a JSON pointer like /args/path.",
+        ),
         run: str = typer.Option(..., "--run", help="Run directory (or run id under ./runs)."),
         as_json: bool = JSON_OPTION,
     ) -> None:
