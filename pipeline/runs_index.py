@@ -38,8 +38,9 @@ DONE = {"done", "confirmed", "selected", "none", "complete", "completed", "verif
 def run_state(arts: RunArtifacts) -> str:
     """A short state: blocked, awaiting a gate, or the last stage reached."""
     if arts.block is not None:
-        what = arts.block.get("reason") or arts.block.get("stage") or "blocked"
-        return f"blocked: {what}"
+        what = arts.block.get("constraint_class") or arts.block.get("reason") or "blocked"
+        stage = arts.block.get("stage")
+        return f"blocked: {what}" + (f" at {stage}" if stage else "")
     h = arts.handoff
     if h is not None:
         state = h.get("state", h.get("states", h))

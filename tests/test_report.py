@@ -118,6 +118,18 @@ def test_partial_run_renders(run_dir: Path) -> None:
     assert stats["refs"] == 0
 
 
+def test_blocked_run_shows_the_receipt_and_the_unblock_command(run_dir: Path) -> None:
+    blocked = run_dir.parent / "blocked-report"
+    shutil.copytree(run_dir, blocked, ignore=shutil.ignore_patterns("weakness-shortlist.json", "proposals.yaml"))
+    receipt = {"stage": "sol", "constraint_class": "missing_data", "blocking_constraint": "no recording for <sol>",
+               "requested_unblock": "lunasol run B --record DIR && echo '<x>'", "tried_actions": []}  # fmt: skip
+    (blocked / "block-receipt.json").write_text(json.dumps(receipt))
+    html, _ = render_report(blocked)
+    assert "Blocked at sol" in html and "missing_data" in html
+    assert "lunasol run B --record DIR &amp;&amp; echo &#39;&lt;x&gt;&#39;" in html
+    assert "No weakness shortlist" in html
+
+
 def test_changed_bundle_bytes_are_not_embedded(tmp_path: Path) -> None:
     run = build_run(tmp_path)
     target = tmp_path / "bundle" / "cells/C001/controller.jsonl"

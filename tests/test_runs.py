@@ -35,7 +35,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     blocked.mkdir()
     shutil.copy(full / "ir.duckdb", blocked / "ir.duckdb")
     (blocked / "run.json").write_text(json.dumps({**r, "run_id": "blocked"}))
-    (blocked / "block-receipt.json").write_text(json.dumps({"reason": "missing_recording", "stage": "luna"}))
+    (blocked / "block-receipt.json").write_text(
+        json.dumps({"constraint_class": "missing_data", "stage": "luna", "requested_unblock": "lunasol run ..."})
+    )
     # A broken one is still listed, with the error named.
     broken = root / "runs" / "broken"
     broken.mkdir()
@@ -53,7 +55,7 @@ def test_list_runs_states_and_figures(runs: Path) -> None:
     assert full.cost_usd == pytest.approx(0.013)
     assert full.model == "openai/test-model" and full.bundle_digest and full.bundle_digest.startswith("sha256:")
     assert rows["at-gate1"].state == "userRootCauseConfirmation: pending" and rows["at-gate1"].proposals is None
-    assert rows["blocked"].state == "blocked: missing_recording" and rows["blocked"].patterns is None
+    assert rows["blocked"].state == "blocked: missing_data at luna" and rows["blocked"].patterns is None
     assert rows["broken"].state == "unreadable" and "not valid JSON" in (rows["broken"].error or "")
 
 

@@ -35,6 +35,7 @@ VOLATILE = frozenset(
         "ended_at",
         "updated_at",
         "decided_at",
+        "blocked_at",
         "written_at",
         "at",
         "ts",
@@ -468,7 +469,8 @@ def _gates_view(arts: RunArtifacts, wmap: dict[str, str] | None, pmap: dict[str,
 
 
 STATE_IGNORE = VOLATILE | IDENTITY | frozenset({"revision", "history", "receipts", "schema_version"})
-BLOCK_KEYS = ("reason", "stage", "role", "cell", "cell_id", "unblock")
+# What identifies a block across runs (pipeline.blocking's receipt); its message names paths, so it is left out.
+BLOCK_KEYS = ("stage", "constraint_class", "error", "reason", "role", "cell", "cell_id")
 
 
 def _state_view(arts: RunArtifacts) -> Row:
