@@ -81,17 +81,36 @@ def _gate1_decisions(arts: RunArtifacts) -> dict[str, Any]:
     return dict(decisions) if isinstance(decisions, dict) else {}
 
 
+CALL_COLUMNS = (
+    "calls",
+    "attempts",
+    "reasks",
+    "transport_retries",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "failures",
+    "latency_ms",
+)
+
+
 def _calls_summary(arts: RunArtifacts) -> dict[str, Any] | None:
+    """Per role and in total (pipeline.models.calllog.summarise when available), with the latency summed."""
     if arts.calls is None:
         return None
     try:
         from pipeline.models.calllog import summarise
 
         summary: dict[str, Any] = summarise(arts.path)
-        return summary
     except ImportError:  # the model layer is optional for reading a run
         t = call_totals(arts.calls)
-        return {"roles": t.by_role, "totals": t.model_dump(exclude={"by_role"})}
+        summary = {"roles": t.by_role, "totals": t.model_dump(exclude={"by_role"})}
+    totals = summary.setdefault("totals", {})
+    roles = summary.setdefault("roles", {})
+    if "latency_ms" not in totals:
+        totals["latency_ms"] = round(sum(float(r.get("latency_ms") or 0.0) for r in roles.values()), 1)
+    summary["columns"] = [c for c in CALL_COLUMNS if c in totals or any(c in r for r in roles.values())]
+    return summary
 
 
 def _internal_anchors(arts: RunArtifacts) -> dict[str, str]:
