@@ -58,6 +58,14 @@ def test_base_card_is_valid() -> None:
         "Retries stay at 3 or more only for flaky tests.",
         "工具调用应控制在二十次以内。",
         "The agent finishes in 40 steps.",
+        "Tool calls go from 40 to 20.",
+        "工具调用从 40 次降到 20 次。",
+        "Review rounds are cut to two rounds.",
+        "Review 轮数减少到两轮。",
+        "Judge scores reach 8/10.",
+        "Cost shrinks twofold.",
+        "Cost falls by a third.",
+        "成本下降三分之一。",
     ],
 )
 def test_invented_quantities_are_caught_in_predictions(text: str) -> None:

@@ -70,7 +70,8 @@ _CMP_BEFORE_EN = (
 )
 _CMP_BEFORE_CN = (
     r"(?:不超过|不多于|不少于|不低于|不高于|不大于|不小于|至多|最多|至少|最少|少于|多于|低于|高于|超过|大于|小于|"
-    r"达到|降至|降到|减至|减到|提升至|提升到|提高到|提高至|增加到|控制在)"
+    r"达到|降至|降到|减至|减到|提升至|提升到|提高到|提高至|增加到|控制在|"
+    r"(?:减少|降低|缩短|增加|提高|提升|下降|上升|压缩|控制|缩减)(?:到|至|为|在))"
 )
 _CHANGE_CN = r"(?:减少|增加|提高|降低|下降|上升|缩短|延长)"
 _CMP_SYMBOL = r"(?:≤|≥|<=|>=|<|>|＜|＞|=)"
@@ -91,8 +92,8 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     (
         "a counted threshold",
         re.compile(
-            rf"(?:\b{_CMP_BEFORE_EN}\s+{_EN_NUM}\s+(?:\w+[ -])?(?:tool[ -]?calls?|calls?|steps?|turns?|iterations?|"
-            rf"attempts?|retries|re-?runs?|rounds?|times|cells?|minutes?|hours?|seconds?|tokens?|points?)\b)|"
+            rf"(?:\b(?:{_CMP_BEFORE_EN}|to)\s+{_EN_NUM}\s+(?:\w+[ -])?(?:tool[ -]?calls?|calls?|steps?|turns?|"
+            rf"iterations?|attempts?|retries|re-?runs?|rounds?|times|cells?|minutes?|hours?|seconds?|tokens?|points?)\b)|"
             rf"(?:{_CMP_BEFORE_CN}\s*{_CN_NUM}\s*(?:次|步|轮|个|遍|回合|分钟|小时|秒|天|分|倍|tool|cell))",
             re.IGNORECASE,
         ),
@@ -101,7 +102,16 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
         "a fraction",
         re.compile(
             r"(?<![统合单唯变])[一二两三四五六七八九十]成(?!不变|为|功|本|员|果|熟|就|立|型|长|绩|效|形|分|的)|"
-            r"百分之\s*[\d零一二两三四五六七八九十百]+"
+            r"百分之\s*[\d零一二两三四五六七八九十百]+|[一二两三四五六七八九十]分之[一二三四五六七八九十]|"
+            r"(?i:\b(?:a|one|two)[- ](?:third|quarter|fifth|tenth)s?\b)"
+        ),
+    ),
+    ("a ratio", re.compile(r"(?<![\w./#:-])\d+(?:\.\d+)?\s?/\s?\d+(?:\.\d+)?(?![\w/])")),
+    (
+        "a change between figures",
+        re.compile(
+            rf"(?i)\bfrom\s+{_DIGITS}\s+(?:down\s+|up\s+)?to\s+{_DIGITS}|"
+            rf"从\s*{_DIGITS}\s*(?:次|步|轮|个|分钟|秒)?\s*(?:降|减|提|增|缩)?(?:低|少|高|加|短)?(?:到|至)\s*{_DIGITS}"
         ),
     ),
     (
@@ -109,7 +119,7 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
         re.compile(
             r"(?i)减半|减少一半|降低一半|砍半|翻倍|翻番|翻一番|加倍|双倍|\bhalve[sd]?\b|\bhalving\b|\bcut\s+(?:\w+\s+)?in\s+half\b|"
             r"\bdoubl(?:e[sd]?|ing)\b(?![- ]check)|\btripl(?:e[sd]?|ing)\b|\bquadrupl(?:e[sd]?|ing)\b|"
-            r"\btwice as\b|\bhalf as\b"
+            r"\btwice as\b|\bhalf as\b|\b(?:two|three|four|five|ten)fold\b"
         ),
     ),
 ]
