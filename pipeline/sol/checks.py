@@ -120,9 +120,8 @@ _PRESCRIPTION_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
         "prescription",
         re.compile(
             r"\b(?:should|must|needs? to|ought to|has to|have to|recommend(?:ed|s)?(?: to)?|suggest(?:ed|s)?|"
-            r"propose[sd]?|we (?:can|could|will))\s+(?:be\s+)?(?:add|remove|delete|drop|introduce|implement|replace|"
-            r"insert|create|rename|change|modify|rewrite|split|merge|patch|fix|refactor|enable|disable|added|removed|"
-            r"deleted|dropped|introduced|implemented|replaced|changed|modified|rewritten|fixed)(?:ed|d)?\b",
+            r"propose[sd]?|we (?:can|could|will))\s+(?:to\s+)?(?:be\s+)?(?:add|remov|delet|drop|introduc|implement|"
+            r"replac|insert|creat|renam|chang|modif|rewrit|split|merg|patch|fix|refactor|enabl|disabl)\w*\b",
             re.IGNORECASE,
         ),
     ),
