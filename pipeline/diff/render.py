@@ -67,6 +67,7 @@ def _lines(d: RunDiff, md: bool) -> list[str]:
     h = (lambda s: f"## {s}") if md else (lambda s: s.upper())
     bullet = "- " if md else "  "
     sub = "  - " if md else "      "
+    subsub = "    - " if md else "        "
     out: list[str] = []
     title = f"lunasol diff: A={d.a} ({d.a_run_id})  B={d.b} ({d.b_run_id})"
     out.append(f"# {title}" if md else title)
@@ -105,7 +106,7 @@ def _lines(d: RunDiff, md: bool) -> list[str]:
         out.extend(sub + "coverage " + change_line(c) for c in cell.coverage)
         for it in cell.items:
             out.append(sub + _item_head(it))
-            out.extend(sub + "  " + change_line(c) for c in it.changes)
+            out.extend(subsub + change_line(c) for c in it.changes)
     items_section("pattern groups", d.groups)
     renum = [f"{bullet}renumbered {a} -> {b}" for a, b in sorted(d.weakness_map.items()) if a != b]
     items_section("weaknesses", d.weaknesses, renum)
