@@ -469,3 +469,16 @@ def test_renumbered_proposal_keeps_its_gate_2_selection(base_run: Path) -> None:
     gate2(b, "P-05")  # another selection: now the gate differs
     d = diff_run_dirs(a, b)
     assert [(c.path, c.a, c.b) for c in d.gates] == [("gate2.proposal_id", "P-04", "P-05")]
+
+
+def test_two_export_only_runs_are_identical(base_run: Path) -> None:
+    runs = []
+    for name in ("export-only-a", "export-only-b"):
+        r = copy_run(base_run, name)
+        for p in r.iterdir():
+            if p.name not in ("run.json", "ir.duckdb"):
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        runs.append(r)
+    d = diff_run_dirs(*runs)
+    assert d.identical
+    assert "weaknesses: in neither run" in render_text(d)
