@@ -55,7 +55,19 @@ def build_receipt(
 def write_block_receipt(run_dir: Path, exc: Blocked, *, stage: str, unblock: str, command: str | None = None) -> Path:
     """Write ``block-receipt.json`` atomically and return its path."""
     path = run_dir / BLOCK_RECEIPT
-    write_json(path, build_receipt(run_dir, exc, stage=stage, unblock=unblock, command=command))
+    receipt = build_receipt(run_dir, exc, stage=stage, unblock=unblock, command=command)
+    previous = read_block_receipt(run_dir)
+    if previous and (previous.get("stage"), previous.get("blocking_constraint")) == (
+        stage,
+        receipt["blocking_constraint"],
+    ):
+        # the same wall twice with nothing new tried is not persistence, it is a loop (seed 001, T3)
+        receipt["repeats"] = int(previous.get("repeats", 1)) + 1
+        receipt["why_all_paths_dead"] = (
+            f"the same block {receipt['repeats']} times in a row; retrying changes nothing. "
+            + str(receipt["why_all_paths_dead"])
+        )
+    write_json(path, receipt)
     return path
 
 

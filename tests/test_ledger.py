@@ -276,3 +276,27 @@ def test_a_second_concurrent_run_is_refused(setup: dict[str, Any]) -> None:
     d.mkdir(parents=True)
     with _exclusive_run(d), pytest.raises(BadInput, match="another lunasol run is working"):
         run(setup["opts"], log=lambda _m: None)
+
+
+def test_sol_without_a_parseable_answer_blocks_with_what_was_tried(setup: dict[str, Any]) -> None:
+    from pipeline.testing.openai_server import raw_answer
+
+    d = setup["run_dir"]
+
+    def garbage_for_sol(request: dict[str, Any]) -> Reply:
+        name = request["tools"][0]["function"]["name"] if request.get("tools") else ""
+        return raw_answer('{"weaknesses": "not a list"}')(request) if name == "SolAnswer" else handler(request)
+
+    setup["fake"].handler = garbage_for_sol
+    for attempt in (1, 2):
+        res = CliRunner().invoke(app, ["run", str(setup["bundle"]), "--run-id", "r1", "--runs-dir",
+                                       str(d.parent), "--model", "openai/test-model", "--api-base",
+                                       setup["fake"].base_url])  # fmt: skip
+        assert res.exit_code == 3, res.output
+        assert "blocked at sol" in res.output and "Traceback" not in res.output
+        receipt = read_json(d / "block-receipt.json")
+        assert receipt["tried_actions"] and receipt["tried_actions"][0]["outcome"]
+        assert receipt.get("repeats", 1) == attempt  # the same wall twice is called out
+        assert "--model OTHER_MODEL --resume" in receipt["requested_unblock"]
+        assert "--run-id r1" in receipt["requested_unblock"]
+    assert not (d / "weakness-shortlist.json").exists()  # nothing partial kept

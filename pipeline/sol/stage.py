@@ -274,6 +274,7 @@ def mine(ctx: RunContext) -> Shortlist:
         raise Blocked(
             f"Sol gave no answer that parses after {outcome.attempts} attempts: {'; '.join(outcome.errors)[:300]}",
             reason="external_system",
+            unblock="lunasol run BUNDLE --model OTHER_MODEL --resume  (this model's answers do not parse)",
             tried=[
                 {
                     "ladder_step": "alt_path",
