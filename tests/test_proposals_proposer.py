@@ -262,3 +262,9 @@ def test_redo_then_propose_again(
 def test_help(verb: str) -> None:
     result = CliRunner().invoke(app, [verb, "--help"])
     assert result.exit_code == 0
+
+
+def test_select_refuses_proposals_made_from_an_older_shortlist(proposed: Path) -> None:
+    hf.update(proposed, {"shortlist_digest": "sha256:" + "2" * 64}, "shortlist recomputed (test)")
+    with pytest.raises(NeedsRebase, match="lunasol propose"):
+        select(proposed, choice="proposal", proposal_id="P-01", by="ana")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.errors import BadInput, Blocked
+from pipeline.errors import BadInput, Blocked, NeedsRebase
 from pipeline.proposals.io import read_entries
 
 GATE2 = "gate2"
@@ -58,6 +58,7 @@ def select(
             reason="missing_data",
             unblock=f"lunasol propose {run_dir}",
         )
+    _check_made_from_current_shortlist(run_dir)
     ids = proposal_ids(run_dir)
     if proposal_id is not None and proposal_id not in ids:
         raise BadInput(f"no proposal {proposal_id} in {run_dir / PROPOSALS_FILE} (it has {', '.join(ids) or 'none'})")
@@ -89,6 +90,24 @@ def select(
         expected_revision=expected_revision,
         operation_id=operation_id,
     )
+
+
+def _check_made_from_current_shortlist(run_dir: Path) -> None:
+    """Proposals made from an older shortlist cannot be selected: the ground under them moved."""
+    from pipeline import handoff as hf
+    from pipeline.canonical import read_json
+
+    path = run_dir / "validation.json"
+    if not path.is_file():
+        return
+    raw = read_json(path)
+    made_from = raw.get("shortlist_digest") if isinstance(raw, dict) else None
+    current = hf.load(run_dir).shortlist_digest
+    if made_from and current and made_from != current:
+        raise NeedsRebase(
+            f"needs_rebase: the proposals were made from shortlist {made_from}, the shortlist is now {current}; "
+            f"regenerate them: lunasol propose {run_dir}"
+        )
 
 
 def selection_status(run_dir: Path) -> dict[str, Any]:
