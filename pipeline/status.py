@@ -54,8 +54,18 @@ def status(run_dir: Path) -> dict[str, Any]:
         "ledger": Ledger(run_dir).summary(),
         "shortlist": {"digest": sdigest, "weaknesses": rows, "dropped": dropped},
         "block_receipt": block,
+        "selection": _selection(run_dir),
         "next_command": nxt,
     }
+
+
+def _selection(run_dir: Path) -> dict[str, Any] | None:
+    """Gate-2 state, which always says that a selection does not authorise implementation."""
+    if not (run_dir / "proposals.yaml").is_file():
+        return None
+    from pipeline.proposals.selection import selection_status
+
+    return selection_status(run_dir)
 
 
 def _trim(text: str, n: int) -> str:
@@ -109,6 +119,10 @@ def format_status(s: dict[str, Any]) -> str:
         lines.append(f"  shortlist digest:          {h['shortlist_digest']}")
     for gate, rel in sorted((h.get("receipts") or {}).items()):
         lines.append(f"  receipt {gate}: {rel}")
+    sel = s.get("selection")
+    if sel and sel.get("proposalSelection") in ("selected", "none", "redo"):
+        chosen = f" {sel['proposal_id']}" if sel.get("proposal_id") else ""
+        lines.append(f"  gate 2: {sel['proposalSelection']}{chosen} by {sel.get('by')}; {sel['meaning']}")
     lines.append("ledger:")
     stage_rows = [r for r in s["ledger"] if "/" not in r["name"]]
     cell_rows = [r for r in s["ledger"] if "/" in r["name"]]
