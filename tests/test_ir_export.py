@@ -213,6 +213,7 @@ def test_canonical_args_matches_canonical_json() -> None:
         {"a": 1e16, "b": 1e-05, "c": 0.1, "d": -0.0, "e": 123456789.125, "f": 1e-7, "g": 2.5e300},
         {"é": 'ü\u2028\x1f\x7f"\\/', "z": [None, True, False], "a": {"y": 1, "b": [1.0, 100.0]}},
         {"text": "1e5 and 0.00001 as text", "n": 10**18},
+        {"nan": float("nan"), "inf": float("inf"), "none": None},
         {},
     ]
     for _ in range(300):

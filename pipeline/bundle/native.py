@@ -7,6 +7,7 @@ its exact line as the ref. Files are checked against the manifest before they ar
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -42,8 +43,9 @@ def _sha(text: str) -> str:
 
 
 # orjson and json.dumps agree on everything a log line can hold except float spelling in
-# scientific or tiny notation; any output that might hold one goes the slow canonical way.
-_FLOAT_RISK = re.compile(rb"\d[eE]|0\.0000")
+# scientific or tiny notation, and NaN/Infinity (orjson writes null): any output that might hold
+# one of those goes the slow canonical way.
+_FLOAT_RISK = re.compile(rb"\d[eE]|0\.0000|null")
 
 
 def canonical_args(args: Any) -> str:
@@ -77,6 +79,18 @@ def tool_target(args: Any) -> str | None:
     return None
 
 
+def _stdlib_loads(raw: bytes, rel: str, n: int, exc: Exception) -> Any:
+    # pipeline.canonical writes NaN/Infinity (json.dumps does), which orjson refuses: ask the
+    # standard parser before calling the line invalid. What is not valid Unicode (an escaped lone
+    # surrogate) stays an error: it could not be hashed or stored as text.
+    try:
+        rec = json.loads(raw)
+        canonical_json(rec).encode("utf-8")
+    except (ValueError, UnicodeEncodeError):
+        raise BundleError(f"invalid JSON in {rel} line {n}: {exc}") from None
+    return rec
+
+
 def iter_lines(data: bytes, rel: str) -> list[tuple[int, dict[str, Any]]]:
     """Parse a JSONL file: (1-based line number, object) for every non-blank line.
 
@@ -95,8 +109,7 @@ def iter_lines(data: bytes, rel: str) -> list[tuple[int, dict[str, Any]]]:
         try:
             rec = loads(raw)
         except orjson.JSONDecodeError as exc:
-            # orjson also refuses what is not valid Unicode (an escaped lone surrogate): same error.
-            raise BundleError(f"invalid JSON in {rel} line {n}: {exc}") from None
+            rec = _stdlib_loads(raw, rel, n, exc)
         if not isinstance(rec, dict):
             raise BundleError(f"invalid record in {rel} line {n}: expected a JSON object")
         out.append((n, rec))
