@@ -342,6 +342,10 @@ def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
     run_id = options.run_id or default_run_id(options.bundle)
     if not run_id or "/" in run_id or run_id.startswith("."):
         raise BadInput(f"invalid run id: {run_id!r}")
+    # `--replay DIR` alone names the recorded model, so replay artifacts equal the recording run's.
+    from pipeline.models.store import resolve_settings
+
+    options.models = resolve_settings(options.models)
     ctx = RunContext(options=options, run_dir=options.runs_dir / run_id, log=log)
     bdigest = bundle_digest(options.bundle)
     if options.dry_run:
