@@ -246,8 +246,10 @@ def ref_lines(raw: bytes, line_start: int, line_end: int, json_pointer: str | No
     lines = data.decode("utf-8").split("\n")
     if data.endswith(b"\n"):
         lines = lines[:-1]
-    if not (1 <= line_start <= line_end <= len(lines)):
-        raise ValueError(f"lines {line_start}-{line_end} outside the file ({len(lines)} lines)")
+    if line_end > len(lines):
+        raise ValueError(f"lines {line_start}-{line_end} are past the end of the file ({len(lines)} lines)")
+    if not (1 <= line_start <= line_end):
+        raise ValueError(f"lines {line_start}-{line_end} are not a line range")
     return "\n".join(lines[line_start - 1 : line_end])
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,26 +96,36 @@ def _plain_pointer(raw: bytes, ref: Ref) -> str:
     return json.dumps(node, ensure_ascii=False, indent=2, sort_keys=True)
 
 
-def resolve_ref(run_dir: Path, ref: str | Ref) -> RefView:
-    """The frozen bytes behind a ref of this run (hash-checked); errors are one line."""
+def _frozen_bundle(run_dir: Path) -> tuple[Path, Any]:
+    """The run's bundle and manifest, refusing a bundle re-frozen since the export."""
     from pipeline.ir.export import read_run_json, run_bundle
 
-    parsed = parse_ref(ref) if isinstance(ref, str) else ref
     bundle = run_bundle(run_dir)
     manifest = read_manifest(bundle)
     expected = read_run_json(run_dir).get("bundle_digest")
     if expected and sha256_bytes((bundle / MANIFEST_FILE).read_bytes()) != expected:
         raise BundleError(f"bundle {bundle} was re-frozen since this run was exported (manifest digest differs)")
-    raw = read_frozen(bundle, parsed.path, manifest)
-    lines = raw.split(b"\n")
-    if raw.endswith(b"\n"):
-        lines.pop()
-    if parsed.line_end > len(lines):
-        raise BadInput(f"ref {parsed} is past the end of {parsed.path} ({len(lines)} lines)")
+    return bundle, manifest
+
+
+def _ref_text(raw: bytes, ref: Ref) -> str:
+    """The raw lines a ref names (of the file, or of the zip member its pointer names); one-line errors."""
+    from pipeline.adapters.spans import ref_lines
+
     try:
-        text = b"\n".join(lines[parsed.line_start - 1 : parsed.line_end]).decode("utf-8")
+        return ref_lines(raw, ref.line_start, ref.line_end, ref.json_pointer)
     except UnicodeDecodeError:
-        raise BundleError(f"invalid UTF-8 in {parsed.path} lines {parsed.line_start}-{parsed.line_end}") from None
+        raise BundleError(f"invalid UTF-8 in {ref.path} lines {ref.line_start}-{ref.line_end}") from None
+    except (ValueError, KeyError, zipfile.BadZipFile) as exc:
+        raise BadInput(f"ref {ref} does not resolve: {exc}") from None
+
+
+def resolve_ref(run_dir: Path, ref: str | Ref) -> RefView:
+    """The frozen bytes behind a ref of this run (hash-checked); errors are one line."""
+    parsed = parse_ref(ref) if isinstance(ref, str) else ref
+    bundle, manifest = _frozen_bundle(run_dir)
+    raw = read_frozen(bundle, parsed.path, manifest)
+    text = _ref_text(raw, parsed)
     element = _pointer_element(raw, parsed) if parsed.json_pointer else None
     return RefView(parsed, text, element, manifest.get(parsed.path).sha256)
 
@@ -129,25 +140,12 @@ def show_ref(run_dir: Path, ref: str) -> str:
 
 def read_refs(run_dir: Path, refs: list[str]) -> dict[str, str]:
     """Many refs at once (each raw file hash-checked once): ref -> its raw lines. Any bad ref raises."""
-    from pipeline.ir.export import read_run_json, run_bundle
-
-    bundle = run_bundle(run_dir)
-    manifest = read_manifest(bundle)
-    expected = read_run_json(run_dir).get("bundle_digest")
-    if expected and sha256_bytes((bundle / MANIFEST_FILE).read_bytes()) != expected:
-        raise BundleError(f"bundle {bundle} was re-frozen since this run was exported (manifest digest differs)")
-    files: dict[str, list[bytes]] = {}
+    bundle, manifest = _frozen_bundle(run_dir)
+    files: dict[str, bytes] = {}
     out: dict[str, str] = {}
     for text in refs:
         ref = parse_ref(text)
-        lines = files.get(ref.path)
-        if lines is None:
-            raw = read_frozen(bundle, ref.path, manifest)
-            lines = raw.split(b"\n")
-            if raw.endswith(b"\n"):
-                lines.pop()
-            files[ref.path] = lines
-        if ref.line_end > len(lines):
-            raise BadInput(f"ref {ref} is past the end of {ref.path} ({len(lines)} lines)")
-        out[text] = b"\n".join(lines[ref.line_start - 1 : ref.line_end]).decode("utf-8")
+        if ref.path not in files:
+            files[ref.path] = read_frozen(bundle, ref.path, manifest)
+        out[text] = _ref_text(files[ref.path], ref)
     return out
