@@ -13,7 +13,6 @@ and marked ``detail = copied_context``. Verifier results of a Harbor trial folde
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -25,7 +24,9 @@ from pipeline.adapters.base import (
     Emitter,
     args_digest,
     as_text,
-    load_json,
+    first_docs,
+    joined_harnesses,
+    json_text,
     tool_result_event,
 )
 from pipeline.adapters.harbor import trial_dir, trial_outcome
@@ -51,15 +52,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
     """One cell per ATIF chain (a trajectory plus its continuations)."""
     docs: dict[str, dict[str, Any]] = {}
     skipped: list[tuple[str, str]] = []
-    for rel in paths:
-        if not rel.endswith(".json"):
-            skipped.append((rel, "not a JSON file"))
-            continue
-        try:
-            doc = load_json(bundle / rel, 1).docs[0][1]
-        except (ValueError, UnicodeDecodeError):
-            skipped.append((rel, "not valid JSON"))
-            continue
+    for rel, doc in first_docs(bundle, paths, skipped, max_depth=1):
         if _is_atif(doc):
             docs[rel] = doc
         else:
@@ -77,7 +70,6 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                     break
     targets = set(continuation.values())
     cells: list[CellSource] = []
-    harnesses: set[str] = set()
     for rel, doc in docs.items():
         if rel in targets:
             continue
@@ -86,7 +78,6 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
             chain.append(continuation[chain[-1]])
         agent = doc.get("agent") or {}
         harness = str(agent.get("name") or "ATIF agent")
-        harnesses.add(harness)
         trial = trial_dir(bundle, rel)
         out, texts, task = trial_outcome(bundle, trial)
         fm = doc.get("final_metrics") or {}
@@ -108,7 +99,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                 label_texts=texts,
             )
         )
-    return Discovery(cells=cells, skipped=skipped, harness=" + ".join(sorted(harnesses)) or None)
+    return Discovery(cells=cells, skipped=skipped, harness=joined_harnesses(cells))
 
 
 def read_steps(
@@ -140,7 +131,7 @@ def read_steps(
                 tool_name=name,
                 call_id=call.get("tool_call_id"),
                 args_digest=args_digest(args),
-                text=f"{name} {json.dumps(args, ensure_ascii=False, sort_keys=True)}",
+                text=f"{name} {json_text(args)}",
                 **common,
             )
         names = {c.get("tool_call_id"): c.get("function_name") for c in calls}

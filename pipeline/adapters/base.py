@@ -75,6 +75,52 @@ def load_json(path: Path, max_depth: int = 4) -> JsonFile:
     return jf
 
 
+def first_docs(
+    bundle: Path,
+    paths: list[str],
+    skipped: list[tuple[str, str]],
+    *,
+    max_depth: int,
+    suffix: str = ".json",
+    wrong_suffix: str = "not a JSON file",
+) -> Iterator[tuple[str, Any]]:
+    """(path, first parsed document) of each path ending in ``suffix``; the others go to ``skipped``.
+
+    A path with another ending is skipped as ``wrong_suffix``, one that does not parse as "not
+    valid JSON". Lazy, so what the caller skips for its own reasons keeps the order of ``paths``.
+    """
+    for rel in paths:
+        if not rel.endswith(suffix):
+            skipped.append((rel, wrong_suffix))
+            continue
+        try:
+            doc = load_json(bundle / rel, max_depth).docs[0][1]
+        except (ValueError, UnicodeDecodeError):
+            skipped.append((rel, "not valid JSON"))
+            continue
+        yield rel, doc
+
+
+def joined_harnesses(cells: list[CellSource]) -> str | None:
+    """The batch's harness names, sorted and joined with " + " (None when no cell names one)."""
+    return " + ".join(sorted({c.harness for c in cells if c.harness})) or None
+
+
+def flag_label(passed: Any) -> str | None:
+    """Outcome label from a pass/fail flag: None when the source says nothing."""
+    return None if passed is None else ("completed" if passed else "workflow_failed")
+
+
+def score_label(score: float | None) -> str | None:
+    """Outcome label from a score: a full score (1.0 or more) is ``completed``."""
+    return flag_label(None if score is None else score >= 1.0)
+
+
+def json_text(value: Any) -> str:
+    """A JSON value as event text: sorted keys, non-ASCII kept as written."""
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
 def as_dict(value: Any) -> dict[str, Any]:
     """``value`` when it is a JSON object, else an empty dict (foreign logs omit or null fields)."""
     return value if isinstance(value, dict) else {}
@@ -95,11 +141,11 @@ def as_text(value: Any) -> str:
                 elif item.get("type") in ("tool_use", "tool_result", "image", "thinking", "reasoning"):
                     continue  # rendered as their own events by the adapters that know them
                 else:
-                    parts.append(json.dumps(item, ensure_ascii=False, sort_keys=True))
+                    parts.append(json_text(item))
             else:
                 parts.append(as_text(item))
         return "\n".join(p for p in parts if p)
-    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return json_text(value)
 
 
 def args_digest(args: Any) -> str:
@@ -148,9 +194,13 @@ class Emitter:
             source_path=self.rel,
             line_start=loc.line_start,
             line_end=loc.line_end,
-            json_pointer=ptr or None,
+            json_pointer=self.ref_pointer(ptr),
             **fields,
         )
+
+    def ref_pointer(self, ptr: str) -> str | None:
+        """The pointer an event's ref carries for the element at ``ptr`` (None for the whole document)."""
+        return ptr or None
 
 
 def tool_result_event(

@@ -20,7 +20,6 @@ copied but not read.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -33,6 +32,7 @@ from pipeline.adapters.base import (
     args_digest,
     as_dict,
     as_text,
+    json_text,
     load_json,
     tool_result_event,
 )
@@ -166,7 +166,7 @@ def _message_events(
                 tool_name=name,
                 call_id=part.get("id"),
                 args_digest=args_digest(args),
-                text=f"{name} {json.dumps(args, ensure_ascii=False, sort_keys=True)}",
+                text=f"{name} {json_text(args)}",
                 target=(args or {}).get("file_path") if isinstance(args, dict) else None,
                 **common,
             )

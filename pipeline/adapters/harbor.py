@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.adapters.base import as_dict
+from pipeline.adapters.base import as_dict, score_label
 
 
 def trial_dir(bundle: Path, rel: str) -> Path | None:
@@ -72,5 +72,5 @@ def trial_outcome(bundle: Path, trial: Path | None) -> tuple[dict[str, Any], lis
     if reward is None and isinstance(out.get("reward_txt"), float):
         reward = out["reward_txt"]  # result.json has no reward when its verifier timed out; reward.txt may
     out["quality"] = reward
-    out["label"] = None if reward is None else ("completed" if reward >= 1.0 else "workflow_failed")
+    out["label"] = score_label(reward)
     return out, texts, task

@@ -29,10 +29,12 @@ from pipeline.adapters.base import (
     args_digest,
     as_dict,
     as_text,
+    json_text,
     load_json,
+    score_label,
     tool_result_event,
 )
-from pipeline.adapters.spans import JsonFile, Located
+from pipeline.adapters.spans import JsonFile
 from pipeline.canonical import canonical_json, sha256_text
 from pipeline.ir.events import SourceEvent
 
@@ -66,17 +68,9 @@ class _MemberEmitter(Emitter):
         with zipfile.ZipFile(bundle / rel) as zf:
             self.jf = JsonFile(zf.read(member).decode("utf-8"), max_depth=5)
 
-    def event(self, kind: str, ptr: str, *, line: int | None = None, **fields: Any) -> SourceEvent:
-        """As Emitter.event, with ``member!pointer``."""
-        loc: Located = self.jf.locate(ptr, line)
-        return SourceEvent(
-            kind=kind,
-            source_path=self.rel,
-            line_start=loc.line_start,
-            line_end=loc.line_end,
-            json_pointer=f"/{self.member}!{ptr}",
-            **fields,
-        )
+    def ref_pointer(self, ptr: str) -> str | None:
+        """``/member!pointer``: the zip file is the source, the member and pointer say where in it."""
+        return f"/{self.member}!{ptr}"
 
 
 def _sample_outcome(sample: dict[str, Any], log_status: str | None) -> tuple[dict[str, Any], list[str]]:
@@ -95,7 +89,7 @@ def _sample_outcome(sample: dict[str, Any], log_status: str | None) -> tuple[dic
     # and a correct answer contains the target, so those alone are no leak test).
     texts = [canonical_json(scores)] if scores else []
     out = {
-        "label": None if quality is None else ("completed" if quality >= 1.0 else "workflow_failed"),
+        "label": score_label(quality),
         "quality": quality,
         "log_status": log_status,
         **labels,
@@ -208,7 +202,7 @@ def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:
                 tool_name=name,
                 call_id=call.get("id"),
                 args_digest=args_digest(args),
-                text=f"{name}({json.dumps(args, ensure_ascii=False, sort_keys=True)})",
+                text=f"{name}({json_text(args)})",
             )
     if sample.get("error"):
         err = as_text(sample["error"])

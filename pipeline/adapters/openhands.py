@@ -25,6 +25,7 @@ from pipeline.adapters.base import (
     args_digest,
     as_dict,
     as_text,
+    flag_label,
     load_json,
     tool_result_event,
 )
@@ -95,7 +96,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                         step_index_base=0,
                         source_steps=len(stream),
                         outcome={
-                            "label": None if success is None else ("completed" if success else "workflow_failed"),
+                            "label": flag_label(success),
                             "cost": float(cost) if isinstance(cost, int | float) else None,
                             **labels,
                         },

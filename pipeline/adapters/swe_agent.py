@@ -27,7 +27,7 @@ from pipeline.adapters.base import (
     Emitter,
     args_digest,
     as_text,
-    load_json,
+    first_docs,
     tool_result_event,
 )
 from pipeline.canonical import digest
@@ -45,15 +45,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
     """One cell per ``.traj`` file."""
     cells: list[CellSource] = []
     skipped: list[tuple[str, str]] = []
-    for rel in paths:
-        if not rel.endswith(".traj"):
-            skipped.append((rel, "not a .traj file"))
-            continue
-        try:
-            doc = load_json(bundle / rel, 2).docs[0][1]
-        except (ValueError, UnicodeDecodeError):
-            skipped.append((rel, "not valid JSON"))
-            continue
+    for rel, doc in first_docs(bundle, paths, skipped, max_depth=2, suffix=".traj", wrong_suffix="not a .traj file"):
         if not isinstance(doc, dict) or not isinstance(doc.get("history") or doc.get("trajectory"), list):
             skipped.append((rel, "no trajectory or history"))
             continue

@@ -24,7 +24,10 @@ from pipeline.adapters.base import (
     Emitter,
     args_digest,
     as_text,
-    load_json,
+    first_docs,
+    joined_harnesses,
+    json_text,
+    score_label,
     tool_result_event,
 )
 from pipeline.adapters.spans import pointer
@@ -60,15 +63,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
     """One cell per run record."""
     cells: list[CellSource] = []
     skipped: list[tuple[str, str]] = []
-    for rel in paths:
-        if not rel.endswith(".json"):
-            skipped.append((rel, "not a JSON file"))
-            continue
-        try:
-            doc = load_json(bundle / rel, 3).docs[0][1]
-        except (ValueError, UnicodeDecodeError):
-            skipped.append((rel, "not valid JSON"))
-            continue
+    for rel, doc in first_docs(bundle, paths, skipped, max_depth=3):
         recs = _records(doc)
         if not recs:
             skipped.append((rel, "no tau-bench record (traj + task_id)"))
@@ -79,6 +74,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
             if env is None and "airline" in canonical_json(rec["traj"][:1]).lower():
                 env = "airline"
             reward = rec.get("reward")
+            quality = None if reward is None else float(reward)
             labels = {k: v for k, v in rec.items() if k != "traj"}
             task = info.get("task") if isinstance(info, dict) else None
             label_texts = [canonical_json(info.get("reward_info"))] if isinstance(info, dict) else []
@@ -95,18 +91,11 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                     harness=f"tau-bench {env}" if env else "tau-bench",
                     step_index_base=_base(rec["traj"]),
                     source_steps=len(rec["traj"]),
-                    outcome={
-                        "label": None
-                        if reward is None
-                        else ("completed" if float(reward) >= 1.0 else "workflow_failed"),
-                        "quality": None if reward is None else float(reward),
-                        **labels,
-                    },
+                    outcome={"label": score_label(quality), "quality": quality, **labels},
                     label_texts=label_texts,
                 )
             )
-    harnesses = sorted({c.harness for c in cells if c.harness})
-    return Discovery(cells=cells, skipped=skipped, harness=" + ".join(harnesses) or None)
+    return Discovery(cells=cells, skipped=skipped, harness=joined_harnesses(cells))
 
 
 def _args(fn: dict[str, Any]) -> Any:
@@ -160,7 +149,7 @@ def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:
                 tool_name=name,
                 call_id=call.get("id"),
                 args_digest=args_digest(args),
-                text=f"{name}({json.dumps(args, ensure_ascii=False, sort_keys=True)})",
+                text=f"{name}({json_text(args)})",
             )
 
 

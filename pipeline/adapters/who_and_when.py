@@ -17,7 +17,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.adapters.base import Adapter, CellSource, Discovery, Emitter, load_json, tool_result_event
+from pipeline.adapters.base import (
+    Adapter,
+    CellSource,
+    Discovery,
+    Emitter,
+    first_docs,
+    flag_label,
+    joined_harnesses,
+    tool_result_event,
+)
 from pipeline.adapters.spans import pointer
 from pipeline.ir.events import SourceEvent
 
@@ -72,15 +81,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
     """One cell per file whose history is a list of {content, role}."""
     cells: list[CellSource] = []
     skipped: list[tuple[str, str]] = []
-    for rel in paths:
-        if not rel.endswith(".json"):
-            skipped.append((rel, "not a JSON file"))
-            continue
-        try:
-            doc = load_json(bundle / rel, 2).docs[0][1]
-        except (ValueError, UnicodeDecodeError):
-            skipped.append((rel, "not valid JSON"))
-            continue
+    for rel, doc in first_docs(bundle, paths, skipped, max_depth=2):
         items, _ = _history(doc)
         if not _is_history(items):
             skipped.append((rel, "no history list of {content, role}"))
@@ -96,7 +97,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
         harness = "Magentic-One" if magentic else ("CaptainAgent (AG2)" if any("name" in h for h in items) else None)
         correct = labels.get("is_correct", labels.get("is_corrected"))
         outcome: dict[str, Any] = {
-            "label": None if correct is None else ("completed" if correct else "workflow_failed"),
+            "label": flag_label(correct),
             "quality": None if correct is None else (1.0 if correct else 0.0),
             **labels,
         }
@@ -116,8 +117,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                 label_texts=label_texts,
             )
         )
-    harnesses = {c.harness for c in cells if c.harness}
-    return Discovery(cells=cells, skipped=skipped, harness=" + ".join(sorted(harnesses)) or None)
+    return Discovery(cells=cells, skipped=skipped, harness=joined_harnesses(cells))
 
 
 def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:
