@@ -13,15 +13,39 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from pipeline.canonical import read_json, write_json
 from pipeline.errors import Blocked
 from pipeline.ledger import Ledger
 
 BLOCK_RECEIPT = "block-receipt.json"
 RESOLVED_DIR = "block-receipts"
+BLOCK_SCHEMA_VERSION = 1
 
 # seed 001's constraint classes; anything else a Blocked error names is kept as given.
 CONSTRAINT_CLASSES = ("permission", "missing_data", "external_system", "destructive_risk", "credential", "user_stop")
+
+
+class BlockReceipt(BaseModel):
+    """The whole ``block-receipt.json`` (seed 001's fields)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = BLOCK_SCHEMA_VERSION
+    run_id: str
+    stage: str
+    blocked_at: str = Field(description="UTC, YYYY-MM-DDTHH:MM:SSZ")
+    blocking_constraint: str
+    constraint_class: str = Field(description="one of " + ", ".join(CONSTRAINT_CLASSES) + " (or as the error names it)")
+    error: str = Field(description="the error class")
+    details: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+    tried_actions: list[dict[str, Any]] = Field(default_factory=list)
+    why_all_paths_dead: str
+    requested_unblock: str
+    command: str | None = None
+    work_kept: list[str] = Field(default_factory=list, description="verified ledger entries")
+    repeats: int | None = Field(default=None, description="how many times in a row the same block happened")
 
 
 def build_receipt(
@@ -33,7 +57,7 @@ def build_receipt(
     tried = [dict(t) for t in exc.tried]
     extra = {k: v for k, v in exc.data.items() if isinstance(v, str | int | float | bool) or v is None}
     return {
-        "schema_version": 1,
+        "schema_version": BLOCK_SCHEMA_VERSION,
         "run_id": run_dir.name,
         "stage": stage,
         "blocked_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),

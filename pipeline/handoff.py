@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.canonical import read_json, write_json
-from pipeline.errors import BadInput, NeedsRebase
+from pipeline.errors import NeedsRebase
 
 HANDOFF_FILE = "handoff.json"
 LOCK_FILE = ".lunasol.lock"
@@ -88,11 +88,11 @@ def load(run_dir: Path) -> Handoff:
     path = run_dir / HANDOFF_FILE
     if not path.is_file():
         return Handoff(run_id=run_dir.name)
-    raw = read_json(path)
-    version = raw.get("schema_version") if isinstance(raw, dict) else None
-    if not isinstance(version, int) or version > HANDOFF_SCHEMA_VERSION:
-        raise BadInput(f"{path}: handoff schema_version {version!r} is newer than this lunasol understands")
-    return Handoff.model_validate(raw)
+    from pipeline.schemas import load_artifact  # newer refused (exit 2), older upgraded by numbered migrations
+
+    loaded = load_artifact(path, "handoff")
+    assert isinstance(loaded, Handoff)
+    return loaded
 
 
 def _apply(handoff: Handoff, changes: Mapping[str, Any], event: str) -> bool:

@@ -27,13 +27,29 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import pipeline
 from pipeline.canonical import digest, read_json, sha256_file, write_json
-from pipeline.errors import BadInput
 
 LEDGER_FILE = "ledger.json"
 LEDGER_LOCK = ".ledger.lock"
 LEDGER_SCHEMA_VERSION = 1
 
 State = Literal["pending", "verified", "invalidated"]
+
+
+CELL_RESULT_SCHEMA_VERSION = 1
+
+
+class CellResult(BaseModel):
+    """One per-cell model result, ``runs/<id>/<role>/<cell>.json``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = CELL_RESULT_SCHEMA_VERSION
+    cell_id: str
+    role: str
+    key: str = Field(description="what the value was made with (cell IR digest, template, model); reused only if equal")
+    inputs: dict[str, str | None] = Field(default_factory=dict)
+    value: Any = Field(description="the role's result for the cell")
+    lunasol: str = Field(description="lunasol version that wrote it")
 
 
 class HistoryItem(BaseModel):
@@ -103,11 +119,11 @@ class Ledger:
     def _load(self) -> LedgerData:
         if not self.path.is_file():
             return LedgerData()
-        raw = read_json(self.path)
-        version = raw.get("schema_version") if isinstance(raw, dict) else None
-        if not isinstance(version, int) or version > LEDGER_SCHEMA_VERSION:
-            raise BadInput(f"{self.path}: ledger schema_version {version!r} is newer than this lunasol understands")
-        return LedgerData.model_validate(raw)
+        from pipeline.schemas import load_artifact  # newer refused (exit 2), older upgraded by numbered migrations
+
+        loaded = load_artifact(self.path, "ledger")
+        assert isinstance(loaded, LedgerData)
+        return loaded
 
     def save(self) -> None:
         """Write the ledger atomically."""
@@ -278,6 +294,7 @@ class CellResults:
     def put(self, cell_id: str, key: str, value: Any, inputs: Mapping[str, str | None] | None = None) -> str:
         """Persist one cell's answer atomically; return the file's digest."""
         payload = {
+            "schema_version": CELL_RESULT_SCHEMA_VERSION,
             "cell_id": cell_id,
             "role": self.role,
             "key": key,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.bundle.request import check_relative
 from pipeline.canonical import sha256_bytes, sha256_file, write_json
@@ -27,6 +28,25 @@ from pipeline.errors import BundleError
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_SCHEMA_VERSION = 1
+
+
+class ManifestFileEntry(BaseModel):
+    """One line of the manifest's file list (the schema of :class:`FileEntry`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="POSIX path relative to the bundle root")
+    sha256: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+
+
+class ManifestDoc(BaseModel):
+    """The schema of ``manifest.json`` (read by :func:`read_manifest`, which checks more: path safety)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = MANIFEST_SCHEMA_VERSION
+    files: list[ManifestFileEntry] = Field(description="sorted by path, manifest.json itself left out")
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,12 +14,102 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+from pydantic import BaseModel, ConfigDict, Field
 
-import pipeline
 from pipeline.canonical import write_json
 from pipeline.errors import BadInput
 
 GROUPS_FILE = "pattern-groups.json"
+GROUPS_SCHEMA_VERSION = 1
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Occurrence(_Doc):
+    """One occurrence of a group in one cell, with its own event ids and raw refs."""
+
+    occurrence_id: str
+    cell_id: str
+    task_id: str | None
+    run_id: str | None
+    pattern_ids: list[str]
+    events: list[str]
+    refs: list[str]
+    incidents: int
+    collapsed_lines: int
+    duplicate_lines_only: bool
+    successful_cell: bool | None
+
+
+class Support(_Doc):
+    """Where a group was seen."""
+
+    occurrences: int
+    patterns: int
+    cells: list[str]
+    tasks: list[str]
+    runs: list[str]
+    n_cells: int
+    n_tasks: int
+    n_runs: int
+
+
+class Negatives(_Doc):
+    """Occurrences in successful cells (from the outcome sidecar)."""
+
+    occurrences: int
+    cells: list[str]
+
+
+class PatternGroup(_Doc):
+    """Patterns of one type about the same thing, across cells."""
+
+    group_id: str
+    type: str
+    concerns: str
+    support: Support
+    negatives: Negatives
+    collapsed_lines: int
+    occurrences: list[Occurrence]
+
+
+class Totals(_Doc):
+    """Counts over the whole batch."""
+
+    eligible_cells: int
+    cells_with_patterns: int
+    cells_without_patterns: int
+    cells_not_analysed: list[str]
+    patterns: int
+    groups: int
+    occurrences: int
+    collapsed_lines: int
+
+
+class CoverageRow(_Doc):
+    """One eligible cell and what the Luna and Coordinator stages made of it."""
+
+    cell_id: str
+    task_id: str | None
+    run_id: str | None
+    successful_cell: bool | None
+    luna_status: str | None
+    luna_reason: str | None
+    patterns: int
+    groups: int
+    occurrences: int
+
+
+class PatternGroups(_Doc):
+    """The whole ``pattern-groups.json``."""
+
+    schema_version: int = GROUPS_SCHEMA_VERSION
+    totals: Totals
+    groups: list[PatternGroup] = Field(default_factory=list)
+    coverage: list[CoverageRow] = Field(default_factory=list)
+
 
 # When the Coordinator runs on an IR without a Luna stage (tests, hand-made patterns), the coverage
 # query still needs these tables; created only if absent, never replacing Luna's.
@@ -102,7 +192,7 @@ def coordinate(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     ]
     failed = [c["cell_id"] for c in coverage if c["luna_status"] not in ("ok", "split")]
     return {
-        "schema_version": pipeline.SCHEMA_VERSION,
+        "schema_version": GROUPS_SCHEMA_VERSION,
         "totals": {
             "eligible_cells": len(coverage),
             "cells_with_patterns": sum(1 for c in coverage if c["patterns"]),

@@ -91,6 +91,15 @@ class Pattern(BaseModel):
         return normalise_key(v)
 
 
+PATTERN_ROW_SCHEMA_VERSION = 1
+
+
+class PatternRow(Pattern):
+    """One line of ``patterns.jsonl``: a :class:`Pattern` with the file's schema version on every row."""
+
+    schema_version: int = PATTERN_ROW_SCHEMA_VERSION
+
+
 # --- the "what, never why" check ------------------------------------------------------------------
 
 # Phrases that give a cause or prescribe a change. Kept narrow: common descriptive words

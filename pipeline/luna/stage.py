@@ -17,7 +17,7 @@ import duckdb
 
 from pipeline.canonical import digest, write_jsonl
 from pipeline.luna.merge import CellPatterns, Conflict, Verdict, merge_cell
-from pipeline.luna.patterns import LunaAnswer, Pattern, check_answer
+from pipeline.luna.patterns import PATTERN_ROW_SCHEMA_VERSION, LunaAnswer, Pattern, check_answer
 from pipeline.luna.render import CellIR, Part, context_budget, estimate_tokens, load_cells, render_cell, split_parts
 
 if TYPE_CHECKING:
@@ -268,7 +268,9 @@ def write_outputs(ir_path: Path, run_dir: Path, results: list[CellRun]) -> tuple
             )  # fmt: skip
     finally:
         con.close()
-    file_digest = write_jsonl(run_dir / PATTERNS_FILE, [p.model_dump(mode="json") for p in patterns])
+    # every row carries the schema version, like calls.jsonl (see pipeline.schemas)
+    rows = [{"schema_version": PATTERN_ROW_SCHEMA_VERSION, **p.model_dump(mode="json")} for p in patterns]
+    file_digest = write_jsonl(run_dir / PATTERNS_FILE, rows)
     return patterns, file_digest
 
 

@@ -5,13 +5,37 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.canonical import canonical_json
 from pipeline.errors import BadInput
 
 CALLLOG_NAME = "calls.jsonl"
 CALLLOG_SCHEMA_VERSION = 1
+
+
+class CallRow(BaseModel):
+    """One line of ``calls.jsonl``: one logical model call (all its attempts)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = CALLLOG_SCHEMA_VERSION
+    role: str
+    cell_id: str | None
+    template_hash: str
+    keys: list[str] = Field(description="replay key of each attempt, in order")
+    mode: Literal["live", "record", "replay"]
+    model: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float | None = Field(description="None when litellm knows no price (never guessed)")
+    latency_ms: float
+    attempts: int
+    transport_retries: int
+    outcome: str = Field(description="ok, invalid, check_failed, cancelled, error, or the error's kind")
+    errors: list[Any] = Field(default_factory=list, description="what went wrong, per attempt")
 
 
 class CallLog:

@@ -14,9 +14,30 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from pipeline.canonical import canonical_json, digest, read_json, write_json
 
 STORE_SCHEMA_VERSION = 1
+
+
+class Recording(BaseModel):
+    """One recording file (``<store>/<2 hex>/<key hex>.json``): a model exchange, raw bodies kept."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = STORE_SCHEMA_VERSION
+    key: str = Field(description="sha256 of the canonical request (KEY_FIELDS only)")
+    role: str
+    cell_id: str | None
+    template_hash: str
+    model: str
+    attempt: int
+    request: dict[str, Any] = Field(description="the request body as sent (no key, header or api_base)")
+    response: dict[str, Any] = Field(description="the raw response body")
+    response_source: str
+    versions: dict[str, str | None] = Field(default_factory=dict, description="library versions that made it")
+
 
 KEY_FIELDS = (
     "model",

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline import SCHEMA_VERSION
 from pipeline.canonical import atomic_write_text
@@ -19,6 +20,16 @@ from pipeline.errors import BadInput
 from pipeline.proposals.card import FIELD_ORDER, ProposalCard
 
 WRAPPER_KEYS = frozenset({"proposals", "schema_version"})
+PROPOSALS_SCHEMA_VERSION = SCHEMA_VERSION
+
+
+class ProposalsFile(BaseModel):
+    """``proposals.yaml`` as lunasol writes it (reading also takes one card or a bare list of cards)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = PROPOSALS_SCHEMA_VERSION
+    proposals: list[ProposalCard] = Field(default_factory=list)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

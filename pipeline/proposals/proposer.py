@@ -21,7 +21,9 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.canonical import pretty_json, read_json, sha256_file, write_json
 from pipeline.errors import BadInput, Blocked
@@ -35,6 +37,58 @@ PROPOSALS_FILE = "proposals.yaml"
 VALIDATION_FILE = "validation.json"
 VALIDATION_SCHEMA_VERSION = 1
 GROUPS_FILE = "pattern-groups.json"
+
+
+class ValidatedCard(BaseModel):
+    """One card the proposer produced: accepted (``P-nn``) or rejected (``R-nn``, with findings and the card)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    proposal_id: str
+    model_proposal_id: Any = Field(default=None, description="the id the model gave a rejected card")
+    source_weakness: str
+    status: Literal["accepted", "rejected"]
+    valid: bool
+    findings: list[dict[str, Any]] = Field(default_factory=list, description="validator findings (rule id, path)")
+    card: Any = Field(default=None, description="the rejected entry as the model wrote it")
+
+
+class WeaknessOutcome(BaseModel):
+    """What the proposer made of one confirmed weakness."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weakness_id: str
+    decision: str
+    call: dict[str, Any]
+    accepted: list[str]
+    rejected: list[str]
+    zero_cards: bool
+    note: str | None = None
+
+
+class ValidationCounts(BaseModel):
+    """Totals of ``validation.json``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    accepted: int
+    rejected: int
+    weaknesses: int
+
+
+class Validation(BaseModel):
+    """The whole ``validation.json``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = VALIDATION_SCHEMA_VERSION
+    run_id: str
+    shortlist_digest: str | None
+    proposals_digest: str | None = None
+    weaknesses: list[WeaknessOutcome]
+    cards: list[ValidatedCard]
+    counts: ValidationCounts
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.canonical import digest, read_json, write_json
+from pipeline.canonical import digest, write_json
 from pipeline.errors import BadInput
 from pipeline.sol.cards import Dropped, WeaknessCard
 
@@ -60,14 +60,21 @@ def read_shortlist(path: Path) -> Shortlist:
     """Read and verify a shortlist (schema version and digest)."""
     if not path.is_file():
         raise BadInput(f"no weakness shortlist at {path}")
-    raw = read_json(path)
-    version = raw.get("schema_version") if isinstance(raw, dict) else None
-    if not isinstance(version, int) or version > SHORTLIST_SCHEMA_VERSION:
-        raise BadInput(f"{path}: shortlist schema_version {version!r} is newer than this lunasol understands")
+    from pipeline.schemas import read_document, upgrade
+
+    raw = read_document(path)
+    doc, found = upgrade(raw, "weakness-shortlist", str(path))  # newer refused (exit 2), older upgraded
     try:
-        sl = Shortlist.model_validate(raw)
+        sl = Shortlist.model_validate(doc)
     except ValueError as exc:
         raise BadInput(f"{path}: not a valid weakness shortlist: {str(exc).splitlines()[0]}") from None
-    if sl.digest != sl.content_digest():
+    # An upgraded file keeps the digest it was sealed with (gate 1 bound a receipt to it): check it
+    # against the content as written, not as upgraded.
+    sealed = sl.content_digest() if found == SHORTLIST_SCHEMA_VERSION else digest(_without_digest(raw))
+    if sl.digest != sealed:
         raise BadInput(f"{path}: content does not match its digest {sl.digest} (edited by hand?)")
     return sl
+
+
+def _without_digest(raw: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in raw.items() if k != "digest"}

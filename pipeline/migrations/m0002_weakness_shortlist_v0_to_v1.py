@@ -1,0 +1,19 @@
+"""weakness-shortlist.json: written before schema_version existed (v0) -> v1; the fields are the same.
+
+The digest stays the one the file was sealed with (gate 1 bound a receipt to it);
+:func:`pipeline.sol.shortlist.read_shortlist` checks it against the content as written.
+"""
+
+from __future__ import annotations
+
+from pipeline.migrations import Doc, add_schema_version
+
+NUMBER = 2
+ARTIFACT = "weakness-shortlist"
+FROM_VERSION = 0
+TO_VERSION = 1
+
+
+def upgrade(doc: Doc) -> Doc:
+    """Add ``schema_version: 1``; nothing else changed between v0 and v1."""
+    return add_schema_version(doc, TO_VERSION)
