@@ -17,9 +17,13 @@ CREATE OR REPLACE TEMP MACRO lunasol_tool_class(t) AS CASE
 END;
 
 -- A report is what a checker writes about other stages' work (validation.md, review.md, ...).
+CREATE OR REPLACE TEMP MACRO lunasol_is_report_path(target) AS
+    coalesce(regexp_matches(lower(target), '(^|/)(validation|review|report|verification)[^/]*\.(md|txt|json)$'), FALSE);
 CREATE OR REPLACE TEMP MACRO lunasol_is_report(target, stage) AS
-    coalesce(regexp_matches(lower(target), '(^|/)(validation|review|report|verification)[^/]*\.(md|txt|json)$'), FALSE)
-    OR coalesce(lower(stage) IN ('validation', 'review', 'verification'), FALSE);
+    lunasol_is_report_path(target) OR coalesce(lower(stage) IN ('validation', 'review', 'verification'), FALSE);
+
+-- Two controller states are the same only when both are known and equal.
+CREATE OR REPLACE TEMP MACRO lunasol_same_state(a, b) AS coalesce(a = b, FALSE);
 
 CREATE OR REPLACE TEMP VIEW probe_events AS
 SELECT
@@ -36,7 +40,7 @@ SELECT
     CASE
         WHEN e.kind = 'artifact' THEN NOT lunasol_is_report(e.target, e.stage)
         WHEN e.kind = 'tool_call' THEN lunasol_tool_class(e.tool_name) IN ('mutating', 'unknown')
-            AND NOT coalesce(regexp_matches(lower(e.target), '(^|/)(validation|review|report|verification)[^/]*\.(md|txt|json)$'), FALSE)
+            AND NOT lunasol_is_report_path(e.target)
         WHEN e.kind = 'message' THEN e.actor = 'operator'
         ELSE FALSE
     END AS changes_source
@@ -46,3 +50,12 @@ FROM events e;
 CREATE OR REPLACE TEMP VIEW probe_changes AS
 SELECT cell_id, seq, kind, state_digest, changes_source FROM probe_events
 WHERE changes_source OR kind = 'state_change';
+
+-- Whether anything strictly between two events of a cell breaks an "unchanged" claim: a change of
+-- the source, a non-report artifact or the operator's input, or a controller state line whose
+-- digest is not `in_state` (the state in force at the earlier event).
+CREATE OR REPLACE TEMP MACRO lunasol_changed_between(cell, after_seq, before_seq, in_state) AS EXISTS (
+    SELECT 1 FROM probe_changes c
+    WHERE c.cell_id = cell AND c.seq > after_seq AND c.seq < before_seq
+      AND (c.changes_source OR c.state_digest IS DISTINCT FROM in_state)
+);

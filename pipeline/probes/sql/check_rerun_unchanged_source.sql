@@ -16,12 +16,8 @@ ordered AS (
 flagged AS (
     SELECT o.*, CASE
         WHEN o.prev_seq IS NULL THEN 1
-        WHEN o.state_digest IS NULL OR o.prev_state IS NULL OR o.state_digest <> o.prev_state THEN 1
-        WHEN EXISTS (
-            SELECT 1 FROM probe_changes c
-            WHERE c.cell_id = o.cell_id AND c.seq > o.prev_seq AND c.seq < o.seq
-              AND (c.changes_source OR c.state_digest IS DISTINCT FROM o.prev_state)
-        ) THEN 1
+        WHEN NOT lunasol_same_state(o.state_digest, o.prev_state) THEN 1
+        WHEN lunasol_changed_between(o.cell_id, o.prev_seq, o.seq, o.prev_state) THEN 1
         ELSE 0 END AS brk
     FROM ordered o
 ),
