@@ -1,7 +1,8 @@
 """One error hierarchy; the CLI turns each into one line and the contract's exit code.
 
 Exit codes (DESIGN.md): 0 success; 1 findings; 2 bad input or usage; 3 blocked
-(a block receipt was written); 4 refused by a gate's compare-and-set.
+(a block receipt was written); 4 refused by a gate's compare-and-set. An unexpected
+exception (a bug) is one line and exit 70 (EX_SOFTWARE) at the CLI boundary.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ EXIT_FINDINGS = 1
 EXIT_BAD_INPUT = 2
 EXIT_BLOCKED = 3
 EXIT_NEEDS_REBASE = 4
+EXIT_INTERNAL = 70  # not in the contract: a bug in lunasol (EX_SOFTWARE), never mistaken for findings
 
 
 class LunasolError(Exception):

@@ -347,6 +347,10 @@ def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
 
     options.models = resolve_settings(options.models)
     ctx = RunContext(options=options, run_dir=options.runs_dir / run_id, log=log)
+    if not options.dry_run and not options.models.model and any(n in STAGE_ROLES for n, _ in STAGES):
+        # Known before any work: failing at the first model stage would leave a half-made run and,
+        # on a rerun, invalidate everything made with the model the run used.
+        raise BadInput(_no_model_message(ctx))
     bdigest = bundle_digest(options.bundle)
     if options.dry_run:
         return dry_run(ctx)
@@ -356,6 +360,24 @@ def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     with _exclusive_run(ctx.run_dir):
         return _run_stages(ctx, bdigest, created)
+
+
+def _no_model_message(ctx: RunContext) -> str:
+    """Why there is no model, and what this run used last time (if it exists)."""
+    settings = ctx.options.models
+    if settings.effective_mode() == "replay" and settings.store is not None:
+        why = f"replay store {settings.store} holds no recording to name a model"
+    else:
+        why = "no model given"
+    hint = "pass --model (e.g. openai/gpt-4o-mini), set LUNASOL_MODEL, or --replay DIR"
+    path = ctx.run_dir / "run.json"
+    last = (read_json(path).get("inputs") or {}).get("models") if path.is_file() else None
+    if isinstance(last, dict) and last.get("model"):
+        used = f"--model {last['model']}"
+        if last.get("mode") in ("replay", "record") and last.get("store"):
+            used = f"--{last['mode']} {last['store']}"
+        hint += f"; this run was made with {used}"
+    return f"{why}: {hint}"
 
 
 @contextmanager

@@ -6,7 +6,9 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeline.errors import BadInput
 
 Mode = Literal["live", "record", "replay"]
 
@@ -41,8 +43,17 @@ class ModelSettings(BaseModel):
         ):
             if os.environ.get(var):
                 env[field] = os.environ[var]
-        env.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.model_validate(env)
+        given = {k: v for k, v in overrides.items() if v is not None}
+        source = {k: f"LUNASOL_{k.upper()}" for k in env}
+        source.update({k: "--" + k.replace("_", "-") for k in given})
+        env.update(given)
+        try:
+            return cls.model_validate(env)
+        except ValidationError as exc:
+            # A flag or env var out of range is bad input: one line naming it, never a traceback.
+            e = exc.errors()[0]
+            field = str(e["loc"][0]) if e.get("loc") else "settings"
+            raise BadInput(f"invalid {source.get(field, field)}: {e['msg']} (got {e.get('input')!r})") from None
 
     def effective_mode(self) -> Mode:
         """Live when a model is given and no mode was chosen."""

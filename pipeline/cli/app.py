@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from typing import Any
 
 import typer
 from typer.core import TyperGroup
+from typer.exceptions import TyperException
 
 import pipeline
-from pipeline.errors import EXIT_BAD_INPUT, LunasolError
+from pipeline.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, LunasolError
 
 
 class LunasolGroup(TyperGroup):
@@ -29,11 +31,49 @@ class LunasolGroup(TyperGroup):
                 raise
             typer.echo(f"lunasol: {exc.one_line()}", err=True)
             raise typer.Exit(exc.exit_code) from None
+        except (typer.Exit, typer.Abort, TyperException):
+            raise  # click's own flow: --help, usage errors (exit 2 with a usage box), prompts aborted
         except (OSError, UnicodeDecodeError) as exc:  # unreadable input that slipped past a check
             if os.environ.get("LUNASOL_DEBUG"):
                 raise
-            typer.echo(f"lunasol: {type(exc).__name__}: {exc}", err=True)
+            typer.echo(f"lunasol: {type(exc).__name__}: {_fold(str(exc))}", err=True)
             raise typer.Exit(EXIT_BAD_INPUT) from None
+        except Exception as exc:  # the last line of defence: never a traceback
+            if os.environ.get("LUNASOL_DEBUG"):
+                raise
+            line, code = _unexpected(exc)
+            typer.echo(f"lunasol: {line}", err=True)
+            raise typer.Exit(code) from None
+
+
+def _fold(text: str, limit: int = 400) -> str:
+    """One line, at most ``limit`` characters (an error message is not a dump)."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _unexpected(exc: Exception) -> tuple[str, int]:
+    """The one line and exit code for an exception no check turned into a LunasolError.
+
+    A pydantic ValidationError means some input (a flag, an env var, a file) did not fit its model:
+    bad input, exit 2. Anything else is a bug in lunasol: say so, point at ``LUNASOL_DEBUG=1``, and
+    exit 70 (EX_SOFTWARE), distinct from the contract's codes so a script never takes it for findings.
+    """
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        errs = exc.errors()
+        parts = []
+        for e in errs[:3]:
+            loc = ".".join(str(x) for x in e.get("loc", ())) or exc.title
+            parts.append(f"{loc}: {e.get('msg', '')} (got {e.get('input')!r})")
+        more = f" (+{len(errs) - 3} more)" if len(errs) > 3 else ""
+        return _fold(f"invalid {exc.title}: " + "; ".join(parts) + more), EXIT_BAD_INPUT
+    return (
+        _fold(f"internal error: {type(exc).__name__}: {exc}")
+        + " (a bug in lunasol; LUNASOL_DEBUG=1 shows the traceback)",
+        EXIT_INTERNAL,
+    )
 
 
 app = typer.Typer(
@@ -62,9 +102,9 @@ def _root(
 
 def _register() -> None:
     # Each module adds its verbs; imports stay cheap (heavy libraries load inside commands).
-    from pipeline.cli import bundle, calls, datasets, gates, ir, proposals, review, run
+    from pipeline.cli import bundle, calls, datasets, gates, ir, proposals, review, run, schema
 
-    for module in (bundle, ir, run, calls, gates, proposals, review, datasets):
+    for module in (bundle, ir, run, calls, gates, proposals, review, datasets, schema):
         module.register(app)
 
 
@@ -73,6 +113,9 @@ _register()
 
 def main() -> None:
     """Console-script entry point."""
+    # litellm leaves an un-awaited coroutine behind when a connection fails; Python's warning about it
+    # (two lines on stderr, at exit) would break the one-line error contract and says nothing to a user.
+    warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
     try:
         app(prog_name="lunasol")
     except KeyboardInterrupt:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from pipeline.canonical import pretty_json
-from pipeline.errors import BadInput
+from pipeline.errors import BadInput, Blocked
 
 DEFAULT_RUNS_DIR = Path("runs")
 
@@ -29,3 +32,41 @@ def resolve_run(run: str) -> Path:
     if not (path / "run.json").is_file() and not (path / "ir.duckdb").is_file():
         raise BadInput(f"not a lunasol run directory: {run} (expected run.json inside)")
     return path
+
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def check_digest(value: str | None) -> str | None:
+    """A ``--digest`` flag: ``sha256:<64 hex>`` or absent (a malformed one is bad input, not a stale one)."""
+    if value is not None and not _DIGEST.fullmatch(value):
+        raise BadInput(f"--digest must look like sha256:<64 hex digits> (as status prints it), got {value!r}")
+    return value
+
+
+@contextmanager
+def moves_run(run_dir: Path, verb: str) -> Iterator[None]:
+    """Around a verb that moves a run on (confirm, propose, select).
+
+    Exit 3 promises a block receipt: a Blocked the library raised without writing one gets one here,
+    and its one line names the receipt and the unblocking command. Success means the run went past
+    any earlier block, so a receipt left from it is moved to ``block-receipts/`` (kept, resolved).
+    """
+    from pipeline.blocking import read_block_receipt, resolve_block_receipt, write_block_receipt
+
+    before = read_block_receipt(run_dir)
+    try:
+        yield
+    except Blocked as exc:
+        if read_block_receipt(run_dir) == before:  # the library wrote none for this block
+            path = write_block_receipt(
+                run_dir, exc, stage=verb, unblock=exc.unblock, command=f"lunasol {verb} {run_dir}"
+            )
+            line = exc.one_line()
+            if exc.unblock and exc.unblock not in line:
+                line += f" | unblock: {exc.unblock}"
+            raise Blocked(
+                f"{line} | receipt: {path}", reason=exc.reason, tried=exc.tried, unblock=exc.unblock
+            ) from None
+        raise
+    resolve_block_receipt(run_dir)

@@ -8,6 +8,7 @@ from typing import Any
 import typer
 
 from pipeline.cli.common import JSON_OPTION, emit_json, resolve_run
+from pipeline.errors import BadInput
 
 _FORMAT_HELP = (
     "Format of the logs, or 'auto' to detect it: who-and-when, mast, swe-agent, openhands, inspect, "
@@ -62,6 +63,13 @@ def eval_cmd(
     from pipeline.eval import evaluate
 
     report = evaluate(resolve_run(run), labels)
+    if not report.get("labelled_cells"):
+        # Scores over zero labels are a table of dashes: say why instead (the library still returns
+        # the deterministic checks for callers that want them).
+        raise BadInput(
+            f"no usable {labels} labels in the outcome sidecar of {run}'s bundle: nothing to score "
+            f"(eval needs a bundle imported from a labelled dataset: lunasol bundle import {labels} SRC DEST)"
+        )
     if as_json:
         emit_json(report)
         return

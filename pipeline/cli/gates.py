@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from pipeline.cli.common import JSON_OPTION, emit_json, resolve_run
+from pipeline.cli.common import JSON_OPTION, check_digest, emit_json, moves_run, resolve_run
 
 
 def on_terminal() -> bool:
@@ -42,6 +42,7 @@ def register(app: typer.Typer) -> None:
         from pipeline.status import format_shortlist, status
 
         run_dir = resolve_run(run)
+        check_digest(digest)
         # What the decider sees now is the base of the compare-and-set.
         base = hf.load(run_dir)
         seen_digest = digest or base.shortlist_digest
@@ -67,15 +68,16 @@ def register(app: typer.Typer) -> None:
                 by = typer.prompt("your name")
         if by is None:
             raise BadInput("--by NAME is required: a decision needs a named person")
-        receipt, replayed = gates.confirm(
-            run_dir,
-            decisions,
-            by=by,
-            notes=notes,
-            expected_digest=seen_digest,
-            expected_revision=base.revision,
-            operation_id=operation_id,
-        )
+        with moves_run(run_dir, "confirm"):
+            receipt, replayed = gates.confirm(
+                run_dir,
+                decisions,
+                by=by,
+                notes=notes,
+                expected_digest=seen_digest,
+                expected_revision=base.revision,
+                operation_id=operation_id,
+            )
         if as_json:
             emit_json({"replayed": replayed, "receipt": receipt.model_dump(mode="json")})
             return

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from pipeline.cli.common import JSON_OPTION, emit_json, resolve_run
+from pipeline.cli.common import JSON_OPTION, check_digest, emit_json, moves_run, resolve_run
 from pipeline.errors import BadInput, Findings
 
 
@@ -68,7 +68,8 @@ def propose(
         concurrency=concurrency,
         budget_usd=budget_usd,
     )
-    result = do_propose(run_dir, settings, log=typer.echo if not json_out else (lambda _m: None))
+    with moves_run(run_dir, "propose"):
+        result = do_propose(run_dir, settings, log=typer.echo if not json_out else (lambda _m: None))
     if json_out:
         emit_json({"proposals_digest": result.proposals_digest, "validation": result.validation})
         return
@@ -111,19 +112,21 @@ def select(
         raise BadInput("choose exactly one of --proposal P-.., --none or --redo")
     if not by:
         raise BadInput("--by NAME is required: a decision needs a named person")
+    check_digest(digest)
     run_dir = resolve_run(run)
     base = hf.load(run_dir)
     choice: Choice = "proposal" if proposal is not None else "none" if none else "redo"
-    receipt, replayed = do_select(
-        run_dir,
-        choice=choice,
-        by=by,
-        proposal_id=proposal,
-        note=note,
-        expected_digest=digest or base.proposals_digest,
-        expected_revision=base.revision,
-        operation_id=operation_id,
-    )
+    with moves_run(run_dir, "select"):
+        receipt, replayed = do_select(
+            run_dir,
+            choice=choice,
+            by=by,
+            proposal_id=proposal,
+            note=note,
+            expected_digest=digest or base.proposals_digest,
+            expected_revision=base.revision,
+            operation_id=operation_id,
+        )
     if json_out:
         emit_json({"replayed": replayed, "receipt": receipt.model_dump(mode="json")})
         return

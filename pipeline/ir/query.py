@@ -51,6 +51,8 @@ def query(run_dir: Path, sql: str) -> QueryResult:
     """Run one read-only statement against ``run_dir/ir.duckdb``; any SQL error is one BadInput line."""
     import duckdb
 
+    if not sql.strip():
+        raise BadInput("empty query: give one read-only SQL statement, e.g. 'SELECT count(*) FROM events'")
     m = _FIRST_WORD.match(sql)
     if m is None or m.group(1).lower() not in _ALLOWED:
         word = m.group(1).upper() if m else "(empty)"

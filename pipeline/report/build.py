@@ -19,6 +19,7 @@ from pipeline.canonical import atomic_write_text
 from pipeline.diff.artifacts import Row, RunArtifacts, load_run
 from pipeline.diff.compare import call_totals, validation_by_id, validation_summary
 from pipeline.diff.match import EVENT_ID_RE, REF_RE, cited_ids
+from pipeline.errors import BadInput
 from pipeline.report.evidence import EvidenceReader, Snippet
 from pipeline.runs_index import run_state
 
@@ -241,6 +242,12 @@ def render_report(run_dir: Path) -> tuple[str, dict[str, int]]:
 
 def write_report(run_dir: Path, out: Path | None = None) -> tuple[Path, dict[str, int]]:
     """Render and write atomically (default ``RUN/report.html``); return the path and figures."""
+    if out is not None:
+        # Checked before rendering: a typo in the output path is bad input, not a new directory tree.
+        if out.is_dir():
+            raise BadInput(f"output {out} is a directory; name the file, e.g. {out / 'report.html'}")
+        if not out.parent.is_dir():
+            raise BadInput(f"output directory does not exist: {out.parent}")
     html, stats = render_report(run_dir)
     path = out if out is not None else run_dir / "report.html"
     atomic_write_text(path, html)
