@@ -56,8 +56,8 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write via a temp file in the same directory and rename, so readers never see half a file."""
+def _synced_temp(path: Path, data: bytes) -> str:
+    """A temp file holding ``data``, synced, in ``path``'s directory (so a rename or link is atomic)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -65,10 +65,36 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write via a temp file in the same directory and rename, so readers never see half a file."""
+    tmp = _synced_temp(path, data)
+    try:
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_create_bytes(path: Path, data: bytes) -> bool:
+    """Create ``path`` with ``data`` only if it does not exist (False if it does); never half a file.
+
+    A hard link of a synced temp file: the link fails when ``path`` exists, so of two writers
+    racing for the same path exactly one wins.
+    """
+    tmp = _synced_temp(path, data)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return True
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -16,8 +16,6 @@ Silence is never approval: nothing after a gate proceeds without a receipt.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline import handoff as hf
-from pipeline.canonical import digest, pretty_json, read_json, sha256_file
+from pipeline.canonical import atomic_create_bytes, digest, pretty_json, read_json, sha256_file
 from pipeline.errors import BadInput, Blocked, NeedsRebase
 from pipeline.ledger import Ledger
 
@@ -72,24 +70,6 @@ def receipt_path(run_dir: Path, gate: str, operation_id: str) -> Path:
 def default_operation_id(gate: str, subject_digest: str, request: Mapping[str, Any], by: str) -> str:
     """A stable id for a decision, so repeating the same command replays instead of deciding twice."""
     return "op-" + digest({"gate": gate, "subject": subject_digest, "request": request, "by": by}).split(":")[1][:16]
-
-
-def _write_exclusive(path: Path, data: bytes) -> bool:
-    """Create ``path`` with ``data`` atomically and only if it does not exist (link of a temp file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        try:
-            os.link(tmp, path)  # fails if the receipt exists: exclusive, and readers never see half a file
-        except FileExistsError:
-            return False
-        return True
-    finally:
-        Path(tmp).unlink(missing_ok=True)
 
 
 def _load_receipt(path: Path) -> Receipt:
@@ -168,7 +148,7 @@ def commit(
             result=result,
         )
         receipt.receipt_digest = digest(receipt.model_dump(mode="json", exclude={"receipt_digest"}))
-        if not _write_exclusive(path, pretty_json(receipt.model_dump(mode="json")).encode("utf-8")):
+        if not atomic_create_bytes(path, pretty_json(receipt.model_dump(mode="json")).encode("utf-8")):
             raise NeedsRebase(f"needs_rebase: another decision with operation id {op} was committed first")
         _apply_receipt(run_dir, receipt, path)
         return receipt, False
