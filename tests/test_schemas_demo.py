@@ -1,0 +1,90 @@
+"""Every artifact of a real run (the demo, replayed through both gates) is valid under its registry model.
+
+So the models in pipeline.schemas describe what lunasol writes, not what someone thought it writes.
+The model answers are the demo's hand-written fixture recordings.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pipeline import schemas
+from pipeline.canonical import read_json
+from pipeline.cli.app import app
+from tests.conftest import DEMO_BUNDLE, DEMO_RECORDINGS
+
+pytestmark = pytest.mark.skipif(
+    not any(DEMO_RECORDINGS.glob("*/*.json")), reason="demo recordings absent (run: python fixtures/record_demo.py)"
+)
+
+
+def _ok(args: list[str]) -> str:
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    return res.stdout
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    runs = tmp_path_factory.mktemp("runs")
+    _ok(["run", str(DEMO_BUNDLE), "--replay", str(DEMO_RECORDINGS), "--runs-dir", str(runs)])
+    (run,) = [p for p in runs.iterdir() if p.is_dir()]
+    sl = read_json(run / "weakness-shortlist.json")
+    decisions = [a for w in sl["weaknesses"] for a in ("--decision", f"{w['weakness_id']}=confirm")]
+    _ok(["confirm", str(run), *decisions, "--by", "tester", "--digest", sl["digest"]])
+    _ok(["propose", str(run), "--replay", str(DEMO_RECORDINGS)])
+    digest = read_json(run / "handoff.json")["proposals_digest"]
+    _ok(["select", str(run), "--proposal", "P-01", "--by", "tester", "--digest", digest])
+    return run
+
+
+def _files(run: Path) -> dict[str, list[Path]]:
+    return {
+        "run": [run / "run.json"],
+        "pattern-groups": [run / "pattern-groups.json"],
+        "weakness-shortlist": [run / "weakness-shortlist.json"],
+        "proposals": [run / "proposals.yaml"],
+        "validation": [run / "validation.json"],
+        "gate-receipt": sorted((run / "gates").glob("*.json")),
+        "handoff": [run / "handoff.json"],
+        "ledger": [run / "ledger.json"],
+        "cell-result": sorted((run / "luna").glob("*.json")),
+        "manifest": [DEMO_BUNDLE / "manifest.json"],
+        "analysis-request": [DEMO_BUNDLE / "analysis-request.json"],
+        "recording": sorted(DEMO_RECORDINGS.glob("*/*.json"))[:5],
+    }
+
+
+def test_every_artifact_validates_at_the_current_version(demo_run: Path) -> None:
+    seen = set()
+    for name, paths in _files(demo_run).items():
+        assert paths, f"the demo run wrote no {name}"
+        for path in paths:
+            _, found = schemas.load_document(path, name)
+            assert found == schemas.get(name).version, f"{path} was written at v{found}"
+            schemas.load_artifact(path, name)
+        seen.add(name)
+    for name, file in (("patterns", "patterns.jsonl"), ("calls", "calls.jsonl")):
+        rows = [json.loads(line) for line in (demo_run / file).read_text(encoding="utf-8").splitlines()]
+        assert rows and all(r.get("schema_version") == schemas.get(name).version for r in rows), file
+        model = schemas.get(name).model
+        for row in rows:
+            model.model_validate(row)
+        seen.add(name)
+    # block-receipt: the demo does not block; a model-level check keeps the registry honest
+    assert seen | {"block-receipt"} == set(schemas.REGISTRY)
+
+
+def test_block_receipt_as_written_validates(tmp_path: Path) -> None:
+    from pipeline.blocking import write_block_receipt
+    from pipeline.errors import Blocked
+
+    exc = Blocked("budget exceeded", reason="user_stop", unblock="lunasol run B --budget-usd 2")
+    path = write_block_receipt(tmp_path, exc, stage="luna", unblock=exc.unblock, command="lunasol run B")
+    write_block_receipt(tmp_path, exc, stage="luna", unblock=exc.unblock, command="lunasol run B")  # repeats
+    receipt = schemas.load_artifact(path, "block-receipt")
+    assert receipt.model_dump()["repeats"] == 2
