@@ -46,6 +46,9 @@ def status(run_dir: Path) -> dict[str, Any]:
     nxt = hf.next_command(run_dir, h)
     if block and block.get("requested_unblock") and h.phase != "rootCausesMined":
         nxt = str(block["requested_unblock"])
+    missing = missing_outputs(run_dir)
+    if missing:
+        nxt = hf.run_command(run_dir, resume=False)  # a rerun remakes exactly what is gone
     return {
         "run_id": run_dir.name,
         "run_dir": str(run_dir),
@@ -55,8 +58,25 @@ def status(run_dir: Path) -> dict[str, Any]:
         "shortlist": {"digest": sdigest, "weaknesses": rows, "dropped": dropped},
         "block_receipt": block,
         "selection": _selection(run_dir),
+        "missing_outputs": missing,
         "next_command": nxt,
     }
+
+
+def missing_outputs(run_dir: Path) -> list[str]:
+    """Outputs the ledger calls verified that are no longer in the run directory ("path (stage)").
+
+    A run whose artifacts were deleted or moved must not pass for a finished one.
+    """
+    out = []
+    for name, entry in sorted(Ledger(run_dir).data.entries.items()):
+        if entry.state != "verified" or "/" in name:
+            continue
+        for rel in entry.outputs:
+            path = rel.split("#", 1)[0]  # "ir.duckdb#content" names a file by its content digest
+            if not (run_dir / path).is_file():
+                out.append(f"{path} ({name})")
+    return out
 
 
 def _selection(run_dir: Path) -> dict[str, Any] | None:
@@ -144,6 +164,8 @@ def format_status(s: dict[str, Any]) -> str:
     if rows or dropped:
         lines.append("shortlist:")
         lines.extend("  " + ln for ln in format_shortlist(rows, dropped).splitlines())
+    if s.get("missing_outputs"):
+        lines.append(f"MISSING (deleted or moved outside lunasol): {', '.join(s['missing_outputs'])}")
     br = s.get("block_receipt")
     if br:
         lines.append(f"BLOCKED at {br.get('stage')}: {br.get('blocking_constraint')}")

@@ -374,3 +374,18 @@ def test_real_process_prints_one_line(tmp_path: Path) -> None:
         "lunasol: invalid --concurrency: Input should be greater than or equal to 1 (got 0)"
     ]
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_missing_an_artifact_does_not_pass_for_finished(demo: Path, tmp_path: Path) -> None:
+    from pipeline.status import missing_outputs
+
+    run_dir = tmp_path / demo.name
+    shutil.copytree(demo, run_dir)
+    assert missing_outputs(run_dir) == []
+    (run_dir / "weakness-shortlist.json").unlink()
+    assert missing_outputs(run_dir) == ["weakness-shortlist.json (sol)"]
+    res = CliRunner().invoke(app, ["status", str(run_dir), "--json"])
+    s = json.loads(res.stdout)
+    assert s["missing_outputs"] == ["weakness-shortlist.json (sol)"]
+    assert s["next_command"].startswith("lunasol run ") and "--resume" not in s["next_command"]
+    assert "MISSING" in CliRunner().invoke(app, ["status", str(run_dir)]).stdout
