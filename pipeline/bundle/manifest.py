@@ -19,10 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.bundle.request import check_relative
+from pipeline.bundle.request import check_relative, read_bundle_json
 from pipeline.canonical import sha256_bytes, sha256_file, write_json
 from pipeline.errors import BundleError
 
@@ -215,13 +214,7 @@ def read_manifest(bundle: Path) -> Manifest:
     """Read and check ``manifest.json`` (format, versions, path safety)."""
     if not bundle.is_dir():
         raise BundleError(f"bundle not found: {bundle}")
-    path = bundle / MANIFEST_FILE
-    if not path.is_file():
-        raise BundleError(f"missing {MANIFEST_FILE} in bundle {bundle} (run: lunasol bundle freeze {bundle})")
-    try:
-        data = orjson.loads(path.read_bytes())
-    except orjson.JSONDecodeError as exc:
-        raise BundleError(f"{MANIFEST_FILE}: invalid JSON ({exc})") from None
+    data = read_bundle_json(bundle, MANIFEST_FILE, f" (run: lunasol bundle freeze {bundle})")
     if not isinstance(data, dict) or not isinstance(data.get("files"), list):
         raise BundleError(f"{MANIFEST_FILE}: expected an object with a 'files' list")
     version = data.get("schema_version")

@@ -139,15 +139,20 @@ def request_json_schema() -> dict[str, Any]:
     return AnalysisRequest.model_json_schema()
 
 
+def read_bundle_json(bundle: Path, name: str, missing_hint: str = "") -> Any:
+    """The parsed JSON file ``bundle/name``; missing or invalid is one BundleError line."""
+    path = bundle / name
+    if not path.is_file():
+        raise BundleError(f"missing {name} in bundle {bundle}{missing_hint}")
+    try:
+        return orjson.loads(path.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise BundleError(f"{name}: invalid JSON ({exc})") from None
+
+
 def load_request(bundle: Path) -> AnalysisRequest:
     """Read and validate ``BUNDLE/analysis-request.json``; every problem is one BundleError line."""
-    path = bundle / REQUEST_FILE
-    if not path.is_file():
-        raise BundleError(f"missing {REQUEST_FILE} in bundle {bundle}")
-    try:
-        data = orjson.loads(path.read_bytes())
-    except orjson.JSONDecodeError as exc:
-        raise BundleError(f"{REQUEST_FILE}: invalid JSON ({exc})") from None
+    data = read_bundle_json(bundle, REQUEST_FILE)
     try:
         return AnalysisRequest.model_validate(data)
     except ValidationError as exc:
