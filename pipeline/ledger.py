@@ -190,18 +190,23 @@ class Ledger:
         )
         del entry.history[:-10]  # the recent past is enough to explain a state; the ledger stays small
 
+    def _move(self, name: str, state: State, stage: str, inputs: Mapping[str, str], *, history_from: State) -> Entry:
+        """Entry ``name`` (created when new) now in ``state`` from ``inputs``; leaving ``history_from`` is kept."""
+        entry = self.get(name)
+        if entry is None:
+            entry = Entry(state=state, stage=stage)
+            self.data.entries[name] = entry
+        elif entry.state == history_from:
+            self._push_history(entry)
+        entry.state = state
+        entry.stage = stage
+        entry.inputs = dict(inputs)
+        return entry
+
     def mark_pending(self, name: str, stage: str, inputs: Mapping[str, str], reason: str = "in progress") -> None:
         """An entry is being (re)made from these inputs."""
         with self._mutate():
-            entry = self.get(name)
-            if entry is None:
-                entry = Entry(state="pending", stage=stage)
-                self.data.entries[name] = entry
-            elif entry.state == "verified":
-                self._push_history(entry)
-            entry.state = "pending"
-            entry.stage = stage
-            entry.inputs = dict(inputs)
+            entry = self._move(name, "pending", stage, inputs, history_from="verified")
             entry.reason = reason
 
     def mark_verified(
@@ -209,15 +214,7 @@ class Ledger:
     ) -> None:
         """An entry was made from ``inputs`` and its outputs have these digests."""
         with self._mutate():
-            entry = self.get(name)
-            if entry is None:
-                entry = Entry(state="verified", stage=stage)
-                self.data.entries[name] = entry
-            elif entry.state == "invalidated":
-                self._push_history(entry)
-            entry.state = "verified"
-            entry.stage = stage
-            entry.inputs = dict(inputs)
+            entry = self._move(name, "verified", stage, inputs, history_from="invalidated")
             entry.outputs = dict(outputs or {})
             entry.reason = None
 
