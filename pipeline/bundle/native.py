@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from pipeline.bundle.manifest import Manifest, read_frozen, resolve_in_bundle
-from pipeline.bundle.request import CellSpec
-from pipeline.canonical import canonical_json
+from pipeline.bundle.manifest import MANIFEST_FILE, Manifest, _stat_key, read_frozen, resolve_in_bundle
+from pipeline.bundle.request import CellSpec, check_relative
+from pipeline.canonical import canonical_json, sha256_bytes
 from pipeline.errors import BundleError
 from pipeline.ir.events import SourceEvent
+from pipeline.ir.schema import TEXT_LIMIT, trim_text
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 _SESSION_NAME = re.compile(r"^(?P<nn>\d+)-(?P<stage>.+)-(?P<actor>[^-]+)\.jsonl$")
 
@@ -116,13 +121,20 @@ def iter_lines(data: bytes, rel: str) -> list[tuple[int, dict[str, Any]]]:
     return out
 
 
-def _session_events(rel: str, data: bytes) -> list[SourceEvent]:
+# One mapped record, in this order: the SourceEvent fields a native line sets.
+# (ts, source_path, line, kind, detail, actor, stage, session_id, step_index, text, tool_name, call_id,
+#  args_digest, result_digest, state_digest, target). Plain tuples: the fast export path transposes
+# them straight into columns; read_cell turns them into SourceEvents.
+Record = tuple[Any, ...]
+
+
+def _session_records(rel: str, data: bytes) -> list[Record]:
     name = rel.rsplit("/", 1)[-1]
     m = _SESSION_NAME.match(name)
     file_stage, file_actor = (m["stage"], m["actor"]) if m else (None, None)
     stem = name[: -len(".jsonl")] if name.endswith(".jsonl") else name
     targets: dict[str, str | None] = {}  # call_id -> target, so a result points at what its call touched
-    events: list[SourceEvent] = []
+    events: list[Record] = []
     append = events.append
     for n, rec in iter_lines(data, rel):
         g = rec.get
@@ -153,8 +165,8 @@ def _session_events(rel: str, data: bytes) -> list[SourceEvent]:
             if call_id is not None:
                 targets[call_id] = target
             append(
-                SourceEvent("tool_call", rel, n, n, ts, "tool_call", actor, stage, session, step_index,
-                            f"{tool} {args_json}", tool, call_id, _sha(args_json), None, None, target)
+                (ts, rel, n, "tool_call", "tool_call", actor, stage, session, step_index, f"{tool} {args_json}",
+                 tool, call_id, _sha(args_json), None, None, target)
             )  # fmt: skip
         elif typ == "tool_result":
             output = g("output")
@@ -166,27 +178,27 @@ def _session_events(rel: str, data: bytes) -> list[SourceEvent]:
             code = g("exit_code")
             detail = "tool_result" if code == 0 or code is None else f"tool_result exit_code={code}"
             append(
-                SourceEvent("tool_result", rel, n, n, ts, detail, actor, stage, session, step_index, output,
-                            _str(g("tool")), call_id, None, _sha(output), None,
-                            targets.get(call_id) if call_id is not None else None)
+                (ts, rel, n, "tool_result", detail, actor, stage, session, step_index, output, _str(g("tool")),
+                 call_id, None, _sha(output), None, targets.get(call_id) if call_id is not None else None)
             )  # fmt: skip
         elif typ == "message":
             role = g("role") or actor
             if role.__class__ is not str:
                 role = _str(role)
             append(
-                SourceEvent("message", rel, n, n, ts, "message", role, stage, session, step_index,
-                            _str(g("content")) or "")
+                (ts, rel, n, "message", "message", role, stage, session, step_index, _str(g("content")) or "",
+                 None, None, None, None, None, None)
             )  # fmt: skip
         elif typ == "error":
             append(
-                SourceEvent("error", rel, n, n, ts, _str(g("source")) or "error", actor, stage, session, step_index,
-                            _str(g("message")) or "")
+                (ts, rel, n, "error", _str(g("source")) or "error", actor, stage, session, step_index,
+                 _str(g("message")) or "", None, None, None, None, None, None)
             )  # fmt: skip
         else:
             append(
-                SourceEvent("other", rel, n, n, ts, _str(typ), actor, stage, session, step_index, canonical_json(rec))
-            )
+                (ts, rel, n, "other", _str(typ), actor, stage, session, step_index, canonical_json(rec),
+                 None, None, None, None, None, None)
+            )  # fmt: skip
     return events
 
 
@@ -222,43 +234,301 @@ def _controller_text(ev: str, rec: dict[str, Any]) -> tuple[str, str | None]:
     return canonical_json(rec), None
 
 
-def _controller_events(rel: str, data: bytes) -> list[SourceEvent]:
-    events: list[SourceEvent] = []
+def _controller_records(rel: str, data: bytes) -> list[Record]:
+    events: list[Record] = []
+    append = events.append
     for n, rec in iter_lines(data, rel):
-        name = _str(rec.get("event")) or "unknown"
+        g = rec.get
+        name = _str(g("event")) or "unknown"
         text, target = _controller_text(name, rec)
-        stage = rec.get("stage")
-        if name == "state":
-            stage = rec.get("current_stage")
-        ev = SourceEvent(_CONTROLLER_KIND.get(name, "other"), rel, n, n, _str(rec.get("ts")), name, "controller")
-        ev.stage = _str(stage)
-        ev.text = text
-        ev.target = target
-        if name == "state":
-            ev.state_digest = _str(rec.get("state_digest"))
-        elif name == "artifact_written":
-            ev.result_digest = _str(rec.get("digest"))
-        events.append(ev)
+        stage = g("current_stage") if name == "state" else g("stage")
+        append(
+            (_str(g("ts")), rel, n, _CONTROLLER_KIND.get(name, "other"), name, "controller", _str(stage), None,
+             None, text, None, None, None, _str(g("digest")) if name == "artifact_written" else None,
+             _str(g("state_digest")) if name == "state" else None, target)
+        )  # fmt: skip
     return events
 
 
-def read_cell(bundle: Path, cell: CellSpec, manifest: Manifest) -> list[SourceEvent]:
-    """Every event of one native cell, in file order (export sorts them by time)."""
+def cell_files(bundle: Path, cell: CellSpec) -> list[tuple[str, Path | None]]:
+    """The log files of one native cell in reading order (controller, then sessions by name).
+
+    Each is ``(bundle-relative path, path)``; the path is None when a symlink is involved below
+    the cell directory (then :func:`read_frozen` resolves it and refuses a link out).
+    """
     cell_dir = resolve_in_bundle(bundle, cell.path, f"cell {cell.cell_id} path")
     if not cell_dir.is_dir():
         raise BundleError(f"cell {cell.cell_id} is listed in analysis-request.json but {cell.path} is absent")
     base = cell.path.rstrip("/")
-    rels: list[str] = []
-    if (cell_dir / "controller.jsonl").is_file():
-        rels.append(f"{base}/controller.jsonl")
-    sessions = cell_dir / "sessions"
-    if sessions.is_dir():
-        rels.extend(f"{base}/sessions/{p.name}" for p in sorted(sessions.iterdir()) if p.name.endswith(".jsonl"))
-    events: list[SourceEvent] = []
-    for rel in rels:
-        data = read_frozen(bundle, rel, manifest)
+    with os.scandir(cell_dir) as it:
+        entries = {e.name: e for e in it if e.name in ("controller.jsonl", "sessions")}
+    files: list[tuple[str, Path | None]] = []
+    ctrl = entries.get("controller.jsonl")
+    if ctrl is not None and ctrl.is_file():
+        files.append((f"{base}/controller.jsonl", None if ctrl.is_symlink() else cell_dir / "controller.jsonl"))
+    sessions = entries.get("sessions")
+    if sessions is not None and sessions.is_dir():
+        linked = sessions.is_symlink()
+        with os.scandir(sessions.path) as it:
+            names = sorted((e.name, not linked and e.is_file(follow_symlinks=False)) for e in it)
+        files.extend(
+            (f"{base}/sessions/{name}", cell_dir / "sessions" / name if plain else None)
+            for name, plain in names
+            if name.endswith(".jsonl")
+        )
+    return files
+
+
+def _read_log(bundle: Path, rel: str, path: Path | None, manifest: Manifest) -> bytes:
+    """``read_frozen(bundle, rel, manifest)``, without its two path resolutions for a plain file.
+
+    ``path`` is a regular file (no symlink) in a directory that resolved inside the bundle, so it
+    is inside: the same checks as read_frozen (listed, size, stat cache or sha256), same errors.
+    """
+    if path is None:
+        return read_frozen(bundle, rel, manifest)
+    entry = manifest.get(rel)
+    check_relative(rel, "manifest path")
+    try:
+        with path.open("rb") as fh:
+            data = fh.read()
+            key = _stat_key(os.fstat(fh.fileno()))
+    except OSError:
+        return read_frozen(bundle, rel, manifest)  # vanished or changed type meanwhile: the full checks say what
+    if len(data) == entry.size and manifest.hashed_ok.get(rel) == key:
+        return data
+    if len(data) != entry.size or sha256_bytes(data) != entry.sha256:
+        raise BundleError(f"{rel} changed since the bundle was frozen (sha256 differs from {MANIFEST_FILE})")
+    return data
+
+
+def cell_records(bundle: Path, cell: CellSpec, manifest: Manifest) -> list[Record]:
+    """Every record of one native cell as a :data:`Record` tuple, in file order."""
+    records: list[Record] = []
+    for rel, path in cell_files(bundle, cell):
+        data = _read_log(bundle, rel, path, manifest)
         if rel.endswith("/controller.jsonl"):
-            events.extend(_controller_events(rel, data))
+            records.extend(_controller_records(rel, data))
         else:
-            events.extend(_session_events(rel, data))
-    return events
+            records.extend(_session_records(rel, data))
+    return records
+
+
+def read_cell(bundle: Path, cell: CellSpec, manifest: Manifest) -> list[SourceEvent]:
+    """Every event of one native cell, in file order (export sorts them by time)."""
+    return [
+        SourceEvent(r[3], r[1], r[2], r[2], r[0], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12], r[13],
+                    r[14], r[15])
+        for r in cell_records(bundle, cell, manifest)
+    ]  # fmt: skip
+
+
+# --- Fast export path -------------------------------------------------------------------------
+# The generic path (pipeline.ir.events.cell_rows over read_cell) builds one SourceEvent and one
+# row tuple per event, then transposes. For native bundles export instead sorts the Record tuples,
+# transposes them once (zip, in C) and computes seq / segments / state carry / trimming per
+# column. The rules are exactly those of cell_rows (tests compare both paths row by row).
+# cell_id, source_path and source_sha256 repeat within a batch, so they go to Arrow as
+# dictionary arrays: DuckDB reads them as the same VARCHAR values.
+
+
+class IllTyped(Exception):
+    """A value no IR column can hold (a step number beyond int32).
+
+    Export then re-runs the generic path, which reports it exactly as before.
+    """
+
+
+def _order(r: Record) -> tuple[str, str, int]:
+    # Same key as cell_rows: time order, ties by file then line (unique per native record).
+    return (r[0] or "", r[1], r[2])
+
+
+class ColumnBuilder:
+    """Accumulates the event columns of whole cells; ``flush`` hands them over as one Arrow batch."""
+
+    def __init__(self, bundle: Path, manifest: Manifest) -> None:
+        self.bundle = bundle
+        self.manifest = manifest
+        self.counts: list[tuple[str, int]] = []  # (cell_id, events) in cell order
+        self.segments: list[tuple[Any, ...]] = []  # SEGMENT_ROW tuples in cell order
+        self._reset()
+
+    def _reset(self) -> None:
+        self.rows = 0
+        self._cell_ids: list[str] = []
+        self._paths: dict[str, int] = {}
+        self._shas: list[str] = []
+        self._cols: list[list[Any]] = [[] for _ in range(19)]
+        self._path_idx: list[int] = []
+        self._lines: list[int] = []
+
+    def add(self, cell: CellSpec) -> None:
+        """Read, order and number one cell's events (the rules of ``pipeline.ir.events.cell_rows``)."""
+        cell_id = cell.cell_id
+        records = cell_records(self.bundle, cell, self.manifest)
+        n = len(records)
+        self.counts.append((cell_id, n))
+        if not n:
+            return
+        records.sort(key=_order)
+        (ts, paths, lines, kinds, details, actors, stages, sessions, steps, texts, tools, calls, args_d, result_d,
+         state_d, targets) = zip(*records, strict=True)  # fmt: skip
+        # Segments: maximal runs of the same (stage, session, actor).
+        seg_nos: list[int] = []
+        seg_append = seg_nos.append
+        segments = self.segments
+        seg_key: tuple[Any, ...] | None = None
+        seg_no, first = -1, 0
+        for seq, key in enumerate(zip(stages, sessions, actors, strict=True)):
+            if key != seg_key:
+                if seg_key is not None:
+                    segments.append(
+                        (f"{cell_id}-s{seg_no:03d}", cell_id, seg_no, *seg_key, first, seq - 1, seq - first)
+                    )
+                seg_key, seg_no, first = key, seg_no + 1, seq
+            seg_append(seg_no)
+        assert seg_key is not None
+        segments.append((f"{cell_id}-s{seg_no:03d}", cell_id, seg_no, *seg_key, first, n - 1, n - first))
+        # The controller state in force at each event: the latest state_change digest, in time order.
+        states: list[str | None] = []
+        st_append = states.append
+        state: str | None = None
+        for kind, digest in zip(kinds, state_d, strict=True):
+            if kind == "state_change" and digest:
+                state = digest
+            elif digest is None:
+                digest = state
+            st_append(digest)
+        chars = list(map(len, texts))
+        cut = [False] * n
+        if max(chars) > TEXT_LIMIT:
+            texts = list(texts)  # type: ignore[assignment]
+            for i, size in enumerate(chars):
+                if size > TEXT_LIMIT:
+                    texts[i], cut[i] = trim_text(texts[i])  # type: ignore[index]
+        index = self._paths
+        for p in dict.fromkeys(paths):
+            if p not in index:
+                index[p] = len(index)
+                self._shas.append(self.manifest.get(p).sha256)
+        cell_no = len(self._cell_ids)
+        self._cell_ids.append(cell_id)
+        c = self._cols
+        c[0].extend([cell_no] * n)
+        c[1].extend(range(n))
+        c[2].extend(seg_nos)
+        c[3].extend(ts)
+        c[4].extend(kinds)
+        c[5].extend(details)
+        c[6].extend(actors)
+        c[7].extend(stages)
+        c[8].extend(sessions)
+        c[9].extend(steps)
+        c[10].extend(texts)
+        c[11].extend(cut)
+        c[12].extend(chars)
+        c[13].extend(tools)
+        c[14].extend(calls)
+        c[15].extend(args_d)
+        c[16].extend(result_d)
+        c[17].extend(states)
+        c[18].extend(targets)
+        self._path_idx.extend(map(index.__getitem__, paths))
+        self._lines.extend(lines)
+        self.rows += n
+
+    def flush(self) -> pa.RecordBatch | None:
+        """The accumulated rows as one batch of :func:`fast_schema` (None when empty); starts afresh."""
+        import pyarrow as pa
+
+        if not self.rows:
+            self._reset()
+            return None
+        c = self._cols
+        i32, s = pa.int32(), pa.string()
+        n = self.rows
+        try:
+            step = pa.array(c[9], type=i32)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+            raise IllTyped(str(exc)) from None
+        path_idx = pa.array(self._path_idx, type=i32)
+        line = pa.array(self._lines, type=i32)
+        arrays = [
+            pa.DictionaryArray.from_arrays(pa.array(c[0], type=i32), pa.array(self._cell_ids, type=s)),
+            pa.array(c[1], type=i32),
+            pa.array(c[2], type=i32),
+            pa.array(c[3], type=s),
+            pa.array(c[4], type=s),
+            pa.array(c[5], type=s),
+            pa.array(c[6], type=s),
+            pa.array(c[7], type=s),
+            pa.array(c[8], type=s),
+            step,
+            pa.array(c[10], type=s),
+            pa.array(c[11], type=pa.bool_()),
+            pa.array(c[12], type=i32),
+            pa.array(c[13], type=s),
+            pa.array(c[14], type=s),
+            pa.array(c[15], type=s),
+            pa.array(c[16], type=s),
+            pa.array(c[17], type=s),
+            pa.array(c[18], type=s),
+            pa.DictionaryArray.from_arrays(path_idx, pa.array(list(self._paths), type=s)),
+            line,
+            line,  # line_end: one native record is one line
+            pa.DictionaryArray.from_arrays(path_idx, pa.array(self._shas, type=s)),
+            pa.nulls(n, type=s),  # json_pointer: never set by native records
+        ]
+        self._reset()
+        return pa.RecordBatch.from_arrays(arrays, schema=fast_schema())
+
+
+def fast_schema() -> pa.Schema:
+    """The Arrow schema of the fast path's batches: ``EVENT_ROW`` with three dictionary columns."""
+    import pyarrow as pa
+
+    from pipeline.ir.events import EVENT_ROW
+
+    dict_cols = {"cell_id", "source_path", "source_sha256"}
+    return pa.schema(
+        [
+            (name, pa.dictionary(pa.int32(), pa.string()) if name in dict_cols else getattr(pa, typ)())
+            for name, typ in EVENT_ROW
+        ]
+    )
+
+
+def worker_main() -> None:
+    """Entry of one export worker process (started by :mod:`pipeline.ir.export`).
+
+    Reads ``(bundle, manifest, tasks)`` pickled on stdin, then for each task (a list of cells)
+    writes one pickled ``("ok", batch, counts, segments)`` to the file descriptor named in argv;
+    on an error, ``("err", exception)`` and stop. A plain subprocess, not multiprocessing: spawn
+    would re-run the caller's ``__main__`` and fork is unsafe next to DuckDB's threads.
+    """
+    import gc
+    import pickle
+    import sys
+
+    gc.disable()  # the load makes no reference cycles; the cyclic GC would rescan millions of objects
+    with open(int(sys.argv[1]), "wb") as out:
+        bundle, manifest, tasks = pickle.load(sys.stdin.buffer)
+        for cells in tasks:
+            result: tuple[Any, ...]
+            try:
+                builder = ColumnBuilder(bundle, manifest)
+                for cell in cells:
+                    builder.add(cell)
+                result = ("ok", builder.flush(), builder.counts, builder.segments)
+            except Exception as exc:
+                result = ("err", exc)
+            try:
+                data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:  # an exception that cannot be pickled: keep its text
+                result = ("err", RuntimeError(f"{type(result[1]).__name__}: {result[1]} ({exc})"))
+                data = pickle.dumps(result)
+            out.write(data)
+            out.flush()
+            if result[0] == "err":
+                return

@@ -9,30 +9,44 @@ bundle.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
+import pickle
+import subprocess
+import sys
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import pipeline
+from pipeline.bundle import native
 from pipeline.bundle.manifest import MANIFEST_FILE, Manifest, read_frozen, read_manifest, verify
 from pipeline.bundle.native import iter_lines
 from pipeline.bundle.request import AnalysisRequest, CellSpec, load_request
 from pipeline.canonical import canonical_json, read_json, sha256_bytes, write_json
 from pipeline.errors import BadInput, BundleError
+from pipeline.ir import events as events_module
 from pipeline.ir.events import EVENT_ROW, SEGMENT_ROW, event_batches, gc_paused, reader_for, to_arrow
 from pipeline.ir.schema import IR_SCHEMA_VERSION
 from pipeline.ir.store import IR_FILE, IRWriter, write_parquet
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from pipeline.runner import RunContext
 
 OUTCOMES_FILE = "sidecar/outcomes.jsonl"
 RUN_FILE = "run.json"
 RUN_SCHEMA_VERSION = 1
 _OUTCOME_NUMBERS = ("quality", "completion", "cost", "stability")
+# Native bundles whose eligible cells hold at least this many raw bytes are read by worker
+# processes (export_workers()); below it, starting processes costs more than it saves.
+PARALLEL_MIN_BYTES = 48 * 2**20
+TASK_BYTES = 8 * 2**20  # raw bytes of cells per worker task: ~40k events, a few tens of MiB in flight
+MAX_WORKERS = 2
 
 _INSERT_EVENTS = (
     "INSERT INTO events BY NAME SELECT "
@@ -152,12 +166,157 @@ def _load_cells(writer: IRWriter, bundle: Path, cells: list[CellSpec], manifest:
     """Stream every eligible cell into ``events`` (one INSERT), then ``segments``; return events per cell."""
     counts: dict[str, int] = {}
     segments: list[tuple[Any, ...]] = []
+    if fmt == "native":
+        try:
+            with gc_paused():
+                _load_native(writer, bundle, cells, manifest, counts, segments)
+            writer.insert_table("segments", to_arrow(segments, SEGMENT_ROW))
+            return counts
+        except native.IllTyped:
+            # A value no IR column can hold: start again on the generic path, which reports it
+            # exactly as it always has (the same one-line BadInput).
+            writer.reset()
+            counts.clear()
+            segments.clear()
     schema = to_arrow([], EVENT_ROW).schema
     batches = event_batches(bundle, cells, manifest, fmt, counts, segments)
     with gc_paused():
         writer.insert_stream(_INSERT_EVENTS, "_lunasol_events", schema, batches)
     writer.insert_table("segments", to_arrow(segments, SEGMENT_ROW))
     return counts
+
+
+def export_workers() -> int:
+    """Worker processes for a big native export: ``LUNASOL_EXPORT_WORKERS`` or the CPU count (at most 2).
+
+    0 reads every cell in this process. Measured on 2 CPUs (bench/README.md): 2 workers (while
+    this process runs the DuckDB insert) beat 1 and 0 on the 1M-event benchmark.
+    """
+    raw = os.environ.get("LUNASOL_EXPORT_WORKERS")
+    if raw is not None:
+        try:
+            return max(0, int(raw))
+        except ValueError:
+            raise BadInput(f"LUNASOL_EXPORT_WORKERS must be a whole number, not {raw!r}") from None
+    cpus = os.cpu_count() or 1
+    return 0 if cpus < 2 else min(cpus, MAX_WORKERS)
+
+
+def _cell_bytes(manifest: Manifest, cells: list[CellSpec]) -> list[int]:
+    """Raw bytes under each cell's directory, from the manifest (sorted by path: two bisects a cell)."""
+    paths = [f.path for f in manifest.files]
+    total = [0]
+    for f in manifest.files:
+        total.append(total[-1] + f.size)
+    out = []
+    for cell in cells:
+        prefix = cell.path.rstrip("/") + "/"
+        lo, hi = bisect.bisect_left(paths, prefix), bisect.bisect_left(paths, prefix + "\U0010ffff")
+        out.append(total[hi] - total[lo])
+    return out
+
+
+def _load_native(
+    writer: IRWriter,
+    bundle: Path,
+    cells: list[CellSpec],
+    manifest: Manifest,
+    counts: dict[str, int],
+    segments: list[tuple[Any, ...]],
+) -> None:
+    sizes = _cell_bytes(manifest, cells)
+    workers = export_workers() if sum(sizes) >= PARALLEL_MIN_BYTES else 0
+    if workers and len(cells) > 1:
+        batches = _parallel_batches(bundle, cells, manifest, sizes, workers, counts, segments)
+    else:
+        batches = _serial_batches(bundle, cells, manifest, counts, segments)
+    try:
+        writer.insert_stream(_INSERT_EVENTS, "_lunasol_events", native.fast_schema(), batches)
+    finally:
+        batches.close()  # stops a worker pool at once if DuckDB failed first
+
+
+def _serial_batches(
+    bundle: Path, cells: list[CellSpec], manifest: Manifest, counts: dict[str, int], segments: list[tuple[Any, ...]]
+) -> Generator[pa.RecordBatch, None, None]:
+    builder = native.ColumnBuilder(bundle, manifest)
+    for cell in cells:
+        builder.add(cell)
+        if builder.rows >= events_module.BATCH_ROWS:
+            batch = builder.flush()
+            if batch is not None:
+                yield batch
+    batch = builder.flush()
+    if batch is not None:
+        yield batch
+    counts.update(builder.counts)
+    segments.extend(builder.segments)
+
+
+def _parallel_batches(
+    bundle: Path,
+    cells: list[CellSpec],
+    manifest: Manifest,
+    sizes: list[int],
+    workers: int,
+    counts: dict[str, int],
+    segments: list[tuple[Any, ...]],
+) -> Generator[pa.RecordBatch, None, None]:
+    """Cells read by ``workers`` worker processes (``native.worker_main``); results in request order.
+
+    Tasks of about TASK_BYTES of cells go round-robin to the workers, and results are taken in
+    task order, so the first error in cell order is the one raised, as in one process. A worker
+    blocks on its pipe until its result is taken, so memory stays bounded whatever the size.
+    """
+    tasks: list[list[CellSpec]] = [[]]
+    task_bytes = 0
+    for cell, size in zip(cells, sizes, strict=True):
+        if tasks[-1] and task_bytes + size > TASK_BYTES:
+            tasks.append([])
+            task_bytes = 0
+        tasks[-1].append(cell)
+        task_bytes += size
+    workers = min(workers, len(tasks))
+    root = str(Path(pipeline.__file__).resolve().parent.parent)
+    code = f"import sys; sys.path.insert(0, {root!r}); from pipeline.bundle.native import worker_main; worker_main()"
+    procs: list[tuple[subprocess.Popen[bytes], BinaryIO]] = []
+    try:
+        for _ in range(workers):
+            read_fd, write_fd = os.pipe()
+            try:
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", code, str(write_fd)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    pass_fds=(write_fd,),
+                )
+            finally:
+                os.close(write_fd)
+            procs.append((proc, os.fdopen(read_fd, "rb")))
+        for k, (proc, _) in enumerate(procs):
+            assert proc.stdin is not None
+            with contextlib.suppress(BrokenPipeError):  # a worker that died is reported below
+                proc.stdin.write(pickle.dumps((bundle, manifest, tasks[k::workers]), protocol=pickle.HIGHEST_PROTOCOL))
+                proc.stdin.close()
+        for i in range(len(tasks)):
+            proc, results = procs[i % workers]
+            try:
+                result = pickle.load(results)
+            except EOFError:
+                raise RuntimeError(f"export worker {proc.pid} stopped early (exit code {proc.wait()})") from None
+            if result[0] == "err":
+                raise result[1]
+            _, batch, cell_counts, cell_segments = result
+            counts.update(cell_counts)
+            segments.extend(cell_segments)
+            if batch is not None:
+                yield batch
+    finally:
+        for proc, results in procs:
+            if proc.poll() is None:
+                proc.kill()  # only our own worker, by its handle: all its results were taken or we failed
+            proc.wait()
+            results.close()
 
 
 def _step_bases(bundle: Path, request: AnalysisRequest) -> list[int | None]:

@@ -35,16 +35,24 @@ class IRWriter:
     """
 
     def __init__(self, path: Path) -> None:
-        import duckdb
-
         self.path = path
         self._tmp, self._wal = _tmp_paths(path)
+        self._open()
+
+    def _open(self) -> None:
+        import duckdb
+
         for p in (self._tmp, self._wal):
             p.unlink(missing_ok=True)
         self._con = duckdb.connect(str(self._tmp))
         # One checkpoint at the end instead of one per WAL threshold: the load is one transaction anyway.
         self._con.execute("SET checkpoint_threshold = '64GB'")
         self._con.execute(DDL)
+
+    def reset(self) -> None:
+        """Throw away everything loaded so far and start again from empty tables."""
+        self.abort()
+        self._open()
 
     def insert_table(self, name: str, table: pa.Table) -> None:
         """Insert a whole Arrow table into IR table ``name`` (columns matched by name)."""
