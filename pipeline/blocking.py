@@ -114,4 +114,8 @@ def read_block_receipt(run_dir: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     raw = read_json(path)
-    return raw if isinstance(raw, dict) else None
+    if not isinstance(raw, dict):
+        return None
+    from pipeline.schemas import upgrade  # a newer receipt is refused, an older one upgraded
+
+    return upgrade(raw, "block-receipt", str(path))[0]

@@ -168,10 +168,13 @@ def model_inputs(settings: ModelSettings) -> dict[str, Any]:
 def write_run_json(ctx: RunContext, bdigest: str) -> None:
     """Record the run's inputs in run.json, keeping whatever the export stage wrote there."""
     from pipeline.models import ROLES
+    from pipeline.run_info import RUN_SCHEMA_VERSION
+    from pipeline.schemas import load_document
 
     path = ctx.run_dir / "run.json"
-    data: dict[str, Any] = read_json(path) if path.is_file() else {}
-    data.setdefault("schema_version", 1)
+    # through pipeline.schemas: a newer run.json is refused rather than rewritten as an older one
+    data: dict[str, Any] = load_document(path, "run")[0] if path.is_file() else {}
+    data.setdefault("schema_version", RUN_SCHEMA_VERSION)
     data.setdefault("run_id", ctx.run_dir.name)
     data["inputs"] = {
         "bundle_path": str(ctx.bundle),

@@ -216,8 +216,8 @@ def load_artifact(path: Path, name: str) -> BaseModel:
 
 
 def upgrade_rows(rows: list[Any], name: str, source: str) -> list[Doc]:
-    """Every row of a JSONL artifact at the current version (row numbers in errors are 1-based)."""
-    return [upgrade(row, name, f"{source} line {n}")[0] for n, row in enumerate(rows, 1)]
+    """Every row of a JSONL artifact at the current version (errors name the 1-based row)."""
+    return [upgrade(row, name, f"{source} row {n}")[0] for n, row in enumerate(rows, 1)]
 
 
 def check_ir_version(found: str | None, path: Path, rerun: str | None = None) -> None:

@@ -85,7 +85,7 @@ def test_missing_migration_is_named_as_a_lunasol_bug(monkeypatch: pytest.MonkeyP
 def test_jsonl_rows_upgrade_one_by_one() -> None:
     rows = [{"role": "luna"}, {"schema_version": 1, "role": "sol"}]
     assert [r["schema_version"] for r in schemas.upgrade_rows(rows, "calls", "calls.jsonl")] == [1, 1]
-    with pytest.raises(BadInput, match=r"calls.jsonl line 2 has schema_version 5, newer"):
+    with pytest.raises(BadInput, match=r"calls.jsonl row 2 has schema_version 5, newer"):
         schemas.upgrade_rows([{}, {"schema_version": 5}], "calls", "calls.jsonl")
 
 
@@ -195,3 +195,34 @@ def test_schema_verb(tmp_path: Path) -> None:
     bad = runner.invoke(app, ["schema", "nope"])
     assert bad.exit_code == 2 and "unknown artifact 'nope'" in bad.stderr
     assert runner.invoke(app, ["schema", "--help"]).exit_code == 0
+
+
+def test_readers_refuse_newer_rows_and_receipts(tmp_path: Path) -> None:
+    from pipeline.blocking import read_block_receipt
+    from pipeline.models.calllog import read_calls
+
+    (tmp_path / "calls.jsonl").write_text('{"role": "luna"}\n{"schema_version": 1, "role": "sol"}\n')
+    assert [r["schema_version"] for r in read_calls(tmp_path)] == [1, 1]
+    (tmp_path / "calls.jsonl").write_text('{"schema_version": 4, "role": "luna"}\n')
+    with pytest.raises(BadInput, match="row 1 has schema_version 4, newer"):
+        read_calls(tmp_path)
+    (tmp_path / "block-receipt.json").write_text('{"stage": "luna"}')
+    assert read_block_receipt(tmp_path) == {"stage": "luna", "schema_version": 1}
+    (tmp_path / "block-receipt.json").write_text('{"schema_version": 2, "stage": "luna"}')
+    with pytest.raises(BadInput, match=r"block-receipt\.json has schema_version 2, newer"):
+        read_block_receipt(tmp_path)
+
+
+def test_run_json_writer_never_rewrites_a_newer_run_json(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from pipeline.runner import write_run_json
+
+    run = tmp_path / "r"
+    run.mkdir()
+    shutil.copy(SAMPLES / "run.v7-newer.json", run / "run.json")
+    before = (run / "run.json").read_bytes()
+    ctx = SimpleNamespace(run_dir=run, bundle=tmp_path, options=None)
+    with pytest.raises(BadInput, match="schema_version 7, newer"):
+        write_run_json(ctx, "sha256:" + "0" * 64)  # type: ignore[arg-type]
+    assert (run / "run.json").read_bytes() == before

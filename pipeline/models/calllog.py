@@ -87,7 +87,9 @@ def read_calls(run_dir: Path) -> list[dict[str, Any]]:
             raise BadInput(f"{path} line {n} is not JSON") from None
         if isinstance(row, dict):
             rows.append(row)
-    return rows
+    from pipeline.schemas import upgrade_rows  # a newer row is refused, an older one upgraded
+
+    return upgrade_rows(rows, "calls", str(path))
 
 
 def summarise(run_dir: Path) -> dict[str, Any]:
