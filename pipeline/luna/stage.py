@@ -126,17 +126,22 @@ def _ensure_hits(con: duckdb.DuckDBPyConnection) -> None:
         write_probe_hits(con, run_probes(con))
 
 
+def _prepared_cells(ir_path: Path) -> list[tuple[CellIR, list[Part], int]]:
+    """:func:`prepare` on the run's IR, after running the probes if the IR has no hits yet."""
+    con = duckdb.connect(str(ir_path))
+    try:
+        _ensure_hits(con)
+        return prepare(con)
+    finally:
+        con.close()
+
+
 def plan(ctx: RunContext) -> list[PlannedCall]:
     """Every Luna call this run would make (for ``--dry-run``); calls nothing."""
     from pipeline.luna.patterns import LunaAnswer
     from pipeline.models import PlannedCall
 
-    con = duckdb.connect(str(ctx.ir_path), read_only=False)
-    try:
-        _ensure_hits(con)
-        prepared = prepare(con)
-    finally:
-        con.close()
+    prepared = _prepared_cells(ctx.ir_path)
     summaries = _task_summaries(ctx.bundle)
     return [
         PlannedCall(
@@ -172,12 +177,7 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
     from pipeline.ledger import CellResults, cell_key, ir_cell_digests
     from pipeline.models import ModelClient, template_hash
 
-    con = duckdb.connect(str(ctx.ir_path))
-    try:
-        _ensure_hits(con)
-        prepared = prepare(con)
-    finally:
-        con.close()
+    prepared = _prepared_cells(ctx.ir_path)
     summaries = _task_summaries(ctx.bundle)
     cell_digests = ir_cell_digests(ctx.ir_path)
     client = ModelClient(ctx.options.models, ctx.run_dir, log=ctx.log)
