@@ -37,6 +37,13 @@ from pipeline.eval.predict import (
 )
 
 LABEL_FORMATS = ("who-and-when", "mast")
+# Deterministic step pickers every label source is scored against (report keys, in report order).
+BASELINES = {
+    "baseline_first_error": baseline_first_error,
+    "baseline_first_error_cause": baseline_first_error_cause,
+    "baseline_first_step": baseline_first_step,
+    "baseline_last_step": baseline_last_step,
+}
 __all__ = ["LABEL_FORMATS", "evaluate", "normalise_agent", "score_steps"]
 
 
@@ -158,22 +165,10 @@ def evaluate(run_dir: Path, labels: str) -> dict[str, Any]:
             sources = {
                 "weakness_cards": (cards, cards_status),
                 "probe_hits": (probes, probe_status),
-                "baseline_first_error": (
-                    {c: p for c in gold if (p := baseline_first_error(events.get(c, [])))},
-                    "deterministic",
-                ),
-                "baseline_first_error_cause": (
-                    {c: p for c in gold if (p := baseline_first_error_cause(events.get(c, [])))},
-                    "deterministic",
-                ),
-                "baseline_first_step": (
-                    {c: p for c in gold if (p := baseline_first_step(events.get(c, [])))},
-                    "deterministic",
-                ),
-                "baseline_last_step": (
-                    {c: p for c in gold if (p := baseline_last_step(events.get(c, [])))},
-                    "deterministic",
-                ),
+                **{
+                    name: ({c: p for c in gold if (p := baseline(events.get(c, [])))}, "deterministic")
+                    for name, baseline in BASELINES.items()
+                },
             }
             report["labelled_cells"] = len(gold)
             report["cells_without_usable_label"] = unusable
