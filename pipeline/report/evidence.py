@@ -7,11 +7,12 @@ such and its lines are not embedded: a report never shows bytes that are not the
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pipeline.canonical import sha256_text
 
 SNIPPET_LIMIT = 64_000  # characters of raw text embedded per ref; the rest is cut with a marker
 
@@ -46,7 +47,7 @@ class Snippet:
 
 def anchor_for(key: str) -> str:
     """A DOM-safe, stable anchor id for a cited key."""
-    return "raw-" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+    return "raw-" + sha256_text(key).removeprefix("sha256:")[:16]
 
 
 class EvidenceReader:
