@@ -271,9 +271,10 @@ def test_blocked_gate_writes_a_receipt_and_success_resolves_it(demo: Path, tmp_p
     shutil.copytree(demo, run_dir)
     res = CliRunner().invoke(app, ["select", str(run_dir), "--proposal", "P-01", "--by", "qa"])
     _one_line_error(res, EXIT_BLOCKED, "gate 2 has nothing to decide on")
-    assert "unblock: lunasol propose" in res.stderr and "receipt:" in res.stderr
+    # the unblocking step comes from the run's state (gate 1 is still open), not from the refused verb
+    assert "unblock: lunasol confirm" in res.stderr and "receipt:" in res.stderr
     receipt = json.loads((run_dir / "block-receipt.json").read_text())
-    assert receipt["stage"] == "select" and receipt["requested_unblock"].startswith("lunasol propose")
+    assert receipt["stage"] == "select" and receipt["requested_unblock"].startswith("lunasol confirm")
     status = json.loads(CliRunner().invoke(app, ["status", str(run_dir), "--json"]).stdout)
     assert "block" in json.dumps(status).lower()
     digest = json.loads((run_dir / "handoff.json").read_text())["shortlist_digest"]

@@ -59,6 +59,9 @@ def moves_run(run_dir: Path, verb: str) -> Iterator[None]:
         yield
     except Blocked as exc:
         if read_block_receipt(run_dir) == before:  # the library wrote none for this block
+            # The run's state knows the step that unblocks better than the verb that was refused
+            # (select on a run still at export needs `lunasol run`, not `lunasol propose`).
+            exc.unblock = _state_next(run_dir) or exc.unblock
             path = write_block_receipt(
                 run_dir, exc, stage=verb, unblock=exc.unblock, command=f"lunasol {verb} {run_dir}"
             )
@@ -70,3 +73,17 @@ def moves_run(run_dir: Path, verb: str) -> Iterator[None]:
             ) from None
         raise
     resolve_block_receipt(run_dir)
+
+
+def _state_next(run_dir: Path) -> str | None:
+    """The next command by the run's state: a rerun when verified outputs are gone, else the handoff's."""
+    from pipeline import handoff as hf
+    from pipeline.errors import LunasolError
+    from pipeline.status import missing_outputs
+
+    try:
+        if missing_outputs(run_dir):
+            return hf.run_command(run_dir, resume=False)
+        return hf.next_command(run_dir)
+    except LunasolError:  # an unreadable handoff or ledger: keep the library's own suggestion
+        return None
