@@ -26,12 +26,13 @@ from pipeline.bundle import native
 from pipeline.bundle.manifest import MANIFEST_FILE, Manifest, read_frozen, read_manifest, verify
 from pipeline.bundle.native import iter_lines
 from pipeline.bundle.request import AnalysisRequest, CellSpec, load_request
-from pipeline.canonical import canonical_json, read_json, sha256_bytes, write_json
+from pipeline.canonical import canonical_json, sha256_bytes, write_json
 from pipeline.errors import BadInput, BundleError
 from pipeline.ir import events as events_module
 from pipeline.ir.events import EVENT_ROW, SEGMENT_ROW, event_batches, gc_paused, reader_for, to_arrow
 from pipeline.ir.schema import IR_SCHEMA_VERSION
 from pipeline.ir.store import IR_FILE, IRWriter, write_parquet
+from pipeline.run_info import RUN_SCHEMA_VERSION
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
 
 OUTCOMES_FILE = "sidecar/outcomes.jsonl"
 RUN_FILE = "run.json"
-RUN_SCHEMA_VERSION = 1
 _OUTCOME_NUMBERS = ("quality", "completion", "cost", "stability")
 # Native bundles whose eligible cells hold at least this many raw bytes are read by worker
 # processes (export_workers()); below it, starting processes costs more than it saves.
@@ -126,13 +126,9 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
     path = run_dir / RUN_FILE
     if not path.is_file():
         raise BadInput(f"not a lunasol run directory: {run_dir} (no {RUN_FILE})")
-    try:
-        data = read_json(path)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-        raise BadInput(f"{path} is not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise BadInput(f"{path} is not a JSON object")
-    return data
+    from pipeline.schemas import load_document  # newer refused (exit 2), older upgraded; same one-line errors
+
+    return load_document(path, "run")[0]
 
 
 def run_bundle(run_dir: Path) -> Path:
