@@ -7,11 +7,11 @@ and ``verifier/test-stdout.txt``. All of it is outcome: it goes to the sidecar o
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from pipeline.adapters.base import as_dict, score_label
+from pipeline.canonical import read_json
 
 
 def trial_dir(bundle: Path, rel: str) -> Path | None:
@@ -25,7 +25,7 @@ def trial_dir(bundle: Path, rel: str) -> Path | None:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return read_json(path)
     except (OSError, ValueError):
         return None
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from pipeline.adapters.base import Adapter, CellSource, Discovery, Emitter, args_digest, load_json, looks_like_error
 from pipeline.adapters.spans import LineIndex, value_spans
-from pipeline.canonical import sha256_text
+from pipeline.canonical import read_json, sha256_text
 from pipeline.ir.events import SourceEvent
 
 NAME = "mast"
@@ -242,7 +242,7 @@ def split_trace(trace: str) -> tuple[list[tuple[str, Turn]], dict[str, Any], str
 def _crosswalk(bundle: Path, paths: list[str]) -> dict[str, str]:
     for rel in paths:
         if rel.endswith("mast_taxonomy_crosswalk.json"):
-            data = json.loads((bundle / rel).read_text(encoding="utf-8"))
+            data = read_json(bundle / rel)
             table: dict[str, str] = {}
             for key in ("map_round1_to_mast14", "map_round2_3_to_mast14"):
                 table.update(data.get(key) or {})

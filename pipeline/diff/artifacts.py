@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.canonical import read_json
 from pipeline.errors import BadInput
 
 Row = dict[str, Any]
@@ -36,7 +37,7 @@ BLOCK = "block-receipt.json"
 def read_json_file(path: Path) -> Any:
     """Parse a JSON file, or raise BadInput naming it."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return read_json(path)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadInput(f"{path}: not valid JSON ({exc})") from None
 

@@ -25,6 +25,8 @@ from typing import Any
 
 import duckdb
 
+from pipeline.canonical import read_json
+
 USER_ACTORS = {"user", "human", "system", "harness", "environment", "tool"}
 STEP_REPETITION = "1.3 Step Repetition"
 TERMINATION = "1.5 Unaware of Termination Conditions"
@@ -130,7 +132,7 @@ def from_weakness_cards(run_dir: Path, events: dict[str, list[Event]]) -> tuple[
     path = run_dir / "weakness-shortlist.json"
     if not path.is_file():
         return {}, "no weakness-shortlist.json in the run: no predictions from weakness cards"
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = read_json(path)
     by_id = {e.event_id: e for evs in events.values() for e in evs}
     out: dict[str, Prediction] = {}
     cards = data.get("weaknesses") or []
