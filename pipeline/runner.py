@@ -191,6 +191,11 @@ def stage_inputs(name: str, ctx: RunContext, bdigest: str, upstream: tuple[str, 
     inputs = {"lunasol": pipeline.__version__}
     if upstream is None:
         inputs["bundle"] = bdigest
+        if name == "export":
+            from pipeline.ir.schema import IR_SCHEMA_VERSION
+
+            # an IR of another schema is rebuilt, not migrated (docs/schemas.md)
+            inputs["ir_schema"] = str(IR_SCHEMA_VERSION)
     else:
         inputs[f"upstream:{upstream[0]}"] = upstream[1]
     role = STAGE_ROLES.get(name)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -220,11 +221,11 @@ def upgrade_rows(rows: list[Any], name: str, source: str) -> list[Doc]:
     return [upgrade(row, name, f"{source} row {n}")[0] for n, row in enumerate(rows, 1)]
 
 
-def check_ir_version(found: str | None, path: Path, rerun: str | None = None) -> None:
+def check_ir_version(found: str | None, path: Path, rerun: Callable[[], str] | None = None) -> None:
     """Refuse an IR whose ``meta.ir_schema_version`` is not this lunasol's.
 
     Newer: upgrade lunasol. Older or absent: the IR is derived from the frozen bundle, so it is
-    re-exported rather than migrated (``rerun`` is the command; per-cell model answers are reused).
+    re-exported rather than migrated (``rerun()`` gives the command; per-cell model answers are reused).
     """
     from pipeline.ir.schema import IR_SCHEMA_VERSION
 
@@ -237,7 +238,7 @@ def check_ir_version(found: str | None, path: Path, rerun: str | None = None) ->
             f"{path} has IR schema {version}, newer than this lunasol reads ({IR_SCHEMA_VERSION}): upgrade lunasol"
         )
     if version < IR_SCHEMA_VERSION:
-        how = rerun or "lunasol export BUNDLE --run-id ID"
+        how = rerun() if rerun else "lunasol export BUNDLE --run-id ID"
         raise BadInput(
             f"{path} has IR schema {version}, older than this lunasol's ({IR_SCHEMA_VERSION}); "
             f"the IR is rebuilt from the bundle, not migrated: re-export with {how}"

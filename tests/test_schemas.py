@@ -8,6 +8,7 @@ the v0 shortlist sealed without it), and as a future lunasol might (newer: refus
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -176,7 +177,7 @@ def test_ir_versions(tmp_path: Path) -> None:
     with pytest.raises(BadInput, match=r"newer than this lunasol reads \(1\): upgrade lunasol"):
         schemas.check_ir_version(str(IR_SCHEMA_VERSION + 1), tmp_path / "ir.duckdb")
     with pytest.raises(BadInput, match="rebuilt from the bundle, not migrated: re-export with lunasol run B"):
-        schemas.check_ir_version(None, tmp_path / "ir.duckdb", rerun="lunasol run B --resume")
+        schemas.check_ir_version(None, tmp_path / "ir.duckdb", rerun=lambda: "lunasol run B --resume")
 
 
 # -- the CLI verb ---------------------------------------------------------------------------------
@@ -226,3 +227,29 @@ def test_run_json_writer_never_rewrites_a_newer_run_json(tmp_path: Path) -> None
     with pytest.raises(BadInput, match="schema_version 7, newer"):
         write_run_json(ctx, "sha256:" + "0" * 64)  # type: ignore[arg-type]
     assert (run / "run.json").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("version", "expected"),
+    [
+        ("99", r"has IR schema 99, newer than this lunasol reads \(1\): upgrade lunasol"),
+        (None, r"has IR schema 0, older than this lunasol's \(1\); .* re-export with lunasol run \S+ --run-id r1 "),
+    ],
+)
+def test_query_refuses_an_ir_of_another_schema(tmp_path: Path, version: str | None, expected: str) -> None:
+    import duckdb
+
+    run = _run_dir(tmp_path)
+    con = duckdb.connect(str(run / "ir.duckdb"))
+    con.execute("CREATE TABLE meta (key VARCHAR, value VARCHAR)")
+    if version is not None:
+        con.execute("INSERT INTO meta VALUES ('ir_schema_version', ?)", [version])
+    con.close()
+    res = CliRunner().invoke(app, ["query", str(run), "SELECT 1"])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.count("\n") == 1
+    assert re.search(expected, res.stderr), res.stderr
+    from pipeline.ir.store import open_ir
+
+    with pytest.raises(BadInput, match=expected):
+        open_ir(run)

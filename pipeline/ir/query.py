@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import BadInput
-from pipeline.ir.schema import IR_SCHEMA_VERSION
 from pipeline.ir.store import IR_FILE
 
 _ALLOWED = ("select", "with", "describe", "show", "pragma", "from", "explain", "summarize", "values", "table")
@@ -65,9 +64,11 @@ def query(run_dir: Path, sql: str) -> QueryResult:
     except duckdb.Error as exc:
         raise BadInput(f"cannot open {path}: {' '.join(str(exc).split())}") from None
     try:
+        from pipeline.handoff import run_command
+        from pipeline.schemas import check_ir_version  # newer: upgrade lunasol; older: rebuilt, not migrated
+
         row = con.execute("SELECT value FROM meta WHERE key = 'ir_schema_version'").fetchone()
-        if row is not None and int(row[0]) > IR_SCHEMA_VERSION:
-            raise BadInput(f"{path} has IR schema {row[0]}, newer than this lunasol ({IR_SCHEMA_VERSION})")
+        check_ir_version(None if row is None else str(row[0]), path, rerun=lambda: run_command(run_dir))
         try:
             cur = con.execute(sql)
             columns = [d[0] for d in cur.description or []]

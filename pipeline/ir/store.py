@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import BadInput
-from pipeline.ir.schema import DDL, IR_SCHEMA_VERSION
+from pipeline.ir.schema import DDL
 
 if TYPE_CHECKING:
     import duckdb
@@ -179,10 +179,14 @@ def open_ir(run_dir: Path) -> duckdb.DuckDBPyConnection:
         con = duckdb.connect(str(path), read_only=True)
     except duckdb.Error as exc:
         raise BadInput(f"cannot open {path}: {' '.join(str(exc).split())}") from None
-    version = meta_value(con, "ir_schema_version")
-    if version is not None and int(version) > IR_SCHEMA_VERSION:
+    from pipeline.handoff import run_command
+    from pipeline.schemas import check_ir_version  # newer: upgrade lunasol; older: rebuilt, not migrated
+
+    try:
+        check_ir_version(meta_value(con, "ir_schema_version"), path, rerun=lambda: run_command(run_dir))
+    except BadInput:
         con.close()
-        raise BadInput(f"{path} has IR schema {version}, newer than this lunasol ({IR_SCHEMA_VERSION})")
+        raise
     return con
 
 
