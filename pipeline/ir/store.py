@@ -47,6 +47,8 @@ class IRWriter:
         self._con = duckdb.connect(str(self._tmp))
         # One checkpoint at the end instead of one per WAL threshold: the load is one transaction anyway.
         self._con.execute("SET checkpoint_threshold = '64GB'")
+        # DuckDB draws a progress bar on stdout for statements over 2 s: never inside lunasol's output.
+        self._con.execute("SET enable_progress_bar = false")
         self._con.execute(DDL)
 
     def reset(self) -> None:
