@@ -48,13 +48,47 @@ class ModelSettings(BaseModel):
         source.update({k: "--" + k.replace("_", "-") for k in given})
         env.update(given)
         try:
-            return cls.model_validate(env)
+            settings = cls.model_validate(env)
         except ValidationError as exc:
             # A flag or env var out of range is bad input: one line naming it, never a traceback.
             e = exc.errors()[0]
             field = str(e["loc"][0]) if e.get("loc") else "settings"
             raise BadInput(f"invalid {source.get(field, field)}: {e['msg']} (got {e.get('input')!r})") from None
+        _check_consistent(settings, source)
+        return settings
 
     def effective_mode(self) -> Mode:
         """Live when a model is given and no mode was chosen."""
         return self.mode or "live"
+
+
+def _check_consistent(settings: ModelSettings, source: dict[str, str]) -> None:
+    # Without it a typo in the URL surfaces as a block after every retry of every cell.
+    if settings.api_base and not settings.api_base.startswith(("http://", "https://")):
+        flag = source.get("api_base", "--api-base")
+        raise BadInput(f"invalid {flag}: expected an http:// or https:// URL, got {settings.api_base!r}")
+
+
+def check_store(settings: ModelSettings) -> None:
+    """Before any work (the CLI calls it): the record / replay store fits the mode and the model.
+
+    Without it a file given as a store surfaces late, and a replay under another ``--model`` would
+    label recorded answers with a model that never gave them (the recording key leaves the model out).
+    """
+    store, mode = settings.store, settings.mode
+    if store is None:
+        return
+    if mode == "record" and store.exists() and not store.is_dir():
+        raise BadInput(f"record store {store} is a file; --record needs a directory (new or existing)")
+    if mode == "replay":
+        if not store.is_dir():
+            raise BadInput(f"replay store not found: {store}")
+        if settings.model:
+            from pipeline.models.store import RecordingStore
+
+            recorded = RecordingStore(store, "replay").models()
+            if recorded and settings.model not in recorded:
+                raise BadInput(
+                    f"replay store {store} was recorded with {', '.join(sorted(recorded))}, not {settings.model}; "
+                    "drop --model to replay it as recorded, or record with this model"
+                )

@@ -158,6 +158,36 @@ BAD = [
         "holds no recording",
     ),
     ("run-no-model", ["run", "{bundle}", "--runs-dir", "{tmp}/runs"], 2, "no model given"),
+    (
+        "run-api-base-not-a-url",
+        ["run", "{bundle}", "--runs-dir", "{tmp}/runs", "--model", "m", "--api-base", "x"],
+        2,
+        "invalid --api-base",
+    ),
+    (
+        "run-record-into-a-file",
+        ["run", "{bundle}", "--runs-dir", "{tmp}/runs", "--model", "m", "--record", "{tmp}/afile.txt"],
+        2,
+        "record store",
+    ),
+    (
+        "run-replay-other-model",
+        ["run", "{bundle}", "--runs-dir", "{tmp}/runs", "--replay", "{recordings}", "--model", "openai/other"],
+        2,
+        "was recorded with",
+    ),
+    (
+        "run-runs-dir-is-a-file",
+        ["run", "{bundle}", "--runs-dir", "{tmp}/afile.txt", "--replay", "{recordings}"],
+        2,
+        "--runs-dir",
+    ),
+    (
+        "export-parquet-is-a-file",
+        ["export", "{bundle}", "--runs-dir", "{tmp}/runs", "--parquet", "{tmp}/afile.txt"],
+        2,
+        "--parquet",
+    ),
     ("status-file", ["status", "{tmp}/afile.txt"], 2, "not a lunasol run directory"),
     ("calls-empty-dir", ["calls", "{tmp}/empty"], 2, "not a lunasol run directory"),
     ("show-ref-malformed", ["show-ref", "garbage", "--run", "{run}"], 2, "not a ref"),
@@ -239,7 +269,7 @@ def test_bad_input_is_one_line(
 ) -> None:
     monkeypatch.delenv("LUNASOL_MODEL", raising=False)
     before = sorted(p.relative_to(demo).as_posix() for p in demo.rglob("*"))
-    res = CliRunner().invoke(app, _fmt(args, tmp=scratch, run=demo, bundle=DEMO_BUNDLE))
+    res = CliRunner().invoke(app, _fmt(args, tmp=scratch, run=demo, bundle=DEMO_BUNDLE, recordings=DEMO_RECORDINGS))
     _one_line_error(res, code, phrase)
     # nothing partial: no run dir, no new directory, no manifest of nothing, the demo run untouched
     assert not (scratch / "runs").exists()
@@ -338,7 +368,7 @@ def test_library_rejects_the_same_inputs(demo: Path, tmp_path: Path, monkeypatch
     from pipeline.ir.query import query
     from pipeline.report import write_report
     from pipeline.runner import RunOptions, run
-    from pipeline.settings import ModelSettings
+    from pipeline.settings import ModelSettings, check_store
 
     monkeypatch.delenv("LUNASOL_MODEL", raising=False)
     with pytest.raises(BadInput, match="invalid --concurrency"):
@@ -355,6 +385,11 @@ def test_library_rejects_the_same_inputs(demo: Path, tmp_path: Path, monkeypatch
         dry_run=False,
         models=ModelSettings.from_env(),
     )
+    with pytest.raises(BadInput, match="was recorded with openai/fixture-model, not openai/other"):
+        check_store(ModelSettings.from_env(mode="replay", store=DEMO_RECORDINGS, model="openai/other"))
+    with pytest.raises(BadInput, match="replay store not found"):
+        check_store(ModelSettings.from_env(mode="replay", store=tmp_path / "nope"))
+    check_store(ModelSettings.from_env(mode="replay", store=DEMO_RECORDINGS))  # as recorded: fine
     with pytest.raises(BadInput, match="no model given"):
         run(opts, log=lambda _m: None)
     assert not (tmp_path / "runs").exists()

@@ -87,3 +87,9 @@ def _state_next(run_dir: Path) -> str | None:
         return hf.next_command(run_dir)
     except LunasolError:  # an unreadable handoff or ledger: keep the library's own suggestion
         return None
+
+
+def check_dir_option(path: Path | None, flag: str) -> None:
+    """A directory flag (``--runs-dir``, ``--parquet``): absent or a directory, never a file."""
+    if path is not None and path.exists() and not path.is_dir():
+        raise BadInput(f"{flag} {path} is a file; it must be a directory (new or existing)")

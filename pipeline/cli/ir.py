@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from pipeline.cli.common import DEFAULT_RUNS_DIR, JSON_OPTION, emit_json, resolve_run
+from pipeline.cli.common import DEFAULT_RUNS_DIR, JSON_OPTION, check_dir_option, emit_json, resolve_run
 
 
 def register(app: typer.Typer) -> None:
@@ -23,6 +23,8 @@ def register(app: typer.Typer) -> None:
         """Verify a bundle and write its Trajectory IR to RUNS_DIR/RUN_ID/ir.duckdb."""
         from pipeline.ir.export import export_bundle
 
+        check_dir_option(runs_dir, "--runs-dir")
+        check_dir_option(parquet, "--parquet")
         report = export_bundle(bundle, run_id=run_id, runs_dir=runs_dir, parquet_dir=parquet)
         if as_json:
             emit_json(report.to_json())

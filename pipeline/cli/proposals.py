@@ -54,6 +54,7 @@ def propose(
     from pipeline import handoff as hf
     from pipeline.proposals.proposer import propose as do_propose
     from pipeline.proposals.proposer import run_model_settings
+    from pipeline.settings import check_store
 
     if replay and record:
         raise BadInput("--replay and --record exclude each other")
@@ -68,6 +69,7 @@ def propose(
         concurrency=concurrency,
         budget_usd=budget_usd,
     )
+    check_store(settings)
     with moves_run(run_dir, "propose"):
         result = do_propose(run_dir, settings, log=typer.echo if not json_out else (lambda _m: None))
     if json_out:

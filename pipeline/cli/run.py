@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from pipeline.cli.common import check_dir_option
+
 
 def register(app: typer.Typer) -> None:
     """Add ``run`` to the root app."""
@@ -31,11 +33,12 @@ def register(app: typer.Typer) -> None:
         """
         from pipeline.errors import BadInput
         from pipeline.runner import RunOptions, run
-        from pipeline.settings import ModelSettings
+        from pipeline.settings import ModelSettings, check_store
         from pipeline.status import gate_report
 
         if replay and record:
             raise BadInput("--replay and --record exclude each other")
+        check_dir_option(runs_dir, "--runs-dir")
         mode = "replay" if replay else "record" if record else None
         settings = ModelSettings.from_env(
             model=model,
@@ -45,6 +48,7 @@ def register(app: typer.Typer) -> None:
             concurrency=concurrency,
             budget_usd=budget_usd,
         )
+        check_store(settings)
         opts = RunOptions(
             bundle=bundle, run_id=run_id, runs_dir=runs_dir, resume=resume, dry_run=dry_run, models=settings
         )
