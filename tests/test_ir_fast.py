@@ -1,0 +1,186 @@
+"""The native fast export path and its worker processes give exactly the generic path's tables.
+
+The generic path (pipeline.ir.events: read_cell -> SourceEvent -> cell_rows -> to_arrow) is the
+reference. It is forced by making the fast path raise ``IllTyped`` (export then falls back to it).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+
+import pipeline.ir.export as ex
+from pipeline.bundle import freeze
+from pipeline.bundle.native import IllTyped
+from pipeline.bundle.synth import tree_snapshot, write_bundle
+from pipeline.errors import BadInput, BundleError
+from pipeline.ir.export import export
+from pipeline.ir.store import TABLES
+
+_VALUES: list[Any] = [
+    "x", "", None, 0, 1, -3, 1.5, 1e20, 1e-7, 0.00001, float("nan"), float("inf"), True, False, [1, "a"],
+    {"k": "v", "a": [1.0, None]}, "ünïcødé ✓", "src/a.py", "line\nbreak", "x" * 2500, 12345, -0.0, 2.5e-5,
+    {"z": 1, "a": {"y": 1e300}},
+]  # fmt: skip
+_CONTROLLER_KEYS = ("ts", "stage", "actor", "by", "to", "reason", "artifact", "digest", "state_digest",
+                    "current_stage", "confirmed", "from", "note", "obligation_id", "text", "evidence",
+                    "status")  # fmt: skip
+_CONTROLLER = ["stage_started", "stage_accepted", "stage_sent_back", "artifact_written", "state", "handoff",
+               "obligation_opened", "obligation_closed", "workflow_finished", "mystery", None, 7, "state",
+               "state"]  # fmt: skip
+
+
+def _odd_bundle(root: Path, seed: int) -> Path:
+    """A synthetic bundle plus odd but valid records: every type in every field, ties, blanks, long text."""
+    rng = random.Random(seed)
+    write_bundle(root, cells=4, events_per_cell=40, excluded=1, seed=seed, freeze_it=False)
+
+    def ts() -> Any:
+        r = rng.random()
+        return None if r < 0.1 else rng.choice(_VALUES) if r < 0.15 else f"2026-08-09T00:00:{rng.randrange(20):02d}Z"
+
+    def session() -> dict[str, Any]:
+        rec: dict[str, Any] = {"type": rng.choice(["tool_call", "tool_result", "message", "error", "weird", None, 5])}
+        for key in ("ts", "stage", "actor", "session", "step", "call_id", "tool", "role", "content", "output",
+                    "exit_code", "source", "message", "args"):  # fmt: skip
+            if rng.random() < 0.6:
+                rec[key] = ts() if key == "ts" else rng.choice(_VALUES)
+        if rec["type"] == "tool_call" and rng.random() < 0.7:
+            rec["args"] = {k: rng.choice(_VALUES) for k in ("path", "file", "cwd", "limit") if rng.random() < 0.4}
+            if rng.random() < 0.3:
+                rec["args"]["paths"] = rng.choice([["a.py", "b.py"], ["a.py", 3], [], [1]])
+        if rng.random() < 0.5:
+            rec["call_id"] = f"c{rng.randrange(6)}"
+        if rng.random() < 0.3:
+            rec["step"] = rng.choice([0, 3, True, "4", 2.0, None])
+        return rec
+
+    def controller() -> dict[str, Any]:
+        rec: dict[str, Any] = {"event": rng.choice(_CONTROLLER)}
+        for key in _CONTROLLER_KEYS:
+            if rng.random() < 0.6:
+                rec[key] = ts() if key == "ts" else rng.choice(_VALUES)
+        if rng.random() < 0.3:
+            rec["state_digest"] = f"sha256:{rng.randrange(10**6)}"
+        return rec
+
+    def lines(make: Any, n: int) -> str:
+        out = []
+        for _ in range(n):
+            if rng.random() < 0.05:
+                out.append(rng.choice(["", "   ", "\t"]))
+            out.append(json.dumps(make(), ensure_ascii=rng.random() < 0.5))
+        return "\n".join(out) + ("\n" if rng.random() < 0.7 else "")
+
+    for i in range(1, 5):
+        cell = root / "cells" / f"C{i:03d}"
+        (cell / "controller.jsonl").write_text(lines(controller, 30), encoding="utf-8")
+        for name in ("03-odd-stage-actor.jsonl", "nomatch.jsonl"):
+            (cell / "sessions" / name).write_text(lines(session, 50), encoding="utf-8")
+    freeze(root)
+    return root
+
+
+def _tables(run_dir: Path) -> dict[str, list[tuple[Any, ...]]]:
+    con = duckdb.connect(str(run_dir / "ir.duckdb"), read_only=True)
+    try:
+        return {t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall() for t in TABLES}
+    finally:
+        con.close()
+
+
+def _same(a: dict[str, list[tuple[Any, ...]]], b: dict[str, list[tuple[Any, ...]]]) -> None:
+    for table in TABLES:
+        # repr: NaN-free rows compare equal by value; repr also pins types (True vs 1, '' vs None)
+        assert [repr(r) for r in a[table]] == [repr(r) for r in b[table]], table
+
+
+def _generic(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: Any) -> None:
+        raise IllTyped("force the generic path")
+
+    monkeypatch.setattr(ex, "_load_native", refuse)
+
+
+def _parallel(monkeypatch: pytest.MonkeyPatch, workers: int = 2) -> None:
+    monkeypatch.setattr(ex, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(ex, "TASK_BYTES", 20_000)  # several tasks per worker
+    monkeypatch.setenv("LUNASOL_EXPORT_WORKERS", str(workers))
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_fast_path_equals_generic_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    bundle = _odd_bundle(tmp_path / "b", seed)
+    fast = export(bundle, tmp_path / "fast")
+    with monkeypatch.context() as m:
+        _generic(m)
+        generic = export(bundle, tmp_path / "generic")
+    assert fast.events == generic.events > 300
+    assert fast.events_per_cell == generic.events_per_cell
+    a, b = _tables(tmp_path / "fast"), _tables(tmp_path / "generic")
+    assert any(r for r in a["events"] if r[12])  # some text was trimmed: the rule is exercised
+    _same(a, b)
+
+
+def test_worker_processes_equal_one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bundle = _odd_bundle(tmp_path / "b", 3)
+    monkeypatch.setenv("LUNASOL_EXPORT_WORKERS", "0")
+    one = export(bundle, tmp_path / "one")
+    _parallel(monkeypatch)
+    before = tree_snapshot(bundle)
+    two = export(bundle, tmp_path / "two")
+    assert tree_snapshot(bundle) == before
+    assert list(two.events_per_cell.items()) == list(one.events_per_cell.items())  # request order kept
+    _same(_tables(tmp_path / "one"), _tables(tmp_path / "two"))
+
+
+def test_worker_error_is_the_first_in_cell_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bundle = tmp_path / "b"
+    write_bundle(bundle, cells=6, events_per_cell=40, excluded=0, seed=5, freeze_it=False)
+    for cell in ("C003", "C005"):  # two bad cells: the earlier one must be named, as in one process
+        with (bundle / "cells" / cell / "sessions" / "02-design-candidate.jsonl").open("a") as fh:
+            fh.write("[1, 2\n")
+    freeze(bundle)
+    with pytest.raises(BundleError) as serial:
+        export(bundle, tmp_path / "serial")
+    _parallel(monkeypatch)
+    with pytest.raises(BundleError) as parallel:
+        export(bundle, tmp_path / "parallel")
+    assert "cells/C003/" in str(serial.value)
+    assert str(parallel.value) == str(serial.value)
+    assert not (tmp_path / "parallel").exists() and not (tmp_path / "serial").exists()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_ill_typed_value_reported_as_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int) -> None:
+    bundle = tmp_path / "b"
+    write_bundle(bundle, cells=3, events_per_cell=40, excluded=0, seed=5, freeze_it=False)
+    with (bundle / "cells" / "C002" / "sessions" / "01-proposal-candidate.jsonl").open("a") as fh:
+        fh.write('{"ts": "2026-08-09T00:00:09Z", "type": "message", "content": "x", "step": 1099511627776}\n')
+    freeze(bundle)
+    with monkeypatch.context() as m:
+        _generic(m)
+        with pytest.raises(BadInput) as generic:
+            export(bundle, tmp_path / "generic")
+    if workers:
+        _parallel(monkeypatch, workers)
+    with pytest.raises(BadInput) as fast:
+        export(bundle, tmp_path / "fast")
+    assert "ill-typed event field" in str(generic.value)
+    assert str(fast.value) == str(generic.value)
+    assert not (tmp_path / "fast").exists()
+
+
+def test_export_workers_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LUNASOL_EXPORT_WORKERS", "3")
+    assert ex.export_workers() == 3
+    monkeypatch.setenv("LUNASOL_EXPORT_WORKERS", "many")
+    with pytest.raises(BadInput, match="LUNASOL_EXPORT_WORKERS"):
+        ex.export_workers()
+    monkeypatch.delenv("LUNASOL_EXPORT_WORKERS")
+    assert 0 <= ex.export_workers() <= ex.MAX_WORKERS
