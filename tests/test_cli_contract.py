@@ -425,3 +425,16 @@ def test_a_run_missing_an_artifact_does_not_pass_for_finished(demo: Path, tmp_pa
     assert s["missing_outputs"] == ["weakness-shortlist.json (sol)"]
     assert s["next_command"].startswith("lunasol run ") and "--resume" not in s["next_command"]
     assert "MISSING" in CliRunner().invoke(app, ["status", str(run_dir)]).stdout
+
+
+def test_interrupt_says_so(monkeypatch: pytest.MonkeyPatch, demo: Path) -> None:
+    # typer alone turns Ctrl-C into a silent exit 130
+    import pipeline.status
+
+    def interrupted(_run_dir: Path) -> dict[str, Any]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline.status, "status", interrupted)
+    res = CliRunner().invoke(app, ["status", str(demo)])
+    assert res.exit_code == 130
+    assert res.stderr.startswith("lunasol: interrupted") and len(res.stderr.splitlines()) == 1

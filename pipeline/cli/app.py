@@ -33,6 +33,13 @@ class LunasolGroup(TyperGroup):
             raise typer.Exit(exc.exit_code) from None
         except (typer.Exit, typer.Abort, TyperException):
             raise  # click's own flow: --help, usage errors (exit 2 with a usage box), prompts aborted
+        except KeyboardInterrupt:
+            # typer would turn it into a silent exit 130; say what happened (the ledger keeps what finished)
+            typer.echo(
+                "lunasol: interrupted (work already finished is kept; `lunasol status RUN` shows how to go on)",
+                err=True,
+            )
+            raise typer.Exit(130) from None
         except (OSError, UnicodeDecodeError) as exc:  # unreadable input that slipped past a check
             if os.environ.get("LUNASOL_DEBUG"):
                 raise
