@@ -200,6 +200,7 @@ BAD = [
     ),
     ("query-bad-sql", ["query", "{run}", "SELECT * FROM nosuch"], 2, "SQL error"),
     ("query-write", ["query", "{run}", "DROP TABLE events"], 2, "read-only"),
+    ("query-two-statements", ["query", "{run}", "SELECT 1; SELECT 2"], 2, "one statement per query"),
     ("query-empty", ["query", "{run}", "  "], 2, "empty query"),
     (
         "confirm-unknown-weakness",

@@ -70,6 +70,9 @@ def query(run_dir: Path, sql: str) -> QueryResult:
         row = con.execute("SELECT value FROM meta WHERE key = 'ir_schema_version'").fetchone()
         check_ir_version(None if row is None else str(row[0]), path, rerun=lambda: run_command(run_dir))
         try:
+            # Only the last statement's rows would be shown, and the first word check covers only the first.
+            if len(con.extract_statements(sql)) > 1:
+                raise BadInput("one statement per query: drop the ';' between statements or run them one by one")
             cur = con.execute(sql)
             columns = [d[0] for d in cur.description or []]
             rows = cur.fetchall() if columns else []
