@@ -143,7 +143,19 @@ def summarise_run(path: Path) -> RunSummary:
         proposals=len(arts.proposals) if arts.proposals is not None else None,
         calls=totals.calls if totals else None,
         cost_usd=totals.cost_usd if totals else None,
+        error=_missing(path),
     )
+
+
+def _missing(path: Path) -> str | None:
+    # A run whose verified outputs are gone must not list as a finished one.
+    from pipeline.status import missing_outputs
+
+    try:
+        gone = missing_outputs(path)
+    except LunasolError as exc:
+        return exc.one_line()
+    return f"missing {', '.join(gone)}" if gone else None
 
 
 def list_runs(runs_dir: Path) -> list[RunSummary]:

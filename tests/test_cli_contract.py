@@ -426,6 +426,8 @@ def test_a_run_missing_an_artifact_does_not_pass_for_finished(demo: Path, tmp_pa
     assert s["missing_outputs"] == ["weakness-shortlist.json (sol)"]
     assert s["next_command"].startswith("lunasol run ") and "--resume" not in s["next_command"]
     assert "MISSING" in CliRunner().invoke(app, ["status", str(run_dir)]).stdout
+    rows = json.loads(CliRunner().invoke(app, ["runs", "--runs-dir", str(tmp_path), "--json"]).stdout)
+    assert [r["error"] for r in rows] == ["missing weakness-shortlist.json (sol)"]
 
 
 def test_interrupt_says_so(monkeypatch: pytest.MonkeyPatch, demo: Path) -> None:
