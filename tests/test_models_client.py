@@ -111,6 +111,20 @@ async def test_replay_miss_names_role_cell_template_key(
     assert read_calls(tmp_path / "r2")[-1]["outcome"] == "replay_miss"
 
 
+async def test_replay_key_names_the_model(
+    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+) -> None:
+    # The same prompt recorded for one model must not be served for another (DESIGN: model is in the key).
+    fake_llm.push_answer(GOOD)
+    recorded = await one(ModelClient(model_settings(mode="record", store=tmp_path / "s"), tmp_path / "r1"))
+    other = ModelClient(model_settings(mode="replay", store=tmp_path / "s", model="openai/other"), tmp_path / "r2")
+    with pytest.raises(ReplayMiss) as err:
+        await one(other)
+    assert err.value.key not in recorded.keys
+    stored = [json.loads(p.read_text()) for p in (tmp_path / "s").rglob("*.json")]
+    assert [r["request"]["model"] for r in stored] == ["openai/test-model"]
+
+
 async def test_record_serves_repeated_request_from_store(
     tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
 ) -> None:

@@ -398,7 +398,8 @@ class ModelClient:
         litellm = load_litellm()
 
         state = _STATE.get()
-        request = canonical_request(kwargs, self.instructor_mode)
+        # instructor does not pass the model through; the key must still name it (DESIGN: model is in the key).
+        request = canonical_request({**kwargs, "model": self.model}, self.instructor_mode)
         key = request_key(request)
         attempt = len(state.keys)
         state.keys.append(key)
