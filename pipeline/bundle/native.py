@@ -507,8 +507,10 @@ def worker_main() -> None:
     """
     import gc
     import pickle
+    import signal
     import sys
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the export process's to handle: it stops us
     gc.disable()  # the load makes no reference cycles; the cyclic GC would rescan millions of objects
     with open(int(sys.argv[1]), "wb") as out:
         bundle, manifest, tasks = pickle.load(sys.stdin.buffer)

@@ -221,7 +221,7 @@ def _load_native(
     segments: list[tuple[Any, ...]],
 ) -> None:
     sizes = _cell_bytes(manifest, cells)
-    workers = export_workers() if sum(sizes) >= PARALLEL_MIN_BYTES else 0
+    workers = export_workers() if sum(sizes) >= PARALLEL_MIN_BYTES and sys.executable else 0
     if workers and len(cells) > 1:
         batches = _parallel_batches(bundle, cells, manifest, sizes, workers, counts, segments)
     else:
@@ -284,6 +284,8 @@ def _parallel_batches(
                     [sys.executable, "-c", code, str(write_fd)],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.DEVNULL,
+                    # A worker reports its errors through the pipe; its stderr only with LUNASOL_DEBUG.
+                    stderr=None if os.environ.get("LUNASOL_DEBUG") else subprocess.DEVNULL,
                     pass_fds=(write_fd,),
                 )
             finally:

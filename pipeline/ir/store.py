@@ -98,14 +98,22 @@ class IRWriter:
                 failure.append(exc)
                 put(exc)
 
+        interrupted: list[bool] = []
+
         def consume() -> Iterator[pa.RecordBatch]:
-            while True:
-                item = q.get()
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    raise RuntimeError("producer failed")  # the real error is in `failure`
-                yield item
+            try:
+                while True:
+                    item = q.get()
+                    if item is None:
+                        return
+                    if isinstance(item, BaseException):
+                        raise RuntimeError("producer failed")  # the real error is in `failure`
+                    yield item
+            except KeyboardInterrupt:
+                # Ctrl-C lands here (DuckDB calls this generator on the main thread) and DuckDB would
+                # report it as an invalid-input error: remember it and re-raise it as what it is.
+                interrupted.append(True)
+                raise
 
         thread = threading.Thread(target=produce, name="lunasol-ir-producer", daemon=True)
         thread.start()
@@ -115,6 +123,8 @@ class IRWriter:
         except BaseException:
             if failure:
                 raise failure[0] from None
+            if interrupted:
+                raise KeyboardInterrupt from None
             raise
         finally:
             stop.set()
