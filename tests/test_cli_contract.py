@@ -441,3 +441,15 @@ def test_interrupt_says_so(monkeypatch: pytest.MonkeyPatch, demo: Path) -> None:
     res = CliRunner().invoke(app, ["status", str(demo)])
     assert res.exit_code == 130
     assert res.stderr.startswith("lunasol: interrupted") and len(res.stderr.splitlines()) == 1
+
+
+def test_closed_pipe_is_quiet(monkeypatch: pytest.MonkeyPatch, demo: Path) -> None:
+    # `lunasol query ... | head`: not "lunasol: BrokenPipeError" and exit 2, but typer's quiet exit 1
+    import pipeline.status
+
+    def closed(_run_dir: Path) -> dict[str, Any]:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(pipeline.status, "status", closed)
+    res = CliRunner().invoke(app, ["status", str(demo)])
+    assert res.exit_code == 1 and "BrokenPipeError" not in res.stderr

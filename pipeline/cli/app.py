@@ -6,6 +6,7 @@ Known errors become one line on stderr and the contract's exit code; set
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import warnings
@@ -41,8 +42,8 @@ class LunasolGroup(TyperGroup):
             )
             raise typer.Exit(130) from None
         except (OSError, UnicodeDecodeError) as exc:  # unreadable input that slipped past a check
-            if os.environ.get("LUNASOL_DEBUG"):
-                raise
+            if os.environ.get("LUNASOL_DEBUG") or getattr(exc, "errno", None) == errno.EPIPE:
+                raise  # `lunasol ... | head`: typer exits quietly on a closed pipe
             typer.echo(f"lunasol: {type(exc).__name__}: {_fold(str(exc))}", err=True)
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except Exception as exc:  # the last line of defence: never a traceback
