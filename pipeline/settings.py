@@ -73,7 +73,7 @@ def check_store(settings: ModelSettings) -> None:
     """Before any work (the CLI calls it): the record / replay store fits the mode and the model.
 
     Without it a file given as a store surfaces late, and a replay under another ``--model`` would
-    label recorded answers with a model that never gave them (the recording key leaves the model out).
+    fail late with a replay miss on the first call instead of one clear line up front.
     """
     store, mode = settings.store, settings.mode
     if store is None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import duckdb
 import pytest
+from conftest import SHARED_DATA
 
 from pipeline.adapters import import_bundle
 from pipeline.adapters.importer import ImportResult
@@ -16,9 +17,6 @@ from pipeline.bundle.manifest import read_manifest
 from pipeline.bundle.request import load_request
 from pipeline.canonical import sha256_bytes
 from pipeline.ir.export import export
-
-ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA = ROOT.parent / "shared" / "data"
 
 # A few files per format keep the suite fast; bench/bench_adapters.py measures the full datasets.
 SUBSETS: dict[str, tuple[str, list[str]]] = {

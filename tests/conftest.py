@@ -18,7 +18,19 @@ pytest_plugins = ["pipeline.testing.pytest_plugin"]
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_BUNDLE = ROOT / "fixtures" / "bundles" / "h0-demo"
 DEMO_RECORDINGS = ROOT / "fixtures" / "recordings" / "h0-demo"
-SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def _shared_dir() -> Path:
+    """The workplace's read-only shared folder (public data, seeds): beside the clone, or LUNASOL_SHARED_DIR."""
+    for candidate in (os.environ.get("LUNASOL_SHARED_DIR"), ROOT.parent / "shared", "/work/shared"):
+        if candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    return ROOT.parent / "shared"  # absent: tests that need it skip and say where they looked
+
+
+SHARED = _shared_dir()
+SHARED_DATA = SHARED / "data"
+SHARED_SEEDS = SHARED / "seeds"
 
 _LOOPBACK = ("127.0.0.1", "::1", "localhost", "0.0.0.0")
 

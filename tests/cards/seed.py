@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-SEED = Path(__file__).resolve().parents[3] / "shared" / "seeds" / "000_c348cb21ec53c04e.txt"
+from conftest import SHARED_SEEDS
+
+SEED = SHARED_SEEDS / "000_c348cb21ec53c04e.txt"
 _YAML_BLOCK = re.compile(r"```yaml\n(.*?)```", re.DOTALL)
 
 
