@@ -88,7 +88,8 @@ class LedgerData(BaseModel):
 def _short(d: str | None) -> str:
     if not d:
         return "none"
-    return d.split(":", 1)[-1][:12]
+    # Digests are cut for the log line; names (models, templates) are kept whole.
+    return d.split(":", 1)[-1][:12] if d.startswith("sha256:") else d
 
 
 def describe_changes(old: Mapping[str, str], new: Mapping[str, str]) -> str:

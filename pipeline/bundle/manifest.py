@@ -202,6 +202,8 @@ def freeze(bundle: Path) -> Manifest:
         raise BundleError(f"bundle not found: {bundle}")
     found = _walk(bundle)
     rels = sorted(found)
+    if not [r for r in rels if r != MANIFEST_FILE]:
+        raise BundleError(f"nothing to freeze: {bundle} holds no files")
     paths = [bundle / r for r in rels]
     digests = _hash_many(paths)
     files = tuple(FileEntry(r, d, p.stat().st_size) for r, d, p in zip(rels, digests, paths, strict=True))

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from pipeline.cli.common import JSON_OPTION, emit_json
-from pipeline.errors import EXIT_FINDINGS, BadInput
+from pipeline.errors import EXIT_FINDINGS
 
 bundle_app = typer.Typer(
     name="bundle",
@@ -22,10 +22,7 @@ def freeze_cmd(bundle: Path = typer.Argument(..., help="Bundle directory.")) -> 
     """Write the manifest of a bundle: every file with its sha256 and size."""
     from pipeline.bundle.manifest import MANIFEST_FILE, freeze
 
-    if bundle.is_dir() and not any(p.name != MANIFEST_FILE for p in bundle.iterdir()):
-        # a manifest of nothing would verify forever and every later verb would fail on it
-        raise BadInput(f"nothing to freeze: {bundle} holds no files")
-    manifest = freeze(bundle)
+    manifest = freeze(bundle)  # refuses an empty directory: a manifest of nothing would verify forever
     total = sum(f.size for f in manifest.files)
     typer.echo(f"froze {len(manifest.files)} files ({total:,} bytes) into {bundle / MANIFEST_FILE}")
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from pipeline.errors import BadInput
+
 
 def register(app: typer.Typer) -> None:
     """Add ``schema`` to the root app."""
@@ -21,6 +23,8 @@ def register(app: typer.Typer) -> None:
         from pipeline import schemas
         from pipeline.canonical import atomic_write_text, pretty_json
 
+        if out is not None and out.exists() and not out.is_dir():
+            raise BadInput(f"-o {out} is a file; give a directory")
         if name is not None:
             art = schemas.get(name)  # unknown: one line listing the known names, exit 2
             text = pretty_json(art.json_schema())

@@ -499,7 +499,8 @@ class ModelClient:
             state.transport_retries += 1
             exc = retry_state.outcome.exception() if retry_state.outcome else None
             self.log(
-                f"retry {retry_state.attempt_number}/{self.settings.transport_retries} {state.role}: "
+                f"retry {retry_state.attempt_number}/{self.settings.transport_retries} {state.role}"
+                f"{'/' + state.cell_id if state.cell_id else ''}: "
                 f"{_describe(exc) if exc else '?'}"
             )
 
