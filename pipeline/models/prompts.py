@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,16 @@ ROLES = ("luna", "sol", "proposer")
 _REPO_PROMPTS = Path(__file__).resolve().parent.parent.parent / "prompts"
 
 
+# A non-editable install ships the templates as data files (pyproject: tool.setuptools.data-files).
+_INSTALLED_PROMPTS = Path(sys.prefix) / "share" / "lunasol" / "prompts"
+
+
 def prompts_dir() -> Path:
-    """Where templates live: ``$LUNASOL_PROMPTS_DIR`` or ``prompts/`` beside the ``pipeline`` package."""
+    """Where templates live: ``$LUNASOL_PROMPTS_DIR``, ``prompts/`` beside the package, or the installed copy."""
     env = os.environ.get("LUNASOL_PROMPTS_DIR")
-    return Path(env) if env else _REPO_PROMPTS
+    if env:
+        return Path(env)
+    return _REPO_PROMPTS if _REPO_PROMPTS.is_dir() or not _INSTALLED_PROMPTS.is_dir() else _INSTALLED_PROMPTS
 
 
 @dataclass(frozen=True)
