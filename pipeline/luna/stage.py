@@ -86,12 +86,12 @@ class CellRun:
 
 def _task_summaries(bundle: Path) -> dict[str, str]:
     # Task summaries help Luna read obligations; they carry no outcome. Absent for IR-only runs.
-    try:
-        from pipeline.bundle.request import load_request
+    from pipeline.bundle.request import load_request
 
-        return {t.task_id: t.summary for t in load_request(bundle).tasks}
-    except Exception:  # an IR built by an adapter may have no native request; the prompt says nothing then
+    if not (bundle / "analysis-request.json").is_file():  # an IR-only run: the prompt says nothing then
         return {}
+    # A request that no longer loads (edited after export) is one clear error, never a silent omission.
+    return {t.task_id: t.summary for t in load_request(bundle).tasks}
 
 
 def part_context(cell: CellIR, part: Part, task_summary: str) -> dict[str, Any]:
