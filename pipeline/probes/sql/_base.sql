@@ -59,3 +59,28 @@ CREATE OR REPLACE TEMP MACRO lunasol_changed_between(cell, after_seq, before_seq
     WHERE c.cell_id = cell AND c.seq > after_seq AND c.seq < before_seq
       AND (c.changes_source OR c.state_digest IS DISTINCT FROM in_state)
 );
+
+-- Tool calls with their repeat chains: consecutive identical calls (same tool, same arguments
+-- digest) stay in one chain while the controller state is the same and nothing in between changed.
+-- The repeated-read and repeated-check probes read their tool class from here.
+CREATE OR REPLACE TEMP VIEW probe_call_chains AS
+WITH calls AS (
+    SELECT cell_id, seq, event_id, tool_name, tool_class, args_digest, target, state_digest,
+           coalesce(target, '') AS what,
+           tool_name || '|' || args_digest AS sig
+    FROM probe_events
+    WHERE kind = 'tool_call' AND args_digest IS NOT NULL
+),
+ordered AS (
+    SELECT *, lag(seq) OVER w AS prev_seq, lag(state_digest) OVER w AS prev_state
+    FROM calls WINDOW w AS (PARTITION BY cell_id, sig ORDER BY seq)
+),
+flagged AS (
+    SELECT o.*, CASE
+        WHEN o.prev_seq IS NULL THEN 1
+        WHEN NOT lunasol_same_state(o.state_digest, o.prev_state) THEN 1
+        WHEN lunasol_changed_between(o.cell_id, o.prev_seq, o.seq, o.prev_state) THEN 1
+        ELSE 0 END AS brk
+    FROM ordered o
+)
+SELECT *, sum(brk) OVER (PARTITION BY cell_id, sig ORDER BY seq) AS chain FROM flagged;

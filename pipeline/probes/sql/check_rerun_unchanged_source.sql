@@ -2,27 +2,8 @@
 -- controller state digest is the same and nothing in between changed the source, a non-report
 -- artifact or the operator's input. "Same check" is the same tool with the same arguments digest (the
 -- same command): a focused test and the full suite in one directory are different checks.
-WITH calls AS (
-    SELECT cell_id, seq, event_id, tool_name, state_digest,
-           coalesce(target, '') AS what, args_digest,
-           tool_name || '|' || args_digest AS sig
-    FROM probe_events
-    WHERE kind = 'tool_call' AND tool_class = 'check' AND args_digest IS NOT NULL
-),
-ordered AS (
-    SELECT *, lag(seq) OVER w AS prev_seq, lag(state_digest) OVER w AS prev_state
-    FROM calls WINDOW w AS (PARTITION BY cell_id, sig ORDER BY seq)
-),
-flagged AS (
-    SELECT o.*, CASE
-        WHEN o.prev_seq IS NULL THEN 1
-        WHEN NOT lunasol_same_state(o.state_digest, o.prev_state) THEN 1
-        WHEN lunasol_changed_between(o.cell_id, o.prev_seq, o.seq, o.prev_state) THEN 1
-        ELSE 0 END AS brk
-    FROM ordered o
-),
-chains AS (
-    SELECT *, sum(brk) OVER (PARTITION BY cell_id, sig ORDER BY seq) AS chain FROM flagged
+WITH chains AS (
+    SELECT * FROM probe_call_chains WHERE tool_class = 'check'
 )
 SELECT
     cell_id,

@@ -1,26 +1,8 @@
 -- repeated_exploration: the same read-only tool call (same tool, same arguments digest) made again
 -- while the controller state digest is the same and nothing in between changed the source, a
 -- non-report artifact or the operator's input. Consecutive repeats form one hit (a chain).
-WITH calls AS (
-    SELECT cell_id, seq, event_id, tool_name, args_digest, target, state_digest,
-           tool_name || '|' || args_digest AS sig
-    FROM probe_events
-    WHERE kind = 'tool_call' AND tool_class = 'read' AND args_digest IS NOT NULL
-),
-ordered AS (
-    SELECT *, lag(seq) OVER w AS prev_seq, lag(state_digest) OVER w AS prev_state
-    FROM calls WINDOW w AS (PARTITION BY cell_id, sig ORDER BY seq)
-),
-flagged AS (
-    SELECT o.*, CASE
-        WHEN o.prev_seq IS NULL THEN 1
-        WHEN NOT lunasol_same_state(o.state_digest, o.prev_state) THEN 1
-        WHEN lunasol_changed_between(o.cell_id, o.prev_seq, o.seq, o.prev_state) THEN 1
-        ELSE 0 END AS brk
-    FROM ordered o
-),
-chains AS (
-    SELECT *, sum(brk) OVER (PARTITION BY cell_id, sig ORDER BY seq) AS chain FROM flagged
+WITH chains AS (
+    SELECT * FROM probe_call_chains WHERE tool_class = 'read'
 )
 SELECT
     cell_id,
