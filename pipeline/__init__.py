@@ -1,9 +1,9 @@
 """lunasol: root causes and single-lever proposals from frozen agent-harness bundles.
 
-Importing this package never touches the network (see :mod:`pipeline.offline`).
+Importing this package never touches the network (see :mod:`pipeline.core.offline`).
 """
 
-from pipeline import offline as _offline
+from pipeline.core import offline as _offline
 
 _offline.apply()
 

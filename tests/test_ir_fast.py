@@ -15,10 +15,10 @@ import duckdb
 import pytest
 
 import pipeline.ir.export as ex
+from pipeline.adapters.native import IllTyped
 from pipeline.bundle import freeze
-from pipeline.bundle.native import IllTyped
 from pipeline.bundle.synth import tree_snapshot, write_bundle
-from pipeline.errors import BadInput, BundleError
+from pipeline.core.errors import BadInput, BundleError
 from pipeline.ir.export import export
 from pipeline.ir.store import TABLES
 

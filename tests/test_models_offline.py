@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.core.settings import ModelSettings
 from pipeline.models import ModelClient
-from pipeline.settings import ModelSettings
 from pipeline.testing.openai_server import FakeOpenAI
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +34,7 @@ def hook(event, args):
 sys.addaudithook(hook)
 from pydantic import BaseModel
 from pipeline.models import ModelClient
-from pipeline.settings import ModelSettings
+from pipeline.core.settings import ModelSettings
 
 class F(BaseModel):
     summary: str

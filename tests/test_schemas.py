@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipeline import handoff as hf
-from pipeline import schemas
-from pipeline.canonical import pretty_json, read_json
+from pipeline.artifacts import schemas
 from pipeline.cli.app import app
-from pipeline.errors import BadInput
-from pipeline.ledger import LEDGER_SCHEMA_VERSION, Ledger
+from pipeline.core.canonical import pretty_json, read_json
+from pipeline.core.errors import BadInput
 from pipeline.sol.shortlist import SHORTLIST_SCHEMA_VERSION, read_shortlist
+from pipeline.state import handoff as hf
+from pipeline.state.ledger import LEDGER_SCHEMA_VERSION, Ledger
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = Path(__file__).resolve().parent / "samples"
@@ -43,8 +43,8 @@ def test_exported_schemas_equal_the_models() -> None:
 
 
 def test_versions_come_from_the_models() -> None:
-    from pipeline.gates import RECEIPT_SCHEMA_VERSION
-    from pipeline.handoff import HANDOFF_SCHEMA_VERSION
+    from pipeline.gates.gate1 import RECEIPT_SCHEMA_VERSION
+    from pipeline.state.handoff import HANDOFF_SCHEMA_VERSION
 
     assert schemas.get("handoff").version == HANDOFF_SCHEMA_VERSION
     assert schemas.get("ledger").version == LEDGER_SCHEMA_VERSION
@@ -199,8 +199,8 @@ def test_schema_verb(tmp_path: Path) -> None:
 
 
 def test_readers_refuse_newer_rows_and_receipts(tmp_path: Path) -> None:
-    from pipeline.blocking import read_block_receipt
     from pipeline.models.calllog import read_calls
+    from pipeline.state.blocking import read_block_receipt
 
     (tmp_path / "calls.jsonl").write_text('{"role": "luna"}\n{"schema_version": 1, "role": "sol"}\n')
     assert [r["schema_version"] for r in read_calls(tmp_path)] == [1, 1]
@@ -217,7 +217,7 @@ def test_readers_refuse_newer_rows_and_receipts(tmp_path: Path) -> None:
 def test_run_json_writer_never_rewrites_a_newer_run_json(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from pipeline.runner import write_run_json
+    from pipeline.run.runner import write_run_json
 
     run = tmp_path / "r"
     run.mkdir()

@@ -1,6 +1,6 @@
 """Every artifact of a real run (the demo, replayed through both gates) is valid under its registry model.
 
-So the models in pipeline.schemas describe what lunasol writes, not what someone thought it writes.
+So the models in pipeline.artifacts.schemas describe what lunasol writes, not what someone thought it writes.
 The model answers are the demo's hand-written fixture recordings.
 """
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipeline import schemas
-from pipeline.canonical import read_json
+from pipeline.artifacts import schemas
 from pipeline.cli.app import app
+from pipeline.core.canonical import read_json
 from tests.conftest import DEMO_BUNDLE, DEMO_RECORDINGS
 
 pytestmark = pytest.mark.skipif(
@@ -80,8 +80,8 @@ def test_every_artifact_validates_at_the_current_version(demo_run: Path) -> None
 
 
 def test_block_receipt_as_written_validates(tmp_path: Path) -> None:
-    from pipeline.blocking import write_block_receipt
-    from pipeline.errors import Blocked
+    from pipeline.core.errors import Blocked
+    from pipeline.state.blocking import write_block_receipt
 
     exc = Blocked("budget exceeded", reason="user_stop", unblock="lunasol run B --budget-usd 2")
     path = write_block_receipt(tmp_path, exc, stage="luna", unblock=exc.unblock, command="lunasol run B")

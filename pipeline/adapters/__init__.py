@@ -20,8 +20,8 @@ from pipeline.adapters.base import Adapter
 from pipeline.adapters.importer import ImportResult
 from pipeline.adapters.importer import import_bundle as _import_bundle
 from pipeline.adapters.spans import resolve_element
-from pipeline.canonical import sha256_bytes
-from pipeline.errors import BadInput, BundleError
+from pipeline.core.canonical import sha256_bytes
+from pipeline.core.errors import BadInput, BundleError
 
 if TYPE_CHECKING:
     from pipeline.bundle.manifest import Manifest

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.adapters.spans import JsonFile
-from pipeline.canonical import digest, sha256_text
+from pipeline.core.canonical import digest, sha256_text
 from pipeline.ir.events import SourceEvent
 
 

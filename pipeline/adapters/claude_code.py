@@ -37,7 +37,7 @@ from pipeline.adapters.base import (
     tool_result_event,
 )
 from pipeline.adapters.harbor import trial_dir, trial_outcome
-from pipeline.canonical import digest
+from pipeline.core.canonical import digest
 from pipeline.ir.events import SourceEvent
 
 NAME = "claude-code"

@@ -35,7 +35,7 @@ from pipeline.adapters.base import (
     tool_result_event,
 )
 from pipeline.adapters.spans import JsonFile
-from pipeline.canonical import canonical_json, sha256_text
+from pipeline.core.canonical import canonical_json, sha256_text
 from pipeline.ir.events import SourceEvent
 
 NAME = "inspect"

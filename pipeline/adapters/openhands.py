@@ -29,7 +29,7 @@ from pipeline.adapters.base import (
     load_json,
     tool_result_event,
 )
-from pipeline.canonical import digest, sha256_text
+from pipeline.core.canonical import digest, sha256_text
 from pipeline.ir.events import SourceEvent
 
 NAME = "openhands"

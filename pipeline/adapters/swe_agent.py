@@ -30,7 +30,7 @@ from pipeline.adapters.base import (
     first_docs,
     tool_result_event,
 )
-from pipeline.canonical import digest
+from pipeline.core.canonical import digest
 from pipeline.ir.events import SourceEvent
 
 NAME = "swe-agent"

@@ -31,7 +31,7 @@ from pipeline.adapters.base import (
     tool_result_event,
 )
 from pipeline.adapters.spans import pointer
-from pipeline.canonical import canonical_json
+from pipeline.core.canonical import canonical_json
 from pipeline.ir.events import SourceEvent
 
 NAME = "tau"

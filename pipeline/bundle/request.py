@@ -9,7 +9,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pipeline.errors import BundleError
+from pipeline.core.errors import BundleError
 
 REQUEST_FILE = "analysis-request.json"
 REQUEST_SCHEMA_VERSION = 1

@@ -9,7 +9,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from pipeline.canonical import canonical_json, sha256_text, write_json
+from pipeline.core.canonical import canonical_json, sha256_text, write_json
 
 STAGES = ("proposal", "design", "implementation", "review")
 TOOLS = ("read_file", "grep", "run_tests", "write_file")

@@ -17,7 +17,7 @@ from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
 import pipeline
-from pipeline.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, LunasolError
+from pipeline.core.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, LunasolError
 
 
 class LunasolGroup(TyperGroup):

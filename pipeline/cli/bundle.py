@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from pipeline.cli.common import JSON_OPTION, emit_json
-from pipeline.errors import EXIT_FINDINGS
+from pipeline.core.errors import EXIT_FINDINGS
 
 bundle_app = typer.Typer(
     name="bundle",

@@ -8,7 +8,7 @@ from typing import Any
 import typer
 
 from pipeline.cli.common import JSON_OPTION, emit_json, resolve_run
-from pipeline.errors import BadInput
+from pipeline.core.errors import BadInput
 
 _FORMAT_HELP = (
     "Format of the logs, or 'auto' to detect it: who-and-when, mast, swe-agent, openhands, inspect, "

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from pipeline.cli.common import JSON_OPTION, check_digest, emit_json, moves_run, resolve_run
-from pipeline.errors import BadInput, Findings
+from pipeline.core.errors import BadInput, Findings
 
 
 def validate(
@@ -51,10 +51,10 @@ def propose(
     Uses the run's model settings (run.json) unless overridden. Refuses (exit 3) until gate 1 has a
     receipt for the current shortlist.
     """
-    from pipeline import handoff as hf
+    from pipeline.core.settings import check_store
     from pipeline.proposals.proposer import propose as do_propose
     from pipeline.proposals.proposer import run_model_settings
-    from pipeline.settings import check_store
+    from pipeline.state import handoff as hf
 
     if replay and record:
         raise BadInput("--replay and --record exclude each other")
@@ -105,10 +105,10 @@ def select(
     A compare-and-set on the handoff revision and the proposals digest: if either changed since you
     looked, it refuses with needs_rebase (exit 4).
     """
-    from pipeline import gates
-    from pipeline import handoff as hf
-    from pipeline.proposals.selection import NOT_AUTHORISATION, Choice
-    from pipeline.proposals.selection import select as do_select
+    from pipeline.gates import gate1 as gates
+    from pipeline.gates.gate1.gate2 import NOT_AUTHORISATION, Choice
+    from pipeline.gates.gate1.gate2 import select as do_select
+    from pipeline.state import handoff as hf
 
     if sum([proposal is not None, none, redo]) != 1:
         raise BadInput("choose exactly one of --proposal P-.., --none or --redo")

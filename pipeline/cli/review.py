@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from pipeline.cli.common import DEFAULT_RUNS_DIR, JSON_OPTION, emit_json
-from pipeline.errors import EXIT_FINDINGS, BadInput
+from pipeline.core.errors import EXIT_FINDINGS, BadInput
 
 
 def _run_dir(run: str) -> Path:
@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ) -> None:
         """The runs under a runs directory: state, bundle, model, and key figures."""
-        from pipeline.runs_index import list_runs
+        from pipeline.run.index import list_runs
 
         rows = list_runs(runs_dir)
         if as_json:

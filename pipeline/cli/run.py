@@ -31,10 +31,10 @@ def register(app: typer.Typer) -> None:
         Rerunning with the same run id reuses everything still valid (an unchanged rerun makes no
         model call); a changed input invalidates and recomputes only what depends on it.
         """
-        from pipeline.errors import BadInput
-        from pipeline.runner import RunOptions, run
-        from pipeline.settings import ModelSettings, check_store
-        from pipeline.status import gate_report
+        from pipeline.core.errors import BadInput
+        from pipeline.core.settings import ModelSettings, check_store
+        from pipeline.run.runner import RunOptions, run
+        from pipeline.run.status import gate_report
 
         if replay and record:
             raise BadInput("--replay and --record exclude each other")

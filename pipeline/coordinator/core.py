@@ -16,8 +16,8 @@ from typing import Any
 import duckdb
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.canonical import write_json
-from pipeline.errors import BadInput
+from pipeline.core.canonical import write_json
+from pipeline.core.errors import BadInput
 
 GROUPS_FILE = "pattern-groups.json"
 GROUPS_SCHEMA_VERSION = 1

@@ -20,7 +20,7 @@ from typing import Any
 
 import duckdb
 
-from pipeline.errors import BadInput
+from pipeline.core.errors import BadInput
 from pipeline.eval.checks import run_checks, summarise
 from pipeline.eval.predict import (
     PROBE_MODES,

@@ -25,7 +25,7 @@ from typing import Any
 
 import duckdb
 
-from pipeline.canonical import read_json
+from pipeline.core.canonical import read_json
 
 USER_ACTORS = {"user", "human", "system", "harness", "environment", "tool"}
 STEP_REPETITION = "1.3 Step Repetition"

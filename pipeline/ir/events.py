@@ -1,7 +1,7 @@
 """What a reader yields per raw record, how export finds the reader, and how events become rows.
 
 A reader is ``reader(bundle, cell, manifest) -> Iterable[SourceEvent]``. The native format's
-reader lives in :mod:`pipeline.bundle.native`; adapters for public trajectory formats
+reader lives in :mod:`pipeline.adapters.native`; adapters for public trajectory formats
 provide theirs through ``pipeline.adapters.reader_for(format)``.
 
 :func:`event_batches` orders each cell's events (ts, file, line), numbers them, cuts segments,
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.errors import BadInput
+from pipeline.core.errors import BadInput
 from pipeline.ir.schema import TEXT_LIMIT, trim_text
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ Reader = Callable[[Path, "CellSpec", "Manifest"], Iterable[SourceEvent]]
 def reader_for(fmt: str) -> Reader:
     """The reader of one bundle format: ``native`` here, anything else from ``pipeline.adapters``."""
     if fmt == "native":
-        from pipeline.bundle.native import read_cell
+        from pipeline.adapters.native import read_cell
 
         return read_cell
     try:

@@ -22,22 +22,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import pipeline
-from pipeline.bundle import native
+from pipeline.adapters import native
+from pipeline.adapters.native import iter_lines
+from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION
 from pipeline.bundle.manifest import MANIFEST_FILE, Manifest, read_frozen, read_manifest, verify
-from pipeline.bundle.native import iter_lines
 from pipeline.bundle.request import AnalysisRequest, CellSpec, load_request
-from pipeline.canonical import canonical_json, sha256_bytes, write_json
-from pipeline.errors import BadInput, BundleError
+from pipeline.core.canonical import canonical_json, sha256_bytes, write_json
+from pipeline.core.errors import BadInput, BundleError
 from pipeline.ir import events as events_module
 from pipeline.ir.events import EVENT_ROW, SEGMENT_ROW, event_batches, gc_paused, reader_for, to_arrow
 from pipeline.ir.schema import IR_SCHEMA_VERSION
 from pipeline.ir.store import IR_FILE, IRWriter, write_parquet
-from pipeline.run_info import RUN_SCHEMA_VERSION
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from pipeline.runner import RunContext
+    from pipeline.run.runner import RunContext
 
 OUTCOMES_FILE = "sidecar/outcomes.jsonl"
 RUN_FILE = "run.json"
@@ -126,7 +126,7 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
     path = run_dir / RUN_FILE
     if not path.is_file():
         raise BadInput(f"not a lunasol run directory: {run_dir} (no {RUN_FILE})")
-    from pipeline.schemas import load_document  # newer refused (exit 2), older upgraded; same one-line errors
+    from pipeline.artifacts.schemas import load_document  # newer refused (exit 2), older upgraded; same one-line errors
 
     return load_document(path, "run")[0]
 
@@ -274,7 +274,7 @@ def _parallel_batches(
         task_bytes += size
     workers = min(workers, len(tasks))
     root = str(Path(pipeline.__file__).resolve().parent.parent)
-    code = f"import sys; sys.path.insert(0, {root!r}); from pipeline.bundle.native import worker_main; worker_main()"
+    code = f"import sys; sys.path.insert(0, {root!r}); from pipeline.adapters.native import worker_main; worker_main()"
     procs: list[tuple[subprocess.Popen[bytes], BinaryIO]] = []
     try:
         for _ in range(workers):

@@ -15,8 +15,8 @@ from typing import Any
 
 from pipeline.bundle.manifest import MANIFEST_FILE, read_frozen, read_manifest
 from pipeline.bundle.request import check_relative
-from pipeline.canonical import sha256_bytes
-from pipeline.errors import BadInput, BundleError
+from pipeline.core.canonical import sha256_bytes
+from pipeline.core.errors import BadInput, BundleError
 
 _REF = re.compile(r"^(?P<path>[^#]+)#L(?P<start>\d+)(?:-L(?P<end>\d+))?(?P<pointer>/.*)?$")
 

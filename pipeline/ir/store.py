@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.errors import BadInput
+from pipeline.core.errors import BadInput
 from pipeline.ir.schema import DDL
 
 if TYPE_CHECKING:
@@ -191,8 +191,8 @@ def open_ir(run_dir: Path) -> duckdb.DuckDBPyConnection:
         con = duckdb.connect(str(path), read_only=True)
     except duckdb.Error as exc:
         raise BadInput(f"cannot open {path}: {' '.join(str(exc).split())}") from None
-    from pipeline.handoff import run_command
-    from pipeline.schemas import check_ir_version  # newer: upgrade lunasol; older: rebuilt, not migrated
+    from pipeline.artifacts.schemas import check_ir_version  # newer: upgrade lunasol; older: rebuilt, not migrated
+    from pipeline.state.handoff import run_command
 
     try:
         check_ir_version(meta_value(con, "ir_schema_version"), path, rerun=lambda: run_command(run_dir))

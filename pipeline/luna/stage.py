@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from pipeline.canonical import digest, write_jsonl
+from pipeline.core.canonical import digest, write_jsonl
 from pipeline.luna.merge import CellPatterns, Conflict, Verdict, merge_cell
 from pipeline.luna.patterns import PATTERN_ROW_SCHEMA_VERSION, LunaAnswer, Pattern, check_answer
 from pipeline.luna.render import CellIR, Part, context_budget, estimate_tokens, load_cells, render_cell, split_parts
 
 if TYPE_CHECKING:
     from pipeline.models import CallOutcome, ModelClient, PlannedCall
-    from pipeline.runner import RunContext
+    from pipeline.run.runner import RunContext
 
 PATTERNS_FILE = "patterns.jsonl"
 
@@ -174,8 +174,8 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
     Each cell's answers are persisted (``runs/<id>/luna/<cell>.json``) as soon as its calls finish,
     so a crash or a block keeps every finished cell and ``--resume`` never asks it again.
     """
-    from pipeline.ledger import CellResults, cell_key, ir_cell_digests
     from pipeline.models import ModelClient, template_hash
+    from pipeline.state.ledger import CellResults, cell_key, ir_cell_digests
 
     prepared = _prepared_cells(ctx.ir_path)
     summaries = _task_summaries(ctx.bundle)
@@ -268,7 +268,7 @@ def write_outputs(ir_path: Path, run_dir: Path, results: list[CellRun]) -> tuple
             )  # fmt: skip
     finally:
         con.close()
-    # every row carries the schema version, like calls.jsonl (see pipeline.schemas)
+    # every row carries the schema version, like calls.jsonl (see pipeline.artifacts.schemas)
     rows = [{"schema_version": PATTERN_ROW_SCHEMA_VERSION, **p.model_dump(mode="json")} for p in patterns]
     file_digest = write_jsonl(run_dir / PATTERNS_FILE, rows)
     return patterns, file_digest
@@ -276,7 +276,7 @@ def write_outputs(ir_path: Path, run_dir: Path, results: list[CellRun]) -> tuple
 
 def stage(ctx: RunContext) -> str:
     """Runner stage: Luna over every eligible cell; one-line summary (failed cells named)."""
-    from pipeline.errors import BadInput
+    from pipeline.core.errors import BadInput
 
     if not ctx.ir_path.is_file():
         raise BadInput(f"no IR at {ctx.ir_path}: export must run before luna")

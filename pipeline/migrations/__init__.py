@@ -1,7 +1,7 @@
-"""Numbered migrations of lunasol's JSON artifacts, applied in order by :mod:`pipeline.schemas`.
+"""Numbered migrations of lunasol's JSON artifacts, applied in order by :mod:`pipeline.artifacts.schemas`.
 
 Each module ``mNNNN_<artifact>_v<a>_to_v<b>.py`` upgrades one artifact by one version and
-defines ``NUMBER``, ``ARTIFACT`` (a :data:`pipeline.schemas.REGISTRY` name), ``FROM_VERSION``,
+defines ``NUMBER``, ``ARTIFACT`` (a :data:`pipeline.artifacts.schemas.REGISTRY` name), ``FROM_VERSION``,
 ``TO_VERSION`` and ``upgrade(doc) -> doc``. Numbers are unique and never reused; a module is
 never edited after it shipped (a fix is a new migration). Version 0 means "written before the
 artifact carried ``schema_version``": the same fields, no version. See docs/schemas.md.

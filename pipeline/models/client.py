@@ -28,7 +28,8 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from pipeline.errors import BadInput, LunasolError
+from pipeline.core.errors import BadInput, LunasolError
+from pipeline.core.settings import ModelSettings
 from pipeline.models.calllog import CallLog
 from pipeline.models.errors import BudgetExceeded, ModelUnavailable, ReplayMiss
 from pipeline.models.prompts import render_source, template_path
@@ -55,7 +56,6 @@ from pipeline.models.transport import (
 from pipeline.models.transport import (
     retryable_types as _retryable_types,
 )
-from pipeline.settings import ModelSettings
 
 T = TypeVar("T", bound=BaseModel)
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from pipeline.core.settings import ModelSettings
 from pipeline.models.prompts import render
-from pipeline.settings import ModelSettings
 
 ASSUMED_MODEL = "openai/gpt-4o-mini"
 """Model used to count and price a dry run when none is given (said so in the table)."""

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.canonical import canonical_json, digest, read_json, write_json
+from pipeline.core.canonical import canonical_json, digest, read_json, write_json
 
 STORE_SCHEMA_VERSION = 1
 
@@ -174,7 +174,7 @@ def make_record(
 
 def check_record(record: Any, path: Path) -> dict[str, Any]:
     """Refuse a recording of a newer schema version or without a response."""
-    from pipeline.errors import BadInput
+    from pipeline.core.errors import BadInput
 
     if not isinstance(record, dict) or "response" not in record:
         raise BadInput(f"not a lunasol recording: {path}")
@@ -190,7 +190,7 @@ def resolve_settings(settings: Any) -> Any:
     Call it once before the stages run, so every artifact that names the model names the same one
     in a recording run and in its replay (``--replay DIR`` alone is then enough).
     """
-    from pipeline.errors import BadInput
+    from pipeline.core.errors import BadInput
 
     if settings.model or settings.effective_mode() != "replay" or settings.store is None:
         return settings

@@ -6,7 +6,7 @@ import logging
 import os
 from typing import Any
 
-from pipeline.errors import LunasolError
+from pipeline.core.errors import LunasolError
 
 
 def load_litellm() -> Any:

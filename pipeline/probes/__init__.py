@@ -15,7 +15,7 @@ from pipeline.probes.core import (
 )
 
 if TYPE_CHECKING:
-    from pipeline.runner import RunContext
+    from pipeline.run.runner import RunContext
 
 __all__ = [
     "PROBES",
@@ -33,7 +33,7 @@ def stage(ctx: RunContext) -> str:
     """Run every probe over the run's IR and store the hits in table ``probe_hits``."""
     import duckdb
 
-    from pipeline.errors import BadInput
+    from pipeline.core.errors import BadInput
 
     if not ctx.ir_path.is_file():
         raise BadInput(f"no IR at {ctx.ir_path}: export must run before probes")

@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.canonical import digest, write_json
-from pipeline.errors import BadInput
+from pipeline.core.canonical import digest, write_json
+from pipeline.core.errors import BadInput
 from pipeline.sol.cards import Dropped, WeaknessCard
 
 SHORTLIST_FILE = "weakness-shortlist.json"
@@ -60,7 +60,7 @@ def read_shortlist(path: Path) -> Shortlist:
     """Read and verify a shortlist (schema version and digest)."""
     if not path.is_file():
         raise BadInput(f"no weakness shortlist at {path}")
-    from pipeline.schemas import read_document, upgrade
+    from pipeline.artifacts.schemas import read_document, upgrade
 
     raw = read_document(path)
     doc, found = upgrade(raw, "weakness-shortlist", str(path))  # newer refused (exit 2), older upgraded

@@ -15,15 +15,15 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.canonical import digest, pretty_json, read_json, sha256_file
-from pipeline.errors import Blocked
+from pipeline.core.canonical import digest, pretty_json, read_json, sha256_file
+from pipeline.core.errors import Blocked
 from pipeline.sol.cards import Dropped, SolAnswer, WeaknessDraft
 from pipeline.sol.checks import EvidenceIndex, answer_errors, check_answer, load_index
 from pipeline.sol.shortlist import SHORTLIST_FILE, Denominator, Shortlist, write_shortlist
 
 if TYPE_CHECKING:
     from pipeline.models import PlannedCall
-    from pipeline.runner import RunContext
+    from pipeline.run.runner import RunContext
 
 ROLE = "sol"
 GROUPS_FILE = "pattern-groups.json"
@@ -211,8 +211,8 @@ def build_context(run_dir: Path, ir_path: Path) -> tuple[dict[str, Any], Evidenc
 
 
 def _made_from(ctx: RunContext, context: dict[str, Any]) -> dict[str, str | None]:
-    from pipeline.ledger import ir_digest
     from pipeline.models import template_hash
+    from pipeline.state.ledger import ir_digest
 
     groups = ctx.run_dir / GROUPS_FILE
     return {

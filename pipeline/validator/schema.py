@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pipeline.proposals.card import ProposalCard
+from pipeline.artifacts.proposal_card import ProposalCard
 from pipeline.validator.findings import Finding
 
 RULES: dict[str, str] = {

@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.canonical import read_json, write_json
-from pipeline.errors import Blocked
-from pipeline.ledger import Ledger
+from pipeline.core.canonical import read_json, write_json
+from pipeline.core.errors import Blocked
+from pipeline.state.ledger import Ledger
 
 BLOCK_RECEIPT = "block-receipt.json"
 RESOLVED_DIR = "block-receipts"
@@ -116,6 +116,6 @@ def read_block_receipt(run_dir: Path) -> dict[str, Any] | None:
     raw = read_json(path)
     if not isinstance(raw, dict):
         return None
-    from pipeline.schemas import upgrade  # a newer receipt is refused, an older one upgraded
+    from pipeline.artifacts.schemas import upgrade  # a newer receipt is refused, an older one upgraded
 
     return upgrade(raw, "block-receipt", str(path))[0]

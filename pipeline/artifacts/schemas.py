@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from pipeline.errors import BadInput
+from pipeline.core.errors import BadInput
 from pipeline.migrations import Doc, Migration, all_migrations
 
 Kind = Literal["json", "jsonl-row", "yaml"]
@@ -88,29 +88,29 @@ REGISTRY: dict[str, ArtifactSchema] = {
            "every file of a frozen bundle with its sha256 and size"),
         _a("analysis-request", "analysis-request.json", "pipeline.bundle.request:AnalysisRequest",
            "bundle author / pipeline.adapters", "what a bundle asks lunasol to analyse"),
-        _a("run", "run.json", "pipeline.run_info:RunInfo", "pipeline.ir.export, pipeline.runner",
+        _a("run", "run.json", "pipeline.artifacts.run_info:RunInfo", "pipeline.ir.export, pipeline.run.runner",
            "what a run was made from: bundle, models, templates, versions"),
         _a("patterns", "patterns.jsonl", "pipeline.luna.patterns:PatternRow", "pipeline.luna.stage",
            "one behaviour pattern per line", kind="jsonl-row"),
-        _a("cell-result", "<role>/<cell>.json", "pipeline.ledger:CellResult", "pipeline.ledger.CellResults",
+        _a("cell-result", "<role>/<cell>.json", "pipeline.state.ledger:CellResult", "pipeline.state.ledger.CellResults",
            "one cell's model result and the key it was made with (reused by reruns)"),
         _a("pattern-groups", "pattern-groups.json", "pipeline.coordinator.core:PatternGroups",
            "pipeline.coordinator", "patterns grouped across cells, with coverage"),
         _a("weakness-shortlist", "weakness-shortlist.json", "pipeline.sol.shortlist:Shortlist",
            "pipeline.sol", "Sol's weakness cards, dropped ones with reasons, sealed by a digest"),
-        _a("proposals", "proposals.yaml", "pipeline.proposals.io:ProposalsFile", "pipeline.proposals",
+        _a("proposals", "proposals.yaml", "pipeline.artifacts.proposals_file:ProposalsFile", "pipeline.proposals",
            "accepted proposal cards", kind="yaml"),
         _a("validation", "validation.json", "pipeline.proposals.proposer:Validation", "pipeline.proposals",
            "what the proposer produced per weakness, every card with its findings"),
-        _a("gate-receipt", "gates/<gate>-<operation>.json", "pipeline.gates:Receipt", "pipeline.gates",
+        _a("gate-receipt", "gates/<gate>-<operation>.json", "pipeline.gates.gate1:Receipt", "pipeline.gates.gate1",
            "proof of one gate decision"),
-        _a("handoff", "handoff.json", "pipeline.handoff:Handoff", "pipeline.handoff",
+        _a("handoff", "handoff.json", "pipeline.state.handoff:Handoff", "pipeline.state.handoff",
            "the run's state machine with a revision"),
-        _a("ledger", "ledger.json", "pipeline.ledger:LedgerData", "pipeline.ledger",
+        _a("ledger", "ledger.json", "pipeline.state.ledger:LedgerData", "pipeline.state.ledger",
            "each artifact's state and the digests it was made from"),
         _a("calls", "calls.jsonl", "pipeline.models.calllog:CallRow", "pipeline.models",
            "one logical model call per line", kind="jsonl-row"),
-        _a("block-receipt", "block-receipt.json", "pipeline.blocking:BlockReceipt", "pipeline.blocking",
+        _a("block-receipt", "block-receipt.json", "pipeline.state.blocking:BlockReceipt", "pipeline.state.blocking",
            "why a run cannot go on, what was tried, the command that unblocks"),
         _a("recording", "<store>/<hex[:2]>/<hex>.json", "pipeline.models.store:Recording", "pipeline.models",
            "one recorded model exchange (raw request and response)"),
@@ -247,7 +247,7 @@ def check_ir_version(found: str | None, path: Path, rerun: Callable[[], str] | N
 
 def export_all(out_dir: Path) -> list[Path]:
     """Write every artifact's JSON Schema to ``out_dir/<name>.json``; return the paths."""
-    from pipeline.canonical import atomic_write_text, pretty_json
+    from pipeline.core.canonical import atomic_write_text, pretty_json
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []

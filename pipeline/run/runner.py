@@ -1,12 +1,12 @@
 """``lunasol run``: the stages of one analysis run, in order, up to the first human gate.
 
 Each stage is a function ``stage(ctx) -> str`` (a one-line summary) in its own module. The runner
-is ledger-aware (:mod:`pipeline.ledger`): a stage whose inputs (the bundle digest for export,
+is ledger-aware (:mod:`pipeline.state.ledger`): a stage whose inputs (the bundle digest for export,
 the upstream stage's fingerprint for the others, plus the template hash and model for a model
 role) are unchanged and whose outputs are intact is reused, not run; a stage whose inputs changed
 is invalidated with the reason, together with everything downstream, and recomputed. Per-cell
 model results are reused inside the stage (``CellResults``), so one changed cell costs one Luna
-call plus the downstream steps. A :class:`~pipeline.errors.Blocked` error writes
+call plus the downstream steps. A :class:`~pipeline.core.errors.Blocked` error writes
 ``block-receipt.json`` and ends the run with exit 3 and one line.
 """
 
@@ -27,11 +27,11 @@ from types import ModuleType
 from typing import Any
 
 import pipeline
-from pipeline import handoff as hf
-from pipeline.canonical import digest, read_json, sha256_file, write_json
-from pipeline.errors import BadInput, Blocked, BundleError
-from pipeline.ledger import CellResults, Ledger, describe_changes
-from pipeline.settings import ModelSettings
+from pipeline.core.canonical import digest, read_json, sha256_file, write_json
+from pipeline.core.errors import BadInput, Blocked, BundleError
+from pipeline.core.settings import ModelSettings
+from pipeline.state import handoff as hf
+from pipeline.state.ledger import CellResults, Ledger, describe_changes
 
 # (name, "module:function"). The order is the flow of DESIGN.md.
 STAGES: list[tuple[str, str]] = [
@@ -167,12 +167,12 @@ def model_inputs(settings: ModelSettings) -> dict[str, Any]:
 
 def write_run_json(ctx: RunContext, bdigest: str) -> None:
     """Record the run's inputs in run.json, keeping whatever the export stage wrote there."""
+    from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION
+    from pipeline.artifacts.schemas import load_document
     from pipeline.models import ROLES
-    from pipeline.run_info import RUN_SCHEMA_VERSION
-    from pipeline.schemas import load_document
 
     path = ctx.run_dir / "run.json"
-    # through pipeline.schemas: a newer run.json is refused rather than rewritten as an older one
+    # through pipeline.artifacts.schemas: a newer run.json is refused rather than rewritten as an older one
     data: dict[str, Any] = load_document(path, "run")[0] if path.is_file() else {}
     data.setdefault("schema_version", RUN_SCHEMA_VERSION)
     data.setdefault("run_id", ctx.run_dir.name)
@@ -208,7 +208,7 @@ def stage_inputs(name: str, ctx: RunContext, bdigest: str, upstream: tuple[str, 
 def stage_outputs(name: str, ctx: RunContext) -> dict[str, str] | None:
     """Digests of a stage's outputs (None when one is missing)."""
     if name == "export":
-        from pipeline.ledger import ir_digest
+        from pipeline.state.ledger import ir_digest
 
         return {"ir.duckdb#content": ir_digest(ctx.ir_path)} if ctx.ir_path.is_file() else None
     return Ledger(ctx.run_dir).output_digests(STAGE_OUTPUTS.get(name, ()))
@@ -236,7 +236,7 @@ def _archive(ctx: RunContext, name: str, entry_outputs: dict[str, str]) -> None:
 
 def _record_ir_cells(ctx: RunContext, ledger: Ledger) -> None:
     """After export: one ledger entry per cell's IR digest; a changed cell invalidates its model results."""
-    from pipeline.ledger import ir_cell_digests
+    from pipeline.state.ledger import ir_cell_digests
 
     now = ir_cell_digests(ctx.ir_path)
     for name in ledger.names_for_stage("export"):
@@ -468,7 +468,7 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
         result.ran.append(name)
         upstream = (name, fingerprint(inputs, outputs))
         log(f"[{name}] {summary}")
-    from pipeline.blocking import resolve_block_receipt
+    from pipeline.state.blocking import resolve_block_receipt
 
     resolve_block_receipt(ctx.run_dir)
     if any(n == "sol" for n, _ in STAGES):
@@ -478,7 +478,7 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
 
 def _blocked(ctx: RunContext, stage: str, exc: Blocked) -> Blocked:
     """Write the block receipt and return the one-line error the CLI prints (exit 3)."""
-    from pipeline.blocking import write_block_receipt
+    from pipeline.state.blocking import write_block_receipt
 
     unblock = _unblock_command(ctx, exc)
     if not exc.tried:  # the attempt itself, with its real outcome

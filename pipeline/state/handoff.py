@@ -5,7 +5,7 @@ Progress: created → exported → patterns → aggregated → rootCausesMined, 
 ``proposalGeneration`` (not_started → done) and ``proposalSelection``
 (not_started → pending → selected / none / redo). Every change bumps ``revision``; an update
 that changes nothing does not. Gate decisions are compare-and-set on that revision
-(:mod:`pipeline.gates`). All writes happen under one exclusive lock file per run.
+(:mod:`pipeline.gates.gate1`). All writes happen under one exclusive lock file per run.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.canonical import read_json, write_json
-from pipeline.errors import NeedsRebase
+from pipeline.core.canonical import read_json, write_json
+from pipeline.core.errors import NeedsRebase
 
 HANDOFF_FILE = "handoff.json"
 LOCK_FILE = ".lunasol.lock"
@@ -88,7 +88,9 @@ def load(run_dir: Path) -> Handoff:
     path = run_dir / HANDOFF_FILE
     if not path.is_file():
         return Handoff(run_id=run_dir.name)
-    from pipeline.schemas import load_artifact  # newer refused (exit 2), older upgraded by numbered migrations
+    from pipeline.artifacts.schemas import (
+        load_artifact,  # newer refused (exit 2), older upgraded by numbered migrations
+    )
 
     loaded = load_artifact(path, "handoff")
     assert isinstance(loaded, Handoff)

@@ -26,7 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 import pipeline
-from pipeline.canonical import digest, read_json, sha256_file, write_json
+from pipeline.core.canonical import digest, read_json, sha256_file, write_json
 
 LEDGER_FILE = "ledger.json"
 LEDGER_LOCK = ".ledger.lock"
@@ -120,7 +120,9 @@ class Ledger:
     def _load(self) -> LedgerData:
         if not self.path.is_file():
             return LedgerData()
-        from pipeline.schemas import load_artifact  # newer refused (exit 2), older upgraded by numbered migrations
+        from pipeline.artifacts.schemas import (
+            load_artifact,  # newer refused (exit 2), older upgraded by numbered migrations
+        )
 
         loaded = load_artifact(self.path, "ledger")
         assert isinstance(loaded, LedgerData)

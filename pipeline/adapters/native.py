@@ -17,8 +17,8 @@ import orjson
 
 from pipeline.bundle.manifest import MANIFEST_FILE, Manifest, _stat_key, read_frozen, resolve_in_bundle
 from pipeline.bundle.request import CellSpec, check_relative
-from pipeline.canonical import canonical_json, sha256_bytes
-from pipeline.errors import BundleError
+from pipeline.core.canonical import canonical_json, sha256_bytes
+from pipeline.core.errors import BundleError
 from pipeline.ir.events import SourceEvent
 from pipeline.ir.schema import TEXT_LIMIT, trim_text
 
@@ -50,7 +50,7 @@ _FLOAT_RISK = re.compile(rb"\d[eE]|0\.0000|null")
 
 
 def canonical_args(args: Any) -> str:
-    """``pipeline.canonical.canonical_json(args)``, fast (orjson) when the result is provably identical."""
+    """``pipeline.core.canonical.canonical_json(args)``, fast (orjson) when the result is provably identical."""
     try:
         out = orjson.dumps(args, option=orjson.OPT_SORT_KEYS)
     except TypeError:
@@ -81,7 +81,7 @@ def tool_target(args: Any) -> str | None:
 
 
 def _stdlib_loads(raw: bytes, rel: str, n: int, exc: Exception) -> Any:
-    # pipeline.canonical writes NaN/Infinity (json.dumps does), which orjson refuses: ask the
+    # pipeline.core.canonical writes NaN/Infinity (json.dumps does), which orjson refuses: ask the
     # standard parser before calling the line invalid. What is not valid Unicode (an escaped lone
     # surrogate) stays an error: it could not be hashed or stored as text.
     try:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline import handoff as hf
-from pipeline.blocking import read_block_receipt
-from pipeline.ledger import Ledger
+from pipeline.state import handoff as hf
+from pipeline.state.blocking import read_block_receipt
+from pipeline.state.ledger import Ledger
 
 
 def _shortlist_rows(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
-    from pipeline.errors import BadInput
+    from pipeline.core.errors import BadInput
     from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 
     path = run_dir / SHORTLIST_FILE
@@ -83,7 +83,7 @@ def _selection(run_dir: Path) -> dict[str, Any] | None:
     """Gate-2 state, which always says that a selection does not authorise implementation."""
     if not (run_dir / "proposals.yaml").is_file():
         return None
-    from pipeline.proposals.selection import selection_status
+    from pipeline.gates.gate1.gate2 import selection_status
 
     return selection_status(run_dir)
 

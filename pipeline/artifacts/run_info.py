@@ -1,7 +1,7 @@
 """``runs/<id>/run.json``: what a run was made from (bundle, models, templates, versions).
 
 Two writers share the file: the export (:mod:`pipeline.ir.export`: bundle, digest, IR counts) and
-the runner (:mod:`pipeline.runner`: ``inputs``). Each updates its own keys and keeps the rest, so
+the runner (:mod:`pipeline.run.runner`: ``inputs``). Each updates its own keys and keeps the rest, so
 the model allows extra keys; every known key is optional because a run directory may hold only
 the export's part (``lunasol export``) or only the runner's.
 """

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline.errors import BadInput
+from pipeline.core.errors import BadInput
 
 Mode = Literal["live", "record", "replay"]
 

@@ -23,10 +23,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline import handoff as hf
-from pipeline.canonical import atomic_create_bytes, digest, pretty_json, read_json, sha256_file
-from pipeline.errors import BadInput, Blocked, NeedsRebase
-from pipeline.ledger import Ledger
+from pipeline.core.canonical import atomic_create_bytes, digest, pretty_json, read_json, sha256_file
+from pipeline.core.errors import BadInput, Blocked, NeedsRebase
+from pipeline.state import handoff as hf
+from pipeline.state.ledger import Ledger
 
 GATES_DIR = "gates"
 RECEIPT_SCHEMA_VERSION = 1
@@ -74,7 +74,7 @@ def default_operation_id(gate: str, subject_digest: str, request: Mapping[str, A
 
 def _load_receipt(path: Path) -> Receipt:
     # Through the schema registry: a receipt written by a newer lunasol is refused, an older one upgraded.
-    from pipeline.schemas import load_artifact
+    from pipeline.artifacts.schemas import load_artifact
 
     receipt = load_artifact(path, "gate-receipt")
     assert isinstance(receipt, Receipt)

@@ -15,9 +15,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline import SCHEMA_VERSION
-from pipeline.canonical import atomic_write_text
-from pipeline.errors import BadInput
-from pipeline.proposals.card import FIELD_ORDER, ProposalCard
+from pipeline.artifacts.proposal_card import FIELD_ORDER, ProposalCard
+from pipeline.core.canonical import atomic_write_text
+from pipeline.core.errors import BadInput
 
 WRAPPER_KEYS = frozenset({"proposals", "schema_version"})
 PROPOSALS_SCHEMA_VERSION = SCHEMA_VERSION
