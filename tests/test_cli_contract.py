@@ -85,8 +85,9 @@ def test_version() -> None:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo replayed up to gate 1 (library call); tests that change a run work on a copy."""
+    from pipeline.core.context import RunOptions
     from pipeline.core.settings import ModelSettings
-    from pipeline.run.runner import RunOptions, run
+    from pipeline.run.runner import run
 
     runs = tmp_path_factory.mktemp("contract") / "runs"
     settings = ModelSettings.from_env(mode="replay", store=DEMO_RECORDINGS)
@@ -335,7 +336,7 @@ def test_unexpected_exception_is_one_line_unless_debug(monkeypatch: pytest.Monke
     def boom(_run_dir: Path) -> dict[str, Any]:
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr(pipeline.run.status, "status", boom)
+    monkeypatch.setattr(pipeline.cli.gates, "status", boom)
     monkeypatch.delenv("LUNASOL_DEBUG", raising=False)
     res = CliRunner().invoke(app, ["status", str(demo)])
     _one_line_error(res, EXIT_INTERNAL, "internal error: ZeroDivisionError")
@@ -357,7 +358,7 @@ def test_validation_error_reaching_the_boundary_is_bad_input(monkeypatch: pytest
         Strict.model_validate({"n": "many"})
         return {}
 
-    monkeypatch.setattr(pipeline.run.status, "status", bad)
+    monkeypatch.setattr(pipeline.cli.gates, "status", bad)
     res = CliRunner().invoke(app, ["status", str(demo)])
     _one_line_error(res, EXIT_BAD_INPUT, "invalid Strict: n:")
 
@@ -366,10 +367,12 @@ def test_validation_error_reaching_the_boundary_is_bad_input(monkeypatch: pytest
 
 
 def test_library_rejects_the_same_inputs(demo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.core.settings import ModelSettings, check_store
+    from pipeline.core.context import RunOptions
+    from pipeline.core.settings import ModelSettings
     from pipeline.ir.query import query
+    from pipeline.models.store import check_store
     from pipeline.report import write_report
-    from pipeline.run.runner import RunOptions, run
+    from pipeline.run.runner import run
 
     monkeypatch.delenv("LUNASOL_MODEL", raising=False)
     with pytest.raises(BadInput, match="invalid --concurrency"):
@@ -437,7 +440,7 @@ def test_interrupt_says_so(monkeypatch: pytest.MonkeyPatch, demo: Path) -> None:
     def interrupted(_run_dir: Path) -> dict[str, Any]:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline.run.status, "status", interrupted)
+    monkeypatch.setattr(pipeline.cli.gates, "status", interrupted)
     res = CliRunner().invoke(app, ["status", str(demo)])
     assert res.exit_code == 130
     assert res.stderr.startswith("lunasol: interrupted") and len(res.stderr.splitlines()) == 1
@@ -450,6 +453,6 @@ def test_closed_pipe_is_quiet(monkeypatch: pytest.MonkeyPatch, demo: Path) -> No
     def closed(_run_dir: Path) -> dict[str, Any]:
         raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr(pipeline.run.status, "status", closed)
+    monkeypatch.setattr(pipeline.cli.gates, "status", closed)
     res = CliRunner().invoke(app, ["status", str(demo)])
     assert res.exit_code == 1 and "BrokenPipeError" not in res.stderr

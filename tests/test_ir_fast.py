@@ -15,11 +15,11 @@ import duckdb
 import pytest
 
 import pipeline.ir.export as ex
-from pipeline.adapters.native import IllTyped
 from pipeline.bundle import freeze
 from pipeline.bundle.synth import tree_snapshot, write_bundle
 from pipeline.core.errors import BadInput, BundleError
 from pipeline.ir.export import export
+from pipeline.ir.fast import IllTyped
 from pipeline.ir.store import TABLES
 
 _VALUES: list[Any] = [

@@ -12,10 +12,11 @@ from typer.testing import CliRunner
 
 from pipeline.cli.app import app
 from pipeline.core.canonical import read_json
+from pipeline.core.context import RunOptions
 from pipeline.core.errors import Blocked, NeedsRebase
 from pipeline.gates import gate1 as gates
 from pipeline.models import read_calls
-from pipeline.run.runner import RunOptions, run
+from pipeline.run.runner import run
 from pipeline.state import handoff as hf
 from pipeline.state.ledger import CellResults, Ledger, cell_key
 from pipeline.testing.openai_server import FakeOpenAI, Reply, completion_body, server_error

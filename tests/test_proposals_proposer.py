@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import yaml
 from cards.fixture_run import make_run
-from pipeline.gates.gate1.gate2 import select, selection_status
 from typer.testing import CliRunner
 
 from pipeline.cli.app import app
 from pipeline.core.canonical import read_json, sha256_file
 from pipeline.core.errors import Blocked, NeedsRebase
 from pipeline.core.settings import ModelSettings
+from pipeline.gates.gate2 import select, selection_status
 from pipeline.proposals.proposer import PROPOSALS_FILE, VALIDATION_FILE, propose, run_model_settings
 from pipeline.state import handoff as hf
 from pipeline.testing.openai_server import FakeOpenAI, Reply, answer

@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from pipeline.bundle.manifest import freeze
 from pipeline.core.canonical import canonical_json, sha256_text, write_json
 
 STAGES = ("proposal", "design", "implementation", "review")
@@ -122,8 +123,6 @@ def write_bundle(
     write_json(root / "analysis-request.json", request)
     _jsonl(root / "sidecar" / "outcomes.jsonl", outcomes)
     if freeze_it:
-        from pipeline.bundle.manifest import freeze
-
         freeze(root)
     return total
 

@@ -20,6 +20,7 @@ from pipeline.core.errors import BadInput
 from pipeline.diff.artifacts import Row, RunArtifacts, load_run
 from pipeline.diff.compare import call_totals, validation_by_id, validation_summary
 from pipeline.diff.match import EVENT_ID_RE, REF_RE, cited_ids
+from pipeline.models.calllog import summarise
 from pipeline.report.evidence import EvidenceReader, Snippet
 from pipeline.run.index import run_state
 
@@ -100,8 +101,6 @@ def _calls_summary(arts: RunArtifacts) -> dict[str, Any] | None:
     if arts.calls is None:
         return None
     try:
-        from pipeline.models.calllog import summarise
-
         summary: dict[str, Any] = summarise(arts.path)
     except ImportError:  # the model layer is optional for reading a run
         t = call_totals(arts.calls)

@@ -13,8 +13,11 @@ from typing import Any
 
 import pytest
 
+from pipeline.core import offline
 from pipeline.core.settings import ModelSettings
 from pipeline.testing.openai_server import FakeOpenAI
+
+offline.apply()  # the plugin loads before any test module imports litellm
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,10 @@ from pathlib import Path
 
 from pipeline.artifacts.proposal_card import ProposalCard
 from pipeline.core.canonical import read_json
-from pipeline.core.errors import BadInput, Blocked
+from pipeline.core.errors import BadInput, Blocked, LunasolError
+from pipeline.gates.gate1 import confirmed_weaknesses
+from pipeline.ir.refs import resolve_ref
+from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 from pipeline.validator.findings import TextField
 from pipeline.validator.quantities import CELL_REF
 
@@ -81,8 +84,6 @@ class RunFacts:
             return {}
         if "bundle" not in read_json(self.run_dir / "run.json"):
             return {}  # a run without a recorded bundle has nothing to resolve refs against
-        from pipeline.core.errors import LunasolError
-        from pipeline.ir.refs import resolve_ref
 
         out: dict[str, str] = {}
         for ref in sorted(refs):
@@ -95,9 +96,6 @@ class RunFacts:
 
 def load_run_facts(run_dir: Path) -> RunFacts:
     """Read a run's facts defensively; a missing or unreadable run is BadInput (exit 2)."""
-    from pipeline.gates.gate1 import confirmed_weaknesses
-    from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
-
     if not run_dir.is_dir():
         raise BadInput(f"run directory not found: {run_dir}")
     parent: str | None = None
