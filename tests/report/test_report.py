@@ -13,11 +13,11 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from tests.diff.test_diff import CONTROLLER_REF, HOSTILE, build_run, hostile_event  # the synthetic run builder
 from typer.testing import CliRunner
 
 from pipeline.cli.app import app
 from pipeline.report import render_report, write_report
+from tests.diff.test_diff import CONTROLLER_REF, HOSTILE, build_run, hostile_event  # the synthetic run builder
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

@@ -7,11 +7,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tests.diff.test_diff import build_run  # the synthetic run builder
 from typer.testing import CliRunner
 
 from pipeline.cli.app import app
 from pipeline.run.index import list_runs
+from tests.diff.test_diff import build_run  # the synthetic run builder
 
 
 @pytest.fixture(scope="module")
