@@ -112,6 +112,8 @@ REGISTRY: dict[str, ArtifactSchema] = {
            "one logical model call per line", kind="jsonl-row"),
         _a("block-receipt", "block-receipt.json", "pipeline.blocking:BlockReceipt", "pipeline.blocking",
            "why a run cannot go on, what was tried, the command that unblocks"),
+        _a("followup", "followup.json", "pipeline.followup.model:Followup", "pipeline.followup",
+           "the parent's selected proposal judged on the next generation's run, bound by digest to both"),
         _a("recording", "<store>/<hex[:2]>/<hex>.json", "pipeline.models.store:Recording", "pipeline.models",
            "one recorded model exchange (raw request and response)"),
     )

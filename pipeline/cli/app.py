@@ -110,9 +110,9 @@ def _root(
 
 def _register() -> None:
     # Each module adds its verbs; imports stay cheap (heavy libraries load inside commands).
-    from pipeline.cli import bundle, calls, datasets, gates, ir, proposals, review, run, schema
+    from pipeline.cli import bundle, calls, datasets, followup, gates, ir, proposals, review, run, schema
 
-    for module in (bundle, ir, run, calls, gates, proposals, review, datasets, schema):
+    for module in (bundle, ir, run, calls, gates, proposals, followup, review, datasets, schema):
         module.register(app)
 
 
