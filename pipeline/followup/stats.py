@@ -73,6 +73,11 @@ def _r(x: float | None, nd: int = 6) -> float | None:
     return None if x is None or math.isnan(x) else round(x, nd)
 
 
+def _p(x: float | None) -> float | None:
+    # p-values keep 4 significant digits (a tiny p must not print as 0).
+    return None if x is None or math.isnan(x) else float(f"{x:.4g}")
+
+
 def z_pooled(a_hits: int, a_n: int, b_hits: int, b_n: int) -> float | None:
     """The pooled two-proportion z of (b - a); None when both rates are 0 or both 1 (no variance)."""
     if a_n <= 0 or b_n <= 0:
@@ -150,7 +155,7 @@ def two_proportions(
     ci = (max(-1.0, diff - half), min(1.0, diff + half))
     return ProportionTest(
         a_hits=a_hits, a_n=a_n, b_hits=b_hits, b_n=b_n, a_rate=_r(pa), b_rate=_r(pb), difference=_r(diff),
-        ci95=(_r(ci[0]) or 0.0, _r(ci[1]) or 0.0), z=_r(z, 4), p_z=_r(p_z), p_fisher=_r(p_fisher),
+        ci95=(_r(ci[0]) or 0.0, _r(ci[1]) or 0.0), z=_r(z, 4), p_z=_p(p_z), p_fisher=_p(p_fisher),
         significant=p_fisher < ALPHA, predicted=predicted, mdd=_r(mdd, 4), power_at_full_change=_r(full, 4),
         powered=mdd is not None,
     )  # fmt: skip
@@ -158,7 +163,7 @@ def two_proportions(
 
 def two_means(a: list[float], b: list[float]) -> MeanTest:
     """Welch's t-test of mean(b) - mean(a), its 95% interval, and the MDD at 80% power."""
-    from scipy.stats import norm, t as t_dist, ttest_ind  # type: ignore[import-untyped]
+    from scipy.stats import norm, t as t_dist  # type: ignore[import-untyped]
 
     na, nb = len(a), len(b)
     ma = sum(a) / na if na else None
@@ -174,13 +179,15 @@ def two_means(a: list[float], b: list[float]) -> MeanTest:
     if se == 0:
         return MeanTest(a_n=na, b_n=nb, a_mean=_r(ma), b_mean=_r(mb), difference=_r(diff), ci95=(_r(diff) or 0.0,
                         _r(diff) or 0.0), t=None, p=None, significant=False, mdd=0.0)  # fmt: skip
-    res = ttest_ind(b, a, equal_var=False)
+    # Welch-Satterthwaite degrees of freedom; computed here rather than by scipy's ttest_ind, which warns
+    # (and loses precision) when one side has no variance, as a metric that every child cell shares does.
     dof = (va / na + vb / nb) ** 2 / ((va / na) ** 2 / (na - 1) + (vb / nb) ** 2 / (nb - 1))
+    t_stat = diff / se
     half = float(t_dist.ppf(1 - ALPHA / 2, dof)) * se
     mdd = (float(norm.ppf(1 - ALPHA / 2)) + float(norm.ppf(POWER))) * se
-    p = float(res.pvalue)
+    p = float(2 * t_dist.sf(abs(t_stat), dof))
     return MeanTest(
         a_n=na, b_n=nb, a_mean=_r(ma), b_mean=_r(mb), difference=_r(diff),
-        ci95=(_r(diff - half) or 0.0, _r(diff + half) or 0.0), t=_r(float(res.statistic), 4), p=_r(p),
+        ci95=(_r(diff - half) or 0.0, _r(diff + half) or 0.0), t=_r(t_stat, 4), p=_p(p),
         significant=p < ALPHA, mdd=_r(mdd, 4),
     )  # fmt: skip
