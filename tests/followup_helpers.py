@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from pipeline.canonical import read_json
+from pipeline.core.canonical import read_json
 from pipeline.testing.openai_server import Reply, completion_body
 
 S_STATE = "sha256:" + "5" * 64
@@ -239,7 +239,7 @@ class Script:
 
 def analyse(bundle: Path, runs_dir: Path, run_id: str, script: Script, settings: Any, planted: set[str]) -> Path:
     """Run the real pipeline on ``bundle`` up to gate 1 with the scripted model; return the run dir."""
-    from pipeline.runner import RunOptions, run
+    from pipeline.run.runner import RunOptions, run
 
     script.run_id, script.planted_cells = run_id, planted
     run(RunOptions(bundle=bundle, run_id=run_id, runs_dir=runs_dir, models=settings), log=lambda _m: None)
@@ -248,10 +248,10 @@ def analyse(bundle: Path, runs_dir: Path, run_id: str, script: Script, settings:
 
 def through_both_gates(run_dir: Path, settings: Any, proposal_id: str = "P-01") -> None:
     """Gate 1 (confirm every weakness), propose with the scripted proposer, gate 2 (select ``proposal_id``)."""
-    from pipeline import gates
-    from pipeline import handoff as hf
+    from pipeline.gates import gate1 as gates
+    from pipeline.state import handoff as hf
     from pipeline.proposals.proposer import propose
-    from pipeline.proposals.selection import select
+    from pipeline.gates.gate2 import select
 
     h = hf.load(run_dir)
     ids = [w["weakness_id"] for w in read_json(run_dir / "weakness-shortlist.json")["weaknesses"]]

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.canonical import pretty_json, read_json, sha256_file
+from pipeline.core.canonical import pretty_json, read_json, sha256_file
 from pipeline.cli.app import app
-from pipeline.errors import BadInput
+from pipeline.core.errors import BadInput
 from pipeline.followup import followup, read_followup, two_means, two_proportions, z_from_rates
 from pipeline.followup.conditions import predicted_direction
 from pipeline.followup.core import decide
@@ -137,7 +137,7 @@ def test_verdict_rules() -> None:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory, _fake_llm_server: FakeOpenAI) -> dict[str, Any]:
     """A parent (W-01 shape in half of the cells) through both gates, and three children of it."""
-    from pipeline.settings import ModelSettings
+    from pipeline.core.settings import ModelSettings
 
     root = tmp_path_factory.mktemp("followup")
     runs = root / "runs"

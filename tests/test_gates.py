@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from pipeline import gates
-from pipeline import handoff as hf
 from pipeline.cli.app import app
-from pipeline.errors import BadInput, Blocked, NeedsRebase
-from pipeline.ledger import Ledger
+from pipeline.core.errors import BadInput, Blocked, NeedsRebase
+from pipeline.gates import gate1 as gates
 from pipeline.sol.cards import WeaknessDraft
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist, write_shortlist
 from pipeline.sol.stage import make_shortlist
+from pipeline.state import handoff as hf
+from pipeline.state.ledger import Ledger
 from tests.sol_helpers import draft, index
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import handoff as hf
-from pipeline.canonical import write_json
-from pipeline.errors import BadInput, NeedsRebase
+from pipeline.core.canonical import write_json
+from pipeline.core.errors import BadInput, NeedsRebase
+from pipeline.state import handoff as hf
 
 
 def test_revision_moves_only_on_change(tmp_path: Path) -> None:

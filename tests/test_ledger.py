@@ -10,14 +10,15 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from pipeline import gates
-from pipeline import handoff as hf
-from pipeline.canonical import read_json
 from pipeline.cli.app import app
-from pipeline.errors import Blocked, NeedsRebase
-from pipeline.ledger import CellResults, Ledger, cell_key
+from pipeline.core.canonical import read_json
+from pipeline.core.context import RunOptions
+from pipeline.core.errors import Blocked, NeedsRebase
+from pipeline.gates import gate1 as gates
 from pipeline.models import read_calls
-from pipeline.runner import RunOptions, run
+from pipeline.run.runner import run
+from pipeline.state import handoff as hf
+from pipeline.state.ledger import CellResults, Ledger, cell_key
 from pipeline.testing.openai_server import FakeOpenAI, Reply, completion_body, server_error
 from tests.sol_helpers import change_cell, make_bundle
 
@@ -252,7 +253,7 @@ def test_resume_refuses_a_changed_bundle(setup: dict[str, Any]) -> None:
     run(setup["opts"], log=lambda _m: None)
     change_cell(setup["bundle"], "C001")
     setup["opts"].resume = True
-    from pipeline.errors import BadInput
+    from pipeline.core.errors import BadInput
 
     with pytest.raises(BadInput, match="bundle changed"):
         run(setup["opts"], log=lambda _m: None)
@@ -260,7 +261,7 @@ def test_resume_refuses_a_changed_bundle(setup: dict[str, Any]) -> None:
 
 
 def test_bad_bundle_leaves_no_run_directory(setup: dict[str, Any]) -> None:
-    from pipeline.errors import BundleError
+    from pipeline.core.errors import BundleError
 
     (setup["bundle"] / "cells" / "C001" / "controller.jsonl").write_text("changed\n", encoding="utf-8")  # not re-frozen
     with pytest.raises(BundleError):
@@ -269,8 +270,8 @@ def test_bad_bundle_leaves_no_run_directory(setup: dict[str, Any]) -> None:
 
 
 def test_a_second_concurrent_run_is_refused(setup: dict[str, Any]) -> None:
-    from pipeline.errors import BadInput
-    from pipeline.runner import _exclusive_run
+    from pipeline.core.errors import BadInput
+    from pipeline.run.runner import _exclusive_run
 
     d = setup["run_dir"]
     d.mkdir(parents=True)

@@ -17,13 +17,13 @@ import yaml
 from cards.fixture_run import make_run
 from typer.testing import CliRunner
 
-from pipeline import handoff as hf
-from pipeline.canonical import read_json, sha256_file
 from pipeline.cli.app import app
-from pipeline.errors import Blocked, NeedsRebase
+from pipeline.core.canonical import read_json, sha256_file
+from pipeline.core.errors import Blocked, NeedsRebase
+from pipeline.core.settings import ModelSettings
+from pipeline.gates.gate2 import select, selection_status
 from pipeline.proposals.proposer import PROPOSALS_FILE, VALIDATION_FILE, propose, run_model_settings
-from pipeline.proposals.selection import select, selection_status
-from pipeline.settings import ModelSettings
+from pipeline.state import handoff as hf
 from pipeline.testing.openai_server import FakeOpenAI, Reply, answer
 from pipeline.validator import validate_file
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from pipeline import handoff as hf
 from pipeline.cli.app import app
-from pipeline.ledger import Ledger
-from pipeline.status import gate_report, status
+from pipeline.run.status import gate_report, status
+from pipeline.state import handoff as hf
+from pipeline.state.ledger import Ledger
 from tests.test_gates import open_gate
 
 

@@ -7,6 +7,10 @@ import sys
 import typer
 
 from pipeline.cli.common import JSON_OPTION, check_digest, emit_json, moves_run, resolve_run
+from pipeline.core.errors import BadInput
+from pipeline.gates import gate1 as gates
+from pipeline.run.status import format_shortlist, format_status, status
+from pipeline.state import handoff as hf
 
 
 def on_terminal() -> bool:
@@ -36,11 +40,6 @@ def register(app: typer.Typer) -> None:
         A compare-and-set on the handoff revision and the shortlist digest: if either changed since
         you looked, it refuses with needs_rebase (exit 4). Silence is never approval.
         """
-        from pipeline import gates
-        from pipeline import handoff as hf
-        from pipeline.errors import BadInput
-        from pipeline.status import format_shortlist, status
-
         run_dir = resolve_run(run)
         check_digest(digest)
         # What the decider sees now is the base of the compare-and-set.
@@ -95,8 +94,6 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ) -> None:
         """The run's state machine, its ledger, and the exact next command."""
-        from pipeline.status import format_status, status
-
         s = status(resolve_run(run))
         if as_json:
             emit_json(s)

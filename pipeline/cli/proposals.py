@@ -7,7 +7,15 @@ from pathlib import Path
 import typer
 
 from pipeline.cli.common import JSON_OPTION, check_digest, emit_json, moves_run, resolve_run
-from pipeline.errors import BadInput, Findings
+from pipeline.core.errors import BadInput, Findings
+from pipeline.gates import gate1 as gates
+from pipeline.gates.gate2 import NOT_AUTHORISATION, Choice
+from pipeline.gates.gate2 import select as do_select
+from pipeline.models.store import check_store
+from pipeline.proposals.proposer import propose as do_propose
+from pipeline.proposals.proposer import run_model_settings
+from pipeline.state import handoff as hf
+from pipeline.validator import validate_file
 
 
 def validate(
@@ -18,8 +26,6 @@ def validate(
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Validate proposal cards deterministically; exit 0 all valid, 1 some invalid, 2 unreadable."""
-    from pipeline.validator import validate_file
-
     run_dir = resolve_run(run) if run else None
     result = validate_file(file, run_dir)
     counts = result.as_dict()["counts"]
@@ -51,11 +57,6 @@ def propose(
     Uses the run's model settings (run.json) unless overridden. Refuses (exit 3) until gate 1 has a
     receipt for the current shortlist.
     """
-    from pipeline import handoff as hf
-    from pipeline.proposals.proposer import propose as do_propose
-    from pipeline.proposals.proposer import run_model_settings
-    from pipeline.settings import check_store
-
     if replay and record:
         raise BadInput("--replay and --record exclude each other")
     run_dir = resolve_run(run)
@@ -105,11 +106,6 @@ def select(
     A compare-and-set on the handoff revision and the proposals digest: if either changed since you
     looked, it refuses with needs_rebase (exit 4).
     """
-    from pipeline import gates
-    from pipeline import handoff as hf
-    from pipeline.proposals.selection import NOT_AUTHORISATION, Choice
-    from pipeline.proposals.selection import select as do_select
-
     if sum([proposal is not None, none, redo]) != 1:
         raise BadInput("choose exactly one of --proposal P-.., --none or --redo")
     if not by:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.canonical import atomic_write_text, pretty_json
+from pipeline.core.canonical import atomic_write_text, pretty_json
 from pipeline.followup.conditions import evaluate_conditions, metric_results, predicted_direction
 from pipeline.followup.inputs import RunSide, check_lineage, load_selection, load_side
 from pipeline.followup.model import (
@@ -137,7 +137,7 @@ def followup(parent_dir: Path, proposal_id: str, child_dir: Path, out: Path | No
     check_lineage(parent, child, card)
     weakness = next((w for w in parent.shortlist.weaknesses if w.weakness_id == card.source_weakness), None)
     if weakness is None:
-        from pipeline.errors import BadInput
+        from pipeline.core.errors import BadInput
 
         raise BadInput(f"parent run {parent_dir}: {proposal_id}'s weakness {card.source_weakness} is not in its shortlist")
     fams = families(parent, child)
@@ -197,11 +197,9 @@ def _child_binding(side: RunSide) -> ChildBinding:
 
 def read_followup(run_dir: Path) -> Followup | None:
     """The run's followup.json (for the report and status), or None when it has none."""
-    from pipeline.schemas import load_artifact
+    from pipeline.artifacts.schemas import load_artifact
 
     path = run_dir / FOLLOWUP_FILE
     if not path.is_file():
         return None
-    doc = load_artifact(path, "followup")
-    assert isinstance(doc, Followup)
-    return doc
+    return load_artifact(path, "followup", Followup)

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.bundle.request import AnalysisRequest, load_request
-from pipeline.canonical import digest, read_json, sha256_file
-from pipeline.errors import BadInput, LunasolError
-from pipeline.proposals.card import ProposalCard
+from pipeline.core.canonical import digest, read_json, sha256_file
+from pipeline.core.errors import BadInput, LunasolError
+from pipeline.artifacts.proposal_card import ProposalCard
 from pipeline.sol.shortlist import Shortlist
 
 Row = dict[str, Any]
@@ -60,7 +60,7 @@ def _run_json(run_dir: Path) -> Row:
 
 def _bundle_of(run_dir: Path, run: Row, what: str) -> tuple[AnalysisRequest, str]:
     """The run's frozen bundle (request, digest), checked unchanged since the run read it."""
-    from pipeline.runner import bundle_digest
+    from pipeline.run.runner import bundle_digest
 
     rel, recorded = run.get("bundle"), run.get("bundle_digest")
     if not isinstance(rel, str) or not isinstance(recorded, str):
@@ -132,9 +132,9 @@ def load_side(run_dir: Path, what: str) -> RunSide:
 
 def load_selection(parent_dir: Path, proposal_id: str) -> Selection:
     """The parent's gate-2 selection of ``proposal_id``, checked against the current proposals.yaml."""
-    from pipeline import handoff as hf
-    from pipeline.gates import Receipt
-    from pipeline.proposals.io import read_entries
+    from pipeline.state import handoff as hf
+    from pipeline.gates.gate1 import Receipt
+    from pipeline.artifacts.proposals_file import read_entries
 
     h = hf.load(parent_dir)
     rel = h.receipts.get("gate2")

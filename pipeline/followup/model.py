@@ -6,11 +6,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.canonical import digest
+from pipeline.artifacts.versions import VERSIONS
+from pipeline.core.canonical import digest
 from pipeline.followup.stats import Direction, MeanTest, ProportionTest
 
 FOLLOWUP_FILE = "followup.json"
-FOLLOWUP_SCHEMA_VERSION = 1
+FOLLOWUP_SCHEMA_VERSION = VERSIONS["followup"]
 
 Verdict = Literal["supported", "rejected", "inconclusive"]
 ConditionStatus = Literal["triggered", "not_triggered", "undetermined"]

@@ -60,7 +60,7 @@ def targeted_change(
     by_id = {str(g.get("group_id")): g for g in parent.groups}
     missing = [g for g in group_ids if g not in by_id]
     if missing:
-        from pipeline.errors import BadInput
+        from pipeline.core.errors import BadInput
 
         raise BadInput(f"parent run {parent.run_dir}: the weakness cites groups {', '.join(missing)} it does not have")
     targets = [by_id[g] for g in group_ids]

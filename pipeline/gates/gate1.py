@@ -23,13 +23,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline import handoff as hf
-from pipeline.canonical import atomic_create_bytes, digest, pretty_json, read_json, sha256_file
-from pipeline.errors import BadInput, Blocked, NeedsRebase
-from pipeline.ledger import Ledger
+from pipeline.artifacts.run_info import run_command
+from pipeline.artifacts.schemas import load_artifact
+from pipeline.artifacts.versions import VERSIONS
+from pipeline.core.canonical import atomic_create_bytes, digest, pretty_json, read_json, sha256_file
+from pipeline.core.errors import BadInput, Blocked, NeedsRebase
+from pipeline.sol.shortlist import read_shortlist
+from pipeline.state import handoff as hf
+from pipeline.state.ledger import Ledger
 
 GATES_DIR = "gates"
-RECEIPT_SCHEMA_VERSION = 1
+RECEIPT_SCHEMA_VERSION = VERSIONS["gate-receipt"]
 
 
 class Subject(BaseModel):
@@ -74,11 +78,7 @@ def default_operation_id(gate: str, subject_digest: str, request: Mapping[str, A
 
 def _load_receipt(path: Path) -> Receipt:
     # Through the schema registry: a receipt written by a newer lunasol is refused, an older one upgraded.
-    from pipeline.schemas import load_artifact
-
-    receipt = load_artifact(path, "gate-receipt")
-    assert isinstance(receipt, Receipt)
-    return receipt
+    return load_artifact(path, "gate-receipt", Receipt)
 
 
 def commit(
@@ -213,8 +213,6 @@ SHORTLIST = "weakness-shortlist.json"
 
 def shortlist_digest(run_dir: Path) -> str:
     """The shortlist's own digest (the ``digest`` field, checked against its content)."""
-    from pipeline.sol.shortlist import read_shortlist
-
     return read_shortlist(run_dir / SHORTLIST).digest
 
 
@@ -265,12 +263,12 @@ def confirm(
         raise Blocked(
             f"no weakness shortlist in {run_dir}: gate 1 has nothing to decide on",
             reason="missing_data",
-            unblock=hf.run_command(run_dir),
+            unblock=run_command(run_dir),
         )
     if not ids:
         raise BadInput(
             "the shortlist holds no weakness: there is nothing to confirm (see its dropped list; "
-            f"rerun with another model or prompt: {hf.run_command(run_dir, resume=False)})"
+            f"rerun with another model or prompt: {run_command(run_dir, resume=False)})"
         )
     bad = {k: v for k, v in decisions.items() if v not in DECISIONS}
     if bad:
@@ -298,7 +296,7 @@ def confirm(
             raise Blocked(
                 f"gate 1 is not open: the run is at phase {h.phase}",
                 reason="missing_data",
-                unblock=hf.run_command(run_dir),
+                unblock=run_command(run_dir),
             )
         result: dict[str, Any] = {"userRootCauseConfirmation": outcome}
         if outcome in ("confirmed", "partially_confirmed"):
