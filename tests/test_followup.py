@@ -299,3 +299,83 @@ def test_a_child_without_lineage_is_refused(world: dict[str, Any], tmp_path: Pat
         (run / name).write_bytes((world["child-tiny"] / name).read_bytes())
     with pytest.raises(BadInput, match="does not say what it implements"):
         followup(world["parent"], "P-01", run)
+
+
+def test_the_child_report_has_a_followup_section_with_its_refs_embedded(world: dict[str, Any]) -> None:
+    from pipeline.report.build import render_report
+
+    child = world["child-one-left"]
+    doc = followup(world["parent"], "P-01", child).doc
+    html, stats = render_report(child)
+    assert 'id="followup"' in html and 'id="followup-verdict">rejected<' in html
+    assert stats["unresolved"] == 0 and stats["hash_mismatches"] == 0
+    for ref in doc.conditions[0].refs:
+        assert ref in html
+    # a run without followup.json has no such section
+    html, _ = render_report(world["parent"])
+    assert 'id="followup"' not in html
+
+
+def _has_proposer_recordings() -> bool:
+    from conftest import DEMO_RECORDINGS
+
+    return DEMO_RECORDINGS.is_dir() and any(
+        json.loads(p.read_text(encoding="utf-8")).get("role") == "proposer" for p in DEMO_RECORDINGS.glob("*/*.json")
+    )
+
+
+@pytest.mark.skipif(not _has_proposer_recordings(), reason="demo recordings hold no proposer exchange")
+def test_demo_parent_through_both_gates_then_24_child_cells(
+    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Any
+) -> None:
+    """The demo (replayed) selects P-02; a child of 8 families x 3 runs cannot support it: underpowered."""
+    import importlib.util
+    import shutil
+
+    from conftest import DEMO_BUNDLE, DEMO_RECORDINGS, ROOT
+
+    from pipeline.core.settings import ModelSettings
+    from pipeline.gates.gate2 import select
+    from pipeline.proposals.proposer import propose, run_model_settings
+    from pipeline.run import runner
+    from pipeline.state import handoff as hf
+
+    spec = importlib.util.spec_from_file_location("proposer_demo", ROOT / "fixtures" / "proposer_demo.py")
+    assert spec and spec.loader
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    store = tmp_path / "store"
+    shutil.copytree(DEMO_RECORDINGS, store)
+    runs = tmp_path / "runs"
+    res = runner.run(runner.RunOptions(bundle=DEMO_BUNDLE, runs_dir=runs, models=ModelSettings(mode="replay",
+                                                                                              store=store)))  # fmt: skip
+    parent = res.ctx.run_dir
+    demo.confirm_demo(parent)
+    propose(parent, run_model_settings(parent), log=lambda _m: None)
+    select(parent, choice="proposal", proposal_id="P-02", by="tester", expected_digest=hf.load(parent).proposals_digest)
+
+    families = [t["task_id"] for t in json.loads((DEMO_BUNDLE / "analysis-request.json").read_text())["tasks"]]
+    script = Script(runs)
+    fake_llm.handler = script
+    impl = {"parent_harness": "H0", "proposal_id": "P-02"}
+    b = write_generation(tmp_path / "b-child", run_id="child-demo", families=families, runs=3,
+                         planted=lambda f, r: False, harness="H1", generation=1, implements=impl)  # fmt: skip
+    child = analyse(b, runs, "child-demo", script, model_settings(), set())
+    doc = followup(parent, "P-02", child).doc
+    t = doc.targeted.overall
+    assert (t.a_hits, t.a_n, t.b_hits, t.b_n) == (3, 24, 0, 24)  # W-01's cells C004, C015, C018
+    assert {g.parent_group for g in doc.targeted.groups} == {"G010", "G011", "G015", "G016", "G019", "G020", "G021"}
+    assert not t.significant and t.mdd is None and t.power_at_full_change is not None
+    assert doc.verdict.verdict == "inconclusive" and "underpowered" in doc.verdict.reason
+    assert doc.verdict.covers == sorted(families)
+    checked = {c.index: c.status for c in doc.conditions if c.check}
+    assert checked.get(4) == "not_triggered" and checked.get(5) == "not_triggered"  # the unchanged re-check / loop
+    # the same child with the loop left in one cell: the condition is triggered, with the child's refs
+    b2 = write_generation(tmp_path / "b-child2", run_id="child-demo2", families=families, runs=3,
+                          planted=lambda f, r: f == 0 and r == 1, harness="H1", generation=1,
+                          implements=impl)  # fmt: skip
+    child2 = analyse(b2, runs, "child-demo2", script, model_settings(), {"C001"})
+    doc2 = followup(parent, "P-02", child2).doc
+    assert doc2.verdict.verdict == "rejected"
+    c4 = next(c for c in doc2.conditions if c.index == 4)
+    assert c4.status == "triggered" and c4.cells == ["C001"] and c4.refs
