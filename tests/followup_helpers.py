@@ -50,7 +50,7 @@ def _cell(d: Path, cell: str, task: str, run_id: str, harness: str, planted: boo
     ]  # fmt: skip
     if planted:
         s1.append({"ts": _ts(5), "session": sid + "1", "type": "message", "role": "reviewer",
-                   "content": "Blocker: design.md contradicts tasks.md; only the design owner can change it."})  # fmt: skip
+                   "content": "Blocker: design.md contradicts tasks.md; only its owner can change it."})  # fmt: skip
         ctrl += [
             {"ts": _ts(6), "event": "stage_sent_back", "stage": "review", "to": "reviewer", "reason": "re-review"},
             {"ts": _ts(7), "event": "stage_started", "stage": "review", "actor": "reviewer"},
@@ -249,9 +249,9 @@ def analyse(bundle: Path, runs_dir: Path, run_id: str, script: Script, settings:
 def through_both_gates(run_dir: Path, settings: Any, proposal_id: str = "P-01") -> None:
     """Gate 1 (confirm every weakness), propose with the scripted proposer, gate 2 (select ``proposal_id``)."""
     from pipeline.gates import gate1 as gates
-    from pipeline.state import handoff as hf
-    from pipeline.proposals.proposer import propose
     from pipeline.gates.gate2 import select
+    from pipeline.proposals.proposer import propose
+    from pipeline.state import handoff as hf
 
     h = hf.load(run_dir)
     ids = [w["weakness_id"] for w in read_json(run_dir / "weakness-shortlist.json")["weaknesses"]]

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.core.canonical import pretty_json, read_json, sha256_file
 from pipeline.cli.app import app
+from pipeline.core.canonical import pretty_json, read_json, sha256_file
 from pipeline.core.errors import BadInput
 from pipeline.followup import followup, read_followup, two_means, two_proportions, z_from_rates
 from pipeline.followup.conditions import predicted_direction
@@ -271,8 +271,9 @@ def test_refusals_are_one_line_and_write_nothing(world: dict[str, Any], tmp_path
     assert "no gate-2 selection" in line
     # a child whose request implements another proposal
     other = tmp_path / "b-other"
+    impl = {"parent_harness": "H0", "proposal_id": "P-02"}
     write_generation(other, run_id="child-other", families=FAMILIES[:1], runs=1, planted=lambda f, r: False,
-                     harness="H1", generation=1, implements={"parent_harness": "H0", "proposal_id": "P-02"})  # fmt: skip
+                     harness="H1", generation=1, implements=impl)  # fmt: skip
     runs = world["runs"]
     from pipeline.ir.export import export
 
@@ -347,8 +348,8 @@ def test_demo_parent_through_both_gates_then_24_child_cells(
     store = tmp_path / "store"
     shutil.copytree(DEMO_RECORDINGS, store)
     runs = tmp_path / "runs"
-    res = runner.run(runner.RunOptions(bundle=DEMO_BUNDLE, runs_dir=runs, models=ModelSettings(mode="replay",
-                                                                                              store=store)))  # fmt: skip
+    replay = ModelSettings(mode="replay", store=store)
+    res = runner.run(runner.RunOptions(bundle=DEMO_BUNDLE, runs_dir=runs, models=replay))
     parent = res.ctx.run_dir
     demo.confirm_demo(parent)
     propose(parent, run_model_settings(parent), log=lambda _m: None)

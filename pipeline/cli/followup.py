@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
         parent: str = typer.Argument(..., metavar="PARENT_RUN", help="The run whose gate 2 selected the proposal."),
         proposal: str = typer.Option(..., "--proposal", help="The selected proposal id, e.g. P-02."),
         child: str = typer.Option(..., "--child", metavar="CHILD_RUN", help="The next generation's analysis run."),
-        out: Path | None = typer.Option(None, "-o", "--output", help="Where to write (default CHILD_RUN/followup.json)."),
+        out: Path | None = typer.Option(None, "-o", "--output", help="Output file (default CHILD_RUN/followup.json)."),
         as_json: bool = JSON_OPTION,
     ) -> None:
         """Supported, rejected or inconclusive: prevalence of the targeted pattern, tests, power, conditions.

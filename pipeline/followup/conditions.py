@@ -148,7 +148,7 @@ def evaluate_conditions(
                 out.append(ConditionResult(index=i, condition=text, check="unchanged_recheck", status="triggered",
                                            reason=reason, cells=sorted(cells), refs=refs))  # fmt: skip
             else:
-                reason = f"no child cell (0/{n_child}) shows any of the weakness's repeat groups, matched by type and key"
+                reason = f"no child cell (0/{n_child}) shows any of the weakness's repeat groups (type and key)"
                 out.append(ConditionResult(index=i, condition=text, check="unchanged_recheck",
                                            status="not_triggered", reason=reason))  # fmt: skip
             continue
@@ -174,6 +174,6 @@ def evaluate_conditions(
                     reason=f"no significant regression to attribute ({said})",
                 ))  # fmt: skip
             continue
-        out.append(ConditionResult(index=i, condition=text, check=None, status="undetermined",
-                                   reason="no deterministic count speaks to this condition: for a human reviewer"))  # fmt: skip
+        human = "no deterministic count speaks to this condition: for a human reviewer"
+        out.append(ConditionResult(index=i, condition=text, check=None, status="undetermined", reason=human))
     return out

@@ -26,15 +26,16 @@ from pipeline.core.canonical import atomic_write_text, pretty_json
 from pipeline.followup.conditions import evaluate_conditions, metric_results, predicted_direction
 from pipeline.followup.inputs import RunSide, check_lineage, load_selection, load_side
 from pipeline.followup.model import (
+    FOLLOWUP_FILE,
     ChildBinding,
     ConditionResult,
     Families,
-    FOLLOWUP_FILE,
     Followup,
     MetricResult,
     ParentBinding,
     ProposalRef,
     TargetedChange,
+    Verdict,
     VerdictBlock,
 )
 from pipeline.followup.prevalence import families, targeted_change
@@ -81,9 +82,9 @@ def decide(
     predicted_sign = -1 if targeted.predicted == "down" else 1
     required = [m for m in metrics if m.required]
 
-    def block(verdict: str, reason: str) -> VerdictBlock:
+    def block(verdict: Verdict, reason: str) -> VerdictBlock:
         return VerdictBlock(
-            verdict=verdict,  # type: ignore[arg-type]
+            verdict=verdict,
             reason=reason,
             covers=fams.covered,
             does_not_cover=sorted(fams.parent_only + fams.child_only),
@@ -139,7 +140,7 @@ def followup(parent_dir: Path, proposal_id: str, child_dir: Path, out: Path | No
     if weakness is None:
         from pipeline.core.errors import BadInput
 
-        raise BadInput(f"parent run {parent_dir}: {proposal_id}'s weakness {card.source_weakness} is not in its shortlist")
+        raise BadInput(f"parent run {parent_dir}: {proposal_id}'s weakness {card.source_weakness} is not in it")
     fams = families(parent, child)
     predicted = predicted_direction(card.expected_effect.targeted_pattern_change) or "down"
     targeted, matched = targeted_change(parent, child, list(weakness.support.pattern_groups), fams, predicted)

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.artifacts.proposal_card import ProposalCard
 from pipeline.bundle.request import AnalysisRequest, load_request
 from pipeline.core.canonical import digest, read_json, sha256_file
 from pipeline.core.errors import BadInput, LunasolError
-from pipeline.artifacts.proposal_card import ProposalCard
 from pipeline.sol.shortlist import Shortlist
 
 Row = dict[str, Any]
@@ -132,9 +132,9 @@ def load_side(run_dir: Path, what: str) -> RunSide:
 
 def load_selection(parent_dir: Path, proposal_id: str) -> Selection:
     """The parent's gate-2 selection of ``proposal_id``, checked against the current proposals.yaml."""
-    from pipeline.state import handoff as hf
-    from pipeline.gates.gate1 import Receipt
     from pipeline.artifacts.proposals_file import read_entries
+    from pipeline.gates.gate1 import Receipt
+    from pipeline.state import handoff as hf
 
     h = hf.load(parent_dir)
     rel = h.receipts.get("gate2")

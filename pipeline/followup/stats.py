@@ -96,7 +96,7 @@ def z_from_rates(pa: float, pb: float, n: int) -> float:
 
 def _power(pa: float, pb: float, a_n: int, b_n: int) -> float:
     """Power of the two-sided pooled z-test at alpha to detect rates pa -> pb (normal approximation)."""
-    from scipy.stats import norm  # type: ignore[import-untyped]
+    from scipy.stats import norm
 
     z_crit = float(norm.ppf(1 - ALPHA / 2))
     pooled = (pa * a_n + pb * b_n) / (a_n + b_n)
@@ -129,9 +129,7 @@ def min_detectable_difference(pa: float, a_n: int, b_n: int, direction: Directio
     return hi, full
 
 
-def two_proportions(
-    a_hits: int, a_n: int, b_hits: int, b_n: int, predicted: Direction | None = None
-) -> ProportionTest:
+def two_proportions(a_hits: int, a_n: int, b_hits: int, b_n: int, predicted: Direction | None = None) -> ProportionTest:
     """Compare a_hits/a_n (parent) with b_hits/b_n (child); see the module docstring."""
     from scipy.stats import fisher_exact, norm
 
@@ -163,7 +161,8 @@ def two_proportions(
 
 def two_means(a: list[float], b: list[float]) -> MeanTest:
     """Welch's t-test of mean(b) - mean(a), its 95% interval, and the MDD at 80% power."""
-    from scipy.stats import norm, t as t_dist  # type: ignore[import-untyped]
+    from scipy.stats import norm
+    from scipy.stats import t as t_dist
 
     na, nb = len(a), len(b)
     ma = sum(a) / na if na else None
