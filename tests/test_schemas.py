@@ -22,7 +22,7 @@ from pipeline.cli.app import app
 from pipeline.core.canonical import pretty_json, read_json
 from pipeline.core.errors import BadInput
 from pipeline.sol.shortlist import SHORTLIST_SCHEMA_VERSION, read_shortlist
-from pipeline.state import handoff as hf
+from pipeline.state import handoff
 from pipeline.state.ledger import LEDGER_SCHEMA_VERSION, Ledger
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,12 +134,12 @@ def _run_dir(tmp_path: Path, **files: str) -> Path:
 
 def test_readers_take_v0_files(tmp_path: Path) -> None:
     run = _run_dir(tmp_path, handoff_json="handoff.v0.json", ledger_json="ledger.v0.json")
-    h = hf.load(run)
+    h = handoff.load(run)
     assert h.schema_version == 1 and h.revision == read_json(SAMPLES / "handoff.v1.json")["revision"]
     ledger = Ledger(run)
     assert ledger.data.schema_version == 1 and "luna/C001" in ledger.data.entries
     # the first write after an upgrade writes the current version (the file becomes v1)
-    hf.update(run, {"proposalSelection": "redo"}, "test")
+    handoff.update(run, {"proposalSelection": "redo"}, "test")
     assert read_json(run / "handoff.json")["schema_version"] == 1
 
 
