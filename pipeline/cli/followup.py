@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
 
         Writes CHILD_RUN/followup.json, bound by digest to the gate-2 receipt, both shortlists and both bundles.
         """
-        from pipeline.followup import followup, render_text
+        from pipeline.followup import followup, render_text  # startup cost: the runner, its model client, duckdb
 
         result = followup(resolve_run(parent), proposal, resolve_run(child), out=out)
         if as_json:

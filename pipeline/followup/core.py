@@ -22,7 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.artifacts.schemas import load_artifact
 from pipeline.core.canonical import atomic_write_text, pretty_json
+from pipeline.core.errors import BadInput
 from pipeline.followup.conditions import evaluate_conditions, metric_results, predicted_direction
 from pipeline.followup.inputs import RunSide, check_lineage, load_selection, load_side
 from pipeline.followup.model import (
@@ -138,8 +140,6 @@ def followup(parent_dir: Path, proposal_id: str, child_dir: Path, out: Path | No
     check_lineage(parent, child, card)
     weakness = next((w for w in parent.shortlist.weaknesses if w.weakness_id == card.source_weakness), None)
     if weakness is None:
-        from pipeline.core.errors import BadInput
-
         raise BadInput(f"parent run {parent_dir}: {proposal_id}'s weakness {card.source_weakness} is not in it")
     fams = families(parent, child)
     predicted = predicted_direction(card.expected_effect.targeted_pattern_change) or "down"
@@ -198,8 +198,6 @@ def _child_binding(side: RunSide) -> ChildBinding:
 
 def read_followup(run_dir: Path) -> Followup | None:
     """The run's followup.json (for the report and status), or None when it has none."""
-    from pipeline.artifacts.schemas import load_artifact
-
     path = run_dir / FOLLOWUP_FILE
     if not path.is_file():
         return None

@@ -13,10 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts.proposal_card import ProposalCard
+from pipeline.artifacts.proposals_file import read_entries
 from pipeline.bundle.request import AnalysisRequest, load_request
 from pipeline.core.canonical import digest, read_json, sha256_file
 from pipeline.core.errors import BadInput, LunasolError
-from pipeline.sol.shortlist import Shortlist
+from pipeline.gates.gate1 import Receipt
+from pipeline.run.runner import bundle_digest
+from pipeline.sol.shortlist import Shortlist, read_shortlist
+from pipeline.state import handoff as hf
 
 Row = dict[str, Any]
 
@@ -60,8 +64,6 @@ def _run_json(run_dir: Path) -> Row:
 
 def _bundle_of(run_dir: Path, run: Row, what: str) -> tuple[AnalysisRequest, str]:
     """The run's frozen bundle (request, digest), checked unchanged since the run read it."""
-    from pipeline.run.runner import bundle_digest
-
     rel, recorded = run.get("bundle"), run.get("bundle_digest")
     if not isinstance(rel, str) or not isinstance(recorded, str):
         raise BadInput(f"{what} run {run_dir} does not record its bundle (run.json bundle / bundle_digest)")
@@ -75,7 +77,7 @@ def _bundle_of(run_dir: Path, run: Row, what: str) -> tuple[AnalysisRequest, str
 
 
 def _ir_rows(run_dir: Path, sql: str) -> list[tuple[Any, ...]]:
-    import duckdb
+    import duckdb  # startup cost: only a follow-up reads the IR here
 
     path = run_dir / "ir.duckdb"
     if not path.is_file():
@@ -89,8 +91,6 @@ def _ir_rows(run_dir: Path, sql: str) -> list[tuple[Any, ...]]:
 
 def load_side(run_dir: Path, what: str) -> RunSide:
     """One run analysed up to gate 1: bundle, shortlist, pattern groups, eligible cells, outcomes."""
-    from pipeline.sol.shortlist import read_shortlist
-
     run = _run_json(run_dir)
     request, bundle_digest = _bundle_of(run_dir, run, what)
     groups_path = run_dir / "pattern-groups.json"
@@ -132,10 +132,6 @@ def load_side(run_dir: Path, what: str) -> RunSide:
 
 def load_selection(parent_dir: Path, proposal_id: str) -> Selection:
     """The parent's gate-2 selection of ``proposal_id``, checked against the current proposals.yaml."""
-    from pipeline.artifacts.proposals_file import read_entries
-    from pipeline.gates.gate1 import Receipt
-    from pipeline.state import handoff as hf
-
     h = hf.load(parent_dir)
     rel = h.receipts.get("gate2")
     if h.proposalSelection != "selected" or not rel:

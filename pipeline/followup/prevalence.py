@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.core.errors import BadInput
 from pipeline.diff.match import greedy_match, text_similarity
 from pipeline.followup.inputs import RunSide
 from pipeline.followup.model import Families, FamilyRow, GroupMatch, TargetedChange
@@ -60,8 +61,6 @@ def targeted_change(
     by_id = {str(g.get("group_id")): g for g in parent.groups}
     missing = [g for g in group_ids if g not in by_id]
     if missing:
-        from pipeline.core.errors import BadInput
-
         raise BadInput(f"parent run {parent.run_dir}: the weakness cites groups {', '.join(missing)} it does not have")
     targets = [by_id[g] for g in group_ids]
     matched = match_groups(targets, child.groups)

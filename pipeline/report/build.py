@@ -230,7 +230,7 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], dict[str, Snippet]]:
 # ---------------------------------------------------------------- follow-up (lunasol followup)
 def _followup(arts: RunArtifacts) -> dict[str, Any] | None:
     """The run's followup.json (a child run judged for its parent's proposal), validated, or None."""
-    from pipeline.followup import read_followup
+    from pipeline.followup import read_followup  # startup cost: followup imports the runner and its model client
 
     doc = read_followup(arts.path)
     return None if doc is None else doc.model_dump(mode="json")
