@@ -8,7 +8,6 @@ from typing import Any
 
 import duckdb
 import pytest
-from conftest import SHARED_DATA
 
 from pipeline.adapters import import_bundle
 from pipeline.adapters.importer import ImportResult
@@ -17,6 +16,7 @@ from pipeline.bundle.manifest import read_manifest
 from pipeline.bundle.request import load_request
 from pipeline.core.canonical import sha256_bytes
 from pipeline.ir.export import export
+from tests.conftest import SHARED_DATA
 
 # A few files per format keep the suite fast; bench/bench_adapters.py measures the full datasets.
 SUBSETS: dict[str, tuple[str, list[str]]] = {

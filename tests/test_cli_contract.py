@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 import typer
-from conftest import DEMO_BUNDLE, DEMO_RECORDINGS, ROOT
 from typer.testing import CliRunner
 
 from pipeline.cli.app import app
 from pipeline.core.errors import EXIT_BAD_INPUT, EXIT_BLOCKED, EXIT_INTERNAL, EXIT_NEEDS_REBASE, BadInput
+from tests.conftest import DEMO_BUNDLE, DEMO_RECORDINGS, ROOT
 
 # The verbs that report (DESIGN.md's list, plus eval): each must take --json.
 REPORTING = ("bundle verify", "status", "calls", "validate", "diff", "runs", "query", "eval")
@@ -83,17 +83,9 @@ def test_version() -> None:
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo replayed up to gate 1 (library call); tests that change a run work on a copy."""
-    from pipeline.core.context import RunOptions
-    from pipeline.core.settings import ModelSettings
-    from pipeline.run.runner import run
-
-    runs = tmp_path_factory.mktemp("contract") / "runs"
-    settings = ModelSettings.from_env(mode="replay", store=DEMO_RECORDINGS)
-    # the default run id: Sol's recorded prompt names it
-    opts = RunOptions(bundle=DEMO_BUNDLE, run_id=None, runs_dir=runs, resume=False, dry_run=False, models=settings)
-    return run(opts, log=lambda _m: None).ctx.run_dir
+def demo(demo_gate1: Path) -> Path:
+    """The session's demo run at gate 1 (read only); tests that change a run work on a copy."""
+    return demo_gate1
 
 
 @pytest.fixture

@@ -17,8 +17,6 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli.app import app
-from pipeline.core.settings import ModelSettings
-from pipeline.run import runner
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLE = ROOT / "fixtures" / "bundles" / "h0-demo"
@@ -32,30 +30,28 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """Two replays through the library runner, export .. coordinator (this issue's stages)."""
-    names = [n for n, _ in runner.STAGES]
-    saved = list(runner.STAGES)
-    runner.STAGES[:] = saved[: names.index("coordinator") + 1]
-    dirs = []
-    try:
-        for name in ("a", "b"):
-            runs = tmp_path_factory.mktemp(f"runs-{name}")
-            settings = ModelSettings(mode="replay", store=STORE)
-            result = runner.run(runner.RunOptions(bundle=BUNDLE, runs_dir=runs, models=settings), log=lambda _m: None)
-            dirs.append(result.ctx.run_dir)
-    finally:
-        runner.STAGES[:] = saved
-    return dirs[0], dirs[1]
-
-
-def test_cli_run_replays_the_whole_demo(tmp_path: Path) -> None:
-    """The done criterion: `lunasol run BUNDLE --replay STORE` (every stage, Sol included) exits 0."""
-    res = CliRunner().invoke(app, ["run", str(BUNDLE), "--replay", str(STORE), "--runs-dir", str(tmp_path)])
+def cli_replay(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """README's first command, `lunasol run BUNDLE --replay STORE`, through the CLI: (run dir, output)."""
+    runs = tmp_path_factory.mktemp("cli") / "runs"
+    res = CliRunner().invoke(app, ["run", str(BUNDLE), "--replay", str(STORE), "--runs-dir", str(runs)])
     assert res.exit_code == 0, res.output
-    assert "[luna] " in res.output and "24/24 cells" in res.output
-    [run_dir] = [p for p in tmp_path.iterdir() if p.is_dir()]
-    assert (run_dir / "patterns.jsonl").is_file() and (run_dir / "pattern-groups.json").is_file()
+    [run_dir] = [p for p in runs.iterdir() if p.is_dir()]
+    return run_dir, res.output
+
+
+@pytest.fixture(scope="module")
+def two_runs(demo_gate1: Path, cli_replay: tuple[Path, str]) -> tuple[Path, Path]:
+    """Two independent replays: the session's library run and the CLI run."""
+    return demo_gate1, cli_replay[0]
+
+
+def test_cli_run_replays_the_whole_demo(cli_replay: tuple[Path, str]) -> None:
+    """The done criterion: `lunasol run BUNDLE --replay STORE` (every stage, Sol included) exits 0 at gate 1."""
+    run_dir, output = cli_replay
+    assert "[luna] " in output and "24/24 cells" in output
+    assert "gate 1: waiting for your decision" in output and "W-01" in output and "W-02" in output
+    for name in ("patterns.jsonl", "pattern-groups.json", "weakness-shortlist.json"):
+        assert (run_dir / name).is_file(), name
 
 
 def patterns(run: Path) -> list[dict[str, Any]]:
@@ -64,7 +60,7 @@ def patterns(run: Path) -> list[dict[str, Any]]:
 
 def test_replay_twice_is_byte_identical(two_runs: tuple[Path, Path]) -> None:
     a, b = two_runs
-    for name in ("patterns.jsonl", "pattern-groups.json"):
+    for name in ("patterns.jsonl", "pattern-groups.json", "weakness-shortlist.json", "ledger.json"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 

@@ -120,15 +120,21 @@ def test_cli_import_does_not_load_litellm() -> None:
     assert proc.stdout.strip() == "[]"
 
 
-def test_import_changes_no_environment_and_litellm_loads_offline() -> None:
-    """Importing lunasol changes no env var; the switches are set right before litellm is imported."""
+def test_import_changes_no_environment() -> None:
+    """Importing lunasol (CLI and catalog included) sets no env var: the switches wait for litellm's load."""
     code = (
         "import os; before = dict(os.environ); import pipeline.cli.app, pipeline.catalog;"
-        "print(dict(os.environ) == before);"
-        "from pipeline.models.transport import load_litellm; load_litellm();"
-        "print(os.environ['LITELLM_OFFLINE_MODE'], os.environ['HF_HUB_OFFLINE'])"
+        "print(dict(os.environ) == before, 'LITELLM_OFFLINE_MODE' in os.environ)"
     )
-    env = {k: v for k, v in _env(ROOT).items() if k not in ("LITELLM_OFFLINE_MODE", "HF_HUB_OFFLINE")}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(ROOT), timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["True", "true", "1"]
+    assert proc.stdout.split() == ["True", "False"]
+
+
+def test_litellm_is_loaded_with_the_offline_switches(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.models.transport import load_litellm
+
+    for var in ("LITELLM_OFFLINE_MODE", "LITELLM_LOCAL_MODEL_COST_MAP", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    load_litellm()
+    assert (os.environ["LITELLM_OFFLINE_MODE"], os.environ["HF_HUB_OFFLINE"]) == ("true", "1")

@@ -4,18 +4,17 @@ and (when the demo recordings hold proposer exchanges) an offline replay through
 from __future__ import annotations
 
 import json
-import shutil
 from itertools import combinations
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DEMO_BUNDLE, DEMO_RECORDINGS, ROOT
 
 from pipeline.artifacts.proposal_card import ProposalCard, ProposalList
 from pipeline.validator import validate_entries
 from pipeline.validator.quantities import CELL_REF
 from pipeline.validator.similarity import THRESHOLD, similarity
+from tests.conftest import DEMO_RECORDINGS, ROOT
 
 ANSWERS = ROOT / "fixtures" / "answers" / "h0-demo"
 STORY = ROOT / "fixtures" / "demo-story.json"
@@ -76,24 +75,18 @@ def _has_proposer_recordings() -> bool:
 
 
 @pytest.mark.skipif(not _has_proposer_recordings(), reason="demo recordings hold no proposer exchange yet")
-def test_demo_replay_through_gate1_and_propose(tmp_path: Path) -> None:
-    """Offline: replay the demo run, confirm with the demo decisions, propose from the recordings."""
+def test_demo_replay_through_gate1_and_propose(demo_copy: Path) -> None:
+    """Offline: the demo run replayed to gate 1, confirmed with the demo decisions, proposed from the recordings."""
     import importlib.util
 
-    from pipeline.core.settings import ModelSettings
     from pipeline.proposals.proposer import propose, run_model_settings
-    from pipeline.run import runner
     from pipeline.validator import validate_file
 
     spec = importlib.util.spec_from_file_location("proposer_demo", ROOT / "fixtures" / "proposer_demo.py")
     assert spec and spec.loader
     demo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(demo)
-    store = tmp_path / "store"
-    shutil.copytree(DEMO_RECORDINGS, store)
-    settings = ModelSettings(mode="replay", store=store)
-    result = runner.run(runner.RunOptions(bundle=DEMO_BUNDLE, runs_dir=tmp_path / "runs", models=settings))
-    run_dir = result.ctx.run_dir
+    run_dir = demo_copy
     demo.confirm_demo(run_dir)
     out = propose(run_dir, run_model_settings(run_dir), log=lambda _m: None)
     assert [(c.proposal_id, c.source_weakness) for c in out.cards] == [("P-01", "W-01"), ("P-02", "W-01")]

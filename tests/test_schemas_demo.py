@@ -16,7 +16,7 @@ from pipeline import catalog
 from pipeline.artifacts import schemas
 from pipeline.cli.app import app
 from pipeline.core.canonical import read_json
-from tests.conftest import DEMO_BUNDLE, DEMO_RECORDINGS
+from tests.conftest import DEMO_BUNDLE, DEMO_RECORDINGS, copy_demo
 
 pytestmark = pytest.mark.skipif(
     not any(DEMO_RECORDINGS.glob("*/*.json")), reason="demo recordings absent (run: python fixtures/record_demo.py)"
@@ -30,10 +30,9 @@ def _ok(args: list[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    runs = tmp_path_factory.mktemp("runs")
-    _ok(["run", str(DEMO_BUNDLE), "--replay", str(DEMO_RECORDINGS), "--runs-dir", str(runs)])
-    (run,) = [p for p in runs.iterdir() if p.is_dir()]
+def demo_run(demo_gate1: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's demo run taken through both gates on the CLI (a copy)."""
+    run = copy_demo(demo_gate1, tmp_path_factory.mktemp("schemas"))
     sl = read_json(run / "weakness-shortlist.json")
     decisions = [a for w in sl["weaknesses"] for a in ("--decision", f"{w['weakness_id']}=confirm")]
     _ok(["confirm", str(run), *decisions, "--by", "tester", "--digest", sl["digest"]])

@@ -47,33 +47,35 @@ def _check_w01(shortlist: dict[str, Any]) -> None:
 
 
 @pytest.mark.skipif(not has_recordings, reason="fixtures/recordings/h0-demo not recorded yet")
-def test_demo_replay_stops_at_gate_1(runs_dir: Path) -> None:
+def test_demo_replay_stops_at_gate_1(demo_copy: Path) -> None:
+    """The replayed demo waits at gate 1 with W-01 as the story plants it; a CLI rerun makes no call."""
     cli = CliRunner()
-    res = cli.invoke(app, ["run", str(DEMO_BUNDLE), "--runs-dir", str(runs_dir), "--replay", str(DEMO_RECORDINGS)])
-    assert res.exit_code == 0, res.output
-    assert "lunasol confirm" in res.output and "W-01" in res.output
-    run_dir = next(runs_dir.iterdir())
+    run_dir = demo_copy
     st = cli.invoke(app, ["status", str(run_dir), "--json"])
     data = json.loads(st.output)
     assert data["handoff"]["userRootCauseConfirmation"] == "pending"
     assert data["handoff"]["phase"] == "rootCausesMined"
     _check_w01(json.loads((run_dir / "weakness-shortlist.json").read_text(encoding="utf-8")))
     n = len(read_calls(run_dir))
-    again = cli.invoke(app, ["run", str(DEMO_BUNDLE), "--runs-dir", str(runs_dir), "--replay", str(DEMO_RECORDINGS)])
-    assert again.exit_code == 0 and len(read_calls(run_dir)) == n  # unchanged rerun: zero model calls
+    again = cli.invoke(
+        app, ["run", str(DEMO_BUNDLE), "--runs-dir", str(run_dir.parent), "--replay", str(DEMO_RECORDINGS)]
+    )
+    assert again.exit_code == 0, again.output
+    assert "lunasol confirm" in again.output and "W-01" in again.output
+    assert len(read_calls(run_dir)) == n  # unchanged rerun: zero model calls
 
 
 @pytest.mark.skipif(not has_answers, reason="hand-written Luna answers not written yet")
-def test_demo_one_changed_cell_costs_one_luna_call(tmp_path: Path, runs_dir: Path) -> None:
+def test_demo_one_changed_cell_costs_one_luna_call(tmp_path: Path, demo_copy: Path) -> None:
+    """The replayed demo continued live against the local answer server: reused whole, then one cell changes."""
     from pipeline.bundle.manifest import freeze
 
     bundle = tmp_path / "h0-demo"
     shutil.copytree(DEMO_BUNDLE, bundle)
+    d = demo_copy
     with FakeOpenAI(_answer_book()) as server:
         settings = ModelSettings(model="openai/fixture-model", api_base=server.base_url, max_reasks=0)
-        opts = RunOptions(bundle=bundle, run_id="demo", runs_dir=runs_dir, models=settings)
-        run(opts, log=lambda _m: None)
-        d = runs_dir / "demo"
+        opts = RunOptions(bundle=bundle, run_id=d.name, runs_dir=d.parent, models=settings)
         first = read_calls(d)
         assert sum(c["role"] == "sol" for c in first) == 1
         _check_w01(json.loads((d / "weakness-shortlist.json").read_text(encoding="utf-8")))
