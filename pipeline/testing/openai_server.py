@@ -1,6 +1,7 @@
 """A local OpenAI chat-completions server (stdlib only) for tests, benchmarks and serving recordings.
 
-``FakeOpenAI`` answers ``POST /v1/chat/completions`` on 127.0.0.1 (an ephemeral port by default)
+``FakeOpenAI`` answers ``POST /v1/chat/completions`` (and the files and batches endpoints, see
+:mod:`pipeline.testing.batch_api`) on 127.0.0.1 (an ephemeral port by default)
 from a queue of scripted replies, then from a handler. Replies can inject faults: a status with
 headers (429 + Retry-After, 500), a delay (timeouts), a dropped connection, a non-JSON body, or
 a schema-invalid answer. It counts requests in flight and records every request body.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import socket
 import threading
 import time
@@ -26,6 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.canonical import canonical_json, digest
+from pipeline.testing.batch_api import BatchAPI, BatchPlan
+
+__all__ = ["BatchPlan", "FakeOpenAI", "Reply", "answer", "auto_answer", "raw_answer", "serve_recordings"]
 
 
 @dataclass
@@ -182,6 +187,8 @@ class FakeOpenAI:
         self.lock = threading.Lock()
         self.in_flight = 0
         self.max_in_flight = 0
+        # Files and batches, each batch item answered like a synchronous request (_batch_item).
+        self.batch = BatchAPI(self._batch_item)
         outer = self
 
         class _H(BaseHTTPRequestHandler):
@@ -192,7 +199,12 @@ class FakeOpenAI:
                 pass
 
             def do_POST(self) -> None:
-                outer._serve(self)
+                if not outer._serve_batch_api(self, "POST"):
+                    outer._serve(self)
+
+            def do_GET(self) -> None:
+                if not outer._serve_batch_api(self, "GET"):
+                    outer._send(self, 404, json.dumps({"error": {"message": "fake server: no route"}}).encode())
 
         ThreadingHTTPServer.request_queue_size = 256  # default backlog 5 stalls bursts of connections
         self.httpd = ThreadingHTTPServer(("127.0.0.1", port), _H)
@@ -221,8 +233,63 @@ class FakeOpenAI:
             self.max_in_flight = self.in_flight
             self.handler = None
             self.delay_s = 0.0
+        self.batch.reset()
 
     # serving ---------------------------------------------------------------
+    def _next_item(self, request: dict[str, Any], headers: dict[str, str]) -> tuple[ScriptItem | None, Handler | None]:
+        # Record the request and take the next scripted reply (under the lock).
+        with self.lock:
+            self.requests.append(request)
+            self.headers.append(headers)
+            item = self.script.pop(0) if self.script else None
+            return item, self.handler
+
+    @staticmethod
+    def _resolve(item: ScriptItem | None, handler: Handler | None, request: dict[str, Any]) -> Reply:
+        # The reply for one request: a scripted item, else the handler; a body-less reply gets the auto answer.
+        if item is None:
+            item = handler or (
+                lambda _r: Reply(status=400, body={"error": {"message": "fake server: no scripted reply"}})
+            )
+        reply = item if isinstance(item, Reply) else item(request)
+        if reply.body is None:
+            reply = Reply(
+                status=reply.status,
+                body=auto_answer(request).body,
+                headers=reply.headers,
+                delay_s=reply.delay_s,
+                drop=reply.drop,
+            )
+        return reply
+
+    def _batch_item(self, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """One batch item through the same script and handler as a synchronous request (no delay)."""
+        item, handler = self._next_item(request, {"x-lunasol-batch-item": "1"})
+        reply = self._resolve(item, handler, request)
+        if reply.drop or isinstance(reply.body, bytes):
+            # A dropped connection or a non-JSON body has no batch form: the provider reports a 500.
+            return 500, {"error": {"message": "fake server: no JSON answer for this item", "type": "server_error"}}
+        return reply.status, dict(reply.body or {})
+
+    def _serve_batch_api(self, h: BaseHTTPRequestHandler, method: str) -> bool:
+        length = int(h.headers.get("Content-Length") or 0)
+        if not re.match(r"^(/v1)?/(files|batches)(/|$|\?)", h.path):
+            return False
+        raw = h.rfile.read(length) if length else b""
+        routed = self.batch.route(method, h.path, {k.lower(): v for k, v in h.headers.items()}, raw)
+        status, body, ctype = routed or (404, b"{}", "application/json")
+        self._send(h, status, body, ctype)
+        return True
+
+    @staticmethod
+    def _send(h: BaseHTTPRequestHandler, status: int, body: bytes, ctype: str = "application/json") -> None:
+        h.send_response(status)
+        h.send_header("Content-Type", ctype)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            h.wfile.write(body)
+
     def _serve(self, h: BaseHTTPRequestHandler) -> None:
         length = int(h.headers.get("Content-Length") or 0)
         raw = h.rfile.read(length) if length else b""
@@ -230,13 +297,10 @@ class FakeOpenAI:
             request = json.loads(raw or b"{}")
         except ValueError:
             request = {}
+        item, handler = self._next_item(request, {k.lower(): v for k, v in h.headers.items()})
         with self.lock:
-            self.requests.append(request)
-            self.headers.append({k.lower(): v for k, v in h.headers.items()})
-            item = self.script.pop(0) if self.script else None
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
-            handler = self.handler
         done = False
 
         def finished() -> None:
@@ -249,19 +313,7 @@ class FakeOpenAI:
                     self.in_flight -= 1
 
         try:
-            if item is None:
-                item = handler or (
-                    lambda _r: Reply(status=400, body={"error": {"message": "fake server: no scripted reply"}})
-                )
-            reply = item if isinstance(item, Reply) else item(request)
-            if reply.body is None:
-                reply = Reply(
-                    status=reply.status,
-                    body=auto_answer(request).body,
-                    headers=reply.headers,
-                    delay_s=reply.delay_s,
-                    drop=reply.drop,
-                )
+            reply = self._resolve(item, handler, request)
             delay = self.delay_s + reply.delay_s
             if delay:
                 time.sleep(delay)
@@ -314,7 +366,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     handler = recordings_handler(args.recordings) if args.recordings else auto_answer
     server = FakeOpenAI(handler, port=args.port, delay_s=args.delay_ms / 1000)
-    print(f"serving OpenAI chat completions on {server.base_url}", flush=True)
+    print(f"serving OpenAI chat completions, files and batches on {server.base_url}", flush=True)
     try:
         server.httpd.serve_forever()
     except KeyboardInterrupt:

@@ -1,0 +1,146 @@
+"""Provider batches through litellm's files/batches API against the local server's batch endpoints."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from pipeline.core.errors import BadInput
+from pipeline.models.batch import BatchEndpoint, batch_line, provider_of, wire_body
+from pipeline.testing.openai_server import BatchPlan, FakeOpenAI, Reply, answer, auto_answer, server_error
+
+MODEL = "openai/test-model"
+TOOLS_KW: dict[str, Any] = {
+    "messages": [{"role": "system", "content": "extract"}, {"role": "user", "content": "log of C1"}],
+    "tools": [
+        {
+            "type": "function",
+            "function": {
+                "name": "Finding",
+                "description": "a finding",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"summary": {"type": "string"}},
+                    "required": ["summary"],
+                },
+            },
+        }
+    ],
+    "tool_choice": {"type": "function", "function": {"name": "Finding"}},
+    "temperature": 0.0,
+}
+
+
+def kw(cell: str) -> dict[str, Any]:
+    return {**TOOLS_KW, "messages": [TOOLS_KW["messages"][0], {"role": "user", "content": f"log of {cell}"}]}
+
+
+def by_cell(request: dict[str, Any]) -> Reply:
+    # An answer that depends on the request, so a swapped or misrouted answer would show.
+    cell = request["messages"][-1]["content"].split()[-1]
+    return answer({"summary": f"finding for {cell}"})(request)
+
+
+async def test_wire_body_is_the_body_litellm_sends(fake_llm: FakeOpenAI) -> None:
+    import litellm
+
+    fake_llm.handler = by_cell
+    body = await wire_body(MODEL, kw("C1"), api_base=fake_llm.base_url)
+    assert fake_llm.requests == []  # capturing sends nothing
+    await litellm.acompletion(model=MODEL, api_base=fake_llm.base_url, api_key="k", num_retries=0, **kw("C1"))
+    assert fake_llm.requests == [body]
+    assert body["model"] == "test-model" and body["tools"][0]["function"]["name"] == "Finding"
+
+
+async def test_batch_answers_equal_synchronous_answers(fake_llm: FakeOpenAI) -> None:
+    import litellm
+
+    fake_llm.handler = by_cell
+    cells = [f"C{n}" for n in range(1, 31)]
+    bodies = {c: await wire_body(MODEL, kw(c), api_base=fake_llm.base_url) for c in cells}
+    ep = BatchEndpoint(MODEL, api_base=fake_llm.base_url)
+    bid = await ep.submit([batch_line(c, bodies[c]) for c in cells])
+    state = await ep.wait(bid, poll_s=0)
+    assert (state.status, state.total, state.completed, state.failed) == ("completed", 30, 30, 0)
+    results = await ep.results(state)
+    assert sorted(results) == sorted(cells) and all(r.ok for r in results.values())
+    for c in ("C1", "C17", "C30"):
+        sync = await litellm.acompletion(model=MODEL, api_base=fake_llm.base_url, api_key="k", num_retries=0, **kw(c))
+        raw = results[c].body
+        assert raw is not None
+        assert raw["choices"][0]["message"]["tool_calls"] == [
+            tc.model_dump(mode="json") for tc in sync.choices[0].message.tool_calls
+        ]
+        assert json.loads(raw["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]) == {
+            "summary": f"finding for {c}"
+        }
+    assert (fake_llm.batch.uploads, fake_llm.batch.created) == (1, 1)
+
+
+async def test_states_walk_validating_in_progress_completed(fake_llm: FakeOpenAI) -> None:
+    fake_llm.handler = auto_answer
+    fake_llm.batch.plan(BatchPlan(validating_polls=2, in_progress_polls=3))
+    ep = BatchEndpoint(MODEL, api_base=fake_llm.base_url)
+    bid = await ep.submit([batch_line("a", {"model": "test-model", "messages": []})])
+    seen: list[str] = []
+    state = await ep.wait(bid, poll_s=0, on_poll=lambda s: seen.append(s.status))
+    assert seen == ["validating", "validating", "in_progress", "in_progress", "in_progress", "completed"]
+    assert state.output_file_id and state.error_file_id is None
+    # A terminal batch stays as it is; its files can be read again (a resume reads them after a crash).
+    again = await ep.retrieve(bid)
+    assert again == state
+    assert sorted(await ep.results(again)) == ["a"]
+
+
+async def test_max_wait_returns_the_unfinished_state(fake_llm: FakeOpenAI) -> None:
+    fake_llm.batch.plan(BatchPlan(validating_polls=100))
+    ep = BatchEndpoint(MODEL, api_base=fake_llm.base_url)
+    bid = await ep.submit([batch_line("a", {"model": "test-model", "messages": []})])
+    state = await ep.wait(bid, poll_s=0, max_wait_s=0)
+    assert state.status == "validating" and not state.done and await ep.results(state) == {}
+
+
+async def test_item_errors_go_to_the_error_file(fake_llm: FakeOpenAI) -> None:
+    fake_llm.push(answer({"n": 1}), server_error(500), answer({"n": 3}))
+    ep = BatchEndpoint(MODEL, api_base=fake_llm.base_url)
+    lines = [batch_line(k, {"model": "test-model", "messages": [{"role": "user", "content": k}]}) for k in "abc"]
+    state = await ep.wait(await ep.submit(lines), poll_s=0)
+    assert (state.status, state.completed, state.failed) == ("completed", 2, 1)
+    res = await ep.results(state)
+    assert [k for k, r in sorted(res.items()) if r.ok] == ["a", "c"]
+    assert res["b"].status_code == 500 and res["b"].error is not None and "500" in res["b"].error["message"]
+
+
+async def test_expired_batch_answers_some_and_reports_the_rest(fake_llm: FakeOpenAI) -> None:
+    fake_llm.handler = auto_answer
+    fake_llm.batch.plan(BatchPlan(outcome="expired", answered=2))
+    ep = BatchEndpoint(MODEL, api_base=fake_llm.base_url)
+    lines = [batch_line(k, {"model": "test-model", "messages": [{"role": "user", "content": k}]}) for k in "abcde"]
+    state = await ep.wait(await ep.submit(lines), poll_s=0)
+    assert state.status == "expired" and state.done
+    res = await ep.results(state)
+    assert [k for k in sorted(res) if res[k].ok] == ["a", "b"]
+    assert {res[k].error["code"] for k in "cde" if res[k].error} == {"batch_expired"}
+    assert len(fake_llm.requests) == 2  # the expired items never reached the model
+
+
+@pytest.mark.parametrize(
+    ("lines", "problem"),
+    [
+        ([batch_line("a", {"messages": []}), batch_line("a", {"messages": []})], "duplicate custom_id"),
+        ([{"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {}}], "not the batch endpoint"),
+    ],
+)
+async def test_invalid_input_fails_validation(fake_llm: FakeOpenAI, lines: list[dict[str, Any]], problem: str) -> None:
+    ep = BatchEndpoint(MODEL, api_base=fake_llm.base_url)
+    state = await ep.wait(await ep.submit(lines), poll_s=0)
+    assert state.status == "failed" and any(problem in e for e in state.errors)
+    assert await ep.results(state) == {} and fake_llm.requests == []
+
+
+def test_batch_needs_an_openai_compatible_model() -> None:
+    assert provider_of("openai/gpt-4o-mini") == "openai"
+    with pytest.raises(BadInput, match="OpenAI-compatible"):
+        provider_of("anthropic/claude-3-5-haiku")
