@@ -31,6 +31,9 @@ def register(app: typer.Typer) -> None:
         concurrency: int | None = typer.Option(None, "--concurrency", help="Concurrent model calls (default 8)."),
         budget_usd: float | None = typer.Option(None, "--budget-usd", help="Stop cleanly past this spend."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Estimate calls, tokens and cost; call nothing."),
+        batch: bool = typer.Option(
+            False, "--batch", help="Luna's calls as one provider batch (about half price, hours); env LUNASOL_BATCH."
+        ),
     ) -> None:
         """Export the IR, find patterns, mine root causes, and stop at gate 1.
 
@@ -48,6 +51,7 @@ def register(app: typer.Typer) -> None:
             store=replay or record,
             concurrency=concurrency,
             budget_usd=budget_usd,
+            batch=batch or None,  # None: LUNASOL_BATCH decides
         )
         check_store(settings)
         opts = RunOptions(

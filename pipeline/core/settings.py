@@ -29,6 +29,7 @@ class ModelSettings(BaseModel):
     max_reasks: int = Field(default=2, ge=0, description="validation re-asks after the first answer")
     transport_retries: int = Field(default=4, ge=0, description="retries of rate limits, timeouts, 5xx")
     timeout_s: float = Field(default=120.0, gt=0)
+    batch: bool = Field(default=False, description="send Luna's per-cell calls as one provider batch (--batch)")
 
     @classmethod
     def from_env(cls, **overrides: object) -> ModelSettings:
@@ -40,6 +41,7 @@ class ModelSettings(BaseModel):
             ("concurrency", "LUNASOL_CONCURRENCY"),
             ("budget_usd", "LUNASOL_BUDGET_USD"),
             ("budget_tokens", "LUNASOL_BUDGET_TOKENS"),
+            ("batch", "LUNASOL_BATCH"),
         ):
             if os.environ.get(var):
                 env[field] = os.environ[var]

@@ -32,6 +32,7 @@ class CallRow(BaseModel):
     model: str | None
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = Field(default=0, description="prompt tokens the provider served from its prompt cache")
     cost_usd: float | None = Field(description="None when litellm knows no price (never guessed)")
     latency_ms: float
     attempts: int
@@ -110,6 +111,7 @@ def summarise(run_dir: Path) -> dict[str, Any]:
                 "transport_retries": 0,
                 "prompt_tokens": 0,
                 "completion_tokens": 0,
+                "cached_tokens": 0,
                 "cost_usd": 0.0,
                 "cost_known": True,
                 "failures": 0,
@@ -123,6 +125,7 @@ def summarise(run_dir: Path) -> dict[str, Any]:
         r["transport_retries"] += int(row.get("transport_retries") or 0)
         r["prompt_tokens"] += int(row.get("prompt_tokens") or 0)
         r["completion_tokens"] += int(row.get("completion_tokens") or 0)
+        r["cached_tokens"] += int(row.get("cached_tokens") or 0)
         r["latency_ms"] += float(row.get("latency_ms") or 0.0)
         if row.get("cost_usd") is None:
             r["cost_known"] = False
@@ -136,7 +139,16 @@ def summarise(run_dir: Path) -> dict[str, Any]:
         r["cost_usd"] = round(r["cost_usd"], 8) if r["cost_known"] else None
         r["latency_ms"] = round(r["latency_ms"], 1)
         r["modes"].sort()
-    total_keys = ("calls", "attempts", "reasks", "transport_retries", "prompt_tokens", "completion_tokens", "failures")
+    total_keys = (
+        "calls",
+        "attempts",
+        "reasks",
+        "transport_retries",
+        "prompt_tokens",
+        "completion_tokens",
+        "cached_tokens",
+        "failures",
+    )
     totals: dict[str, Any] = {k: sum(r[k] for r in roles.values()) for k in total_keys}
     known = all(r["cost_known"] for r in roles.values())
     totals["cost_usd"] = round(sum(r["cost_usd"] or 0.0 for r in roles.values()), 8) if known else None
@@ -146,7 +158,8 @@ def summarise(run_dir: Path) -> dict[str, Any]:
 
 def format_summary(summary: dict[str, Any]) -> str:
     """A plain-text table of :func:`summarise` (one row per role, then totals)."""
-    head = f"{'role':<10} {'calls':>6} {'attempts':>8} {'reasks':>6} {'retries':>7} {'prompt':>9} {'compl':>8} "
+    head = f"{'role':<10} {'calls':>6} {'attempts':>8} {'reasks':>6} {'retries':>7} {'prompt':>9} {'cached':>8} "
+    head += f"{'compl':>8} "
     head += f"{'cost_usd':>10} {'failed':>6}"
     lines = [head]
 
@@ -154,7 +167,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         cost = "unknown" if r.get("cost_usd") is None else f"{r['cost_usd']:.4f}"
         return (
             f"{name:<10} {r['calls']:>6} {r['attempts']:>8} {r['reasks']:>6} {r['transport_retries']:>7} "
-            f"{r['prompt_tokens']:>9} {r['completion_tokens']:>8} {cost:>10} {r['failures']:>6}"
+            f"{r['prompt_tokens']:>9} {r.get('cached_tokens', 0):>8} {r['completion_tokens']:>8} {cost:>10} "
+            f"{r['failures']:>6}"
         )
 
     for name, r in summary["roles"].items():

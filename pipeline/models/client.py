@@ -33,6 +33,7 @@ from pipeline.core.errors import BadInput, LunasolError
 from pipeline.core.settings import ModelSettings
 from pipeline.models.calllog import CallLog
 from pipeline.models.errors import BudgetExceeded, ModelUnavailable, ReplayMiss
+from pipeline.models.pricing import cached_tokens
 from pipeline.models.progress import gather_bounded
 from pipeline.models.prompts import render_source, template_path
 from pipeline.models.store import RecordingStore, canonical_request, check_record, make_record, request_key
@@ -133,6 +134,7 @@ class _CallState:
     keys: list[str] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
     cost_usd: float | None = 0.0
     transport_retries: int = 0
 
@@ -253,6 +255,7 @@ class ModelClient:
                         "model": self.model,
                         "prompt_tokens": state.prompt_tokens,
                         "completion_tokens": state.completion_tokens,
+                        "cached_tokens": state.cached_tokens,
                         "cost_usd": None if state.cost_usd is None else round(state.cost_usd, 10),
                         "latency_ms": round((time.perf_counter() - started) * 1000, 1),
                         "attempts": len(state.keys),
@@ -384,6 +387,7 @@ class ModelClient:
         cost = self._price(pt, ct)
         state.prompt_tokens += pt
         state.completion_tokens += ct
+        state.cached_tokens += cached_tokens(usage)
         state.cost_usd = None if cost is None or state.cost_usd is None else state.cost_usd + cost
         u = self._usage
         u.exchanges += 1

@@ -15,11 +15,15 @@ from pydantic import BaseModel
 from pipeline.core import offline
 from pipeline.core.settings import ModelSettings
 from pipeline.models.client import INSTRUCTOR_MODES
+from pipeline.models.pricing import batch_price
 from pipeline.models.prompts import render
 from pipeline.models.transport import load_litellm, quiet_instructor
 
 ASSUMED_MODEL = "openai/gpt-4o-mini"
 """Model used to count and price a dry run when none is given (said so in the table)."""
+
+BATCHED_ROLES = frozenset({"luna"})
+"""Roles whose calls ``--batch`` sends as one provider batch (the per-cell fan-out)."""
 
 DEFAULT_OUTPUT_TOKENS = 800
 """Assumed completion size per call when a role does not say (stated in the table)."""
@@ -46,6 +50,7 @@ class RoleEstimate:
     completion_tokens: int = 0  # assumed, see PlannedCall.expected_output_tokens
     cost_usd: float | None = 0.0
     template_hash: str = ""
+    batch_cost_usd: float | None = None  # the same tokens through the provider's batch endpoint
 
 
 @dataclass
@@ -57,6 +62,7 @@ class Estimate:
     price_known: bool = True
     counted_with: str = "litellm.token_counter"
     model_assumed: bool = False  # no --model given: priced as ASSUMED_MODEL
+    batch: bool = False  # --batch: Luna's calls go out as one provider batch (batch price shown)
 
     @property
     def calls(self) -> int:
@@ -80,6 +86,13 @@ class Estimate:
             return None
         return sum(r.cost_usd or 0.0 for r in self.roles)
 
+    @property
+    def batch_cost_usd(self) -> float | None:
+        """Estimated cost with --batch: batched roles at the batch price, the others at the synchronous one."""
+        if not self.price_known or any(r.role in BATCHED_ROLES and r.batch_cost_usd is None for r in self.roles):
+            return None
+        return sum((r.batch_cost_usd or 0.0) if r.role in BATCHED_ROLES else (r.cost_usd or 0.0) for r in self.roles)
+
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready view."""
         return {
@@ -91,6 +104,8 @@ class Estimate:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens_assumed": self.completion_tokens,
             "cost_usd": self.cost_usd,
+            "batch": self.batch,
+            "batch_cost_usd": self.batch_cost_usd,
             "roles": [
                 {
                     "role": r.role,
@@ -98,6 +113,7 @@ class Estimate:
                     "prompt_tokens": r.prompt_tokens,
                     "completion_tokens_assumed": r.completion_tokens,
                     "cost_usd": r.cost_usd,
+                    "batch_cost_usd": r.batch_cost_usd if r.role in BATCHED_ROLES else None,
                     "template_hash": r.template_hash,
                 }
                 for r in self.roles
@@ -157,7 +173,7 @@ def _price(model: str, prompt_tokens: int, completion_tokens: int) -> float | No
 def estimate(planned: list[PlannedCall], settings: ModelSettings) -> Estimate:
     """Render and count every planned call; price from litellm's bundled map (offline)."""
     model = settings.model or ASSUMED_MODEL
-    est = Estimate(model=model, model_assumed=settings.model is None)
+    est = Estimate(model=model, model_assumed=settings.model is None, batch=settings.batch)
     by_role: dict[str, RoleEstimate] = {}
     for call in planned:
         rendered = render(call.role, call.context)
@@ -169,6 +185,7 @@ def estimate(planned: list[PlannedCall], settings: ModelSettings) -> Estimate:
         r.completion_tokens += call.expected_output_tokens
     for r in by_role.values():
         r.cost_usd = _price(model, r.prompt_tokens, r.completion_tokens)
+        r.batch_cost_usd = batch_price(model, r.prompt_tokens, r.completion_tokens)
         if r.cost_usd is None:
             est.price_known = False
         est.roles.append(r)
@@ -197,4 +214,16 @@ def format_estimate(est: Estimate) -> str:
     )
     if not est.price_known:
         lines.append(f"price unknown: {est.model} is not in litellm's bundled price map")
+    if est.batch:
+        lines.append(_batch_line(est, money))
     return "\n".join(lines)
+
+
+def _batch_line(est: Estimate, money: Any) -> str:
+    # Both prices side by side: what --batch saves, from litellm's batch rates (never an assumed half).
+    batched = ", ".join(sorted(r.role for r in est.roles if r.role in BATCHED_ROLES)) or "no role of this run"
+    return (
+        f"--batch ({batched} in one provider batch at litellm's batch price, the rest synchronous): "
+        f"{money(est.batch_cost_usd)} in all, against {money(est.cost_usd)} synchronous; "
+        "a batch answers within 24 h"
+    )

@@ -54,8 +54,12 @@ def completion_body(
     content: str | None = None,
     tool_arguments: str | None = None,
     usage: tuple[int, int] | None = None,
+    cached_tokens: int = 0,
 ) -> dict[str, Any]:
-    """A chat.completion body. With ``tool_arguments`` and tools in the request, a forced tool call."""
+    """A chat.completion body. With ``tool_arguments`` and tools in the request, a forced tool call.
+
+    ``cached_tokens`` > 0 reports that many prompt tokens as served from the prompt cache.
+    """
     message: dict[str, Any] = {"role": "assistant", "content": content}
     finish = "stop"
     tools = request.get("tools") or []
@@ -73,7 +77,7 @@ def completion_body(
         prompt = max(1, len(canonical_json(request.get("messages", []))) // 4)
         completion = max(1, len(tool_arguments or content or "") // 4)
         usage = (prompt, completion)
-    return {
+    body: dict[str, Any] = {
         "id": "chatcmpl-" + digest(request)[7:31],
         "object": "chat.completion",
         "created": 1_700_000_000,
@@ -81,6 +85,9 @@ def completion_body(
         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
         "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)},
     }
+    if cached_tokens:
+        body["usage"]["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
 
 
 def answer(data: Any) -> Handler:

@@ -396,3 +396,27 @@ async def test_concurrent_record_keeps_each_raw_body_with_its_request(
         args = rec["response"]["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
         assert json.loads(args)["summary"] == rec["cell_id"]
         assert rec["cell_id"] in rec["request"]["messages"][1]["content"]
+
+
+async def test_cached_prompt_tokens_are_logged_and_replayed(
+    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+) -> None:
+    from pipeline.models import format_summary, summarise
+    from pipeline.testing.openai_server import completion_body
+
+    def cached(request: dict[str, Any]) -> Reply:
+        return Reply(body=completion_body(request, tool_arguments=json.dumps(GOOD), usage=(40, 5), cached_tokens=32))
+
+    store = tmp_path / "store"
+    fake_llm.handler = cached
+    rec = ModelClient(model_settings(mode="record", store=store), tmp_path / "rec")
+    await one(rec, "C1")
+    fake_llm.handler = None
+    rep = ModelClient(model_settings(mode="replay", store=store), tmp_path / "rep")
+    await one(rep, "C1")
+    for run in ("rec", "rep"):
+        (row,) = read_calls(tmp_path / run)
+        assert (row["prompt_tokens"], row["cached_tokens"]) == (40, 32)
+    summary = summarise(tmp_path / "rep")
+    assert summary["totals"]["cached_tokens"] == 32
+    assert "cached" in format_summary(summary).splitlines()[0]

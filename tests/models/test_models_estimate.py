@@ -83,3 +83,42 @@ async def test_gather_bounded_keeps_order_and_cancels_on_error() -> None:
     assert peak == 2
     with pytest.raises(ValueError, match="boom"):
         await gather_bounded([work(i) for i in range(10)], 3)
+
+
+@pytest.fixture
+def luna_prompt(tiny_prompts: Path) -> None:
+    # The batched role's name over the tiny template: the price, not the prompt, is under test.
+    (tiny_prompts / "luna.j2").write_text((tiny_prompts / "t.j2").read_text())
+
+
+@pytest.mark.usefixtures("luna_prompt")
+def test_dry_run_batch_shows_both_prices_from_litellms_batch_rates() -> None:
+    import litellm
+
+    est = estimate(planned(3, role="luna"), ModelSettings(model="openai/gpt-4o-mini", batch=True))
+    (luna,) = est.roles
+    rates = litellm.model_cost["gpt-4o-mini"]
+    expected = (
+        luna.prompt_tokens * rates["input_cost_per_token_batches"]
+        + luna.completion_tokens * rates["output_cost_per_token_batches"]
+    )
+    assert luna.batch_cost_usd == pytest.approx(expected)
+    assert est.cost_usd is not None and est.batch_cost_usd is not None and est.batch_cost_usd < est.cost_usd
+    text = format_estimate(est)
+    assert f"${est.batch_cost_usd:.4f} in all, against ${est.cost_usd:.4f} synchronous" in text
+    assert est.as_dict()["batch_cost_usd"] == est.batch_cost_usd
+    # Without --batch the line is not shown; a role that is not batched keeps its synchronous price.
+    assert "--batch" not in format_estimate(
+        estimate(planned(1, role="luna"), ModelSettings(model="openai/gpt-4o-mini"))
+    )
+    mixed = estimate([*planned(1, role="luna"), *planned(1, role="t")], ModelSettings(model="openai/gpt-4o-mini"))
+    t = next(r for r in mixed.roles if r.role == "t")
+    luna2 = next(r for r in mixed.roles if r.role == "luna")
+    assert mixed.batch_cost_usd == pytest.approx((luna2.batch_cost_usd or 0) + (t.cost_usd or 0))
+
+
+@pytest.mark.usefixtures("luna_prompt")
+def test_dry_run_batch_price_unknown_is_stated() -> None:
+    est = estimate(planned(2, role="luna"), ModelSettings(model="openai/my-local-model", batch=True))
+    assert est.batch_cost_usd is None and est.roles[0].batch_cost_usd is None
+    assert "--batch (luna in one provider batch" in format_estimate(est) and "unknown in all" in format_estimate(est)
