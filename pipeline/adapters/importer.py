@@ -41,6 +41,7 @@ class ImportResult:
     harness: str = ""
     detected: bool = False
     label_texts: dict[str, list[str]] = field(default_factory=dict)  # cell_id -> label values (tests)
+    warnings: list[tuple[str, str]] = field(default_factory=list)  # (path, what of a run file was left out)
 
 
 def _safe_id(text: str) -> str:
@@ -158,6 +159,7 @@ def _build(adapter: Adapter, src: Path, tmp: Path, dest: Path) -> ImportResult:
             "raw_dir": RAW_DIR,
             "cells": blocks,
             "skipped": [{"path": p, "reason": r} for p, r in found.skipped],
+            "warnings": [{"path": p, "warning": w} for p, w in found.warnings],
         },
     )
     write_json(tmp / REQUEST_FILE, request.model_dump(mode="json"))
@@ -171,4 +173,5 @@ def _build(adapter: Adapter, src: Path, tmp: Path, dest: Path) -> ImportResult:
         skipped=found.skipped,
         harness=harness,
         label_texts=label_texts,
+        warnings=found.warnings,
     )

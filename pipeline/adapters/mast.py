@@ -242,7 +242,12 @@ def split_trace(trace: str) -> tuple[list[tuple[str, Turn]], dict[str, Any], str
 def _crosswalk(bundle: Path, paths: list[str]) -> dict[str, str]:
     for rel in paths:
         if rel.endswith("mast_taxonomy_crosswalk.json"):
-            data = read_json(bundle / rel)
+            try:
+                data = read_json(bundle / rel)
+            except (ValueError, UnicodeDecodeError):
+                return {}  # a damaged crosswalk: votes keep their source titles
+            if not isinstance(data, dict):
+                return {}
             table: dict[str, str] = {}
             for key in ("map_round1_to_mast14", "map_round2_3_to_mast14"):
                 table.update(data.get(key) or {})

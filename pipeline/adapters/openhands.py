@@ -27,6 +27,7 @@ from pipeline.adapters.base import (
     as_text,
     flag_label,
     load_json,
+    skipped_lines_warning,
     tool_result_event,
 )
 from pipeline.canonical import digest, sha256_text
@@ -56,6 +57,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
     """One cell per event-stream file or per run record with a ``history`` stream."""
     cells: list[CellSource] = []
     skipped: list[tuple[str, str]] = []
+    warnings: list[tuple[str, str]] = []
     for rel in paths:
         if not rel.endswith((".json", ".jsonl")):
             skipped.append((rel, "not JSON"))
@@ -66,12 +68,15 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
             skipped.append((rel, "not valid JSON"))
             continue
         found = 0
+        other = list(jf.bad_lines)
         for line, doc in jf.docs:
             records: list[tuple[str, Any]] = []
             if _is_stream(doc):
                 records.append(("", doc))
             elif isinstance(doc, dict) and _is_stream(doc.get("history")):
                 records.append(("/history", doc))
+            elif line is not None:
+                other.append(line)
             for hptr, rec in records:
                 found += 1
                 stream = rec if not hptr else rec["history"]
@@ -105,7 +110,9 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                 )
         if not found:
             skipped.append((rel, "no OpenHands event stream"))
-    return Discovery(cells=cells, skipped=skipped, harness="OpenHands")
+        elif other:
+            warnings.append(skipped_lines_warning(rel, sorted(other), "OpenHands run records"))
+    return Discovery(cells=cells, skipped=skipped, harness="OpenHands", warnings=warnings)
 
 
 def _action_event(em: Emitter, ptr: str, e: dict[str, Any], step: int, line: int | None) -> SourceEvent:

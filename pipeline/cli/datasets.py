@@ -36,6 +36,7 @@ def import_cmd(
                 "files": result.files,
                 "harness": result.harness,
                 "skipped": [{"path": p, "reason": r} for p, r in result.skipped],
+                "warnings": [{"path": p, "warning": w} for p, w in result.warnings],
             }
         )
         return
@@ -48,6 +49,8 @@ def import_cmd(
     if result.skipped:
         path, why = result.skipped[0]
         typer.echo(f"{len(result.skipped)} files hold no run (copied, not read); e.g. {path}: {why}")
+    for path, warning in result.warnings:
+        typer.echo(f"warning: {path}: {warning}", err=True)
 
 
 def _fmt(v: Any) -> str:
