@@ -8,6 +8,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from adapter_helpers import (
+    FOREIGN_FIXTURES,
     SHARED_DATA,
     SUBSETS,
     check_refs,
@@ -200,6 +201,7 @@ def test_mast_votes_go_to_the_sidecar(base: Path) -> None:
         ("claude-code-sessions", "claude-code"),
         ("atif-trajectories", "atif"),
         ("agentrx-examples/trajectories/tau-retail", "tau"),
+        (str(FOREIGN_FIXTURES / "mini-swe-agent"), "mini-swe-agent"),
     ],
 )
 def test_auto_detect(folder: str, fmt: str) -> None:

@@ -134,8 +134,6 @@ def test_a_file_of_only_odd_lines_is_one_clear_refusal(tmp_path: Path) -> None:
     assert not (tmp_path / "b").exists()
 
 
-
-
 def test_truncated_eval_zip_never_crashes(tmp_path: Path) -> None:
     need_shared_data()
     folder, files = SUBSETS["inspect"]

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 # Order matters for auto-detection ties: the more specific shapes first.
 _MODULES = {
+    "mini-swe-agent": "mini_swe_agent",
     "who-and-when": "who_and_when",
     "mast": "mast",
     "swe-agent": "swe_agent",
@@ -66,7 +67,8 @@ def detect(src: Path) -> str:
         rel = p.name if src.is_file() else p.relative_to(src).as_posix()
         try:
             with p.open("rb") as fh:
-                head = fh.read(8192).decode("utf-8", errors="replace")
+                # Enough for the markers that follow a long system prompt (mini-SWE-agent, Magentic-One).
+                head = fh.read(32768).decode("utf-8", errors="replace")
         except OSError:
             continue
         for name, ad in adapters.items():

@@ -34,6 +34,7 @@ NAME = "who-and-when"
 _NOT_LABELS = {"history", "question", "question_ID", "level", "system_prompt"}
 _ROLE = re.compile(r"^(?P<actor>[^()]+?)\s*\((?P<detail>.*)\)\s*$")
 _TERMINALS = {"computer_terminal", "computerterminal"}
+_MAGENTIC_ROLE = re.compile(r'"role":\s*"(?:Orchestrator|WebSurfer|FileSurfer|Coder|ComputerTerminal)\b')
 
 
 def split_role(role: str) -> tuple[str, str | None, str | None]:
@@ -74,7 +75,11 @@ def sniff(rel: str, head: str) -> bool:
     if start.startswith("{"):
         return '"history"' in start and ('"mistake_' in head or '"question' in head or '"is_correct' in head)
     banned = ('"action"', '"observation"', '"trace"', '"traj"', '"tool_calls"', '"step_id"')
-    return start.startswith("[") and '"content"' in start and '"role"' in start and not any(b in head for b in banned)
+    if not (start.startswith("[") and '"content"' in start and '"role"' in start) or any(b in head for b in banned):
+        return False
+    # A bare message list is a Who&When-style copy only when Magentic-One's team speaks in it; any
+    # other chat transcript is not claimed (auto then asks for --format instead of guessing).
+    return bool(_MAGENTIC_ROLE.search(head))
 
 
 def discover(bundle: Path, paths: list[str]) -> Discovery:
