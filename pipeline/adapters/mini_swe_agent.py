@@ -171,7 +171,7 @@ def _command(args: Any) -> str:
         try:
             args = json.loads(args)
         except json.JSONDecodeError:
-            return args
+            return str(args)
     return str(args.get("command") or "") if isinstance(args, dict) else ""
 
 
