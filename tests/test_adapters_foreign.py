@@ -100,3 +100,34 @@ def test_a_plain_message_list_is_not_guessed(tmp_path: Path) -> None:
         detect(src)
     res = CliRunner().invoke(app, ["bundle", "import", "auto", str(src), str(tmp_path / "b")])
     assert res.exit_code == 2 and "name it" in res.output and not (tmp_path / "b").exists()
+
+
+def test_openhands_v1_event_files_folder(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(FIX / "openhands-v1", src)
+    assert detect(src) == "openhands"
+    bundle, events = _run("auto", src, tmp_path)
+    req = json.loads((bundle / "analysis-request.json").read_text())
+    assert req["parent_harness"] == "OpenHands V1" and len(req["cells"]) == 3
+    folder = [e for e in events if e["cell_id"] == "C001"]  # cells in raw-path order: the folder first
+    assert len(folder) == 12 and len({e["source_path"] for e in folder}) == 12  # one file, one event
+    assert [e["step_index"] for e in folder] == list(range(12))
+    calls = [e for e in folder if e["kind"] == "tool_call"]
+    assert [(c["tool_name"], c["call_id"]) for c in calls] == [
+        ("terminal", "toolu_01"),
+        ("file_editor", "toolu_02"),
+        ("terminal", "toolu_03"),
+    ]
+    assert calls[0]["args_digest"] == calls[2]["args_digest"] and calls[1]["target"] == "/workspace/proj/slugify.py"
+    results = {e["call_id"]: e for e in folder if e["kind"] in ("tool_result", "error") and e["call_id"]}
+    assert results["toolu_01"]["kind"] == "error" and results["toolu_02"]["kind"] == "tool_result"
+    assert results["toolu_01"]["result_digest"] == results["toolu_03"]["result_digest"]
+    details = {e["detail"]: e["kind"] for e in folder}
+    assert details["agent_error"] == "error" and details["iteration_limit"] == "error"
+    assert details["execution_status"] in ("state_change", "error")
+    assert any("maximum iterations reached" in str(e["text"]) for e in folder)  # the step-cap check reads this
+    jsonl = [e for e in events if e["source_path"].endswith("export.jsonl")]
+    assert [e["line_start"] for e in jsonl] == [1, 2, 3, 4, 5]
+    search = [e for e in events if e["source_path"].endswith("search-answer.json")]
+    assert search[-1]["detail"] == "finish" and search[-1]["kind"] == "message"
+    assert all(str(e["json_pointer"]).startswith("/items/") for e in search)
