@@ -55,7 +55,7 @@ def test_mini_swe_agent_actions_from_text_with_exact_refs(tmp_path: Path) -> Non
     assert req["format"] == "mini-swe-agent" and req["parent_harness"] == "mini-SWE-agent 1.9.0"
     calls = [e for e in events if e["kind"] == "tool_call"]
     # 6 assistant turns with one block each, one turn with two blocks (rejected: no call)
-    assert [c["tool_name"] for c in calls] == ["grep", "python", "python", "sed", "echo"]
+    assert [c["tool_name"] for c in calls] == ["grep", "pytest", "pytest", "sed", "echo"]  # python -m pytest
     for c in calls:
         shown = _ref_text(bundle, c)
         assert shown.startswith("```bash") and shown.endswith("```") and str(c["text"]) in shown
@@ -70,6 +70,8 @@ def test_mini_swe_agent_actions_from_text_with_exact_refs(tmp_path: Path) -> Non
     outcome = json.loads((bundle / "sidecar/outcomes.jsonl").read_text().splitlines()[0])
     assert outcome["exit_status"] == "Submitted" and outcome["cost"] == 0.0421 and outcome["label"] is None
     assert "diff --git a/timeparse.py" not in "\n".join(str(e["text"]) for e in events)  # the submission is a label
+    fired = {h.probe_id for h in _probe_hits(tmp_path / "runs" / "r")}  # type: ignore[attr-defined]
+    assert {"check_rerun_unchanged_source", "repeated_failure"} <= fired  # the same failing test run twice
 
 
 def test_mini_swe_agent_v2_tool_calls_and_limit(tmp_path: Path) -> None:
@@ -131,3 +133,73 @@ def test_openhands_v1_event_files_folder(tmp_path: Path) -> None:
     search = [e for e in events if e["source_path"].endswith("search-answer.json")]
     assert search[-1]["detail"] == "finish" and search[-1]["kind"] == "message"
     assert all(str(e["json_pointer"]).startswith("/items/") for e in search)
+
+
+def _probe_hits(run: Path) -> list[object]:
+    import duckdb
+
+    from pipeline.probes import run_probes
+
+    con = duckdb.connect(str(run / "ir.duckdb"))
+    try:
+        return list(run_probes(con))
+    finally:
+        con.close()
+
+
+def test_chat_messages_yield_calls_results_and_errors(tmp_path: Path) -> None:
+    from pipeline.eval import evaluate
+
+    src = tmp_path / "src"
+    shutil.copytree(FIX / "who-and-when", src)
+    bundle, events = _run("auto", src, tmp_path)
+    by_cell: dict[str, list[dict[str, object]]] = {}
+    for e in events:
+        by_cell.setdefault(str(e["cell_id"]), []).append(e)
+    ag2, mag = by_cell["C001"], by_cell["C002"]  # raw-path order: ag2-like.json, magentic-like.json
+    # Magentic-One: the message events stay (the ComputerTerminal reply is its tool result)
+    assert sum(1 for e in mag if e["kind"] == "message") == 13
+    calls = [(e["step_index"], e["tool_name"]) for e in mag if e["kind"] == "tool_call"]
+    assert calls == [(3, "web_search"), (5, "web_search"), (7, "web_click"), (10, "python")]
+    c3, c5 = (e for e in mag if e["kind"] == "tool_call" and e["tool_name"] == "web_search")
+    assert c3["args_digest"] == c5["args_digest"]
+    assert _ref_text(bundle, c3) == "I typed 'Lakeside library history second branch' into the browser search bar."
+    results = {e["step_index"]: e for e in mag if e["kind"] in ("tool_result", "error") and e["call_id"]}
+    assert results[3]["kind"] == results[5]["kind"] == "tool_result"
+    assert results[3]["result_digest"] == results[5]["result_digest"]
+    assert results[7]["kind"] == "error"  # an Error 404 page
+    py = next(e for e in mag if e["tool_name"] == "python" and e["kind"] == "tool_call")
+    assert results[12]["kind"] == "error" and results[12]["call_id"] == py["call_id"]  # exit code 1
+    assert _ref_text(bundle, py) == "```python\nprint(open('about.html').read()[:100])\n```"
+    tb = next(e for e in mag if e["detail"] == "harness_traceback")
+    shown = _ref_text(bundle, tb)
+    assert shown.startswith("Error processing publish message") and shown.endswith("page load timed out")
+    said = next(e for e in mag if e["detail"] == "reported_failure")
+    assert said["step_index"] == 8 and _ref_text(bundle, said).startswith("We cannot access")
+    # AG2: the same failing script twice
+    a_calls = [e for e in ag2 if e["kind"] == "tool_call"]
+    a_errs = [e for e in ag2 if e["kind"] == "error" and e["call_id"]]
+    assert [e["step_index"] for e in a_calls] == [1, 3] and a_calls[0]["args_digest"] == a_calls[1]["args_digest"]
+    assert [e["call_id"] for e in a_errs] == [e["call_id"] for e in a_calls]
+    assert any(e["detail"] == "reported_failure" and e["step_index"] == 5 for e in ag2)
+    # the deterministic layer now fires on these logs
+    fired = {(h.cell_id, h.probe_id) for h in _probe_hits(tmp_path / "runs" / "r")}  # type: ignore[attr-defined]
+    assert {("C002", "repeat_call_same_state"), ("C002", "identical_result"), ("C001", "repeated_failure")} <= fired
+    rep = evaluate(tmp_path / "runs" / "r", "who-and-when")
+    first = rep["sources"]["baseline_first_error"]
+    assert first["predicted"] == 2  # AG2: step 2 (label 1, ±1); Magentic: step 7 (label 5, ±3)
+    assert (first["exact"], first["within_1"], first["within_3"]) == (0, 1, 2)
+
+
+def test_mast_traces_get_derived_events_with_refs(tmp_path: Path) -> None:
+    from adapter_helpers import need_shared_data
+
+    need_shared_data()
+    from adapter_helpers import imported
+
+    bundle, run, _ = imported("mast", tmp_path)
+    events = events_of(run)
+    derived = [e for e in events if e["detail"] in ("code_block", "harness_traceback", "reported_failure")]
+    assert derived  # HyperAgent's code blocks and traceback, agents saying they cannot open a file
+    ok, bad = check_refs(bundle, derived)
+    assert bad == [] and ok == len(derived)

@@ -82,10 +82,15 @@ def executable_blocks(text: str) -> list[CodeBlock]:
     return [b for b in code_blocks(text) if b.lang in EXECUTABLE and b.code.strip()]
 
 
-def sub_event(em: Emitter, kind: str, ptr: str, part: Span, *, line: int | None = None, **fields: Any) -> SourceEvent:
-    """An event whose ref is lines ``part`` of the string at ``ptr`` (its message keeps ``ptr``)."""
+def sub_event(
+    em: Emitter, kind: str, ptr: str, part: Span, *, line: int | None = None, inner: str = "", **fields: Any
+) -> SourceEvent:
+    """An event whose ref is lines ``part`` of the string at ``ptr`` (its message keeps ``ptr``).
+
+    ``inner`` descends into a string that holds JSON first (``#/content``: MAST's JSON traces).
+    """
     ev = em.event(kind, ptr, line=line, **fields)
-    ev.json_pointer = f"{ev.json_pointer or ''}#L{part.first}-L{part.last}"
+    ev.json_pointer = f"{ev.json_pointer or ''}{inner}#L{part.first}-L{part.last}"
     return ev
 
 
@@ -99,6 +104,8 @@ def command_tool(command: str) -> str:
             words = words[1:]
         else:
             break
+    if len(words) >= 3 and words[0] in ("python", "python3") and words[1] == "-m":
+        return words[2]  # "python -m pytest": the tool is pytest (a check), not the interpreter
     return words[0] if words else ""
 
 

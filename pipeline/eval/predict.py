@@ -187,6 +187,7 @@ PROBE_MODES = {
     "repeat_call_same_state": STEP_REPETITION,
     "check_rerun_unchanged_source": STEP_REPETITION,
     "identical_result": STEP_REPETITION,
+    "repeated_failure": STEP_REPETITION,
 }
 
 
