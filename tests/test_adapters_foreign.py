@@ -191,15 +191,15 @@ def test_chat_messages_yield_calls_results_and_errors(tmp_path: Path) -> None:
     assert (first["exact"], first["within_1"], first["within_3"]) == (0, 1, 2)
 
 
-def test_mast_traces_get_derived_events_with_refs(tmp_path: Path) -> None:
-    from adapter_helpers import need_shared_data
-
-    need_shared_data()
-    from adapter_helpers import imported
-
-    bundle, run, _ = imported("mast", tmp_path)
-    events = events_of(run)
-    derived = [e for e in events if e["detail"] in ("code_block", "harness_traceback", "reported_failure")]
-    assert derived  # HyperAgent's code blocks and traceback, agents saying they cannot open a file
-    ok, bad = check_refs(bundle, derived)
-    assert bad == [] and ok == len(derived)
+def test_mast_text_trace_gets_calls_results_and_errors(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(FIX / "mast", src)
+    bundle, events = _run("mast", src, tmp_path)
+    call = next(e for e in events if e["kind"] == "tool_call")
+    assert call["tool_name"] == "python" and _ref_text(bundle, call) == "```python\nprint(17 * 23\n```"
+    said = next(e for e in events if e["detail"] == "reported_failure")
+    assert _ref_text(bundle, said) == "I could not run the code; the answer is 391."
+    turns = [
+        e for e in events if "#L" in str(e["json_pointer"]) and e["detail"] not in ("code_block", "reported_failure")
+    ]
+    assert any(e["kind"] == "error" and "exitcode: 1" in str(e["text"]) for e in turns)  # the executor's turn

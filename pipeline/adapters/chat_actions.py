@@ -212,8 +212,10 @@ def derive(em: Emitter, turns: list[ChatTurn]) -> tuple[dict[int, list[SourceEve
     for t in turns:
         evs: list[SourceEvent] = []
         exe = t.executor if t.executor is not None else is_executor(t.actor, t.text)
-        if exe and t.executor is None and exit_code(t.text) is None and executable_blocks(t.text):
-            exe = False  # an executor agent writing the code it will run (HyperAgent's inner assistant)
+        if exe and t.executor is None and exit_code(t.text) is None and (executable_blocks(t.text) or pending is None):
+            # An executor agent writing the code it will run (HyperAgent's inner assistant), or a
+            # proxy speaking with no code to run (AG2's user_proxy handing over the task): no result.
+            exe = False
         if exe:
             call_id = tool = None
             if pending is not None:

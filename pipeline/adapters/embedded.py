@@ -208,7 +208,8 @@ def tracebacks(text: str) -> list[Span]:
 _CANNOT = re.compile(
     r"\b(?:I|we) (?:cannot|can't|can not|am unable to|was unable to|were unable to|could not|couldn't|"
     r"am not able to|was not able to|don't have (?:the ability|access)|do not have (?:the ability|access))"
-    r"(?: to)? (?:directly )?(?:access|open|load|retrieve|view|browse|download|read|reach|find|locate|play|listen)\b",
+    r"(?: to)? (?:directly )?(?:access|open|load|retrieve|view|browse|download|read|reach|find|locate|play|listen|"
+    r"run|execute)\b",
     re.IGNORECASE,
 )
 

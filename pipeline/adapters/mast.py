@@ -349,10 +349,14 @@ def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:
         for step, (_, t) in enumerate(turns)
         if t.inner is not None and t.kind in ("message", "tool_result")
     ]
-    extra, _ = derive(em, chat)
+    extra, results = derive(em, chat)
     for step, (prefix, t) in enumerate(turns):
         ev = em.event(t.kind, base, actor=t.actor, detail=t.detail, target=t.target, step_index=step, text=t.text)
         ev.json_pointer = f"{base}{prefix}#L{t.first}-L{t.last}"
+        res = results.get(step)
+        if res is not None and t.kind == "message":  # an executor's turn is the result of the code before it
+            ev.kind, ev.detail, ev.call_id = res.kind, res.detail, res.call_id
+            ev.tool_name, ev.result_digest = res.tool_name, sha256_text(t.text)
         if t.kind == "tool_call":
             ev.tool_name = t.tool_name
             ev.args_digest = args_digest(t.args)
