@@ -15,7 +15,7 @@ from pipeline.adapters.importer import ImportResult
 from pipeline.adapters.spans import resolve_element
 from pipeline.bundle.manifest import read_manifest
 from pipeline.bundle.request import load_request
-from pipeline.canonical import sha256_bytes
+from pipeline.core.canonical import sha256_bytes
 from pipeline.ir.export import export
 
 # Samples written for the tests (formats the shared data has no public copy of); an absolute folder

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from pipeline.adapters import detect, import_bundle
 from pipeline.adapters.spans import resolve_element
 from pipeline.cli.app import app
-from pipeline.errors import BadInput
+from pipeline.core.errors import BadInput
 from pipeline.ir.export import export
 
 FIX = Path(__file__).parent / "fixtures" / "foreign"

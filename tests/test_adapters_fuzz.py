@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from pipeline.adapters import FORMATS, import_bundle
 from pipeline.cli.app import app
-from pipeline.errors import BadInput
+from pipeline.core.errors import BadInput
 from pipeline.ir.export import export
 
 FIXTURES = Path(__file__).parent / "fixtures" / "foreign"

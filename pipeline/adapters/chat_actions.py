@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipeline.adapters.base import Emitter, args_digest, looks_like_error
+from pipeline.adapters.contract import SourceEvent
 from pipeline.adapters.embedded import (
     CodeBlock,
     Span,
@@ -43,7 +44,6 @@ from pipeline.adapters.embedded import (
     sub_event,
     tracebacks,
 )
-from pipeline.ir.events import SourceEvent
 
 
 @dataclass(frozen=True)

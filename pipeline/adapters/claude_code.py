@@ -37,10 +37,10 @@ from pipeline.adapters.base import (
     skipped_lines_warning,
     tool_result_event,
 )
+from pipeline.adapters.contract import SourceEvent
 from pipeline.adapters.harbor import trial_dir, trial_outcome
 from pipeline.adapters.spans import JsonFile
-from pipeline.canonical import digest
-from pipeline.ir.events import SourceEvent
+from pipeline.core.canonical import digest
 
 NAME = "claude-code"
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.adapters.base import Emitter, args_digest
-from pipeline.canonical import sha256_text
-from pipeline.ir.events import SourceEvent
+from pipeline.adapters.contract import SourceEvent
+from pipeline.core.canonical import sha256_text
 
 _FENCE = re.compile(r"^\s*```\s*([\w.+-]*)\s*$")
 # Languages whose fenced blocks are executed by the chat frameworks here (AG2's code executor,

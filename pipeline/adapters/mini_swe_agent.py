@@ -38,9 +38,9 @@ from pipeline.adapters.base import (
     first_docs,
     joined_harnesses,
 )
+from pipeline.adapters.contract import SourceEvent
 from pipeline.adapters.embedded import call_event, code_blocks, command_tool, exit_code
-from pipeline.canonical import sha256_text
-from pipeline.ir.events import SourceEvent
+from pipeline.core.canonical import sha256_text
 
 NAME = "mini-swe-agent"
 _MARKERS = (

@@ -32,9 +32,9 @@ from pipeline.adapters.base import (
     skipped_lines_warning,
     tool_result_event,
 )
+from pipeline.adapters.contract import SourceEvent
 from pipeline.adapters.openhands_v1 import V1_KINDS, event_folders, is_v1_event, is_v1_stream, read_stream, v1_event
-from pipeline.canonical import digest, sha256_text
-from pipeline.ir.events import SourceEvent
+from pipeline.core.canonical import digest, sha256_text
 
 NAME = "openhands"
 _V1_KIND = re.compile(r'"kind":\s*"(?:' + "|".join(sorted(V1_KINDS)) + ')"')

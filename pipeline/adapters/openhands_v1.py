@@ -23,8 +23,8 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from pipeline.adapters.base import Emitter, args_digest, as_dict, as_text, tool_result_event
-from pipeline.canonical import digest, sha256_text
-from pipeline.ir.events import SourceEvent
+from pipeline.adapters.contract import SourceEvent
+from pipeline.core.canonical import digest, sha256_text
 
 V1_KINDS = {
     "SystemPromptEvent",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from pipeline.proposals.card import ProposalCard
+from pipeline.artifacts.proposal_card import ProposalCard
 from pipeline.validator.findings import TextField
 
 # Sentence ends: CJK and ASCII punctuation, newlines; a period only when followed by space/end
