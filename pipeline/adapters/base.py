@@ -37,6 +37,8 @@ class CellSource:
     exclusion_reason: str | None = None
     outcome: dict[str, Any] = field(default_factory=dict)  # label, quality, ... and label fields
     label_texts: list[str] = field(default_factory=list)  # label values that must never reach events
+    content_key: str | None = None  # digest of the run's records: the same run found twice is one cell
+    label_keys: list[str] = field(default_factory=list)  # ids a separate label file may use for this run
 
 
 @dataclass
@@ -47,6 +49,7 @@ class Discovery:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, why it holds no run)
     harness: str | None = None
     warnings: list[tuple[str, str]] = field(default_factory=list)  # (path, what was left out of a run file)
+    aux: list[str] = field(default_factory=list)  # files read for outcomes or mappings, not runs (kept in raw/)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from pipeline.adapters.base import (
     tool_result_event,
 )
 from pipeline.adapters.contract import SourceEvent
-from pipeline.adapters.harbor import trial_dir, trial_outcome
+from pipeline.adapters.harbor import trial_dir, trial_files, trial_outcome
 from pipeline.adapters.spans import JsonFile
 from pipeline.core.canonical import digest
 
@@ -81,6 +81,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
     cells: list[CellSource] = []
     skipped: list[tuple[str, str]] = []
     warnings: list[tuple[str, str]] = []
+    aux: list[str] = []
     sessions: dict[str, list[tuple[str, bool, int]]] = {}
     for rel in paths:
         found = _records(bundle, rel) if rel.endswith((".jsonl", ".txt", ".json")) else None
@@ -94,6 +95,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
         if any("session_id" in d for _, d in recs):  # stream-json: one run per file
             trial = trial_dir(bundle, rel)
             out, texts, task = trial_outcome(bundle, trial)
+            aux.extend(trial_files(bundle, trial))
             result = next((d for _, d in reversed(recs) if d.get("type") == "result"), None)
             if result is not None:
                 if out.get("cost") is None and isinstance(result.get("total_cost_usd"), int | float):
@@ -138,7 +140,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                 outcome={"label": None},
             )
         )
-    return Discovery(cells=cells, skipped=skipped, harness="Claude Code", warnings=warnings)
+    return Discovery(cells=cells, skipped=skipped, harness="Claude Code", warnings=warnings, aux=aux)
 
 
 def _message_events(

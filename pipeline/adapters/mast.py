@@ -321,11 +321,14 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                         **{k: rec[k] for k in ("mas_name", "benchmark_name", "trace_id", "round") if k in rec},
                     },
                     label_texts=[t for t in texts if len(t) > 20],
+                    content_key=sha256_text(rec["trace"]),
+                    label_keys=[str(rec.get("trace_id", i))],
                 )
             )
     harnesses = sorted({c.harness for c in cells if c.harness})
+    aux = [rel for rel in paths if rel.endswith("mast_taxonomy_crosswalk.json") and cw]
     return Discovery(
-        cells=cells, skipped=skipped, harness="MAST traces: " + ", ".join(harnesses) if harnesses else None
+        cells=cells, skipped=skipped, harness="MAST traces: " + ", ".join(harnesses) if harnesses else None, aux=aux
     )
 
 

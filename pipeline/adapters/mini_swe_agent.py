@@ -40,7 +40,7 @@ from pipeline.adapters.base import (
 )
 from pipeline.adapters.contract import SourceEvent
 from pipeline.adapters.embedded import call_event, code_blocks, command_tool, exit_code
-from pipeline.core.canonical import sha256_text
+from pipeline.core.canonical import digest, sha256_text
 
 NAME = "mini-swe-agent"
 _MARKERS = (
@@ -112,6 +112,8 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                     "info": info,
                 },
                 label_texts=[s for s in [as_text(info.get("submission"))] if len(s) > 40],
+                content_key=digest(msgs),
+                label_keys=[stem],
             )
         )
     return Discovery(cells=cells, skipped=skipped, harness=joined_harnesses(cells))

@@ -29,6 +29,7 @@ from pipeline.adapters.base import (
 from pipeline.adapters.chat_actions import ChatTurn, derive
 from pipeline.adapters.contract import SourceEvent
 from pipeline.adapters.spans import pointer
+from pipeline.core.canonical import digest
 
 NAME = "who-and-when"
 _NOT_LABELS = {"history", "question", "question_ID", "level", "system_prompt"}
@@ -119,6 +120,8 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                 source_steps=len(items),
                 outcome=outcome,
                 label_texts=label_texts,
+                content_key=digest(items),
+                label_keys=[rel.rsplit("/", 1)[-1].removesuffix(".json"), task_id],
             )
         )
     return Discovery(cells=cells, skipped=skipped, harness=joined_harnesses(cells))

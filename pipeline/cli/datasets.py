@@ -36,20 +36,22 @@ def import_cmd(
                 "cells": result.cells,
                 "files": result.files,
                 "harness": result.harness,
+                "formats": result.formats,
                 "skipped": [{"path": p, "reason": r} for p, r in result.skipped],
                 "warnings": [{"path": p, "warning": w} for p, w in result.warnings],
             }
         )
         return
     if result.detected:
-        typer.echo(f"detected format: {result.format}")
+        shown = f"{result.format} ({', '.join(result.formats)})" if len(result.formats) > 1 else result.format
+        typer.echo(f"detected format: {shown}")
     typer.echo(
         f"imported {result.cells} cells ({result.files} files frozen) as {result.format} "
         f"[{result.harness}] into {result.dest}"
     )
     if result.skipped:
         path, why = result.skipped[0]
-        typer.echo(f"{len(result.skipped)} files hold no run (copied, not read); e.g. {path}: {why}")
+        typer.echo(f"{len(result.skipped)} files not read as runs; e.g. {path}: {why}")
     for path, warning in result.warnings:
         typer.echo(f"warning: {path}: {warning}", err=True)
 
