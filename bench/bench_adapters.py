@@ -42,13 +42,17 @@ DATASETS = [
     ("tau", "agentrx-examples/trajectories/tau-retail"),
     ("tau", "docent-samples/docent/docent/samples"),
     ("who-and-when", "agentrx-examples/data/magentic_dataset"),
+    # Samples written for the tests (an absolute folder is taken as it is)
+    ("mini-swe-agent", str(ROOT / "tests/fixtures/foreign/mini-swe-agent")),
+    ("openhands", str(ROOT / "tests/fixtures/foreign/openhands-v1")),
+    ("auto", str(ROOT / "tests/fixtures/foreign/agentrx-like")),
 ]
 
 
 def measure(fmt: str, folder: str, work: Path) -> dict[str, Any]:
     """Import, verify, export and check refs for one dataset folder."""
     src = SHARED_DATA / folder
-    bundle = work / folder.replace("/", "_")
+    bundle = work / folder.strip("/").replace("/", "_")
     t0 = time.perf_counter()
     result = import_bundle(fmt, src, bundle)
     t_import = time.perf_counter() - t0

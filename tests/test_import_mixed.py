@@ -119,3 +119,13 @@ def test_label_files_never_reach_raw_with_a_named_format(fmt: str, tmp_path: Pat
     bundle = tmp_path / "b"
     import_bundle(fmt, src, bundle)
     assert not (bundle / "raw" / "ground_truth").exists()
+
+
+def test_one_log_filed_under_two_questions_stays_two_runs(tmp_path: Path) -> None:
+    # Who&When's Algorithm-Generated 22 and 51 hold the same history for two different questions
+    # (and labels): a run is its task plus its records, so both are imported.
+    need_shared_data()
+    subset = ("who-and-when", ["Algorithm-Generated/22.json", "Algorithm-Generated/51.json"])
+    src = make_subset("who-and-when", tmp_path / "src", subset)
+    result = import_bundle("who-and-when", src, tmp_path / "b")
+    assert result.cells == 2 and result.skipped == []

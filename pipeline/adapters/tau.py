@@ -93,7 +93,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                     source_steps=len(rec["traj"]),
                     outcome={"label": score_label(quality), "quality": quality, **labels},
                     label_texts=label_texts,
-                    content_key=digest(rec["traj"]),
+                    content_key=digest([str(rec["task_id"]), rec["traj"]]),
                     label_keys=[str(rec["task_id"])],
                 )
             )

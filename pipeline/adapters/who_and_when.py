@@ -120,7 +120,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                 source_steps=len(items),
                 outcome=outcome,
                 label_texts=label_texts,
-                content_key=digest(items),
+                content_key=digest([task_id, items]),  # one log filed under two questions is two runs
                 label_keys=[rel.rsplit("/", 1)[-1].removesuffix(".json"), task_id],
             )
         )

@@ -14,8 +14,8 @@ from pipeline.core.errors import BadInput
 from pipeline.eval import evaluate
 
 _FORMAT_HELP = (
-    "Format of the logs, or 'auto' to detect it: who-and-when, mast, swe-agent, openhands, inspect, "
-    "claude-code, atif, tau."
+    "Format of the logs, or 'auto' to detect each file's format: mini-swe-agent, who-and-when, mast, swe-agent, "
+    "openhands, inspect, claude-code, atif, tau."
 )
 
 
