@@ -64,6 +64,9 @@ class ChatTurn:
     executor: bool | None = None  # the reader already knows this turn is tool output (None: decide here)
 
 
+# Speakers that only ever report execution (their every message is tool output), and speakers that
+# may also just talk (a proxy handing over the task): those need an exit code or code to answer.
+_TERMINAL = re.compile(r"terminal|code_?exec", re.IGNORECASE)
 _EXECUTOR = re.compile(r"terminal|executor|code_?exec|user_?proxy", re.IGNORECASE)
 _WEB = re.compile(r"websurfer|web_?surfer|browser", re.IGNORECASE)
 _FILE = re.compile(r"filesurfer|file_?surfer", re.IGNORECASE)
@@ -212,7 +215,8 @@ def derive(em: Emitter, turns: list[ChatTurn]) -> tuple[dict[int, list[SourceEve
     for t in turns:
         evs: list[SourceEvent] = []
         exe = t.executor if t.executor is not None else is_executor(t.actor, t.text)
-        if exe and t.executor is None and exit_code(t.text) is None and (executable_blocks(t.text) or pending is None):
+        quiet = pending is None and not _TERMINAL.search(t.actor.replace(" ", ""))
+        if exe and t.executor is None and exit_code(t.text) is None and (executable_blocks(t.text) or quiet):
             # An executor agent writing the code it will run (HyperAgent's inner assistant), or a
             # proxy speaking with no code to run (AG2's user_proxy handing over the task): no result.
             exe = False
