@@ -20,14 +20,13 @@ import duckdb
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from adapter_helpers import SHARED_DATA, check_refs, events_of  # noqa: E402
+sys.path.insert(0, str(ROOT))  # the tests package (tests/adapters/adapter_helpers.py)
 
 from pipeline.adapters import import_bundle  # noqa: E402
 from pipeline.bundle.manifest import verify  # noqa: E402
 from pipeline.eval import evaluate  # noqa: E402
 from pipeline.ir.export import export  # noqa: E402
+from tests.adapters.adapter_helpers import SHARED_DATA, check_refs, events_of  # noqa: E402
 
 DATASETS = [
     ("who-and-when", "who-and-when"),

@@ -15,11 +15,19 @@ class Usage(Protocol):
     """What the bar shows of the client's running spend (the client's ``Usage`` has it)."""
 
     @property
-    def total_tokens(self) -> int: ...
+    def total_tokens(self) -> int:
+        """Prompt plus completion tokens so far."""
+        ...
+
     @property
-    def cost_usd(self) -> float: ...
+    def cost_usd(self) -> float:
+        """Spend so far, in US dollars."""
+        ...
+
     @property
-    def cost_known(self) -> bool: ...
+    def cost_known(self) -> bool:
+        """False when a model has no price in litellm's map."""
+        ...
 
 
 def _spend(usage: Callable[[], Usage] | None) -> str:
