@@ -139,6 +139,7 @@ def model_inputs(settings: ModelSettings) -> dict[str, Any]:
         "max_reasks": settings.max_reasks,
         "concurrency": settings.concurrency,
         "budget_usd": settings.budget_usd,
+        "context_tokens": settings.context_tokens,
     }
 
 
@@ -256,7 +257,7 @@ def _unblock_command(ctx: RunContext, exc: Blocked) -> str:
         # the model layer does not know the bundle or run; give the exact command for this run
         extra = hint.split("lunasol run BUNDLE", 1)[1].split("(")[0].split()
         base = resume.split()
-        drop = {"--model"} & set(extra)
+        drop = {"--model", "--context-tokens"} & set(extra)
         if {"--record", "--replay"} & set(extra):
             drop |= {"--record", "--replay"}  # one store mode only
         for flag in drop:
