@@ -26,7 +26,7 @@ class ModelSettings(BaseModel):
     budget_usd: float | None = Field(default=None, ge=0)
     budget_tokens: int | None = Field(default=None, ge=0)
     context_tokens: int | None = Field(
-        default=None, gt=0, description="the model's input limit in tokens (local or unknown models); default: litellm's"
+        default=None, gt=0, description="the model's input limit in tokens (local / unknown models); default: litellm's"
     )
     temperature: float = 0.0
     max_reasks: int = Field(default=2, ge=0, description="validation re-asks after the first answer")

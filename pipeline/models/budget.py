@@ -141,7 +141,9 @@ def count_text(limits: ModelLimits, text: str) -> int:
     return n if limits.exact else math.ceil(n * ESTIMATE_FACTOR)
 
 
-def count_request(limits: ModelLimits, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
+def count_request(
+    limits: ModelLimits, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> int:
     """Tokens of a whole chat request: every message's text and framing, plus the tools' schema."""
     text = "\n".join(str(m.get("content") or "") for m in messages)
     framing = _PER_REQUEST + _PER_MESSAGE * len(messages)
@@ -176,7 +178,11 @@ def request_tokens(budget: RoleBudget, messages: list[dict[str, Any]], response_
 
 
 def check_fits(
-    settings: ModelSettings, role: str, cell_id: str | None, messages: list[dict[str, Any]], response_model: type[BaseModel]
+    settings: ModelSettings,
+    role: str,
+    cell_id: str | None,
+    messages: list[dict[str, Any]],
+    response_model: type[BaseModel],
 ) -> None:
     """Raise :class:`ContextExceeded` (before anything is sent) when a request exceeds its role's budget."""
     budget = role_budget(settings, role)

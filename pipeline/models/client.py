@@ -42,8 +42,6 @@ from pipeline.models.transport import (
 )
 from pipeline.models.transport import (
     is_context_error,
-)
-from pipeline.models.transport import (
     load_litellm,
     quiet_instructor,
 )

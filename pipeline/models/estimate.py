@@ -34,6 +34,7 @@ class PlannedCall:
     context: dict[str, Any]
     response_model: type[BaseModel]
     expected_output_tokens: int = DEFAULT_OUTPUT_TOKENS
+    note: str = ""  # how the role planned this call (e.g. Sol's map/reduce plan), shown by the dry run
 
 
 @dataclass

@@ -267,7 +267,7 @@ class FakeOpenAI:
             too_large = bool(self.context_tokens) and size > int(self.context_tokens or 0)
             if too_large:
                 self.refused_for_size += 1
-            item = context_exceeded(int(self.context_tokens or 0), size) if too_large else None
+            item: ScriptItem | None = context_exceeded(int(self.context_tokens or 0), size) if too_large else None
             if item is None and self.script:
                 item = self.script.pop(0)
             self.in_flight += 1
