@@ -30,6 +30,7 @@ import pipeline
 from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION, run_command
 from pipeline.artifacts.schemas import load_document
 from pipeline.bundle.manifest import verify
+from pipeline.coordinator.probe_estimate import estimate_groups
 from pipeline.core.canonical import digest, read_json, sha256_file, write_json
 from pipeline.core.context import RunContext, RunOptions
 from pipeline.core.errors import BadInput, Blocked, BundleError
@@ -511,6 +512,13 @@ def dry_run(ctx: RunContext) -> RunResult:
                     notes.append(f"{name}: nothing to plan yet")
             elif not model_stage_seen:
                 getattr(mod, func)(tctx)  # deterministic stage: needed to render real prompts
+            elif name == "coordinator":
+                # Luna has not run: group the probe hits as stand-ins, so Sol is sized with realistic groups
+                hits = estimate_groups(tctx.ir_path, tctx.run_dir)
+                notes.append(
+                    f"coordinator: {hits} probe hit(s) grouped as stand-ins for Luna's patterns (Luna has not run); "
+                    "Sol's request sizes are an estimate"
+                )
             else:
                 notes.append(f"{name}: deterministic, runs after the model stages (no model call)")
         est = estimate(planned, ctx.options.models)
