@@ -33,6 +33,7 @@ from pipeline.models import read_calls
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 from pipeline.sol.stage import mine
 from pipeline.testing.openai_server import FakeOpenAI, Reply, completion_body, request_tokens
+from tests.sol.sol_helpers import make_bundle
 
 CELLS = 300
 CONTEXT = 20_000  # tokens: the whole batch is ~4x that, so Sol must map/reduce
@@ -57,12 +58,14 @@ def _card(wid: str, cells: list[str], refs: dict[str, str], groups: list[str]) -
         "support": {"cells": cells, "pattern_groups": groups, "event_refs": [refs[c] for c in cells]},
         "alternative_explanations": ["the task itself is ambiguous about the gate"],
         "counter_evidence": {"items": [], "none_reason": "none visible in this partition"},
-        "counterfactual_prediction": "runs whose blocker goes back upstream close the gate; if they do not, this is wrong",
+        "counterfactual_prediction": "runs whose blocker goes back upstream close the gate; if not, this is wrong",
         "confidence": "medium",
     }
 
 
-OCC = re.compile(r"^  (?P<occ>\S+-O\d+) (?P<cell>C\d+) \((?P<task>[^,]+), (?P<outcome>[^)]+)\): events (?P<ev>C\d+-e\d+)")
+OCC = re.compile(
+    r"^  (?P<occ>\S+-O\d+) (?P<cell>C\d+) \((?P<task>[^,]+), (?P<outcome>[^)]+)\): events (?P<ev>C\d+-e\d+)"
+)
 
 
 def map_answer(text: str) -> dict[str, Any]:
@@ -125,7 +128,6 @@ def _plant(bundle: Path, ir: Path) -> str:
     success = next(c for c in sorted(outcomes) if outcomes[c] == "completed" and c > "C100" and c < "C200")
     for c in (FAILED_A, FAILED_B):
         outcomes[c] = "workflow_failed"
-    lines = (bundle / "sidecar" / "outcomes.jsonl").read_text().splitlines()
     con = duckdb.connect(str(ir))
     try:
         for c in (FAILED_A, FAILED_B):
@@ -138,12 +140,10 @@ def _plant(bundle: Path, ir: Path) -> str:
         rows = []
         for cell in sorted(events):
             ev = events[cell]
-            n = 0
             kinds = [(f"target:src/mod{rng.randrange(12)}.py", "repeated_exploration") for _ in range(3)]
             if cell in (FAILED_A, FAILED_B, success):
                 kinds.append((PLANTED, "omission"))
-            for concerns, ptype in kinds:
-                n += 1
+            for n, (concerns, ptype) in enumerate(kinds, 1):
                 k = rng.randrange(len(ev) - 2)
                 rows.append([f"{cell}-P{n:02d}", cell, ptype, concerns, "observed", "fits", ev[k : k + 2], "medium",
                              False, [], "luna", False])  # fmt: skip
@@ -154,7 +154,6 @@ def _plant(bundle: Path, ir: Path) -> str:
         )
     finally:
         con.close()
-    del lines
     return success
 
 
@@ -202,7 +201,11 @@ def test_300_cells_map_reduce_under_a_small_context(
     assert cited == [success]
     assert part[success] not in {part[c] for c in w.support.cells}
     # every ref of the shortlist resolves to the frozen bytes
-    refs = [*w.support.event_refs, *w.first_divergence.event_refs, *(r for i in w.counter_evidence.items for r in i.refs)]
+    refs = [
+        *w.support.event_refs,
+        *w.first_divergence.event_refs,
+        *(r for i in w.counter_evidence.items for r in i.refs),
+    ]
     con = duckdb.connect(str(ctx.ir_path), read_only=True)
     try:
         spans = dict(
@@ -220,8 +223,6 @@ def test_300_cells_map_reduce_under_a_small_context(
 def test_a_context_error_is_not_retried_and_names_the_budget_flag(
     tmp_path: Path, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tests.sol_helpers import make_bundle
-
     bundle = make_bundle(tmp_path)
 
     def answer(request: dict[str, Any]) -> Reply:
