@@ -44,7 +44,7 @@ class Shortlist(BaseModel):
     dropped: list[Dropped] = Field(default_factory=list)
     made_from: dict[str, str | None] = Field(default_factory=dict, description="input name -> digest")
     call: dict[str, Any] = Field(default_factory=dict, description="the Sol call: ok, attempts, errors")
-    plan: SolPlan | None = Field(default=None, description="which Sol call saw which cells (absent before 0.2)")
+    plan: SolPlan | None = Field(default=None, description="which Sol call saw which cells (none in a v1 file)")
     digest: str = ""
 
     def content_digest(self) -> str:
