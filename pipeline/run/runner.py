@@ -73,6 +73,9 @@ STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
     "sol": ("weakness-shortlist.json",),
 }
 
+# Templates a model stage may also render (Sol's map and reduce calls when the batch does not fit one).
+STAGE_EXTRA_TEMPLATES: dict[str, tuple[str, ...]] = {"sol": ("sol_map", "sol_reduce")}
+
 # Stages that call a model: their inputs include the role's template hash and the model.
 STAGE_ROLES: dict[str, str] = {"luna": "luna", "sol": "sol"}
 
@@ -177,6 +180,11 @@ def stage_inputs(name: str, ctx: RunContext, bdigest: str, upstream: tuple[str, 
     if role:
         inputs["template"] = _template_hash(role) or "missing"
         inputs["model"] = ctx.options.models.model or "default"
+        for extra in STAGE_EXTRA_TEMPLATES.get(name, ()):
+            inputs[f"template:{extra}"] = _template_hash(extra) or "missing"
+        if ctx.options.models.context_tokens:
+            # another budget plans other requests (Luna's parts, Sol's map/reduce partitions)
+            inputs["context_tokens"] = str(ctx.options.models.context_tokens)
     return inputs
 
 
