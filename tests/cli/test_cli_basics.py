@@ -1,8 +1,5 @@
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import typer
 from typer.testing import CliRunner
 
@@ -23,9 +20,3 @@ def test_bad_bundle_is_one_line_exit_2(tmp_path) -> None:
     result = CliRunner().invoke(app, ["run", str(tmp_path / "nope"), "--runs-dir", str(tmp_path)])
     assert result.exit_code == 2
     assert "bundle not found" in result.output
-
-
-def test_import_does_not_load_litellm() -> None:
-    code = "import pipeline.cli.app, sys; print('litellm' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"

@@ -110,25 +110,17 @@ def test_help_in_a_network_namespace(tmp_path: Path) -> None:
     assert proc.returncode == 0 and "Usage: lunasol calls" in proc.stdout, proc.stderr
 
 
-def test_cli_import_does_not_load_litellm() -> None:
+def test_import_loads_no_litellm_and_changes_no_environment() -> None:
+    """Importing lunasol (CLI and catalog included) loads neither litellm nor instructor (3+ s) and sets
+    no env var: the offline switches wait for litellm's own load."""
     code = (
-        "import sys, pipeline.cli.app, pipeline.models;"
-        "print(sorted(m for m in ('litellm', 'instructor') if m in sys.modules))"
+        "import os, sys; before = dict(os.environ); import pipeline.cli.app, pipeline.catalog, pipeline.models;"
+        "print(sorted(m for m in ('litellm', 'instructor') if m in sys.modules), dict(os.environ) == before,"
+        " 'LITELLM_OFFLINE_MODE' in os.environ)"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(ROOT), timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[]"
-
-
-def test_import_changes_no_environment() -> None:
-    """Importing lunasol (CLI and catalog included) sets no env var: the switches wait for litellm's load."""
-    code = (
-        "import os; before = dict(os.environ); import pipeline.cli.app, pipeline.catalog;"
-        "print(dict(os.environ) == before, 'LITELLM_OFFLINE_MODE' in os.environ)"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(ROOT), timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["True", "False"]
+    assert proc.stdout.split() == ["[]", "True", "False"]
 
 
 def test_litellm_is_loaded_with_the_offline_switches(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,6 +14,7 @@ from pipeline.cli.app import app
 from pipeline.core.canonical import read_json
 from pipeline.core.context import RunOptions
 from pipeline.core.errors import Blocked, NeedsRebase
+from pipeline.core.settings import ModelSettings
 from pipeline.gates import gate1 as gates
 from pipeline.models import read_calls
 from pipeline.run.runner import run
@@ -100,6 +101,26 @@ def setup(tmp_path: Path, runs_dir: Path, fake_llm: FakeOpenAI, model_settings: 
     return {"bundle": bundle, "opts": opts, "run_dir": runs_dir / "r1", "fake": fake_llm}
 
 
+@pytest.fixture(scope="module")
+def _first_run(tmp_path_factory: pytest.TempPathFactory, _fake_llm_server: FakeOpenAI) -> Path:
+    """One first run (bundle + run r1) for the module; ``ran`` copies it instead of running again."""
+    root = tmp_path_factory.mktemp("ledger-first")
+    _fake_llm_server.reset()
+    _fake_llm_server.handler = handler
+    settings = ModelSettings(model="openai/test-model", api_base=_fake_llm_server.base_url, timeout_s=5.0)
+    run(RunOptions(bundle=make_bundle(root), run_id="r1", runs_dir=root / "runs", models=settings), log=lambda _m: None)
+    _fake_llm_server.reset()
+    return root
+
+
+@pytest.fixture
+def ran(setup: dict[str, Any], _first_run: Path, tmp_path: Path) -> dict[str, Any]:
+    """``setup`` after its first run (a copy of the module's; same depth, so run.json's relative bundle path holds)."""
+    shutil.rmtree(setup["bundle"])
+    shutil.copytree(_first_run, tmp_path, dirs_exist_ok=True)
+    return setup
+
+
 def test_first_run_stops_at_gate_1(setup: dict[str, Any]) -> None:
     res = run(setup["opts"], log=lambda _m: None)
     d = setup["run_dir"]
@@ -116,27 +137,25 @@ def test_first_run_stops_at_gate_1(setup: dict[str, Any]) -> None:
     assert "export" in rj  # what the export stage wrote is kept
 
 
-def test_unchanged_rerun_makes_zero_model_calls(setup: dict[str, Any]) -> None:
-    run(setup["opts"], log=lambda _m: None)
-    d = setup["run_dir"]
+def test_unchanged_rerun_makes_zero_model_calls(ran: dict[str, Any]) -> None:
+    d = ran["run_dir"]
     before = (d / "weakness-shortlist.json").read_bytes()
-    n_requests = len(setup["fake"].requests)
-    res = run(setup["opts"], log=lambda _m: None)
+    n_requests = len(ran["fake"].requests)
+    res = run(ran["opts"], log=lambda _m: None)
     assert res.ran == [] and res.reused == ["export", "probes", "luna", "coordinator", "sol"]
-    assert len(setup["fake"].requests) == n_requests
+    assert len(ran["fake"].requests) == n_requests
     assert (calls(d, "luna"), calls(d, "sol")) == (5, 1)
     assert (d / "weakness-shortlist.json").read_bytes() == before
 
 
-def test_one_changed_cell_costs_one_luna_call_and_invalidates_downstream(setup: dict[str, Any]) -> None:
-    d = setup["run_dir"]
-    run(setup["opts"], log=lambda _m: None)
+def test_one_changed_cell_costs_one_luna_call_and_invalidates_downstream(ran: dict[str, Any]) -> None:
+    d = ran["run_dir"]
     gates.confirm(d, {"W-01": "confirm"}, by="ana", expected_digest=None, expected_revision=None)
     old_receipt = d / handoff.load(d).receipts["gate1"]
     old_digest = handoff.load(d).shortlist_digest
-    change_cell(setup["bundle"], "C002")
+    change_cell(ran["bundle"], "C002")
     logs: list[str] = []
-    res = run(setup["opts"], log=logs.append)
+    res = run(ran["opts"], log=logs.append)
     assert res.ran == ["export", "probes", "luna", "coordinator", "sol"]
     assert (calls(d, "luna"), calls(d, "sol")) == (6, 2)  # exactly one more Luna call, one more Sol call
     new_luna = [c for c in read_calls(d) if c["role"] == "luna"][-1]
@@ -249,15 +268,14 @@ def test_cli_dry_run_calls_nothing(setup: dict[str, Any]) -> None:
     assert not (setup["run_dir"].parent / "r3").exists()
 
 
-def test_resume_refuses_a_changed_bundle(setup: dict[str, Any]) -> None:
-    run(setup["opts"], log=lambda _m: None)
-    change_cell(setup["bundle"], "C001")
-    setup["opts"].resume = True
+def test_resume_refuses_a_changed_bundle(ran: dict[str, Any]) -> None:
+    change_cell(ran["bundle"], "C001")
+    ran["opts"].resume = True
     from pipeline.core.errors import BadInput
 
     with pytest.raises(BadInput, match="bundle changed"):
-        run(setup["opts"], log=lambda _m: None)
-    shutil.rmtree(setup["run_dir"])
+        run(ran["opts"], log=lambda _m: None)
+    shutil.rmtree(ran["run_dir"])
 
 
 def test_bad_bundle_leaves_no_run_directory(setup: dict[str, Any]) -> None:

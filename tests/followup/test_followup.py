@@ -2,7 +2,7 @@
 
 The generations are real frozen bundles analysed through the real pipeline (export, probes, Luna,
 Coordinator, Sol) against the local test server; the parent goes through gate 1, the proposer and
-gate 2 before it is followed up. Model answers are scripted fixtures (tests/followup_helpers.py).
+gate 2 before it is followed up. Model answers are scripted fixtures (tests/followup/followup_helpers.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pipeline.followup.core import decide
 from pipeline.followup.model import ConditionResult, Families, MetricResult, TargetedChange
 from pipeline.followup.stats import _power, min_detectable_difference, z_pooled
 from pipeline.testing.openai_server import FakeOpenAI
-from tests.followup_helpers import Script, analyse, through_both_gates, write_generation
+from tests.followup.followup_helpers import Script, analyse, through_both_gates, write_generation
 
 FAMILIES = [f"fam{i}" for i in range(8)]
 RUNS = 12  # 8 families x 12 runs = 96 cells per generation (4x the demo)
@@ -318,7 +318,7 @@ def test_the_child_report_has_a_followup_section_with_its_refs_embedded(world: d
 
 
 def _has_proposer_recordings() -> bool:
-    from conftest import DEMO_RECORDINGS
+    from tests.conftest import DEMO_RECORDINGS
 
     return DEMO_RECORDINGS.is_dir() and any(
         json.loads(p.read_text(encoding="utf-8")).get("role") == "proposer" for p in DEMO_RECORDINGS.glob("*/*.json")
@@ -333,13 +333,12 @@ def test_demo_parent_through_both_gates_then_24_child_cells(
     import importlib.util
     import shutil
 
-    from conftest import DEMO_BUNDLE, DEMO_RECORDINGS, ROOT
-
     from pipeline.core.settings import ModelSettings
     from pipeline.gates.gate2 import select
     from pipeline.proposals.proposer import propose, run_model_settings
     from pipeline.run import runner
     from pipeline.state import handoff as hf
+    from tests.conftest import DEMO_BUNDLE, DEMO_RECORDINGS, ROOT
 
     spec = importlib.util.spec_from_file_location("proposer_demo", ROOT / "fixtures" / "proposer_demo.py")
     assert spec and spec.loader
