@@ -34,6 +34,11 @@ def register(app: typer.Typer) -> None:
         batch: bool = typer.Option(
             False, "--batch", help="Luna's calls as one provider batch (about half price, hours); env LUNASOL_BATCH."
         ),
+        context_tokens: int | None = typer.Option(
+            None,
+            "--context-tokens",
+            help="The model's input limit in tokens (env LUNASOL_CONTEXT_TOKENS; default: litellm's model info).",
+        ),
     ) -> None:
         """Export the IR, find patterns, mine root causes, and stop at gate 1.
 
@@ -52,6 +57,7 @@ def register(app: typer.Typer) -> None:
             concurrency=concurrency,
             budget_usd=budget_usd,
             batch=batch or None,  # None: LUNASOL_BATCH decides
+            context_tokens=context_tokens,
         )
         check_store(settings)
         opts = RunOptions(
