@@ -46,6 +46,7 @@ class ModelInputs(BaseModel):
     concurrency: int | None = None
     budget_usd: float | None = None
     context_tokens: int | None = Field(default=None, description="--context-tokens / LUNASOL_CONTEXT_TOKENS")
+    batch: bool | None = Field(default=None, description="--batch / LUNASOL_BATCH (absent when off)")
 
 
 class RunInputs(BaseModel):
@@ -102,6 +103,8 @@ def run_command(run_dir: Path, *, resume: bool = True) -> str:
         parts += [f"--{models['mode']}", str(models["store"])]
     if models.get("context_tokens"):
         parts += ["--context-tokens", str(models["context_tokens"])]
+    if models.get("batch"):
+        parts.append("--batch")
     if resume:
         parts.append("--resume")
     return shlex.join(parts)

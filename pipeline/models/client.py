@@ -31,10 +31,12 @@ from pydantic import BaseModel
 from pipeline.core import offline
 from pipeline.core.errors import BadInput, LunasolError
 from pipeline.core.settings import ModelSettings
+from pipeline.models.batch import TERMINAL
+from pipeline.models.batching import BATCHED_ROLES, Batcher, read_batches
 from pipeline.models.budget import check_fits, context_error
 from pipeline.models.calllog import CallLog
 from pipeline.models.errors import BudgetExceeded, ModelUnavailable, ReplayMiss
-from pipeline.models.pricing import cached_tokens
+from pipeline.models.pricing import batch_price, cached_tokens
 from pipeline.models.progress import gather_bounded
 from pipeline.models.prompts import render_source, template_path
 from pipeline.models.store import RecordingStore, canonical_request, check_record, make_record, request_key
@@ -179,6 +181,8 @@ class ModelClient:
         self._price_warned = False
         self._unpriced = False
         self._templates: dict[str, str] = {}
+        self._batcher: Batcher | None = None
+        self._outstanding: bool | None = None
 
     # ------------------------------------------------------------------ public
     def usage(self) -> Usage:
@@ -289,6 +293,10 @@ class ModelClient:
         """Run many calls under ``settings.concurrency`` with a progress bar (on a TTY) showing spend."""
         # Twice the HTTP bound: the next calls render and prepare while others wait on the network,
         # so a freed slot is used at once; the HTTP concurrency itself stays at settings.concurrency.
+        coros = list(coros)
+        if self._batching():
+            # --batch: every call must reach the batcher before it submits, so none waits on the bound.
+            return await gather_bounded(coros, max(1, len(coros)), label=label, usage=self.usage)
         return await gather_bounded(coros, 2 * self.settings.concurrency, label=label, usage=self.usage)
 
     # ------------------------------------------------------------------ internals
@@ -384,11 +392,11 @@ class ModelClient:
             self._unpriced = True
             return None
 
-    def _account(self, state: _CallState, response: Any) -> None:
+    def _account(self, state: _CallState, response: Any, *, batch: bool = False) -> None:
         usage = getattr(response, "usage", None)
         pt = int(getattr(usage, "prompt_tokens", 0) or 0)
         ct = int(getattr(usage, "completion_tokens", 0) or 0)
-        cost = self._price(pt, ct)
+        cost = batch_price(str(self.model), pt, ct) if batch else self._price(pt, ct)
         state.prompt_tokens += pt
         state.completion_tokens += ct
         state.cached_tokens += cached_tokens(usage)
@@ -452,6 +460,26 @@ class ModelClient:
                 response = litellm.ModelResponse(**body)
         return response
 
+    def _batching(self) -> bool:
+        # A run with a batch still out keeps batching on resume even without --batch: its cells were
+        # submitted once already and must be collected, never asked again synchronously.
+        if self.mode == "replay":
+            return False
+        if self._outstanding is None:
+            self._outstanding = any(b.get("status") not in TERMINAL for b in read_batches(self.run_dir))
+        return self.settings.batch or self._outstanding
+
+    def _batch(self) -> Batcher:
+        if self._batcher is None:
+            self._batcher = Batcher(
+                str(self.model),
+                self.run_dir,
+                api_base=self.settings.api_base,
+                timeout_s=self.settings.timeout_s,
+                log=self.log,
+            )
+        return self._batcher
+
     def _transport_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {"timeout": self.settings.timeout_s, "num_retries": 0, "max_retries": 0}
         if self.settings.api_base:
@@ -513,6 +541,14 @@ class ModelClient:
                 f"{_describe(exc) if exc else '?'}"
             )
 
+        if self._batching() and state.role in BATCHED_ROLES and len(state.keys) == 1:
+            # --batch hook (pipeline.models.batching): a call's first request goes into the provider
+            # batch under the key a synchronous call would use; re-asks and failed items stay synchronous.
+            raw_body = await self._batch().answer(state.keys[-1], kwargs)
+            if raw_body is not None:
+                response = litellm.ModelResponse(**raw_body)
+                self._account(state, response, batch=True)
+                return response, raw_body
         call_kwargs = {**kwargs, **self._transport_kwargs(), "model": self.model}
         use_capture = capture and self._is_openai()
         if use_capture:

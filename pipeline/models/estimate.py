@@ -15,14 +15,12 @@ from pydantic import BaseModel
 
 from pipeline.core import offline
 from pipeline.core.settings import ModelSettings
+from pipeline.models.batching import BATCHED_ROLES
 from pipeline.models.budget import ASSUMED_MODEL, ESTIMATE_FACTOR, model_limits, role_budget
 from pipeline.models.client import INSTRUCTOR_MODES
 from pipeline.models.pricing import batch_price
 from pipeline.models.prompts import render
 from pipeline.models.transport import load_litellm, quiet_instructor
-
-BATCHED_ROLES = frozenset({"luna"})
-"""Roles whose calls ``--batch`` sends as one provider batch (the per-cell fan-out)."""
 
 DEFAULT_OUTPUT_TOKENS = 800
 """Assumed completion size per call when a role does not say (stated in the table)."""

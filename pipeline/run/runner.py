@@ -146,6 +146,8 @@ def model_inputs(settings: ModelSettings) -> dict[str, Any]:
         "concurrency": settings.concurrency,
         "budget_usd": settings.budget_usd,
         "context_tokens": settings.context_tokens,
+        # only when on: a run without --batch keeps the run.json it always had
+        **({"batch": True} if settings.batch else {}),
     }
 
 
@@ -277,6 +279,7 @@ def _unblock_command(ctx: RunContext, exc: Blocked) -> str:
                 del base[i : i + 2]
         if "--resume" in extra:
             extra.remove("--resume")
+        extra = [e for e in extra if not (e.startswith("--") and e in base and e not in drop)]  # e.g. --batch once
         return " ".join(base[:-1] + extra + ["--resume"])
     return hint or resume
 

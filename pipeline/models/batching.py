@@ -1,0 +1,209 @@
+"""``--batch``: the first request of each batched call goes out in one provider batch, not synchronously.
+
+:class:`Batcher` sits under the exchange: a request arrives with its replay key (the key a
+synchronous call would use) and waits. Once no new request has arrived for a moment, every
+waiting request is looked up in the run's ``batches.json``: a key some earlier process already
+submitted is collected from that batch (never submitted twice); the rest go out as one new batch,
+whose id and keys are written to ``batches.json`` before anything waits on it. The answer is the
+provider's raw response body, which the exchange records exactly as a synchronous answer.
+
+* not finished within ``LUNASOL_BATCH_MAX_WAIT_S``: :class:`BatchPending` (a block; ``--resume``
+  collects the same batch);
+* an item the provider failed: answered ``None``, and the caller asks synchronously;
+* an expired batch: answered items are used, the missing ones block with :class:`BatchExpired`,
+  whose unblock (``--resume --batch``) submits only those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.canonical import atomic_write_text
+from pipeline.core.errors import Blocked
+from pipeline.models.batch import BatchEndpoint, BatchState, ItemResult, batch_line, wire_body
+
+BATCHED_ROLES = frozenset({"luna"})
+"""Roles whose calls ``--batch`` sends as one provider batch (the per-cell fan-out)."""
+
+BATCHES_NAME = "batches.json"
+IDLE_S = 0.2  # no new request for this long: every concurrent call of the stage has asked
+
+
+class BatchPending(Blocked):
+    """The provider has not finished the batch yet (exit 3; ``--resume`` collects it)."""
+
+
+class BatchExpired(Blocked):
+    """The batch window closed before these requests were answered (exit 3; resume resubmits them)."""
+
+
+def read_batches(run_dir: Path) -> list[dict[str, Any]]:
+    """The batches this run submitted: ``[{id, keys, status}]`` in submission order."""
+    path = Path(run_dir) / BATCHES_NAME
+    if not path.is_file():
+        return []
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return list(data.get("batches", []))
+
+
+def _write_batches(run_dir: Path, batches: list[dict[str, Any]]) -> None:
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    atomic_write_text(Path(run_dir) / BATCHES_NAME, json.dumps({"batches": batches}, indent=1, sort_keys=True) + "\n")
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+class Batcher:
+    """Collects requests into provider batches for one run (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: str,
+        run_dir: Path,
+        *,
+        api_base: str | None,
+        timeout_s: float,
+        log: Callable[[str], None],
+    ) -> None:
+        self.model = model
+        self.run_dir = Path(run_dir)
+        self.api_base = api_base
+        self.endpoint = BatchEndpoint(model, api_base=api_base, timeout_s=timeout_s)
+        self.log = log
+        self.poll_s = _env_float("LUNASOL_BATCH_POLL_S", 30.0)
+        max_wait = os.environ.get("LUNASOL_BATCH_MAX_WAIT_S")
+        self.max_wait_s: float | None = _env_float("LUNASOL_BATCH_MAX_WAIT_S", 0.0) if max_wait else None
+        self._waiting: dict[str, tuple[dict[str, Any], asyncio.Future[dict[str, Any] | None]]] = {}
+        self._flusher: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    async def answer(self, key: str, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """The raw body answering this request (its replay key), or None: ask it synchronously."""
+        entry = self._waiting.get(key)
+        if entry is None:
+            future: asyncio.Future[dict[str, Any] | None] = asyncio.get_running_loop().create_future()
+            entry = (kwargs, future)
+            self._waiting[key] = entry
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_when_idle())
+        return await asyncio.shield(entry[1])
+
+    async def _flush_when_idle(self) -> None:
+        seen = -1
+        while len(self._waiting) != seen:
+            seen = len(self._waiting)
+            await asyncio.sleep(IDLE_S)
+        batch = dict(self._waiting)
+        self._waiting.clear()
+        try:
+            async with self._lock:
+                await self._flush(batch)
+        except BaseException as exc:  # every waiting call learns what went wrong
+            for _, fut in batch.values():
+                if not fut.done():
+                    fut.set_exception(exc if isinstance(exc, Exception) else asyncio.CancelledError())
+            if not isinstance(exc, Exception):
+                raise
+
+    async def _flush(self, waiting: dict[str, tuple[dict[str, Any], asyncio.Future[dict[str, Any] | None]]]) -> None:
+        batches = read_batches(self.run_dir)
+        where: dict[str, dict[str, Any]] = {}
+        for b in batches:  # a later batch of the same key wins (a resubmission after expiry)
+            for k in b["keys"]:
+                where[k] = b
+        results: dict[str, ItemResult] = {}
+        states: dict[str, BatchState] = {}
+        # 1. collect what earlier submissions hold (a crash or a block between submit and collect)
+        for bid in dict.fromkeys(where[k]["id"] for k in waiting if k in where):
+            state, items = await self._collect(bid)
+            states[bid] = state
+            results.update(items)
+        retry = [
+            k
+            for k in waiting
+            if k not in where or (states[where[k]["id"]].status in ("expired", "cancelled") and not _ok(results.get(k)))
+        ]
+        # 2. submit the rest as one new batch, stored in the run before waiting on it
+        if retry:
+            lines = [batch_line(k, await wire_body(self.model, waiting[k][0], api_base=self.api_base)) for k in retry]
+            bid = await self.endpoint.submit(lines, metadata={"lunasol_run": self.run_dir.name})
+            batches.append({"id": bid, "keys": retry, "status": "submitted"})
+            _write_batches(self.run_dir, batches)
+            self.log(f"batch {bid}: {len(retry)} requests submitted (stored in {BATCHES_NAME})")
+            state, items = await self._collect(bid)
+            states[bid] = state
+            for k in retry:
+                where[k] = batches[-1]
+            results.update(items)
+        # 3. answer every waiting call
+        for b in batches:
+            if b["id"] in states:
+                b["status"] = states[b["id"]].status
+        _write_batches(self.run_dir, batches)
+        pending = [k for k in waiting if not states[where[k]["id"]].done]
+        expired = [k for k in waiting if k not in pending and not _ok(results.get(k)) and _expired(states, where, k)]
+        for key, (_, fut) in waiting.items():
+            item = results.get(key)
+            if key in pending or key in expired or fut.done():
+                continue
+            if _ok(item):
+                fut.set_result(item.body if item is not None else None)
+            else:
+                why = "no answer" if item is None else f"status {item.status_code}: {item.error}"
+                self.log(f"batch {where[key]['id']}: item {key[:19]} failed ({why}); asking it synchronously")
+                fut.set_result(None)
+        if pending:
+            ids = sorted({where[k]["id"] for k in pending})
+            exc: Blocked = BatchPending(
+                f"provider batch {', '.join(ids)} not finished ({', '.join(states[i].status for i in ids)}); "
+                f"{len(pending)} requests wait for it",
+                reason="external_system",
+                tried=[
+                    {"action": "poll batch", "outcome": f"{states[i].status}, {states[i].completed} done"} for i in ids
+                ],
+                unblock="lunasol run BUNDLE --resume --batch (collects the same batch; nothing is submitted twice)",
+            )
+            for k in pending:
+                waiting[k][1].set_exception(exc)
+        if expired:
+            ids = sorted({where[k]["id"] for k in expired})
+            exc = BatchExpired(
+                f"provider batch {', '.join(ids)} expired with {len(expired)} requests unanswered "
+                f"(the answered ones are kept; resuming submits only these {len(expired)})",
+                reason="external_system",
+                tried=[{"action": "collect batch", "outcome": f"expired, {states[i].completed} answered"} for i in ids],
+                unblock=(
+                    f"lunasol run BUNDLE --resume --batch (answered requests are kept; submits only the "
+                    f"{len(expired)} missing)"
+                ),
+            )
+            for k in expired:
+                if not waiting[k][1].done():
+                    waiting[k][1].set_exception(exc)
+
+    async def _collect(self, bid: str) -> tuple[BatchState, dict[str, ItemResult]]:
+        state = await self.endpoint.wait(
+            bid,
+            poll_s=self.poll_s,
+            max_wait_s=self.max_wait_s,
+            on_poll=lambda s: self.log(f"batch {bid}: {s.status} ({s.completed}/{s.total} answered)"),
+        )
+        return state, (await self.endpoint.results(state) if state.done else {})
+
+
+def _ok(item: ItemResult | None) -> bool:
+    return item is not None and item.ok
+
+
+def _expired(states: dict[str, BatchState], where: dict[str, dict[str, Any]], key: str) -> bool:
+    return states[where[key]["id"]].status in ("expired", "cancelled")

@@ -1,0 +1,189 @@
+"""``--batch``: the demo's Luna calls as one provider batch against the local server (recordings as answers).
+
+The local server answers from the demo's fixture recordings (a labelled fixture), synchronously
+or as batch items, so every test compares a batch run with the synchronous run of the same answers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.core.context import RunOptions
+from pipeline.core.errors import Blocked
+from pipeline.core.settings import ModelSettings
+from pipeline.models import read_calls
+from pipeline.models.batching import read_batches
+from pipeline.run.runner import run
+from pipeline.testing.openai_server import BatchPlan, FakeOpenAI, recordings_handler, server_error
+from tests.conftest import DEMO_BUNDLE, DEMO_RECORDINGS, ROOT
+
+MODEL = "openai/fixture-model"
+ARTIFACTS = ("patterns.jsonl", "pattern-groups.json", "weakness-shortlist.json")
+
+pytestmark = pytest.mark.skipif(not any(DEMO_RECORDINGS.glob("*/*.json")), reason="demo recordings absent")
+
+
+@pytest.fixture
+def server(fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
+    monkeypatch.setenv("LUNASOL_BATCH_POLL_S", "0")
+    fake_llm.handler = recordings_handler(DEMO_RECORDINGS)
+    yield fake_llm
+
+
+def settings(srv: FakeOpenAI, store: Path, *, batch: bool) -> ModelSettings:
+    return ModelSettings(model=MODEL, api_base=srv.base_url, mode="record", store=store, batch=batch)
+
+
+def go(srv: FakeOpenAI, root: Path, name: str, *, batch: bool, resume: bool = False) -> Path:
+    opts = RunOptions(
+        bundle=DEMO_BUNDLE, runs_dir=root / name, resume=resume, models=settings(srv, root / f"{name}-rec", batch=batch)
+    )
+    return run(opts, log=lambda _m: None).ctx.run_dir
+
+
+def outputs(run_dir: Path) -> dict[str, bytes]:
+    files = {n: (run_dir / n).read_bytes() for n in ARTIFACTS}
+    files.update({f"luna/{p.name}": p.read_bytes() for p in sorted((run_dir / "luna").glob("*.json"))})
+    return files
+
+
+def store_bytes(store: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(store)): p.read_bytes() for p in sorted(store.glob("*/*.json"))}
+
+
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    # The synchronous run of the same answers, once per module, on its own server.
+    root = tmp_path_factory.mktemp("sync")
+    with FakeOpenAI(recordings_handler(DEMO_RECORDINGS)) as srv:
+        yield go(srv, root, "sync", batch=False), root / "sync-rec"
+
+
+def test_batch_run_equals_the_synchronous_run(tmp_path: Path, server: FakeOpenAI, sync_run: tuple[Path, Path]) -> None:
+    sync_dir, sync_store = sync_run
+    run_dir = go(server, tmp_path, "b", batch=True)
+    assert outputs(run_dir) == outputs(sync_dir)
+    assert store_bytes(tmp_path / "b-rec") == store_bytes(sync_store)  # a batch-made recording is a recording
+    (b,) = read_batches(run_dir)
+    assert b["status"] == "completed" and (server.batch.uploads, server.batch.created) == (1, 1)
+    luna_calls = [c for c in read_calls(run_dir) if c["role"] == "luna"]
+    assert sorted(b["keys"]) == sorted(c["keys"][0] for c in luna_calls)  # every cell's first request, once
+    # Sol is not batched: its requests came synchronously
+    assert sum("x-lunasol-batch-item" not in h for h in server.headers) == len(server.requests) - len(b["keys"])
+    # and the batch-made recording replays offline to the same artifacts
+    replayed = run(
+        RunOptions(
+            bundle=DEMO_BUNDLE,
+            runs_dir=tmp_path / "replay",
+            models=ModelSettings(mode="replay", store=tmp_path / "b-rec"),
+        ),
+        log=lambda _m: None,
+    ).ctx.run_dir
+    assert outputs(replayed) == outputs(sync_dir)
+
+
+def test_unfinished_batch_blocks_and_resume_collects_it_without_resubmitting(
+    tmp_path: Path, server: FakeOpenAI, sync_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server.batch.plan(BatchPlan(validating_polls=1, in_progress_polls=2))
+    monkeypatch.setenv("LUNASOL_BATCH_MAX_WAIT_S", "0")
+    with pytest.raises(Blocked, match="not finished") as info:
+        go(server, tmp_path, "b", batch=True)
+    assert "--batch" in info.value.unblock and "--resume" in info.value.unblock
+    run_dir = tmp_path / "b" / sync_run[0].name
+    (b,) = read_batches(run_dir)
+    assert b["status"] in ("validating", "in_progress")
+    # resumed (still without waiting) until the provider is done: the same batch every time
+    for _ in range(3):
+        try:
+            go(server, tmp_path, "b", batch=True, resume=True)
+            break
+        except Blocked:
+            continue
+    assert outputs(run_dir) == outputs(sync_run[0])
+    assert (server.batch.uploads, server.batch.created) == (1, 1)
+
+
+def test_expired_batch_resubmits_only_the_missing_cells(
+    tmp_path: Path, server: FakeOpenAI, sync_run: tuple[Path, Path]
+) -> None:
+    server.batch.plan(BatchPlan(outcome="expired", answered=10))
+    with pytest.raises(Blocked, match="expired with 14 requests unanswered") as info:
+        go(server, tmp_path, "b", batch=True)
+    assert "submits only these 14" in str(info.value)
+    assert info.value.unblock.endswith(" --batch --resume") and info.value.unblock.count("--batch") == 1
+    run_dir = tmp_path / "b" / sync_run[0].name
+    go(server, tmp_path, "b", batch=True, resume=True)
+    first, second = read_batches(run_dir)
+    assert (first["status"], second["status"]) == ("expired", "completed")
+    assert len(second["keys"]) == 14 and not set(second["keys"]) & set(first["keys"][:10])
+    assert outputs(run_dir) == outputs(sync_run[0])
+    assert store_bytes(tmp_path / "b-rec") == store_bytes(sync_run[1])
+
+
+def test_failed_items_are_asked_synchronously(tmp_path: Path, server: FakeOpenAI, sync_run: tuple[Path, Path]) -> None:
+    answer_from_recordings = recordings_handler(DEMO_RECORDINGS)
+    failed: list[int] = []
+
+    def flaky(request: dict[str, Any]) -> Any:
+        # the first two batch items fail at the provider; synchronous requests are answered
+        if len(failed) < 2 and len(server.requests) <= 24:
+            failed.append(1)
+            return server_error(500)
+        return answer_from_recordings(request)
+
+    server.handler = flaky
+    run_dir = go(server, tmp_path, "b", batch=True)
+    (b,) = read_batches(run_dir)
+    assert b["status"] == "completed" and len(failed) == 2
+    assert outputs(run_dir) == outputs(sync_run[0])
+
+
+def test_kill_between_submit_and_collect_loses_nothing(
+    tmp_path: Path, server: FakeOpenAI, sync_run: tuple[Path, Path]
+) -> None:
+    server.batch.plan(BatchPlan(validating_polls=10**9))  # never finishes until the test says so
+    runs, store = tmp_path / "b", tmp_path / "b-rec"
+    cmd = [
+        sys.executable,
+        "-c",
+        "from pipeline.cli.app import main; main()",
+        "run",
+        str(DEMO_BUNDLE),
+        "--runs-dir",
+        str(runs),
+        "--model",
+        MODEL,
+        "--api-base",
+        server.base_url,
+        "--record",
+        str(store),
+        "--batch",
+    ]
+    env = {**os.environ, "LUNASOL_BATCH_POLL_S": "0.05"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    run_dir = runs / sync_run[0].name
+    deadline = time.monotonic() + 120
+    while not read_batches(run_dir) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert read_batches(run_dir), f"no batch stored: {proc.stderr.read() if proc.stderr else ''!r}"
+    while server.batch.retrieves < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the process is waiting on the provider
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    (b,) = read_batches(run_dir)
+    server.batch.batches[b["id"]].plan = BatchPlan(validating_polls=0, in_progress_polls=0)  # the provider finishes
+    go(server, tmp_path, "b", batch=True, resume=True)
+    assert (server.batch.uploads, server.batch.created) == (1, 1)  # counted at the server: one submission
+    assert outputs(run_dir) == outputs(sync_run[0])
+    assert json.loads((run_dir / "batches.json").read_text())["batches"][0]["status"] == "completed"
