@@ -92,9 +92,10 @@ def register(app: typer.Typer) -> None:
     def status_cmd(
         run: str = typer.Argument(..., help="Run directory (or run id under ./runs)."),
         as_json: bool = JSON_OPTION,
+        poll: bool = typer.Option(False, "--poll", help="Ask the provider about the run's unfinished batches."),
     ) -> None:
         """The run's state machine, its ledger, and the exact next command."""
-        s = status(resolve_run(run))
+        s = status(resolve_run(run), poll=poll)
         if as_json:
             emit_json(s)
         else:

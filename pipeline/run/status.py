@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts.run_info import run_command
+from pipeline.core.canonical import read_json
 from pipeline.core.errors import BadInput
 from pipeline.gates.gate2 import selection_status
+from pipeline.models.batch import BatchEndpoint
+from pipeline.models.batching import read_batches
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 from pipeline.state import handoff
 from pipeline.state.blocking import read_block_receipt
@@ -40,8 +44,33 @@ def _shortlist_rows(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str,
     return rows, dropped, sl.digest
 
 
-def status(run_dir: Path) -> dict[str, Any]:
-    """Everything ``lunasol status`` shows, as data."""
+def batch_rows(run_dir: Path, *, poll: bool = False) -> list[dict[str, Any]]:
+    """The run's provider batches (``batches.json``); ``poll`` asks the provider about unfinished ones.
+
+    Polling is a provider call, so it happens only when asked (``lunasol status RUN --poll``);
+    it changes nothing in the run: ``lunasol run ... --resume`` collects.
+    """
+    rows = [{"id": b["id"], "requests": len(b["keys"]), "status": b["status"]} for b in read_batches(run_dir)]
+    open_rows = [r for r in rows if r["status"] not in ("completed", "failed", "expired", "cancelled")]
+    if not (poll and open_rows):
+        return rows
+    path = run_dir / "run.json"
+    models = ((read_json(path) if path.is_file() else {}).get("inputs") or {}).get("models") or {}
+    if not models.get("model"):
+        raise BadInput(f"{path} names no model: cannot ask the provider about its batches")
+    endpoint = BatchEndpoint(str(models["model"]), api_base=models.get("api_base"))
+
+    async def poll_all() -> None:
+        for r in open_rows:
+            state = await endpoint.retrieve(r["id"])
+            r["provider"] = {"status": state.status, "completed": state.completed, "total": state.total}
+
+    asyncio.run(poll_all())
+    return rows
+
+
+def status(run_dir: Path, *, poll: bool = False) -> dict[str, Any]:
+    """Everything ``lunasol status`` shows, as data (``poll``: ask the provider about open batches)."""
     h = handoff.load(run_dir)
     rows, dropped, sdigest = _shortlist_rows(run_dir)
     block = read_block_receipt(run_dir)
@@ -61,6 +90,7 @@ def status(run_dir: Path) -> dict[str, Any]:
         "block_receipt": block,
         "selection": _selection(run_dir),
         "missing_outputs": missing,
+        "batches": batch_rows(run_dir, poll=poll),
         "next_command": nxt,
     }
 
@@ -171,5 +201,9 @@ def format_status(s: dict[str, Any]) -> str:
     if br:
         lines.append(f"BLOCKED at {br.get('stage')}: {br.get('blocking_constraint')}")
         lines.append(f"  unblock: {br.get('requested_unblock')}")
+    for b in s.get("batches") or []:
+        p = b.get("provider")
+        now = f"; provider now: {p['status']} ({p['completed']}/{p['total']} answered)" if p else ""
+        lines.append(f"batch {b['id']}: {b['requests']} requests, {b['status']} when last seen{now}")
     lines.append(f"next: {s['next_command']}")
     return "\n".join(lines)

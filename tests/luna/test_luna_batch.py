@@ -24,6 +24,7 @@ from pipeline.core.settings import ModelSettings
 from pipeline.models import read_calls
 from pipeline.models.batching import read_batches
 from pipeline.run.runner import run
+from pipeline.run.status import format_status, status
 from pipeline.testing.openai_server import BatchPlan, FakeOpenAI, recordings_handler, server_error
 from tests.conftest import DEMO_BUNDLE, DEMO_RECORDINGS, ROOT
 
@@ -103,6 +104,13 @@ def test_unfinished_batch_blocks_and_resume_collects_it_without_resubmitting(
     run_dir = tmp_path / "b" / sync_run[0].name
     (b,) = read_batches(run_dir)
     assert b["status"] in ("validating", "in_progress")
+    # lunasol status shows it; --poll asks the provider (and changes nothing in the run)
+    retrieves = server.batch.retrieves
+    assert f"batch {b['id']}: 24 requests, {b['status']} when last seen" in format_status(status(run_dir))
+    assert server.batch.retrieves == retrieves  # no provider call without --poll
+    polled = status(run_dir, poll=True)["batches"][0]["provider"]
+    assert polled["total"] == 24 and server.batch.retrieves == retrieves + 1
+    assert read_batches(run_dir) == [b]
     # resumed (still without waiting) until the provider is done: the same batch every time
     for _ in range(3):
         try:
