@@ -15,6 +15,7 @@ answer are answers to the same bytes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from collections.abc import Callable
@@ -87,6 +88,11 @@ class _Captured(Exception):
 
 async def wire_body(model: str, kwargs: dict[str, Any], *, api_base: str | None = None) -> dict[str, Any]:
     """The JSON body litellm would POST for ``acompletion(model=model, **kwargs)``, captured before sending."""
+    return (await wire_bodies(model, [kwargs], api_base=api_base))[0]
+
+
+async def wire_bodies(model: str, many: list[dict[str, Any]], *, api_base: str | None = None) -> list[dict[str, Any]]:
+    """:func:`wire_body` of each kwargs in turn, through one capturing client (a new client costs ~20 ms)."""
     litellm = load_litellm()
     import httpx  # litellm's own dependency; imported here with it (startup cost)
     from openai import AsyncOpenAI
@@ -102,18 +108,24 @@ async def wire_body(model: str, kwargs: dict[str, Any], *, api_base: str | None 
     client = AsyncOpenAI(
         api_key=DUMMY_API_KEY, base_url=api_base or "http://127.0.0.1:9/v1", max_retries=0, http_client=http_client
     )
+    bodies: list[dict[str, Any]] = []
     try:
-        await litellm.acompletion(model=model, client=client, num_retries=0, max_retries=0, **kwargs)
-    except Exception:  # the capture always ends the call; what counts is whether the body was seen
-        pass
+        for kwargs in many:
+            seen.clear()
+            # The capture always ends the call with an error; what counts is whether the body was seen.
+            with contextlib.suppress(Exception):
+                await litellm.acompletion(model=model, client=client, num_retries=0, max_retries=0, **kwargs)
+            if not seen:
+                raise BadInput(
+                    f"--batch: litellm built no HTTP request for {model} (not an OpenAI-compatible provider?)"
+                )
+            body = json.loads(seen[0])
+            if not isinstance(body, dict):
+                raise BadInput("--batch: the captured request body is not a JSON object")
+            bodies.append(body)
     finally:
         await http_client.aclose()
-    if not seen:
-        raise BadInput(f"--batch: litellm built no HTTP request for {model} (not an OpenAI-compatible provider?)")
-    body = json.loads(seen[0])
-    if not isinstance(body, dict):
-        raise BadInput("--batch: the captured request body is not a JSON object")
-    return body
+    return bodies
 
 
 class BatchEndpoint:

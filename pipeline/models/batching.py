@@ -25,7 +25,7 @@ from typing import Any
 
 from pipeline.core.canonical import atomic_write_text
 from pipeline.core.errors import Blocked
-from pipeline.models.batch import BatchEndpoint, BatchState, ItemResult, batch_line, wire_body
+from pipeline.models.batch import BatchEndpoint, BatchState, ItemResult, batch_line, wire_bodies
 
 BATCHED_ROLES = frozenset({"luna"})
 """Roles whose calls ``--batch`` sends as one provider batch (the per-cell fan-out)."""
@@ -135,7 +135,8 @@ class Batcher:
         ]
         # 2. submit the rest as one new batch, stored in the run before waiting on it
         if retry:
-            lines = [batch_line(k, await wire_body(self.model, waiting[k][0], api_base=self.api_base)) for k in retry]
+            bodies = await wire_bodies(self.model, [waiting[k][0] for k in retry], api_base=self.api_base)
+            lines = [batch_line(k, body) for k, body in zip(retry, bodies, strict=True)]
             bid = await self.endpoint.submit(lines, metadata={"lunasol_run": self.run_dir.name})
             batches.append({"id": bid, "keys": retry, "status": "submitted"})
             _write_batches(self.run_dir, batches)

@@ -21,6 +21,7 @@ import contextlib
 import json
 import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -205,6 +206,13 @@ def recordings_handler(store_dir: Path) -> Handler:
     return handle
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that vanished (killed mid-request, timed out) is expected here; anything else is printed.
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
+
 class FakeOpenAI:
     """A threaded local server speaking OpenAI chat completions; use as a context manager."""
 
@@ -242,7 +250,7 @@ class FakeOpenAI:
                     outer._send(self, 404, json.dumps({"error": {"message": "fake server: no route"}}).encode())
 
         ThreadingHTTPServer.request_queue_size = 256  # default backlog 5 stalls bursts of connections
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), _H)
+        self.httpd = _QuietServer(("127.0.0.1", port), _H)
         self.httpd.daemon_threads = True
         self.port = int(self.httpd.server_address[1])
         self.base_url = f"http://127.0.0.1:{self.port}/v1"

@@ -144,3 +144,36 @@ def test_batch_needs_an_openai_compatible_model() -> None:
     assert provider_of("openai/gpt-4o-mini") == "openai"
     with pytest.raises(BadInput, match="OpenAI-compatible"):
         provider_of("anthropic/claude-3-5-haiku")
+
+
+async def test_three_hundred_calls_go_out_as_one_batch_each_key_once(
+    tmp_path: Any, fake_llm: FakeOpenAI, model_settings: Any, tiny_prompts: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 10x the demo through the client: every call reaches the batcher before it submits (no bound).
+    from pydantic import BaseModel
+
+    from pipeline.models import ModelClient, read_calls
+    from pipeline.models.batching import read_batches
+
+    class Finding(BaseModel):
+        summary: str
+
+    monkeypatch.setenv("LUNASOL_BATCH_POLL_S", "0")
+    (tiny_prompts / "luna.j2").write_text((tiny_prompts / "t.j2").read_text())
+
+    def by_cell_text(request: dict[str, Any]) -> Reply:
+        return answer({"summary": "about " + request["messages"][-1]["content"].split(":")[0]})(request)
+
+    fake_llm.handler = by_cell_text
+    client = ModelClient(model_settings(batch=True, concurrency=4), tmp_path)
+    cells = [f"C{n:03d}" for n in range(300)]
+    outs = await client.gather(
+        [
+            client.call(role="luna", cell_id=c, context={"cell_id": c, "text": f"e1 {c}"}, response_model=Finding)
+            for c in cells
+        ]
+    )
+    assert [o.value.summary for o in outs] == [f"about Log of {c}" for c in cells]
+    (b,) = read_batches(tmp_path)
+    assert len(b["keys"]) == 300 == len(set(b["keys"])) and (fake_llm.batch.created, len(fake_llm.requests)) == (1, 300)
+    assert sorted(b["keys"]) == sorted(r["keys"][0] for r in read_calls(tmp_path))
