@@ -209,23 +209,47 @@ def test_report_in_headless_chromium(run_dir: Path, tmp_path: Path) -> None:
             page.goto(page_path.as_uri())
             page.wait_for_load_state("load")
             assert page.title() == f"lunasol report — {run_dir.name}"
+            # Click a ref: its lines and their context are shown beside the text, not over it.
             for key in (hostile, CONTROLLER_REF):
                 page.locator(f'#weaknesses a.ref:text-is("{key}")').first.click()
-                page.wait_for_selector("#viewer:not([hidden])")
+                page.wait_for_selector("#viewer:not([hidden]) .lines")
                 viewer = page.locator("#viewer-body")
                 ref = viewer.locator("code.ref-text").inner_text()
-                shown = viewer.locator(".line .txt").all_inner_texts()
-                assert shown == bundle_lines(run_dir, ref), key
+                cited = viewer.locator(".line.hit .txt").all_inner_texts()
+                assert cited == bundle_lines(run_dir, ref), key
+                numbers = [int(n) for n in viewer.locator(".line .ln").all_inner_texts()]
+                start, end = (int(x) for x in re.findall(r"#L(\d+)-L(\d+)", ref)[0])
+                assert numbers[0] == max(1, start - CONTEXT_LINES) and numbers[-1] >= end  # context before
                 assert viewer.locator(".badge").first.inner_text() == "verified"
                 assert viewer.locator("code.sha").inner_text() == manifest_sha(run_dir, ref.split("#")[0])
                 if key == hostile:  # the hostile line is shown as text, exactly as logged
-                    assert json.loads(shown[0])["content"] == HOSTILE
-            # An in-page link to a pattern group opens its (collapsed) card.
+                    assert json.loads(cited[0])["content"] == HOSTILE
+            main_box = page.locator("main").bounding_box()
+            side_box = page.locator("#viewer").bounding_box()
+            assert main_box and side_box and main_box["x"] + main_box["width"] <= side_box["x"] + 1  # side by side
+            # A filter changes the visible count.
+            count = page.locator("#cells-count")
+            total = page.locator("#cells-table tbody tr").count()
+            assert count.inner_text() == f"{total} of {total} cells"
+            page.select_option("#f-outcome", "failed")
+            shown = page.locator("#cells-table tbody tr:visible").count()
+            assert 0 < shown < total and count.inner_text() == f"{shown} of {total} cells"
+            page.select_option("#f-outcome", "")
+            # Search finds an event by its text; its result opens the cell's timeline at that event.
+            page.fill("#search", "__pwned = 1")
+            page.locator("#search-status", has_text="match").wait_for()
+            hit = page.locator("#search-results a.cell").first
+            event_id = hit.inner_text()
+            assert event_id == hostile
+            hit.click()
+            page.wait_for_selector(f'#viewer .tl .ev.focus[data-event="{event_id}"]')
+            assert page.locator("#viewer .cellview h3").inner_text().startswith("Cell ")
+            # An in-page link to a pattern group opens its (collapsed) card and builds its occurrences.
+            page.keyboard.press("Escape")
             page.locator('#weaknesses a.internal:text-is("G-01")').first.click()
-            page.wait_for_function("document.getElementById('group-G-01').open === true")
+            page.wait_for_selector("#group-G-01[open] table.occ")
             page.screenshot(path=str(tmp_path / "report.png"), full_page=False)
             assert page.evaluate("typeof window.__pwned") == "undefined"
-            page.keyboard.press("Escape")
             assert page.locator("#viewer").is_hidden()
         finally:
             browser.close()
