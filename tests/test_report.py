@@ -92,8 +92,10 @@ def test_report_sections_and_embedded_lines_match_the_bundle(run_dir: Path) -> N
     for section in ("summary", "weaknesses", "proposals", "prevalence", "cells", "groups", "gates", "calls", "raw"):
         assert f'<section id="{section}">' in html
     # Summary first, then the weakness cards; human labels, not field names.
-    assert html.index('<section id="summary">') < html.index('<section id="weaknesses">') < html.index(
-        '<section id="cells">'
+    assert (
+        html.index('<section id="summary">')
+        < html.index('<section id="weaknesses">')
+        < html.index('<section id="cells">')
     )
     assert "gate 1: confirm" in html and "gate 1: reject" in html
     assert "First divergence" in html and "Attributed to the harness?" in html

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
 import typer
 
-from pipeline.cli.common import DEFAULT_RUNS_DIR, JSON_OPTION, emit_json
+from pipeline.cli.common import DEFAULT_RUNS_DIR, JSON_OPTION, emit_json, resolve_run
 from pipeline.core.errors import EXIT_FINDINGS, BadInput
 from pipeline.diff import diff_json, diff_run_dirs, render_markdown, render_text
 from pipeline.report import write_report
+from pipeline.report.items import find_item, render_item
 from pipeline.run.index import list_runs
 
 
@@ -57,6 +59,29 @@ def register(app: typer.Typer) -> None:
             f"wrote {path} ({stats['bytes']} bytes, {stats['refs']} refs embedded, "
             f"{stats['hash_mismatches']} hash mismatches, {stats['unresolved']} unresolved)"
         )
+
+    @app.command("show")
+    def show_cmd(
+        run: str = typer.Argument(..., metavar="RUN", help="Run directory (or run id under ./runs)."),
+        item_id: str = typer.Argument(
+            ..., metavar="ID", help="W-01, P-01, a cell (C004), a pattern, a pattern group (G010), an event or a ref."
+        ),
+        evidence: bool = typer.Option(
+            False, "--evidence", help="Also print the raw lines (with context) of every event and ref it cites."
+        ),
+        context: int = typer.Option(2, "--context", min=0, max=3, help="Context lines around each ref (0-3)."),
+        as_json: bool = JSON_OPTION,
+    ) -> None:
+        """Print one whole weakness, proposal, cell, pattern, pattern group, event or ref: every field, nothing cut.
+
+        Read it before you decide at a gate. Events and refs come with their raw lines and context.
+        """
+        item = find_item(resolve_run(run), item_id, evidence=evidence, context=context)
+        if as_json:
+            emit_json(item.to_json())
+        else:
+            width = shutil.get_terminal_size((100, 24)).columns
+            sys.stdout.write(render_item(item, width=max(60, min(width, 120))))
 
     @app.command("runs")
     def runs_cmd(

@@ -41,13 +41,18 @@ _TOKEN = re.compile(f"(?:{REF_RE.pattern})|(?:{EVENT_ID_RE.pattern})")
 _DATA_BLOCK = re.compile(r'<script type="application/json" id="lunasol-data">(.*?)</script>', re.S)
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    """A mapping field read defensively: anything else is empty."""
+    return _dict(value)
+
+
 def _gate_receipts(arts: RunArtifacts) -> list[dict[str, Any]]:
     """Every receipt as something to read: who, when, on what, which decisions, which state it set."""
     out = []
     for name, r in sorted(arts.gates.items()):
         gate = str(r.get("gate") or name)
-        req = r.get("request") if isinstance(r.get("request"), dict) else {}
-        decisions = req.get("decisions") if isinstance(req.get("decisions"), dict) else {}
+        req = _dict(r.get("request"))
+        decisions = _dict(req.get("decisions"))
         rows = []
         for wid, d in sorted(decisions.items()):
             if isinstance(d, dict):
@@ -57,11 +62,13 @@ def _gate_receipts(arts: RunArtifacts) -> list[dict[str, Any]]:
         if not rows and req:  # gate 2: one choice
             choice = req.get("choice") or req.get("selection")
             rows.append({"id": req.get("proposal_id") or "—", "decision": choice, "note": req.get("note")})
-        subject = r.get("subject") if isinstance(r.get("subject"), dict) else {}
+        subject = _dict(r.get("subject"))
         out.append(
             {
                 "name": name,
-                "title": "Gate 1 — root causes" if gate.startswith("gate1") else "Gate 2 — proposal selection"
+                "title": "Gate 1 — root causes"
+                if gate.startswith("gate1")
+                else "Gate 2 — proposal selection"
                 if gate.startswith("gate2")
                 else gate,
                 "by": r.get("by"),
@@ -125,7 +132,7 @@ def _calls_summary(arts: RunArtifacts) -> dict[str, Any] | None:
 
 
 def _internal_anchors(arts: RunArtifacts, cell_ids: list[str]) -> dict[str, tuple[str, str]]:
-    """The run's own ids -> (kind, target): groups, weaknesses, proposals in the page; cells and patterns in the viewer."""
+    """The run's own ids -> (kind, target): groups, weaknesses, proposals in the page; cells, patterns in the viewer."""
     out: dict[str, tuple[str, str]] = {c: ("cell", c) for c in cell_ids}
     for p in arts.patterns or []:
         if isinstance(p.get("pattern_id"), str) and p["pattern_id"]:
@@ -163,9 +170,7 @@ def _linkifier(snippets: dict[str, Snippet], internal: dict[str, tuple[str, str]
                     link = f'<a class="internal" href="#{escape(target)}">{escape(word)}</a>'
                 else:
                     extra = f' data-pattern="{escape(word)}"' if kind == "pattern" else ""
-                    link = (
-                        f'<a class="cell" href="#cells" data-cell="{escape(target)}"{extra}>{escape(word)}</a>'
-                    )
+                    link = f'<a class="cell" href="#cells" data-cell="{escape(target)}"{extra}>{escape(word)}</a>'
             else:
                 continue
             out.append(str(escape(text[pos : m.start()])))
@@ -218,14 +223,14 @@ def read_page_data(html: str) -> dict[str, Any]:
 
 
 def _weakness_roles(weaknesses: list[Row]) -> dict[str, dict[str, str]]:
-    """cell -> weakness id -> "support" / "counter"."""
+    """Cell -> weakness id -> "support" / "counter"."""
     out: dict[str, dict[str, str]] = {}
     for w in weaknesses:
         wid = str(w.get("weakness_id"))
-        support = w.get("support") if isinstance(w.get("support"), dict) else {}
+        support = _dict(w.get("support"))
         for c in support.get("cells") or []:
             out.setdefault(str(c), {})[wid] = "support"
-        counter = w.get("counter_evidence") if isinstance(w.get("counter_evidence"), dict) else {}
+        counter = _dict(w.get("counter_evidence"))
         for item in counter.get("items") or []:
             if isinstance(item, dict) and item.get("cell"):
                 out.setdefault(str(item["cell"]), {}).setdefault(wid, "counter")
@@ -234,11 +239,11 @@ def _weakness_roles(weaknesses: list[Row]) -> dict[str, dict[str, str]]:
 
 def _compare(ir: data.IR, w: Row, outcome: dict[str, str], snippets: dict[str, Snippet]) -> dict[str, Any] | None:
     """A failed supporting cell next to a counter-evidence cell, each around the event where it turns."""
-    support = w.get("support") if isinstance(w.get("support"), dict) else {}
-    fd = w.get("first_divergence") if isinstance(w.get("first_divergence"), dict) else {}
+    support = _dict(w.get("support"))
+    fd = _dict(w.get("first_divergence"))
     cells = [str(c) for c in support.get("cells") or []]
     failed = next((c for c in cells if outcome.get(c) == "failed"), cells[0] if cells else None)
-    counter = w.get("counter_evidence") if isinstance(w.get("counter_evidence"), dict) else {}
+    counter = _dict(w.get("counter_evidence"))
     item = next((i for i in counter.get("items") or [] if isinstance(i, dict) and i.get("cell")), None)
     if failed is None or item is None:
         return None
@@ -260,7 +265,12 @@ def _compare(ir: data.IR, w: Row, outcome: dict[str, str], snippets: dict[str, S
     cited = {str(x) for x in (fd.get("event_refs") or [])} | {str(x) for x in (support.get("event_refs") or [])}
     cited |= {str(x) for x in item.get("refs") or []}
     return {
-        "left": {"cell": failed, "outcome": outcome.get(failed), "at": left_at, "rows": data.window(ir, failed, left_at)},
+        "left": {
+            "cell": failed,
+            "outcome": outcome.get(failed),
+            "at": left_at,
+            "rows": data.window(ir, failed, left_at),
+        },
         "right": {
             "cell": right_cell,
             "outcome": outcome.get(right_cell),
@@ -286,7 +296,7 @@ def _chunks(
         for r in rows:
             path_cell.setdefault(r[8], cell)
     ranges: dict[tuple[str, int, int], str] = {}
-    for cell, rows in timelines.items():
+    for rows in timelines.values():
         for r in rows:
             ranges.setdefault((r[8], r[9], r[10]), r[0])
     content: dict[str, dict[str, Any]] = {}
@@ -312,8 +322,8 @@ def _chunks(
         chunk["events"] = rows
         chunk["patterns"] = patterns_by_cell.get(cell, [])
         chunk["cited"] = sorted(cited.get(cell, set()))
-    for cell, rows in patterns_by_cell.items():
-        chunk_of(cell).setdefault("patterns", rows)
+    for cell, pats in patterns_by_cell.items():
+        chunk_of(cell).setdefault("patterns", pats)
     return {k: _pack(v) for k, v in sorted(content.items())}, index
 
 

@@ -21,7 +21,7 @@ COLOURS = {"failed": "#b3261e", "successful": "#1d7a3a"}
 
 
 def prevalence(cells: list[Row], patterns_by_cell: dict[str, list[Row]]) -> dict[str, Any]:
-    """task -> type -> outcome -> (cells with the type, cells); and the sorted tasks and types."""
+    """Task -> type -> outcome -> (cells with the type, cells); and the sorted tasks and types."""
     types = sorted({str(p.get("type")) for rows in patterns_by_cell.values() for p in rows})
     tasks = sorted({str(c.get("task_id")) for c in cells})
     table: dict[str, dict[str, dict[str, list[int]]]] = {}
@@ -69,13 +69,13 @@ def prevalence_svg(cells: list[Row], patterns_by_cell: dict[str, list[Row]]) -> 
                     f'fill="{COLOURS[outcome]}"><title>{escape(title)}</title></rect>'
                 )
                 if n:
-                    out.append(
-                        f'<text x="{x + 6 + w}" y="{y + 9 + k * 9}" class="s">{have}/{n}</text>'
-                    )
+                    out.append(f'<text x="{x + 6 + w}" y="{y + 9 + k * 9}" class="s">{have}/{n}</text>')
     ly = height - 6
     out.append(f'<rect x="{_LABEL_W}" y="{ly - 8}" width="10" height="8" fill="{COLOURS["failed"]}"/>')
     out.append(f'<text x="{_LABEL_W + 14}" y="{ly}" class="s">failed cells</text>')
     out.append(f'<rect x="{_LABEL_W + 100}" y="{ly - 8}" width="10" height="8" fill="{COLOURS["successful"]}"/>')
-    out.append(f'<text x="{_LABEL_W + 114}" y="{ly}" class="s">successful cells (share with ≥1 pattern of the type)</text>')
+    out.append(
+        f'<text x="{_LABEL_W + 114}" y="{ly}" class="s">successful cells (share with ≥1 pattern of the type)</text>'
+    )
     out.append("</svg>")
     return Markup("".join(out))
