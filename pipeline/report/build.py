@@ -43,7 +43,7 @@ _DATA_BLOCK = re.compile(r'<script type="application/json" id="lunasol-data">(.*
 
 def _dict(value: Any) -> dict[str, Any]:
     """A mapping field read defensively: anything else is empty."""
-    return _dict(value)
+    return value if isinstance(value, dict) else {}
 
 
 def _gate_receipts(arts: RunArtifacts) -> list[dict[str, Any]]:
