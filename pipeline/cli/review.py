@@ -10,7 +10,8 @@ import typer
 
 from pipeline.cli.common import DEFAULT_RUNS_DIR, JSON_OPTION, emit_json, resolve_run
 from pipeline.core.errors import EXIT_FINDINGS, BadInput
-from pipeline.diff import diff_json, diff_run_dirs, render_markdown, render_text
+from pipeline.core.canonical import atomic_write_text
+from pipeline.diff import diff_json, diff_run_dirs, render_html, render_markdown, render_text
 from pipeline.report import write_report
 from pipeline.report.items import find_item, render_item
 from pipeline.run.index import list_runs
@@ -33,14 +34,21 @@ def register(app: typer.Typer) -> None:
         run_b: str = typer.Argument(..., metavar="RUN_B", help="Second run directory (or run id under ./runs)."),
         as_json: bool = JSON_OPTION,
         markdown: bool = typer.Option(False, "--markdown", help="Print Markdown (for a PR or a review note)."),
+        html: Path | None = typer.Option(None, "--html", help="Also write a side-by-side HTML page to this file."),
     ) -> None:
         """What differs between two runs: inputs, patterns per cell, weaknesses, proposals, gates, calls.
 
+        Changed text is shown as a word diff: [-removed-] {+added+} (Markdown: ~~removed~~ **added**).
         Exit 0 when the outputs are identical, 1 when they differ.
         """
         if as_json and markdown:
             raise BadInput("choose one of --json and --markdown")
+        if html is not None and (html.is_dir() or not html.parent.is_dir()):
+            raise BadInput(f"--html {html}: name a file in an existing directory")
         d = diff_run_dirs(_run_dir(run_a), _run_dir(run_b))
+        if html is not None:
+            atomic_write_text(html, render_html(d))
+            typer.echo(f"wrote {html}", err=True)
         if as_json:
             emit_json(diff_json(d))
         else:
