@@ -9,8 +9,8 @@ from pathlib import Path
 import typer
 
 from pipeline.cli.common import DEFAULT_RUNS_DIR, JSON_OPTION, emit_json, resolve_run
-from pipeline.core.errors import EXIT_FINDINGS, BadInput
 from pipeline.core.canonical import atomic_write_text
+from pipeline.core.errors import EXIT_FINDINGS, BadInput
 from pipeline.diff import diff_json, diff_run_dirs, render_html, render_markdown, render_text
 from pipeline.report import write_report
 from pipeline.report.items import find_item, render_item
