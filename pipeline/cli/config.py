@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("config")
     def config_cmd(as_json: bool = JSON_OPTION) -> None:
-        """The effective model settings and where each came from: flag > env var > lunasol.toml > pyproject.toml > default.
+        """The effective model settings and where each came from (flag > env > lunasol.toml > pyproject > default).
 
         Files are read from the working directory: lunasol.toml (top-level keys) or [tool.lunasol] in
         pyproject.toml, e.g. model = "openai/gpt-4o-mini", concurrency = 4, budget_usd = 2.0.

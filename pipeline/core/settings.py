@@ -36,7 +36,7 @@ class ModelSettings(BaseModel):
     @classmethod
     def from_env(cls, **overrides: object) -> ModelSettings:
         """Build settings from the config files, then LUNASOL_* env vars, then non-None overrides (flags)."""
-        return cls.resolve(**overrides)[0]
+        return cls.resolve(None, **overrides)[0]
 
     @classmethod
     def resolve(cls, cwd: Path | None = None, **overrides: object) -> tuple[ModelSettings, dict[str, str]]:

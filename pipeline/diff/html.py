@@ -58,7 +58,8 @@ def render_html(d: RunDiff) -> str:
     out = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; style-src 'unsafe-inline'\">",
-        f"<title>lunasol diff — {escape(d.a_run_id)} vs {escape(d.b_run_id)}</title><style>{_STYLE}</style></head><body>",
+        f"<title>lunasol diff — {escape(d.a_run_id)} vs {escape(d.b_run_id)}</title>",
+        f"<style>{_STYLE}</style></head><body>",
         f"<h1>lunasol diff: A = {escape(d.a)} ({escape(d.a_run_id)}), B = {escape(d.b)} ({escape(d.b_run_id)})</h1>",
         f"<p><b>{'identical outputs' if d.identical else 'outputs differ'}</b></p>",
     ]
