@@ -54,7 +54,7 @@ def test_precedence(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         ("concurrency = 0\n", "concurrency in lunasol.toml"),
         ("model = [\n", "not valid TOML"),
         ("mode = 'replay'\n", "unknown setting mode"),
-    ],  # fmt: skip
+    ],
 )
 def test_bad_config_file_is_one_line_exit_2(here: Path, text: str, phrase: str) -> None:
     (here / "lunasol.toml").write_text(text)
