@@ -11,7 +11,7 @@ from pipeline.cli.common import JSON_OPTION, check_digest, emit_json, moves_run,
 from pipeline.core.errors import BadInput
 from pipeline.gates import gate1 as gates
 from pipeline.run.status import format_shortlist, format_status, status
-from pipeline.state import handoff as hf
+from pipeline.state import handoff
 
 
 def on_terminal() -> bool:
@@ -24,7 +24,7 @@ def receipt_line(gate: str, receipt: gates.Receipt, replayed: bool, run_dir: Pat
     path = gates.receipt_path(run_dir, receipt.gate, receipt.operation_id)
     if not replayed:
         return f"{gate} recorded: {what}; receipt {path} (revision {receipt.base_revision}→{receipt.new_revision})"
-    now = hf.load(run_dir).revision
+    now = handoff.load(run_dir).revision
     return (
         f"{gate} replayed (nothing changed): {what}; receipt {path} was recorded at revision "
         f"{receipt.base_revision}→{receipt.new_revision}; the run is now at revision {now}"
@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
         run_dir = resolve_run(run)
         check_digest(digest)
         # What the decider sees now is the base of the compare-and-set.
-        base = hf.load(run_dir)
+        base = handoff.load(run_dir)
         decisions = gates.parse_pairs(decision, "--decision")
         notes = gates.parse_pairs(note, "--note")
         interactive = not decisions
@@ -71,12 +71,12 @@ def register(app: typer.Typer) -> None:
             if not on_terminal():
                 raise BadInput(
                     "no --decision given: silence is never approval; decide on every weakness: "
-                    + hf.confirm_command(run_dir, base)
+                    + handoff.confirm_command(run_dir, base)
                 )
             s = status(run_dir)
             typer.echo(format_shortlist(s["shortlist"]["weaknesses"], s["shortlist"]["dropped"]))
             choices = "/".join(gates.DECISIONS)
-            for wid in hf.weakness_ids(run_dir):
+            for wid in handoff.weakness_ids(run_dir):
                 answer = ""
                 while answer not in gates.DECISIONS:  # ask again until it is one of the four
                     answer = typer.prompt(f"{wid} ({choices})").strip().lower()
@@ -110,7 +110,7 @@ def register(app: typer.Typer) -> None:
             emit_json({"replayed": replayed, "superseded": superseded, "receipt": receipt.model_dump(mode="json")})
             return
         typer.echo(receipt_line("gate 1", receipt, replayed, run_dir, receipt.result.get("userRootCauseConfirmation")))
-        typer.echo(f"next: {hf.next_command(run_dir)}")
+        typer.echo(f"next: {handoff.next_command(run_dir)}")
 
     @app.command("status")
     def status_cmd(

@@ -15,7 +15,7 @@ from pipeline.models.store import check_store
 from pipeline.proposals.proposer import propose as do_propose
 from pipeline.proposals.proposer import run_model_settings
 from pipeline.run.status import format_proposals
-from pipeline.state import handoff as hf
+from pipeline.state import handoff
 from pipeline.validator import validate_file
 
 
@@ -90,7 +90,7 @@ def propose(
     if result.cards:
         pid = result.cards[0].proposal_id
         typer.echo(f"read first: lunasol show {run_dir} {pid}   # the whole card; lunasol report {run_dir} for all")
-    typer.echo(f"next: {hf.next_command(run_dir)}")
+    typer.echo(f"next: {handoff.next_command(run_dir)}")
 
 
 def select(
@@ -117,7 +117,7 @@ def select(
         raise BadInput("--by NAME is required: a decision needs a named person")
     check_digest(digest)
     run_dir = resolve_run(run)
-    base = hf.load(run_dir)
+    base = handoff.load(run_dir)
     choice: Choice = "proposal" if proposal is not None else "none" if none else "redo"
     with moves_run(run_dir, "select"):
         receipt, replayed = do_select(
@@ -137,7 +137,7 @@ def select(
     what = f"selected {proposal}" if proposal else "no proposal selected" if none else "redo requested"
     typer.echo(receipt_line("gate 2", receipt, replayed, run_dir, what))
     typer.echo(f"note: {NOT_AUTHORISATION}")
-    typer.echo(f"next: {hf.next_command(run_dir)}")
+    typer.echo(f"next: {handoff.next_command(run_dir)}")
 
 
 def register(app: typer.Typer) -> None:

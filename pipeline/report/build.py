@@ -330,7 +330,8 @@ def _chunks(
 def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
     """Everything the template shows, and the evidence (snippets and lines) of every cited key."""
     cited: set[str] = set()
-    for part in (arts.patterns, arts.groups, arts.shortlist, arts.proposals, arts.validation, arts.block):
+    followup = _followup(arts)
+    for part in (arts.patterns, arts.groups, arts.shortlist, arts.proposals, arts.validation, arts.block, followup):
         if part is not None:
             cited |= cited_ids(part)
     evidence = EvidenceReader(arts.path).resolve(cited)
@@ -415,6 +416,7 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
         if isinstance(arts.validation, dict) and isinstance(arts.validation.get("weaknesses"), list)
         else [],
         "receipts": _gate_receipts(arts),
+        "followup": followup,
         "calls": _calls_summary(arts),
         "chart": prevalence_svg(eligible, by_cell),
         "problems": [snippets[k] for k in sorted(snippets) if snippets[k].status != "verified"],
@@ -422,6 +424,15 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
         "page_data": _script_json(page),
     }
     return ctx, evidence
+
+
+# ---------------------------------------------------------------- follow-up (lunasol followup)
+def _followup(arts: RunArtifacts) -> dict[str, Any] | None:
+    """The run's followup.json (a child run judged for its parent's proposal), validated, or None."""
+    from pipeline.followup import read_followup  # startup cost: followup imports the runner and its model client
+
+    doc = read_followup(arts.path)
+    return None if doc is None else doc.model_dump(mode="json")
 
 
 def render_report(run_dir: Path) -> tuple[str, dict[str, int]]:

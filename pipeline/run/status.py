@@ -11,7 +11,7 @@ from pipeline.artifacts.run_info import run_command
 from pipeline.core.errors import BadInput
 from pipeline.gates.gate2 import selection_status
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
-from pipeline.state import handoff as hf
+from pipeline.state import handoff
 from pipeline.state.blocking import read_block_receipt
 from pipeline.state.ledger import Ledger
 
@@ -44,10 +44,10 @@ def _shortlist_rows(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str,
 
 def status(run_dir: Path) -> dict[str, Any]:
     """Everything ``lunasol status`` shows, as data."""
-    h = hf.load(run_dir)
+    h = handoff.load(run_dir)
     rows, dropped, sdigest = _shortlist_rows(run_dir)
     block = read_block_receipt(run_dir)
-    nxt = hf.next_command(run_dir, h)
+    nxt = handoff.next_command(run_dir, h)
     if block and block.get("requested_unblock") and h.phase != "rootCausesMined":
         nxt = str(block["requested_unblock"])
     missing = missing_outputs(run_dir)
@@ -148,7 +148,7 @@ def format_proposals(cards: list[dict[str, Any]], validation: dict[str, Any]) ->
 
 def read_first(run_dir: Path) -> list[str]:
     """What to read before deciding at gate 1: the whole cards, then the page with their evidence."""
-    ids = hf.weakness_ids(run_dir)
+    ids = handoff.weakness_ids(run_dir)
     if not ids:
         return []
     run = shlex.quote(str(run_dir))
