@@ -8,7 +8,8 @@ from pathlib import Path
 
 import typer
 
-from pipeline.cli.common import DEFAULT_RUNS_DIR, JSON_OPTION, emit_json, resolve_run
+from pipeline.api import export_tables
+from pipeline.cli.common import DEFAULT_RUNS_DIR, JSON_OPTION, check_dir_option, emit_json, resolve_run
 from pipeline.core.canonical import atomic_write_text
 from pipeline.core.errors import EXIT_FINDINGS, BadInput
 from pipeline.diff import diff_json, diff_run_dirs, render_html, render_markdown, render_text
@@ -90,6 +91,23 @@ def register(app: typer.Typer) -> None:
         else:
             width = shutil.get_terminal_size((100, 24)).columns
             sys.stdout.write(render_item(item, width=max(60, min(width, 120))))
+
+    @app.command("export-tables")
+    def export_tables_cmd(
+        run: str = typer.Argument(..., metavar="RUN", help="Run directory (or run id under ./runs)."),
+        parquet: Path = typer.Option(..., "--parquet", help="Directory for one <table>.parquet per table."),
+        as_json: bool = JSON_OPTION,
+    ) -> None:
+        """Every table of a run as Parquet: cells, events, probe hits, patterns, groups, weaknesses, proposals, calls.
+
+        The same tables as the Python data API (pipeline.api, docs/api.md), for pandas, polars or DuckDB.
+        """
+        check_dir_option(parquet, "--parquet")
+        written = export_tables(resolve_run(run), parquet)
+        if as_json:
+            emit_json({"tables": {p.stem: str(p) for p in written}})
+            return
+        typer.echo(f"wrote {len(written)} tables to {parquet}: {', '.join(p.stem for p in written)}")
 
     @app.command("runs")
     def runs_cmd(
