@@ -61,9 +61,13 @@ def register(app: typer.Typer) -> None:
     def report_cmd(
         run: str = typer.Argument(..., metavar="RUN", help="Run directory (or run id under ./runs)."),
         out: Path | None = typer.Option(None, "-o", "--output", help="HTML file (default RUN/report.html)."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
-        """One self-contained HTML file: summary, coverage, groups, weaknesses, proposals, gates, calls."""
+        """One self-contained HTML page to read before deciding: cards, timelines, raw lines beside the text."""
         path, stats = write_report(_run_dir(run), out=out)
+        if as_json:
+            emit_json({"path": str(path), **stats})
+            return
         typer.echo(
             f"wrote {path} ({stats['bytes']} bytes, {stats['refs']} refs embedded, "
             f"{stats['hash_mismatches']} hash mismatches, {stats['unresolved']} unresolved)"
@@ -133,7 +137,7 @@ def register(app: typer.Typer) -> None:
             return "-" if v is None else str(v)
 
         for r in rows:
-            cost = "-" if r.cost_usd is None else f"{r.cost_usd:.4f}"
+            cost = "-" if r.calls is None else "unknown" if r.cost_usd is None else f"{r.cost_usd:.4f}"
             state = r.state if not r.error else f"{r.state} ({r.error})"
             table.add_row(
                 r.run_id,
