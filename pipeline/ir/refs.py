@@ -6,6 +6,7 @@ the whole raw file and checks it against the manifest, so what is shown is the f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import zipfile
@@ -130,6 +131,28 @@ def show_ref(run_dir: Path, ref: str) -> str:
     if view.element is None:
         return view.lines
     return f"{view.lines}\n# {view.ref.json_pointer}\n{view.element}"
+
+
+def show_ref_context(run_dir: Path, ref: str, context: int, pretty: bool = False) -> str:
+    """The raw lines behind ``ref`` numbered, cited ones marked ``>``, with ``context`` lines either side.
+
+    ``pretty`` adds each cited line pretty-printed when it is JSON (the raw line stays as logged).
+    """
+    parsed = parse_ref(ref)
+    reader = RefReader(run_dir)
+    view = reader.view(parsed)
+    if parsed.json_pointer:  # lines of one document or member: no file context to add
+        return show_ref(run_dir, ref)
+    lines = reader.file_lines(parsed.path)
+    lo, hi = max(1, parsed.line_start - context), min(len(lines), parsed.line_end + context)
+    out = [f"# {view.ref} sha256 {view.sha256}"]
+    for n in range(lo, hi + 1):
+        cited = parsed.line_start <= n <= parsed.line_end
+        out.append(f"{'>' if cited else ' '}{n:>6}  {lines[n - 1]}")
+        if cited and pretty:
+            with contextlib.suppress(json.JSONDecodeError):  # a line that is not JSON is shown raw only
+                out.append(json.dumps(json.loads(lines[n - 1]), ensure_ascii=False, indent=2, sort_keys=True))
+    return "\n".join(out)
 
 
 def read_refs(run_dir: Path, refs: list[str]) -> dict[str, str]:

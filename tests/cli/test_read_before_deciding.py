@@ -123,3 +123,17 @@ def test_replay_names_the_real_revisions_and_supersede_is_explicit(copy: Path) -
     assert h.userRootCauseConfirmation == "partially_confirmed" and h.proposalSelection == "not_started"
     ledger = json.loads((copy / "ledger.json").read_text())
     assert ledger["entries"]["gate2"]["state"] == "invalidated"
+
+
+def test_show_ref_with_context(gate1_run: Path) -> None:
+    ref = _shortlist(gate1_run)["weaknesses"][0]["support"]["event_refs"][0]
+    event = find_item(gate1_run, ref).item
+    raw = f"{event['source_path']}#L{event['line_start']}-L{event['line_end']}"
+    plain = runner.invoke(app, ["show-ref", raw, "--run", str(gate1_run)])
+    more = runner.invoke(app, ["show-ref", raw, "--run", str(gate1_run), "-C", "2", "--pretty"])
+    assert plain.exit_code == 0 and more.exit_code == 0
+    marked = [ln for ln in more.stdout.splitlines() if ln.startswith(">")]
+    assert [ln[7:].removeprefix("  ") for ln in marked] == plain.stdout.rstrip("\n").split("\n")
+    numbered = [ln for ln in more.stdout.splitlines() if ln[:1] in (" ", ">") and ln[1:7].strip().isdigit()]
+    assert len(numbered) == len(marked) + 4  # two lines either side
+    assert '\n  "' in more.stdout  # the cited JSON line pretty-printed
