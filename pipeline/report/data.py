@@ -99,7 +99,7 @@ def window(ir: IR, cell: str, event_id: str, before: int = 4, after: int = 6) ->
     """The events of ``cell`` around ``event_id`` (by sequence), for a side-by-side comparison."""
     return ir.rows(
         "WITH a AS (SELECT seq FROM events WHERE event_id = ? AND cell_id = ?) "
-        f"SELECT event_id, seq, kind, actor, stage, tool_name, left(coalesce(text, ''), {TEXT_CHARS}) AS text "
+        f"SELECT event_id, events.seq, kind, actor, stage, tool_name, left(coalesce(text, ''), {TEXT_CHARS}) AS text "
         "FROM events, a WHERE cell_id = ? AND events.seq BETWEEN a.seq - ? AND a.seq + ? ORDER BY events.seq",
         [event_id, cell, cell, before, after],
     )

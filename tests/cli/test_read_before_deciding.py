@@ -137,3 +137,16 @@ def test_show_ref_with_context(gate1_run: Path) -> None:
     numbered = [ln for ln in more.stdout.splitlines() if ln[:1] in (" ", ">") and ln[1:7].strip().isdigit()]
     assert len(numbered) == len(marked) + 4  # two lines either side
     assert '\n  "' in more.stdout  # the cited JSON line pretty-printed
+
+
+def test_report_puts_a_failed_cell_next_to_a_counter_evidence_cell(gate1_run: Path) -> None:
+    from pipeline.report import render_report
+
+    html, _ = render_report(gate1_run)
+    w = _shortlist(gate1_run)["weaknesses"][0]
+    card = html[html.index(f'id="weakness-{w["weakness_id"]}"') :]
+    card = card[: card.index('<div class="card weakness"', 10) if '<div class="card weakness"' in card[10:] else None]
+    compare = card[card.index('<div class="compare">') :]
+    assert compare.count('<tr class="at">') == 2  # each side marks the event where it turns
+    counter_cell = w["counter_evidence"]["items"][0]["cell"]
+    assert f'data-cell="{counter_cell}"' in compare and compare.count("<tr") >= 10
