@@ -18,8 +18,16 @@ from pipeline.core.canonical import sha256_bytes
 from pipeline.ir.export import export
 from tests.conftest import SHARED_DATA
 
+# Samples written for the tests (formats the shared data has no public copy of); an absolute folder
+# in SUBSETS is taken as it is (SHARED_DATA / "/abs" == "/abs").
+FOREIGN_FIXTURES = Path(__file__).parent.parent / "fixtures" / "foreign"
+
 # A few files per format keep the suite fast; bench/bench_adapters.py measures the full datasets.
 SUBSETS: dict[str, tuple[str, list[str]]] = {
+    "mini-swe-agent": (
+        str(FOREIGN_FIXTURES / "mini-swe-agent"),
+        ["timeparse-1.traj.json", "emptyconfig-2.traj.json", "messages-only.json"],
+    ),
     "who-and-when": (
         "who-and-when",
         [

@@ -15,6 +15,7 @@ from pipeline.cli.app import app
 from pipeline.core.canonical import sha256_file
 from pipeline.core.errors import BadInput
 from tests.adapters.adapter_helpers import (
+    FOREIGN_FIXTURES,
     SHARED_DATA,
     SUBSETS,
     check_refs,
@@ -100,7 +101,8 @@ def test_who_and_when_labels_checked_from_the_source(base: Path) -> None:
         cell_text = "\n".join(e["text"] for e in events if e["cell_id"] == cell)
         assert doc["mistake_reason"][:120] not in cell_text
         steps = [e["step_index"] for e in events if e["cell_id"] == cell]
-        assert steps == list(range(len(doc["history"])))  # order and 0-based step index kept
+        # order and 0-based step index kept; events derived from a message's text share its step
+        assert sorted(set(steps)) == list(range(len(doc["history"]))) and steps == sorted(steps)
         outcome = next(json.loads(x) for x in (bundle / "sidecar/outcomes.jsonl").read_text().splitlines() if cell in x)
         assert outcome["mistake_step"] == doc["mistake_step"] and outcome["mistake_agent"] == doc["mistake_agent"]
 
@@ -200,6 +202,7 @@ def test_mast_votes_go_to_the_sidecar(base: Path) -> None:
         ("claude-code-sessions", "claude-code"),
         ("atif-trajectories", "atif"),
         ("agentrx-examples/trajectories/tau-retail", "tau"),
+        (str(FOREIGN_FIXTURES / "mini-swe-agent"), "mini-swe-agent"),
     ],
 )
 def test_auto_detect(folder: str, fmt: str) -> None:

@@ -39,8 +39,10 @@ def test_who_and_when_baselines_hand_checked(base: Path) -> None:
     #   HC/34 label 4 WebSurfer:           history 0 human, 1-3 Orchestrator, 4 WebSurfer (last entry)
     # first agent step: 0 / 0 / 0 / 1  -> |d| = 0,1,1,3: exact 1, ±1 3, ±3 4; agent right only on AG/1.
     # last agent step:  5 / 4 / 4 / 4  -> |d| = 5,3,3,0: exact 1, ±1 1, ±3 3; agent right on AG/45, HC/34.
-    # first error: every Computer_terminal output says "exitcode: 0", Magentic messages are no tool
-    # results -> no prediction in any of the 4 cells (reported, not dropped).
+    # first error: every Computer_terminal output says "exitcode: 0" (tool results, no errors); HC/34's
+    # WebSurfer reply (step 4) has autogen_core's "Error processing publish message" traceback printed
+    # into it -> one harness error at step 4: exact, agent wrong ("harness"). The other 3 cells have
+    # no prediction (reported, not dropped, counted wrong). The step before it: Orchestrator, step 3.
     _, run = _ww(base)
     rep = evaluate(run, "who-and-when")
     assert rep["labelled_cells"] == 4
@@ -51,9 +53,12 @@ def test_who_and_when_baselines_hand_checked(base: Path) -> None:
     last = s["baseline_last_step"]
     assert (last["exact"], last["within_1"], last["within_3"], last["agent"]) == (1, 1, 3, 2)
     err = s["baseline_first_error"]
-    assert err["predicted"] == 0 and err["no_prediction"] == 4
-    assert err["no_prediction_cells"] == ["C001", "C002", "C003", "C004"]
-    assert err["exact_acc"] == 0.0  # missing predictions count as wrong, never silently dropped
+    assert err["predicted"] == 1 and err["no_prediction"] == 3
+    assert err["no_prediction_cells"] == ["C001", "C002", "C003"]
+    assert (err["exact"], err["within_1"], err["agent"]) == (1, 1, 0)
+    assert err["exact_acc"] == 0.25  # missing predictions count as wrong, never silently dropped
+    cause = s["baseline_first_error_cause"]
+    assert (cause["predicted"], cause["exact"], cause["within_1"], cause["agent"]) == (1, 0, 1, 0)
     assert s["weakness_cards"]["predicted"] == 0 and "no weakness-shortlist.json" in s["weakness_cards"]["status"]
 
 
@@ -172,3 +177,70 @@ def test_foreign_checks_success_claim_and_step_cap(base: Path) -> None:
     _, run_oh, _ = imported("openhands", base / "oh")
     capped = evaluate(run_oh, "who-and-when")["checks"]["step_cap"]
     assert capped["cells"] == 1  # the multi_swe_bench run stopped on "maximum iteration"
+
+
+# AgentRx labels on a folder written for the test (tests/fixtures/foreign/agentrx-like), imported with
+# auto: C001 = the Magentic-One run (0-based positions, label step 3 is 1-based: IR step 2),
+# C002/C003 = tau tasks 7 and 9 (1-based `index`), C004 = task 8 (succeeded, unlabelled).
+def _agentrx_run(tmp_path: Path) -> Path:
+    import shutil
+
+    from pipeline.adapters import import_bundle
+    from pipeline.ir.export import export
+    from tests.adapters.adapter_helpers import FOREIGN_FIXTURES
+
+    src = tmp_path / "AgentRx"
+    shutil.copytree(FOREIGN_FIXTURES / "agentrx-like", src)
+    import_bundle("auto", src, tmp_path / "b")
+    return export(tmp_path / "b", tmp_path / "runs" / "r").run_dir
+
+
+def test_agentrx_scores_hand_checked(tmp_path: Path) -> None:
+    # By hand (AgentRx step = IR step + 1 for the Magentic-One cell, = IR step for tau):
+    #   C002/C003: the tool's "Error: item 1 not in order" is the first error (index 6, actor tool);
+    #     the assistant's return call just before it is index 5 = the root cause step (label 5).
+    #   C001: no error; first agent step = Orchestrator at position 1 -> AgentRx 2 (label 3, ±1).
+    rep = evaluate(_agentrx_run(tmp_path), "agentrx")
+    assert rep["labelled_cells"] == 3
+    s = rep["sources"]
+    cause = s["baseline_first_error_cause"]
+    assert (cause["predicted"], cause["root_exact"], cause["any_exact"], cause["agent"]) == (2, 2, 2, 2)
+    assert cause["no_prediction_cells"] == ["C001"]
+    assert cause["root_exact_acc"] == 0.6667 and cause["root_exact_se"] == 0.2722  # sqrt(2/3 * 1/3 / 3)
+    err = s["baseline_first_error"]
+    assert (err["predicted"], err["root_exact"], err["root_within_1"], err["agent"]) == (2, 0, 2, 0)
+    first = s["baseline_first_step"]
+    assert (first["root_exact"], first["root_within_1"], first["root_within_3"], first["agent"]) == (0, 1, 3, 2)
+    assert rep["positional"]["baseline_first_step"]["root_within_1_acc"] == 0.3333
+    cats = rep["categories"]["baseline_error_category"]["categories"]
+    assert cats["Invalid Invocation"] == {
+        "tp": 1,
+        "fp": 1,
+        "fn": 0,
+        "precision": 0.5,
+        "precision_se": 0.3536,
+        "recall": 1.0,
+        "recall_se": 0.0,
+    }
+    assert cats["Instruction/Plan Adherence Failure"]["fn"] == 1
+    assert rep["categories"]["weakness_cards"]["available"] is False
+
+
+def test_cli_eval_agentrx_prints_positional_baselines_beside_each_source(tmp_path: Path) -> None:
+    run = _agentrx_run(tmp_path)
+    res = CliRunner().invoke(app, ["eval", str(run), "--labels", "agentrx"])
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "3 labelled cells of 4 (agentrx)" in out
+    block = out.split("\nprobe_hits:")[1].split("\n\n")[0]
+    assert "positional first_step (n=3)" in block and "positional last_step (n=3)" in block
+    assert "root exact 0.667±0.272" in out  # the first error's cause, with its standard error
+    assert "Invalid Invocation: precision 0.500 recall 1.000" in out
+
+
+def test_who_and_when_report_carries_standard_errors_and_positional_baselines(base: Path) -> None:
+    _, run = _ww(base)
+    rep = evaluate(run, "who-and-when")
+    first = rep["sources"]["baseline_first_step"]
+    assert first["exact_se"] == 0.2165  # sqrt(0.25 * 0.75 / 4)
+    assert rep["positional"]["baseline_last_step"]["agent_acc"] == 0.5
