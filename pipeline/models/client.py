@@ -293,11 +293,12 @@ class ModelClient:
         """Run many calls under ``settings.concurrency`` with a progress bar (on a TTY) showing spend."""
         # Twice the HTTP bound: the next calls render and prepare while others wait on the network,
         # so a freed slot is used at once; the HTTP concurrency itself stays at settings.concurrency.
+        budget = (self.settings.budget_usd, self.settings.budget_tokens)
         coros = list(coros)
         if self._batching():
             # --batch: every call must reach the batcher before it submits, so none waits on the bound.
-            return await gather_bounded(coros, max(1, len(coros)), label=label, usage=self.usage)
-        return await gather_bounded(coros, 2 * self.settings.concurrency, label=label, usage=self.usage)
+            return await gather_bounded(coros, max(1, len(coros)), label=label, usage=self.usage, budget=budget)
+        return await gather_bounded(coros, 2 * self.settings.concurrency, label=label, usage=self.usage, budget=budget)
 
     # ------------------------------------------------------------------ internals
     def _template(self, role: str) -> str:
