@@ -105,6 +105,8 @@ class Batcher:
             await asyncio.sleep(IDLE_S)
         batch = dict(self._waiting)
         self._waiting.clear()
+        # A request arriving from now on starts its own flush (which waits for this one's lock).
+        self._flusher = None
         try:
             async with self._lock:
                 await self._flush(batch)
@@ -193,12 +195,15 @@ class Batcher:
                     waiting[k][1].set_exception(exc)
 
     async def _collect(self, bid: str) -> tuple[BatchState, dict[str, ItemResult]]:
-        state = await self.endpoint.wait(
-            bid,
-            poll_s=self.poll_s,
-            max_wait_s=self.max_wait_s,
-            on_poll=lambda s: self.log(f"batch {bid}: {s.status} ({s.completed}/{s.total} answered)"),
-        )
+        last: list[tuple[str, int]] = []
+
+        def on_poll(s: BatchState) -> None:
+            # One line per change, not per poll: a batch can take hours at one poll every 30 s.
+            if [(s.status, s.completed)] != last:
+                last[:] = [(s.status, s.completed)]
+                self.log(f"batch {bid}: {s.status} ({s.completed}/{s.total} answered)")
+
+        state = await self.endpoint.wait(bid, poll_s=self.poll_s, max_wait_s=self.max_wait_s, on_poll=on_poll)
         return state, (await self.endpoint.results(state) if state.done else {})
 
 

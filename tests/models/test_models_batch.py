@@ -177,3 +177,26 @@ async def test_three_hundred_calls_go_out_as_one_batch_each_key_once(
     (b,) = read_batches(tmp_path)
     assert len(b["keys"]) == 300 == len(set(b["keys"])) and (fake_llm.batch.created, len(fake_llm.requests)) == (1, 300)
     assert sorted(b["keys"]) == sorted(r["keys"][0] for r in read_calls(tmp_path))
+
+
+async def test_a_request_arriving_during_a_flush_gets_its_own_batch(
+    tmp_path: Any, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    from pipeline.models.batching import Batcher, read_batches
+
+    monkeypatch.setenv("LUNASOL_BATCH_POLL_S", "0.02")
+    fake_llm.handler = by_cell
+    fake_llm.batch.plan(BatchPlan(validating_polls=15))  # the first batch is still open when k2 arrives
+    b = Batcher(MODEL, tmp_path, api_base=fake_llm.base_url, timeout_s=5, log=lambda _m: None)
+    first = asyncio.create_task(b.answer("k1", kw("C1")))
+    while not read_batches(tmp_path):
+        await asyncio.sleep(0.01)
+    second = await asyncio.wait_for(b.answer("k2", kw("C2")), timeout=30)
+    answers = [await first, second]
+    assert [json.loads(a["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]) for a in answers if a] == [
+        {"summary": "finding for C1"},
+        {"summary": "finding for C2"},
+    ]
+    assert [x["keys"] for x in read_batches(tmp_path)] == [["k1"], ["k2"]] and fake_llm.batch.created == 2
