@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from pipeline.models.client import Usage
+    from pipeline.models.accounting import Usage
 
 R = TypeVar("R")
 
