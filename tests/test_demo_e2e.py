@@ -127,7 +127,7 @@ def test_no_luna_request_in_the_store_carries_an_outcome() -> None:
         assert '"label"' not in text
 
 
-def test_record_demo_routes_by_request_id_and_reports_missing_answers(tmp_path: Path) -> None:
+def test_record_demo_routes_by_what_the_prompt_says_and_reports_missing_answers(tmp_path: Path) -> None:
     import sys
 
     sys.path.insert(0, str(ROOT))
@@ -135,11 +135,15 @@ def test_record_demo_routes_by_request_id_and_reports_missing_answers(tmp_path: 
 
     (tmp_path / "luna").mkdir()
     (tmp_path / "luna" / "C004.json").write_text('{"patterns": [], "rejected_candidates": []}', encoding="utf-8")
-    req = {"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "request-id: luna/C004\nCell"}]}
+    head = "Cell C004 · task T1 · run r1 · harness H0 · part 1/1\nLog"
+    req = {"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": head}]}
     assert answer_name(req) == "luna/C004"
+    split = {"messages": [{"role": "user", "content": head.replace("part 1/1", "part 2/3")}]}
+    assert answer_name(split) == "luna/C004.part2of3"
+    assert answer_name({"messages": [{"role": "user", "content": "Analysis run a; harness(es): H0.\n"}]}) == "sol"
     book = AnswerBook(tmp_path)
     assert book(req).status == 200 and book.served == {"luna/C004": 1}
-    other = {"messages": [{"role": "user", "content": "request-id: proposer/W-09\n"}]}
+    other = {"messages": [{"role": "user", "content": "Analysis run a; parent harness H0.\n\n## The confirmed weakness W-09 (gate"}]}
     assert book(other).status == 400 and book.missing == {"proposer/W-09"}
     with pytest.raises(ValueError):
         book.path("../../etc/passwd")

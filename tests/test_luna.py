@@ -76,9 +76,10 @@ EMPTY = {"patterns": [], "rejected_candidates": []}
 
 def cell_of(request: dict[str, Any]) -> str:
     text = "\n".join(m.get("content") or "" for m in request["messages"])
-    m = re.search(r"request-id: luna/(\S+)", text)
-    assert m, "every Luna request names its cell"
-    return m.group(1)
+    m = re.search(r"^Cell (\S+) · task .* · part (\d+)/(\d+)$", text, re.M)
+    assert m, "every Luna request names its cell and part"
+    cell, k, n = m.groups()
+    return cell if n == "1" else f"{cell}.part{k}of{n}"
 
 
 def scripted(answers: dict[str, list[dict[str, Any]]]) -> Callable[[dict[str, Any]], Reply]:

@@ -11,6 +11,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pipeline.core.errors import BadInput
 
 Mode = Literal["live", "record", "replay"]
+InstructorMode = Literal["tools", "json_schema", "json", "md_json"]
+
+ROLE_MAX_TOKENS: dict[str, int] = {"luna": 4096, "sol": 8192, "proposer": 4096}
+"""Default ``max_tokens`` per role: a bound a CPU server can finish (never unbounded); ``--max-tokens`` overrides."""
+DEFAULT_MAX_TOKENS = 2048  # any other role (tests, new roles)
 
 
 class ModelSettings(BaseModel):
@@ -28,7 +33,16 @@ class ModelSettings(BaseModel):
     temperature: float = 0.0
     max_reasks: int = Field(default=2, ge=0, description="validation re-asks after the first answer")
     transport_retries: int = Field(default=4, ge=0, description="retries of rate limits, timeouts, 5xx")
-    timeout_s: float = Field(default=120.0, gt=0)
+    timeout_s: float = Field(default=120.0, gt=0, description="per HTTP request (--timeout, LUNASOL_TIMEOUT_S)")
+    max_tokens: int | None = Field(
+        default=None, ge=0, description="answer bound for every role (None: per-role default; 0: send none)"
+    )
+    instructor_mode: InstructorMode | None = Field(
+        default=None, description="how the answer is asked for; None: from the provider's capabilities (or the store)"
+    )
+    max_consecutive_failures: int = Field(
+        default=3, ge=1, description="cells failing on transport in a row before the run blocks (provider down)"
+    )
 
     @classmethod
     def from_env(cls, **overrides: object) -> ModelSettings:
@@ -40,12 +54,16 @@ class ModelSettings(BaseModel):
             ("concurrency", "LUNASOL_CONCURRENCY"),
             ("budget_usd", "LUNASOL_BUDGET_USD"),
             ("budget_tokens", "LUNASOL_BUDGET_TOKENS"),
+            ("timeout_s", "LUNASOL_TIMEOUT_S"),
+            ("max_tokens", "LUNASOL_MAX_TOKENS"),
+            ("instructor_mode", "LUNASOL_INSTRUCTOR_MODE"),
         ):
             if os.environ.get(var):
                 env[field] = os.environ[var]
         given = {k: v for k, v in overrides.items() if v is not None}
         source = {k: f"LUNASOL_{k.upper()}" for k in env}
-        source.update({k: "--" + k.replace("_", "-") for k in given})
+        flags = {"timeout_s": "--timeout", "instructor_mode": "--mode"}
+        source.update({k: flags.get(k, "--" + k.replace("_", "-")) for k in given})
         env.update(given)
         try:
             settings = cls.model_validate(env)
@@ -60,6 +78,12 @@ class ModelSettings(BaseModel):
     def effective_mode(self) -> Mode:
         """Live when a model is given and no mode was chosen."""
         return self.mode or "live"
+
+    def max_tokens_for(self, role: str) -> int | None:
+        """``max_tokens`` sent for a role (None: send none)."""
+        if self.max_tokens is not None:
+            return self.max_tokens or None
+        return ROLE_MAX_TOKENS.get(role, DEFAULT_MAX_TOKENS)
 
 
 def _check_consistent(settings: ModelSettings, source: dict[str, str]) -> None:

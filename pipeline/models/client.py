@@ -18,7 +18,6 @@ prompts hold raw log text that may contain ``{{``.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from pipeline.models.accounting import Accounting, Usage
 from pipeline.models.calllog import CallLog
 from pipeline.models.errors import ModelUnavailable
 from pipeline.models.exchange import CALL_STATE, CallState, Exchange
+from pipeline.models.modes import INSTRUCTOR_MODES, resolve_mode
 from pipeline.models.progress import gather_bounded
 from pipeline.models.prompts import render_source, template_path
 from pipeline.models.store import RecordingStore
@@ -41,9 +41,9 @@ from pipeline.models.transport import describe, lunasol_cause, quiet_instructor,
 
 T = TypeVar("T", bound=BaseModel)
 
-INSTRUCTOR_MODES = {"tools": "TOOLS", "json": "JSON", "md_json": "MD_JSON", "json_schema": "JSON_SCHEMA"}
+EXCHANGES_DIR = "exchanges"  # runs/<id>/exchanges: a live run's raw answers, laid out like a recording store
 
-__all__ = ["INSTRUCTOR_MODES", "CallOutcome", "ModelClient", "Usage"]
+__all__ = ["EXCHANGES_DIR", "INSTRUCTOR_MODES", "CallOutcome", "ModelClient", "Usage"]
 
 
 @dataclass
@@ -96,12 +96,14 @@ class ModelClient:
             if self.mode == "replay" and not Path(settings.store).is_dir():
                 raise BadInput(f"replay store not found: {settings.store}")
             self.store = RecordingStore(Path(settings.store), self.mode)
+        else:
+            # Live: every raw answer is kept in the run's own store before it is parsed, so a resume
+            # (or a kill right after an answer arrived) never pays for an answer already received.
+            self.store = RecordingStore(self.run_dir / EXCHANGES_DIR, "record")
         self.model = settings.model or self._model_from_store()
         self.calllog = CallLog(self.run_dir)
-        imode = os.environ.get("LUNASOL_INSTRUCTOR_MODE", "tools").lower()
-        if imode not in INSTRUCTOR_MODES:
-            raise BadInput(f"LUNASOL_INSTRUCTOR_MODE must be one of {', '.join(INSTRUCTOR_MODES)}, not {imode!r}")
-        self.instructor_mode = imode
+        self.instructor_mode = resolve_mode(settings, self.model, self.store)
+        self._consecutive_failures = 0
         self.accounting = Accounting(settings, self.model, self.log)
         self.exchange = Exchange(
             settings,
@@ -127,11 +129,16 @@ class ModelClient:
         context: dict[str, Any],
         response_model: type[T],
         check: Callable[[T], list[str]] | None = None,
+        soft_fail: bool = False,
     ) -> CallOutcome[T]:
         """One structured call: render ``prompts/<role>.j2``, ask, validate, check, re-ask (bounded).
 
-        Raises :class:`ReplayMiss`, :class:`BudgetExceeded` or :class:`ModelUnavailable` (all ``Blocked``);
-        a validation or check failure that outlasts the re-asks is returned as ``ok=False``.
+        Raises :class:`ReplayMiss`, :class:`BudgetExceeded` or :class:`ModelUnavailable` (all ``Blocked``)
+        and :class:`ModelRefused` (bad input: key, model, request); a validation or check failure that
+        outlasts the re-asks is returned as ``ok=False``. With ``soft_fail`` (one call among many, e.g.
+        a cell), transport faults and empty answers that outlast their retries are returned as
+        ``ok=False`` too, until ``max_consecutive_failures`` calls in a row failed so (the provider is
+        down for everyone: then :class:`ModelUnavailable` is raised).
         """
         rendered = render_source(self._template(role), context, name=f"{role}.j2")
         state = CallState(role=role, cell_id=cell_id, template_hash=rendered.template_hash)
@@ -145,7 +152,7 @@ class ModelClient:
         try:
             self.accounting.check_budget()
             for round_no in range(self.settings.max_reasks + 1):
-                parsed, errors = await self._ask(messages, response_model)
+                parsed, errors = await self._ask(messages, response_model, self.settings.max_tokens_for(role))
                 if parsed is None:
                     outcome = "invalid"
                     break
@@ -165,6 +172,20 @@ class ModelClient:
                 ]
             if value is not None:
                 outcome = "ok"
+            self._consecutive_failures = 0
+        except ModelUnavailable as exc:
+            outcome, errors = exc.kind, [exc.one_line()]
+            if not soft_fail or exc.reason == "credential":
+                raise
+            self._consecutive_failures += 1
+            if self._consecutive_failures >= self.settings.max_consecutive_failures:
+                raise ModelUnavailable(
+                    f"{self._consecutive_failures} calls in a row failed after their retries (provider down?); "
+                    f"last: {exc.one_line()}",
+                    reason=exc.reason,
+                    tried=exc.tried,
+                    unblock=exc.unblock,
+                ) from None
         except LunasolError as exc:
             outcome = str(getattr(exc, "kind", None) or getattr(exc, "reason", "error"))
             errors = [exc.one_line()]
@@ -253,7 +274,9 @@ class ModelClient:
             self._instructor = instructor.from_litellm(self.exchange.complete, mode=mode)
         return self._instructor
 
-    async def _ask(self, messages: list[dict[str, Any]], response_model: type[T]) -> tuple[T | None, list[str]]:
+    async def _ask(
+        self, messages: list[dict[str, Any]], response_model: type[T], max_tokens: int | None
+    ) -> tuple[T | None, list[str]]:
         # One instructor round (which re-asks on schema-invalid output itself).
         from instructor.core import InstructorRetryException
 
@@ -263,6 +286,7 @@ class ModelClient:
                 messages=messages,
                 max_retries=self.settings.max_reasks,
                 temperature=self.settings.temperature,
+                **({"max_tokens": max_tokens} if max_tokens else {}),
             )
         except Exception as exc:
             ours = lunasol_cause(exc)

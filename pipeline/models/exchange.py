@@ -19,9 +19,17 @@ from typing import Any
 from pipeline.core.errors import LunasolError
 from pipeline.core.settings import ModelSettings
 from pipeline.models.accounting import Accounting, Booked
-from pipeline.models.errors import ModelUnavailable, ReplayMiss
+from pipeline.models.errors import EmptyAnswer, ModelUnavailable, ReplayMiss
 from pipeline.models.store import RecordingStore, canonical_request, check_record, make_record, request_key
-from pipeline.models.transport import describe, load_litellm, no_wait, reason_for, retry_after, retryable_types
+from pipeline.models.transport import (
+    describe,
+    load_litellm,
+    no_wait,
+    reason_for,
+    refusal,
+    retry_after,
+    retryable_types,
+)
 
 DUMMY_API_KEY = "sk-lunasol-no-key"  # a bare OpenAI-compatible --api-base needs *some* key string
 
@@ -74,9 +82,13 @@ class Exchange:
         self._openai_clients: dict[int, Any] = {}
 
     async def complete(self, **kwargs: Any) -> Any:
-        """One exchange for the current call (:data:`CALL_STATE`); a coroutine function, as instructor needs."""
-        litellm = load_litellm()
+        """One exchange for the current call (:data:`CALL_STATE`); a coroutine function, as instructor needs.
 
+        Answers from the store when it holds a usable answer for the key (always in replay; in record
+        mode and in the run's own exchange store when an earlier attempt or process already paid for
+        it); else calls live, and stores the raw answer *before* anything parses it, so a crash or a
+        kill after the answer arrived never pays for it again.
+        """
         state = CALL_STATE.get()
         # instructor does not pass the model through; the key must still name it (DESIGN: model is in the key).
         request = canonical_request({**kwargs, "model": self.model}, self.instructor_mode)
@@ -84,11 +96,14 @@ class Exchange:
         attempt = len(state.keys)
         state.keys.append(key)
         store = self.store
-        if store is not None and (store.mode == "replay" or key in store.written):
-            # Replay; in record mode a key already written this run is served from disk too, so a
-            # repeated request gets the same answer in record and in replay.
-            record = store.load(key)
-            if record is None:
+        body: dict[str, Any] | None = None
+        if store is not None:
+            record = store.load(key) if store.mode == "replay" or store.has(key) else None
+            if record is not None:
+                body = _response_body(check_record(record, store.path_for(key)))
+                if store.mode != "replay" and unusable(body) is not None:
+                    body = None  # a stored empty answer is never served where a live retry is possible
+            elif store.mode == "replay":
                 raise ReplayMiss(
                     role=state.role,
                     cell_id=state.cell_id,
@@ -97,20 +112,26 @@ class Exchange:
                     model=self.model,
                     store=str(store.root),
                 )
-            record = check_record(record, store.path_for(key))
-            response = litellm.ModelResponse(**record.get("response_openai", record["response"]))
+        if body is not None:
+            response = response_from(body)
             state.add(self.accounting.book(response))
-        else:
-            live, raw = await self._live(kwargs, capture=store is not None)
-            if store is None:
-                response = live
-            else:
-                body, source = (raw, "http_body") if raw is not None else (live.model_dump(mode="json"), "litellm")
+            why = unusable(body)
+            if why is not None:  # replay of an answer that was empty when recorded: the same failure
+                raise ModelUnavailable(
+                    f"model {self.model} gave no usable answer for role={state.role} cell={state.cell_id or '-'} "
+                    f"(recorded): {why}",
+                    reason="external_system",
+                    unblock="re-record this call: lunasol run BUNDLE --record DIR",
+                )
+            return response
+
+        def persist(answer: dict[str, Any], source: str) -> None:
+            if store is not None:
                 store.save(
                     make_record(
                         key=key,
                         request=request,
-                        response=body,
+                        response=answer,
                         response_source=source,
                         role=state.role,
                         cell_id=state.cell_id,
@@ -119,9 +140,10 @@ class Exchange:
                         attempt=attempt,
                     )
                 )
-                # Return what replay will return, built from the stored body, so both paths are identical.
-                response = litellm.ModelResponse(**body)
-        return response
+
+        body = await self._live(kwargs, persist)
+        # Built from the stored body, so a live answer and its replay are the same object.
+        return response_from(body)
 
     # ------------------------------------------------------------------ live
     def _semaphore(self) -> asyncio.Semaphore:
@@ -167,8 +189,11 @@ class Exchange:
             self._openai_clients[loop_id] = client
         return client
 
-    async def _live(self, kwargs: dict[str, Any], *, capture: bool) -> tuple[Any, dict[str, Any] | None]:
-        """``litellm.acompletion`` with tenacity retries on transport faults, under the concurrency bound."""
+    async def _live(self, kwargs: dict[str, Any], persist: Callable[[dict[str, Any], str], None]) -> dict[str, Any]:
+        """``litellm.acompletion`` with tenacity retries on transport faults and empty answers.
+
+        Returns the answer's body (the raw HTTP JSON when captured), already persisted.
+        """
         litellm = load_litellm()
         # tenacity loads only for a live call (startup cost of replay).
         from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
@@ -193,11 +218,11 @@ class Exchange:
             )
 
         call_kwargs = {**kwargs, **self._transport_kwargs(), "model": self.model}
-        use_capture = capture and self._is_openai()
+        use_capture = self._is_openai()
         if use_capture:
             call_kwargs["client"] = self._openai_client()
         retrying = AsyncRetrying(
-            retry=retry_if_exception_type(retryable_types()),
+            retry=retry_if_exception_type((*retryable_types(), EmptyAnswer)),
             stop=stop_after_attempt(self.settings.transport_retries + 1),
             wait=wait,
             before_sleep=before_sleep,
@@ -217,17 +242,29 @@ class Exchange:
                             state.add(self.accounting.book(response))
                     finally:
                         _CAPTURE.reset(tok)
-                    raw = None
-                    if slot:
-                        try:
-                            parsed = json.loads(slot[-1])
-                            raw = parsed if isinstance(parsed, dict) else None
-                        except ValueError:
-                            raw = None
-                    return response, raw
+                    raw = _json_object(slot[-1]) if slot else None
+                    body, source = (
+                        (raw, "http_body") if raw is not None else (response.model_dump(mode="json"), "litellm")
+                    )
+                    persist(body, source)  # before any parsing: a kill from here on never pays again
+                    why = unusable(body)
+                    if why is not None:
+                        raise EmptyAnswer(why)
+                    return body
+        except EmptyAnswer as exc:
+            raise ModelUnavailable(
+                f"model {self.model} gave no usable answer for role={state.role} cell={state.cell_id or '-'} after "
+                f"{state.transport_retries} retries: {exc.one_line()}",
+                reason="external_system",
+                tried=[{"action": "retries", "outcome": f"{state.transport_retries} retries, every answer empty"}],
+                unblock="check the provider / --api-base, then: lunasol run BUNDLE --resume",
+            ) from None
         except LunasolError:
             raise
         except Exception as exc:
+            refused = refusal(exc, str(self.model), self.settings.api_base)
+            if refused is not None:
+                raise refused from None
             tried = [{"action": "transport retries", "outcome": f"{state.transport_retries} retries, then failed"}]
             raise ModelUnavailable(
                 f"model {self.model} unavailable for role={state.role} cell={state.cell_id or '-'} after "
@@ -237,3 +274,38 @@ class Exchange:
                 unblock="check the provider / --api-base and key, then: lunasol run BUNDLE --resume",
             ) from exc
         raise AssertionError("unreachable")  # pragma: no cover - tenacity returns or raises
+
+
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _response_body(record: dict[str, Any]) -> dict[str, Any]:
+    body = record.get("response_openai", record["response"])
+    return body if isinstance(body, dict) else {}
+
+
+def unusable(body: dict[str, Any]) -> str | None:
+    """Why an answer body says nothing (no choices; neither a tool call nor content), or None when usable."""
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return "the answer has no choices"
+    message = choices[0].get("message") or {}
+    if not isinstance(message, dict):
+        return "the answer's message is not an object"
+    if message.get("tool_calls") or message.get("function_call"):
+        return None
+    content = message.get("content")
+    if isinstance(content, str) and content.strip():
+        return None
+    return "the answer has neither a tool call nor any content"
+
+
+def response_from(body: dict[str, Any]) -> Any:
+    """The response object instructor parses, built from a stored body (live and replay alike)."""
+    litellm = load_litellm()
+    return litellm.ModelResponse(**body)

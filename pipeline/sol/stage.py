@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.artifacts.run_info import analysis_run_id
 from pipeline.core.canonical import digest, pretty_json, read_json, sha256_file
 from pipeline.core.errors import Blocked
 from pipeline.models import ModelClient, PlannedCall, template_hash
@@ -183,7 +184,7 @@ def build_context(run_dir: Path, ir_path: Path) -> tuple[dict[str, Any], Evidenc
         raw_lines.setdefault(e["cell_id"], []).append((str(e["detail"] or e["kind"]), line))
     timelines, omitted = fit_timelines(raw_lines, timeline_budget())
     context: dict[str, Any] = {
-        "run_id": run_dir.name,
+        "run_id": analysis_run_id(run_dir),
         "harnesses": sorted({str(c["harness"]) for c in eligible if c["harness"]}),
         "eligible_count": len(eligible),
         "cells": eligible,
@@ -282,7 +283,9 @@ def mine(ctx: RunContext) -> Shortlist:
             ],
         )
     call = {"ok": outcome.ok, "attempts": outcome.attempts, "errors": list(outcome.errors), "key": outcome.key}
-    shortlist = make_shortlist(ctx.run_dir.name, index, drafts, made_from=_made_from(ctx, context), call=call)
+    shortlist = make_shortlist(
+        analysis_run_id(ctx.run_dir), index, drafts, made_from=_made_from(ctx, context), call=call
+    )
     return write_shortlist(ctx.run_dir / SHORTLIST_FILE, shortlist)
 
 
