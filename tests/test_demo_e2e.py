@@ -134,7 +134,9 @@ def test_record_demo_routes_by_what_the_prompt_says_and_reports_missing_answers(
     from fixtures.record_demo import AnswerBook, answer_name
 
     (tmp_path / "luna").mkdir()
-    (tmp_path / "luna" / "C004.json").write_text('{"patterns": [], "rejected_candidates": []}', encoding="utf-8")
+    (tmp_path / "luna" / "C004.json").write_text(
+        '{"patterns": [], "rejected_candidates": [], "none_reason": "none"}', encoding="utf-8"
+    )
     head = "Cell C004 · task T1 · run r1 · harness H0 · part 1/1\nLog"
     req = {"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": head}]}
     assert answer_name(req) == "luna/C004"
@@ -143,7 +145,11 @@ def test_record_demo_routes_by_what_the_prompt_says_and_reports_missing_answers(
     assert answer_name({"messages": [{"role": "user", "content": "Analysis run a; harness(es): H0.\n"}]}) == "sol"
     book = AnswerBook(tmp_path)
     assert book(req).status == 200 and book.served == {"luna/C004": 1}
-    other = {"messages": [{"role": "user", "content": "Analysis run a; parent harness H0.\n\n## The confirmed weakness W-09 (gate"}]}
+    other = {
+        "messages": [
+            {"role": "user", "content": "Analysis run a; parent harness H0.\n\n## The confirmed weakness W-09 (gate"}
+        ]
+    }
     assert book(other).status == 400 and book.missing == {"proposer/W-09"}
     with pytest.raises(ValueError):
         book.path("../../etc/passwd")

@@ -71,7 +71,7 @@ def pattern(evidence: list[str], **kw: Any) -> dict[str, Any]:
 
 
 GOOD_C001 = {"patterns": [pattern(["C001-e0001", "C001-e0003"])], "rejected_candidates": []}
-EMPTY = {"patterns": [], "rejected_candidates": []}
+EMPTY = {"patterns": [], "rejected_candidates": [], "none_reason": "no repeat, omission or zero-gain step in this log"}
 
 
 def cell_of(request: dict[str, Any]) -> str:
@@ -260,6 +260,7 @@ def test_probe_overrules_a_rejection_that_claims_a_change(
 ) -> None:
     reject = {
         "patterns": [],
+        "none_reason": "the only candidate is rejected below",
         "rejected_candidates": [
             {"candidate": "C001-H01", "observation": "the file was edited between the reads", "state_changed": True}
         ],
@@ -298,6 +299,7 @@ def test_a_rejection_without_a_change_claim_stands(
 ) -> None:
     reject = {
         "patterns": [],
+        "none_reason": "the only candidate is rejected below",
         "rejected_candidates": [
             {
                 "candidate": "C001-H01",

@@ -30,7 +30,7 @@ from pipeline.core import offline
 from pipeline.core.errors import BadInput, LunasolError
 from pipeline.core.settings import ModelSettings
 from pipeline.models.accounting import Accounting, Usage
-from pipeline.models.calllog import CallLog
+from pipeline.models.calllog import CallLog, read_calls
 from pipeline.models.errors import ModelUnavailable
 from pipeline.models.exchange import CALL_STATE, CallState, Exchange
 from pipeline.models.modes import INSTRUCTOR_MODES, resolve_mode
@@ -112,6 +112,12 @@ class ModelClient:
             instructor_mode=self.instructor_mode,
             accounting=self.accounting,
             log=self.log,
+            consumed=frozenset(
+                k
+                for row in read_calls(self.run_dir)
+                if row.get("outcome") != "cancelled"
+                for k in row.get("keys") or []
+            ),
         )
         self._instructor: Any = None
         self._templates: dict[str, str] = {}

@@ -71,8 +71,10 @@ class Exchange:
         instructor_mode: str,
         accounting: Accounting,
         log: Callable[[str], None],
+        consumed: frozenset[str] = frozenset(),
     ) -> None:
         self.settings = settings
+        self.consumed = consumed  # keys whose answers earlier finished calls of this run already used
         self.model = model
         self.store = store
         self.instructor_mode = instructor_mode
@@ -84,10 +86,12 @@ class Exchange:
     async def complete(self, **kwargs: Any) -> Any:
         """One exchange for the current call (:data:`CALL_STATE`); a coroutine function, as instructor needs.
 
-        Answers from the store when it holds a usable answer for the key (always in replay; in record
-        mode and in the run's own exchange store when an earlier attempt or process already paid for
-        it); else calls live, and stores the raw answer *before* anything parses it, so a crash or a
-        kill after the answer arrived never pays for it again.
+        Answers from the store when it holds a usable answer for the key: always in replay; in record
+        mode and in the run's own exchange store when this process recorded it (a repeated request
+        gets the answer replay will give) or an earlier process received it but no finished call used
+        it (killed between receipt and parse). Else calls live, and stores the raw answer *before*
+        anything parses it, so a resume never pays for an answer it already received, while a
+        deliberate new ask of a finished call (a redo) is asked again.
         """
         state = CALL_STATE.get()
         # instructor does not pass the model through; the key must still name it (DESIGN: model is in the key).
@@ -98,7 +102,8 @@ class Exchange:
         store = self.store
         body: dict[str, Any] | None = None
         if store is not None:
-            record = store.load(key) if store.mode == "replay" or store.has(key) else None
+            served = store.mode == "replay" or key in store.written or (key not in self.consumed and store.has(key))
+            record = store.load(key) if served else None
             if record is not None:
                 body = _response_body(check_record(record, store.path_for(key)))
                 if store.mode != "replay" and unusable(body) is not None:
