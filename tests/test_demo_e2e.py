@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from pipeline.cli.app import app
 from pipeline.core.settings import ModelSettings
 from pipeline.run import runner
+from pipeline.testing.openai_server import FakeOpenAI, flaky_empty
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLE = ROOT / "fixtures" / "bundles" / "h0-demo"
@@ -31,21 +32,20 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+ARTIFACTS = ("patterns.jsonl", "pattern-groups.json", "weakness-shortlist.json")
+
+
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """Two replays through the library runner, export .. coordinator (this issue's stages)."""
-    names = [n for n, _ in runner.STAGES]
-    saved = list(runner.STAGES)
-    runner.STAGES[:] = saved[: names.index("coordinator") + 1]
+    """Two replays through the library runner, every stage up to gate 1, under two run ids that are not
+    the bundle's (the folder is the user's choice and must reach no prompt and no artifact)."""
     dirs = []
-    try:
-        for name in ("a", "b"):
-            runs = tmp_path_factory.mktemp(f"runs-{name}")
-            settings = ModelSettings(mode="replay", store=STORE)
-            result = runner.run(runner.RunOptions(bundle=BUNDLE, runs_dir=runs, models=settings), log=lambda _m: None)
-            dirs.append(result.ctx.run_dir)
-    finally:
-        runner.STAGES[:] = saved
+    for name in ("a", "other-b"):
+        runs = tmp_path_factory.mktemp(f"runs-{name}")
+        settings = ModelSettings(mode="replay", store=STORE)
+        options = runner.RunOptions(bundle=BUNDLE, run_id=name, runs_dir=runs, models=settings)
+        result = runner.run(options, log=lambda _m: None)
+        dirs.append(result.ctx.run_dir)
     return dirs[0], dirs[1]
 
 
@@ -62,8 +62,14 @@ def patterns(run: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run / "patterns.jsonl").read_text(encoding="utf-8").splitlines()]
 
 
-def test_replay_twice_is_byte_identical(two_runs: tuple[Path, Path]) -> None:
+def test_replay_under_other_run_ids_is_byte_identical(two_runs: tuple[Path, Path]) -> None:
     a, b = two_runs
+    assert (a.name, b.name) == ("a", "other-b")
+    for name in ARTIFACTS:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    shortlist = json.loads((a / "weakness-shortlist.json").read_text(encoding="utf-8"))
+    assert shortlist["run_id"] == "h0-demo-20260809-a"  # the request's analysis run id, not the folder
+    assert [w["weakness_id"] for w in shortlist["weaknesses"]] == ["W-01", "W-02"]
     for name in ("patterns.jsonl", "pattern-groups.json"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
@@ -111,6 +117,39 @@ def test_dead_ends_revealed_and_counter_examples_clean(two_runs: tuple[Path, Pat
     [perm] = [g for g in groups["groups"] if g["concerns"] == "target:request_permission:write"]
     assert perm["support"]["cells"] == ["C004", "C015", "C018"] and perm["support"]["n_tasks"] == 3
     assert perm["negatives"]["occurrences"] == 0
+
+
+def test_recordings_carry_no_routing_line_and_no_folder_name() -> None:
+    # The prompts hold what the model needs, nothing that exists for the fixture recorder or the user's folder.
+    for path in STORE.glob("*/*.json"):
+        text = path.read_text(encoding="utf-8")
+        assert "request-id" not in text, path
+        rec = json.loads(text)
+        if rec["role"] in ("sol", "proposer"):
+            first_user = next(m["content"] for m in rec["request"]["messages"] if m["role"] == "user")
+            assert first_user.startswith("Analysis run h0-demo-20260809-a;"), path
+
+
+def test_live_run_against_a_server_with_30_percent_empty_first_answers_gives_the_replay_artifacts(
+    two_runs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from fixtures.record_demo import MODEL, AnswerBook
+
+    book = AnswerBook(ROOT / "fixtures" / "answers" / "h0-demo")
+    with FakeOpenAI(flaky_empty(book, 0.3)) as server:
+        settings = ModelSettings(model=MODEL, api_base=server.base_url, instructor_mode="tools", max_reasks=0)
+        options = runner.RunOptions(bundle=BUNDLE, run_id="live", runs_dir=tmp_path, models=settings)
+        result = runner.run(options, log=lambda _m: None)
+        empty = len(server.requests) - sum(book.served.values())
+    assert not result.pending
+    assert empty >= 3  # the server did answer with empty choices, and each was retried
+    calls = [json.loads(line) for line in (result.ctx.run_dir / "calls.jsonl").read_text().splitlines()]
+    assert sum(c["transport_retries"] for c in calls) == empty
+    for name in ARTIFACTS:
+        assert (result.ctx.run_dir / name).read_bytes() == (two_runs[0] / name).read_bytes(), name
 
 
 def test_no_luna_request_in_the_store_carries_an_outcome() -> None:
