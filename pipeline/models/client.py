@@ -41,6 +41,7 @@ from pipeline.models.transport import describe, lunasol_cause, quiet_instructor,
 
 T = TypeVar("T", bound=BaseModel)
 
+UNFINISHED = ("cancelled", "interrupted")  # calls whose last answer (if any arrived) nobody used
 EXCHANGES_DIR = "exchanges"  # runs/<id>/exchanges: a live run's raw answers, laid out like a recording store
 
 __all__ = ["EXCHANGES_DIR", "INSTRUCTOR_MODES", "CallOutcome", "ModelClient", "Usage"]
@@ -115,7 +116,7 @@ class ModelClient:
             consumed=frozenset(
                 k
                 for row in read_calls(self.run_dir)
-                if row.get("outcome") != "cancelled"
+                if row.get("outcome") not in UNFINISHED
                 for k in row.get("keys") or []
             ),
         )
@@ -154,20 +155,21 @@ class ModelClient:
         value: T | None = None
         last: T | None = None
         errors: list[str] = []
-        outcome = "ok"
+        outcome = "interrupted"  # what the log says when a KeyboardInterrupt or SystemExit passes through
         try:
             self.accounting.check_budget()
+            asked = "ok"
             for round_no in range(self.settings.max_reasks + 1):
                 parsed, errors = await self._ask(messages, response_model, self.settings.max_tokens_for(role))
                 if parsed is None:
-                    outcome = "invalid"
+                    asked = "invalid"
                     break
                 last = parsed
                 errors = list(check(parsed)) if check else []
                 if not errors:
                     value = parsed
                     break
-                outcome = "check_failed"
+                asked = "check_failed"
                 if round_no == self.settings.max_reasks:
                     break
                 # Re-ask with the previous answer and the errors; plain text, never re-templated.
@@ -176,8 +178,7 @@ class ModelClient:
                     {"role": "assistant", "content": parsed.model_dump_json()},
                     {"role": "user", "content": _reask_text(errors)},
                 ]
-            if value is not None:
-                outcome = "ok"
+            outcome = "ok" if value is not None else asked
             self._consecutive_failures = 0
         except ModelUnavailable as exc:
             outcome, errors = exc.kind, [exc.one_line()]
