@@ -14,7 +14,7 @@ from pipeline.gates.gate2 import select as do_select
 from pipeline.models.store import check_store
 from pipeline.proposals.proposer import propose as do_propose
 from pipeline.proposals.proposer import run_model_settings
-from pipeline.state import handoff as hf
+from pipeline.state import handoff
 from pipeline.validator import validate_file
 
 
@@ -97,7 +97,7 @@ def propose(
         if c["status"] == "rejected":
             rules = ", ".join(sorted({f["rule"] for f in c["findings"]}))
             typer.echo(f"  {c['proposal_id']} ({c['source_weakness']}) kept out: {rules}")
-    typer.echo(f"next: {hf.next_command(run_dir)}")
+    typer.echo(f"next: {handoff.next_command(run_dir)}")
 
 
 def select(
@@ -124,7 +124,7 @@ def select(
         raise BadInput("--by NAME is required: a decision needs a named person")
     check_digest(digest)
     run_dir = resolve_run(run)
-    base = hf.load(run_dir)
+    base = handoff.load(run_dir)
     choice: Choice = "proposal" if proposal is not None else "none" if none else "redo"
     with moves_run(run_dir, "select"):
         receipt, replayed = do_select(
@@ -147,7 +147,7 @@ def select(
         f"(revision {receipt.base_revision}→{receipt.new_revision})"
     )
     typer.echo(f"note: {NOT_AUTHORISATION}")
-    typer.echo(f"next: {hf.next_command(run_dir)}")
+    typer.echo(f"next: {handoff.next_command(run_dir)}")
 
 
 def register(app: typer.Typer) -> None:

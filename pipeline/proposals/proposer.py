@@ -36,7 +36,7 @@ from pipeline.gates.gate1 import confirmed_weaknesses
 from pipeline.models import ModelClient, template_hash
 from pipeline.models.preflight import preflight
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
-from pipeline.state import handoff as hf
+from pipeline.state import handoff
 from pipeline.state.blocking import write_block_receipt
 from pipeline.state.ledger import Ledger
 from pipeline.validator import RULES, RunFacts, load_run_facts, validate_entries
@@ -363,7 +363,7 @@ def propose(run_dir: Path, settings: ModelSettings, log: Callable[[str], None] =
     """Generate, validate and write the run's proposal cards (``lunasol propose``)."""
     if not (run_dir / "weakness-shortlist.json").is_file():
         raise BadInput(f"{run_dir} has no weakness-shortlist.json: run the analysis up to gate 1 first")
-    current = hf.load(run_dir)
+    current = handoff.load(run_dir)
     if current.proposalSelection in ("selected", "none"):
         # Regenerating would silently change what gate 2 decided on.
         raise BadInput(
@@ -387,7 +387,7 @@ def propose(run_dir: Path, settings: ModelSettings, log: Callable[[str], None] =
     proposals_digest = sha256_file(path)
     validation["proposals_digest"] = proposals_digest
     write_json(run_dir / VALIDATION_FILE, validation)
-    hf.update(
+    handoff.update(
         run_dir,
         {"proposalGeneration": "done", "proposalSelection": "pending", "proposals_digest": proposals_digest},
         f"proposals generated ({len(cards)} card(s))",
