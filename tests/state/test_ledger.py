@@ -111,7 +111,9 @@ def _first_run(tmp_path_factory: pytest.TempPathFactory, _fake_llm_server: FakeO
     root = tmp_path_factory.mktemp("ledger-first")
     _fake_llm_server.reset()
     _fake_llm_server.handler = handler
-    settings = ModelSettings(model="openai/test-model", api_base=_fake_llm_server.base_url, timeout_s=5.0)
+    settings = ModelSettings(
+        model="openai/test-model", api_base=_fake_llm_server.base_url, timeout_s=5.0, instructor_mode="tools"
+    )
     run(RunOptions(bundle=make_bundle(root), run_id="r1", runs_dir=root / "runs", models=settings), log=lambda _m: None)
     _fake_llm_server.reset()
     return root
