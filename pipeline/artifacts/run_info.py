@@ -47,6 +47,7 @@ class ModelInputs(BaseModel):
     budget_usd: float | None = None
     instructor_mode: str | None = Field(default=None, description="tools, json_schema, json, md_json (None: auto)")
     max_tokens: int | None = Field(default=None, description="answer bound for every role (None: per-role default)")
+    context_tokens: int | None = Field(default=None, description="--context-tokens / LUNASOL_CONTEXT_TOKENS")
 
 
 class RunInputs(BaseModel):
@@ -101,6 +102,8 @@ def run_command(run_dir: Path, *, resume: bool = True) -> str:
         parts += ["--api-base", str(models["api_base"])]
     if models.get("mode") in ("replay", "record") and models.get("store"):
         parts += [f"--{models['mode']}", str(models["store"])]
+    if models.get("context_tokens"):
+        parts += ["--context-tokens", str(models["context_tokens"])]
     if resume:
         parts.append("--resume")
     return shlex.join(parts)

@@ -30,6 +30,7 @@ from pipeline.core import offline
 from pipeline.core.errors import BadInput, LunasolError
 from pipeline.core.settings import ModelSettings
 from pipeline.models.accounting import Accounting, Usage
+from pipeline.models.budget import check_fits
 from pipeline.models.calllog import CallLog, read_calls
 from pipeline.models.errors import ModelUnavailable
 from pipeline.models.exchange import CALL_STATE, CallState, Exchange
@@ -158,6 +159,8 @@ class ModelClient:
         outcome = "interrupted"  # what the log says when a KeyboardInterrupt or SystemExit passes through
         try:
             self.accounting.check_budget()
+            # Whole-request token budget (pipeline.models.budget): a request that cannot fit is never sent.
+            check_fits(self.settings, role, cell_id, messages, response_model)
             asked = "ok"
             for round_no in range(self.settings.max_reasks + 1):
                 parsed, errors = await self._ask(messages, response_model, self.settings.max_tokens_for(role))
@@ -248,7 +251,8 @@ class ModelClient:
         """Run many calls under ``settings.concurrency`` with a progress bar (on a TTY) showing spend."""
         # Twice the HTTP bound: the next calls render and prepare while others wait on the network,
         # so a freed slot is used at once; the HTTP concurrency itself stays at settings.concurrency.
-        return await gather_bounded(coros, 2 * self.settings.concurrency, label=label, usage=self.usage)
+        budget = (self.settings.budget_usd, self.settings.budget_tokens)
+        return await gather_bounded(coros, 2 * self.settings.concurrency, label=label, usage=self.usage, budget=budget)
 
     # ------------------------------------------------------------------ internals
     def _template(self, role: str) -> str:

@@ -19,10 +19,12 @@ from typing import Any
 from pipeline.core.errors import LunasolError
 from pipeline.core.settings import ModelSettings
 from pipeline.models.accounting import Accounting, Booked
+from pipeline.models.budget import context_error
 from pipeline.models.errors import EmptyAnswer, ModelUnavailable, ReplayMiss
 from pipeline.models.store import RecordingStore, canonical_request, check_record, make_record, request_key
 from pipeline.models.transport import (
     describe,
+    is_context_error,
     load_litellm,
     no_wait,
     reason_for,
@@ -267,6 +269,8 @@ class Exchange:
         except LunasolError:
             raise
         except Exception as exc:
+            if is_context_error(exc):  # not transient: never retried; the unblock lowers --context-tokens
+                raise context_error(exc, self.settings, state.role, state.cell_id) from exc
             refused = refusal(exc, str(self.model), self.settings.api_base)
             if refused is not None:
                 raise refused from None

@@ -5,7 +5,9 @@ from a queue of scripted replies, then from a handler. Replies can inject faults
 headers (429 + Retry-After, 500, 401), a delay (timeouts, slow servers), a dropped connection, a
 non-JSON body, a schema-invalid answer, a 200 without choices or content (:func:`empty_choices`,
 :func:`flaky_empty`), or no ``usage`` (:func:`without_usage`), as real proxies and local servers
-send them. It counts requests in flight and records every request body.
+send them. It counts requests in flight and records every request body. With
+``context_tokens`` it declares a context and refuses larger requests (counted by
+:func:`request_tokens`) with OpenAI's ``context_length_exceeded`` error body.
 
 ``serve_recordings(DIR)`` answers from a lunasol recording directory instead, proving a recording
 is servable by any OpenAI-compatible server. Command line::
@@ -175,6 +177,27 @@ def requiring_key(handler: Handler, key: str, headers: Callable[[], dict[str, st
     return handle
 
 
+def request_tokens(request: dict[str, Any]) -> int:
+    """The server's token count of a request: ~4 characters per token of its messages and tools."""
+    return max(1, len(canonical_json([request.get("messages", []), request.get("tools") or []])) // 4)
+
+
+def context_exceeded(limit: int, tokens: int) -> Reply:
+    """OpenAI's 400 ``context_length_exceeded`` error, worded as OpenAI words it."""
+    return Reply(
+        status=400,
+        body={
+            "error": {
+                "message": f"This model's maximum context length is {limit} tokens. However, your messages "
+                f"resulted in {tokens} tokens. Please reduce the length of the messages.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        },
+    )
+
+
 def _example(schema: dict[str, Any], defs: dict[str, Any]) -> Any:
     # The smallest instance of a JSON schema: enough for a default, schema-valid answer.
     if "$ref" in schema:
@@ -238,9 +261,14 @@ def recordings_handler(store_dir: Path) -> Handler:
 class FakeOpenAI:
     """A threaded local server speaking OpenAI chat completions; use as a context manager."""
 
-    def __init__(self, handler: Handler | None = None, *, port: int = 0, delay_s: float = 0.0) -> None:
+    def __init__(
+        self, handler: Handler | None = None, *, port: int = 0, delay_s: float = 0.0, context_tokens: int | None = None
+    ) -> None:
         self.handler = handler
         self.delay_s = delay_s  # added to every reply (benchmarks)
+        # A declared context: larger requests get OpenAI's context_length_exceeded (request_tokens counts).
+        self.context_tokens = context_tokens
+        self.refused_for_size = 0
         self.script: list[ScriptItem] = []
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
@@ -291,6 +319,8 @@ class FakeOpenAI:
             self.max_in_flight = self.in_flight
             self.handler = None
             self.delay_s = 0.0
+            self.context_tokens = None
+            self.refused_for_size = 0
 
     # serving ---------------------------------------------------------------
     def _serve(self, h: BaseHTTPRequestHandler) -> None:
@@ -300,12 +330,18 @@ class FakeOpenAI:
             request = json.loads(raw or b"{}")
         except ValueError:
             request = {}
+        size = request_tokens(request) if self.context_tokens else 0
         headers = {k.lower(): v for k, v in h.headers.items()}
         self._local.headers = headers
         with self.lock:
             self.requests.append(request)
             self.headers.append(headers)
-            item = self.script.pop(0) if self.script else None
+            too_large = bool(self.context_tokens) and size > int(self.context_tokens or 0)
+            if too_large:
+                self.refused_for_size += 1
+            item: ScriptItem | None = context_exceeded(int(self.context_tokens or 0), size) if too_large else None
+            if item is None and self.script:
+                item = self.script.pop(0)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             handler = self.handler
@@ -386,13 +422,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--empty-rate", type=float, default=0.0, help="share of first attempts answered with no choices")
     ap.add_argument("--no-usage", action="store_true", help="answers carry no usage object")
     ap.add_argument("--require-key", default=None, help="401 unless Authorization: Bearer KEY")
+    ap.add_argument(
+        "--context-tokens", type=int, default=None, help="refuse larger requests with context_length_exceeded"
+    )
     args = ap.parse_args(argv)
     handler: Handler = recordings_handler(args.recordings) if args.recordings else auto_answer
     if args.empty_rate:
         handler = flaky_empty(handler, args.empty_rate)
     if args.no_usage:
         handler = without_usage(handler)
-    server = FakeOpenAI(None, port=args.port, delay_s=args.delay_ms / 1000)
+    server = FakeOpenAI(None, port=args.port, delay_s=args.delay_ms / 1000, context_tokens=args.context_tokens)
     if args.require_key:
         handler = requiring_key(handler, args.require_key, server.last_headers)
     server.handler = handler
