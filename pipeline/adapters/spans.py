@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.core.zips import open_zip
+
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\],:]', re.DOTALL)
 _NONSPACE = re.compile(r"\S")
 
@@ -241,11 +243,8 @@ def _member(raw: bytes, json_pointer: str | None) -> tuple[bytes, str | None]:
     """(bytes the lines count in, pointer within them): a zip member's when the pointer names one."""
     if json_pointer and "!" in json_pointer.split("#", 1)[0]:
         # A member of a zip container (Inspect .eval): "/<member>!<pointer>", lines are the member's.
-        import io
-        import zipfile
-
         member, _, rest = json_pointer.partition("!")
-        with zipfile.ZipFile(io.BytesIO(raw)) as zf:
+        with open_zip(raw) as zf:
             return zf.read(member.removeprefix("/")), rest
     return raw, json_pointer
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from pipeline.bundle.manifest import MANIFEST_FILE, read_frozen, read_manifest
 from pipeline.bundle.request import check_relative
 from pipeline.core.canonical import sha256_bytes
 from pipeline.core.errors import BadInput, BundleError
+from pipeline.core.zips import ZIP_ERRORS
 from pipeline.ir.export import read_run_json, run_bundle
 
 _REF = re.compile(r"^(?P<path>[^#]+)#L(?P<start>\d+)(?:-L(?P<end>\d+))?(?P<pointer>/.*)?$")
@@ -110,7 +110,7 @@ def _ref_text(raw: bytes, ref: Ref) -> str:
         return ref_lines(raw, ref.line_start, ref.line_end, ref.json_pointer)
     except UnicodeDecodeError:
         raise BundleError(f"invalid UTF-8 in {ref.path} lines {ref.line_start}-{ref.line_end}") from None
-    except (ValueError, KeyError, zipfile.BadZipFile) as exc:
+    except (ValueError, KeyError, *ZIP_ERRORS) as exc:
         raise BadInput(f"ref {ref} does not resolve: {exc}") from None
 
 
