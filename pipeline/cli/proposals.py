@@ -50,6 +50,11 @@ def propose(
     record: Path | None = typer.Option(None, "--record", help="Call live and store every exchange here."),
     concurrency: int | None = typer.Option(None, "--concurrency", help="Concurrent model calls."),
     budget_usd: float | None = typer.Option(None, "--budget-usd", help="Stop cleanly past this spend."),
+    context_tokens: int | None = typer.Option(
+        None,
+        "--context-tokens",
+        help="The model's input limit in tokens (env LUNASOL_CONTEXT_TOKENS; default: litellm's model info).",
+    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Proposal cards for every confirmed weakness (0..N each), validated; writes proposals.yaml and validation.json.
@@ -69,6 +74,7 @@ def propose(
         store=replay or record,
         concurrency=concurrency,
         budget_usd=budget_usd,
+        context_tokens=context_tokens,
     )
     check_store(settings)
     with moves_run(run_dir, "propose"):

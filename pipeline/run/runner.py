@@ -29,6 +29,7 @@ from pipeline import coordinator, probes
 from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION, run_command
 from pipeline.artifacts.schemas import load_document
 from pipeline.bundle.manifest import verify
+from pipeline.coordinator.probe_estimate import estimate_groups
 from pipeline.core.canonical import digest, read_json, sha256_file, write_json
 from pipeline.core.context import RunContext, RunOptions
 from pipeline.core.errors import BadInput, Blocked, BundleError
@@ -71,6 +72,9 @@ STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
     "coordinator": ("pattern-groups.json",),
     "sol": ("weakness-shortlist.json",),
 }
+
+# Templates a model stage may also render (Sol's map and reduce calls when the batch does not fit one).
+STAGE_EXTRA_TEMPLATES: dict[str, tuple[str, ...]] = {"sol": ("sol_map", "sol_reduce")}
 
 # Stages that call a model: their inputs include the role's template hash and the model.
 STAGE_ROLES: dict[str, str] = {"luna": "luna", "sol": "sol"}
@@ -141,6 +145,7 @@ def model_inputs(settings: ModelSettings) -> dict[str, Any]:
         "max_reasks": settings.max_reasks,
         "concurrency": settings.concurrency,
         "budget_usd": settings.budget_usd,
+        "context_tokens": settings.context_tokens,
     }
 
 
@@ -175,6 +180,11 @@ def stage_inputs(name: str, ctx: RunContext, bdigest: str, upstream: tuple[str, 
     if role:
         inputs["template"] = _template_hash(role) or "missing"
         inputs["model"] = ctx.options.models.model or "default"
+        for extra in STAGE_EXTRA_TEMPLATES.get(name, ()):
+            inputs[f"template:{extra}"] = _template_hash(extra) or "missing"
+        if ctx.options.models.context_tokens:
+            # another budget plans other requests (Luna's parts, Sol's map/reduce partitions)
+            inputs["context_tokens"] = str(ctx.options.models.context_tokens)
     return inputs
 
 
@@ -258,7 +268,7 @@ def _unblock_command(ctx: RunContext, exc: Blocked) -> str:
         # the model layer does not know the bundle or run; give the exact command for this run
         extra = hint.split("lunasol run BUNDLE", 1)[1].split("(")[0].split()
         base = resume.split()
-        drop = {"--model"} & set(extra)
+        drop = {"--model", "--context-tokens"} & set(extra)
         if {"--record", "--replay"} & set(extra):
             drop |= {"--record", "--replay"}  # one store mode only
         for flag in drop:
@@ -506,6 +516,13 @@ def dry_run(ctx: RunContext) -> RunResult:
                     notes.append(f"{name}: nothing to plan yet")
             elif not model_stage_seen:
                 target.run(tctx)  # deterministic stage: needed to render real prompts
+            elif name == "coordinator":
+                # Luna has not run: group the probe hits as stand-ins, so Sol is sized with realistic groups
+                hits = estimate_groups(tctx.ir_path, tctx.run_dir)
+                notes.append(
+                    f"coordinator: {hits} probe hit(s) grouped as stand-ins for Luna's patterns (Luna has not run); "
+                    "Sol's request sizes are an estimate"
+                )
             else:
                 notes.append(f"{name}: deterministic, runs after the model stages (no model call)")
         est = estimate(planned, ctx.options.models)

@@ -101,12 +101,13 @@ def test_jsonl_rows_upgrade_one_by_one() -> None:
 
 @pytest.mark.parametrize("name", ["handoff", "weakness-shortlist", "run", "ledger"])
 def test_samples_old_is_upgraded_current_unchanged(name: str) -> None:
-    v0, v1 = SAMPLES / f"{name}.v0.json", SAMPLES / f"{name}.v1.json"
+    version = VERSIONS[name]
+    v0, now = SAMPLES / f"{name}.v0.json", SAMPLES / f"{name}.v{version}.json"
     assert "schema_version" not in read_json(v0)
-    current, found = schemas.load_document(v1, name)
-    assert found == 1 and current == read_json(v1)  # the current version loads unchanged
+    current, found = schemas.load_document(now, name)
+    assert found == version and current == read_json(now)  # the current version loads unchanged
     upgraded, found0 = schemas.load_document(v0, name)
-    assert found0 == 0 and upgraded["schema_version"] == 1
+    assert found0 == 0 and upgraded["schema_version"] == version
     model = catalog.get(name).model
     assert model.model_validate(upgraded)  # the upgraded file is a valid current artifact
     if name != "weakness-shortlist":  # the shortlist's sealed digest legitimately differs (see below)
@@ -145,10 +146,12 @@ def test_readers_take_v0_files(tmp_path: Path) -> None:
 
 def test_v0_shortlist_keeps_the_digest_it_was_sealed_with(tmp_path: Path) -> None:
     v0 = read_shortlist(SAMPLES / "weakness-shortlist.v0.json")
-    assert v0.schema_version == 1
+    assert v0.schema_version == VERSIONS["weakness-shortlist"]
     assert v0.digest == read_json(SAMPLES / "weakness-shortlist.v0.json")["digest"]
     v1 = read_shortlist(SAMPLES / "weakness-shortlist.v1.json")
-    assert v0.weaknesses == v1.weaknesses
+    assert v0.weaknesses == v1.weaknesses and v1.plan is None  # v1 had no plan; upgraded, it has none
+    v2 = read_shortlist(SAMPLES / "weakness-shortlist.v2.json")
+    assert v2.weaknesses == v1.weaknesses and v2.plan is not None and v2.plan.mode == "single"
     # a v0 file edited by hand is still caught
     edited = read_json(SAMPLES / "weakness-shortlist.v0.json")
     edited["run_id"] = "someone-else"

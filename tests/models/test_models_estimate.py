@@ -60,7 +60,8 @@ def test_estimate_unknown_price_is_stated() -> None:
     est = estimate(planned(2), ModelSettings(model="openai/my-local-model"))
     assert not est.price_known and est.cost_usd is None and est.prompt_tokens > 0
     text = format_estimate(est)
-    assert "price unknown: openai/my-local-model" in text and "unknown" in text.splitlines()[2]
+    assert "price unknown: openai/my-local-model" in text and "unknown" in text.splitlines()[3]  # first role row
+    assert "context 128,000 tokens (assumed: litellm does not know openai/my-local-model" in text
 
 
 async def test_gather_bounded_keeps_order_and_cancels_on_error() -> None:
