@@ -43,14 +43,17 @@ def register(app: typer.Typer) -> None:
             help="PATH#Lstart-Lend, PATH relative to the bundle; may end with a JSON pointer like /args/path.",
         ),
         run: str = typer.Option(..., "--run", help="Run directory (or run id under ./runs)."),
+        line: bool = typer.Option(
+            False, "--line", help="With a JSON pointer: print the whole raw line(s), not the element."
+        ),
         as_json: bool = JSON_OPTION,
     ) -> None:
-        """Print exactly the raw lines behind a ref, after checking the file's hash."""
+        """Print what a ref names, hash-checked: its raw lines, or its JSON-pointer element and position."""
         run_dir = resolve_run(run)
         if as_json:
-            emit_json(resolve_ref(run_dir, ref).to_json())
+            emit_json(resolve_ref(run_dir, ref).to_json(lines=line))
         else:
-            typer.echo(show_ref(run_dir, ref))
+            typer.echo(show_ref(run_dir, ref, line=line))
 
     @app.command("query")
     def query_cmd(

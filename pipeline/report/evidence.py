@@ -37,6 +37,7 @@ class Snippet:
     lines: list[tuple[int, str]] = field(default_factory=list)
     pointer: str | None = None
     element: str | None = None  # the JSON-pointer element, pretty-printed, when the ref has one
+    position: str | None = None  # where that element sits in its line(s)
     note: str | None = None
 
     @property
@@ -113,6 +114,13 @@ class EvidenceReader:
             snip.status = "hash_mismatch"
             snip.note = f"the IR recorded {snip.expected_sha256} but the bundle's file is {view.sha256}"
             return
+        snip.status = "verified"
+        if view.element is not None:
+            # The element only: its line may hold a whole run with its labels (an Inspect sample's
+            # target and scores, a MAST record), which the report must not show.
+            snip.element = view.element[:SNIPPET_LIMIT]
+            snip.position = view.position
+            return
         used = 0
         assert snip.line_start is not None
         for n, text in enumerate(view.lines.split("\n"), start=snip.line_start):
@@ -121,8 +129,6 @@ class EvidenceReader:
                 text = text[:keep] + f" [... report cut {len(text) - keep} chars; see lunasol show-ref]"
             used += len(text)
             snip.lines.append((n, text))
-        snip.element = view.element[:SNIPPET_LIMIT] if view.element else None
-        snip.status = "verified"
 
     def resolve(self, keys: set[str]) -> dict[str, Snippet]:
         """Snippets for every key (event ids through the IR, refs directly), in key order."""

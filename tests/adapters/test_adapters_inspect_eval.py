@@ -7,18 +7,22 @@ offline, with its mock model (make_eval.py beside it says how); inspect_ai is no
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import zipfile
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from pipeline.adapters import detect, import_bundle
+from pipeline.cli.app import app
 from pipeline.core.zips import open_zip
 from pipeline.eval.checks import STEP_CAP
 from pipeline.ir.export import export
-from pipeline.ir.refs import resolve_ref
+from pipeline.ir.refs import resolve_ref, show_ref
+from pipeline.report.build import write_report
 from tests.adapters.adapter_helpers import check_refs, events_of
 
 LOG = Path(__file__).parent.parent / "fixtures" / "foreign" / "inspect" / "mockllm-tools.eval"
@@ -98,3 +102,41 @@ def test_limit_error_and_scorers_reach_events_and_outcomes(
     # labels stay in the sidecar: the target and the scorer's explanation reach no event
     text = "\n".join(str(e["text"]) for e in events)
     assert "TARGET-ALL-GREEN-42" not in text and "secret-review-note-7Q" not in text
+
+
+def test_show_ref_prints_the_element_and_its_position(imported: tuple[Path, Path, list[dict[str, object]]]) -> None:
+    _, run, events = imported
+    call = next(e for e in events if e["kind"] == "tool_call" and e["tool_name"] == "run_tests")
+    ref = f"{call['source_path']}#L{call['line_start']}-L{call['line_end']}{call['json_pointer']}"
+    shown = show_ref(run, ref)
+    head, _, element = shown.partition("\n")
+    member = str(call["json_pointer"]).split("!")[0].removeprefix("/")
+    assert re.fullmatch(rf"# raw/{LOG.name} line 1, characters \d+-\d+ of member {member} \S+", head)
+    assert json.loads(element)["function"] == "run_tests"
+    assert "TARGET-ALL-GREEN-42" not in shown  # the sample's target sits on the same line
+    whole = show_ref(run, ref, line=True)
+    assert "TARGET-ALL-GREEN-42" in whole and len(whole) > 10 * len(shown)
+    out = CliRunner().invoke(app, ["show-ref", ref, "--run", str(run), "--json"])
+    doc = json.loads(out.output)
+    assert out.exit_code == 0 and "lines" not in doc and doc["position"] in head
+    # the characters named are the element's own bytes in the member's line
+    a, b = (int(x) for x in re.findall(r"characters (\d+)-(\d+)", head)[0])
+    with open_zip(LOG) as zf:
+        line = zf.read(member).decode("utf-8").split("\n")[0]
+    assert json.loads(line[a - 1 : b]) == json.loads(element)
+
+
+def test_report_embeds_elements_not_the_sample_with_its_labels(
+    imported: tuple[Path, Path, list[dict[str, object]]],
+) -> None:
+    _, run, events = imported
+    cited = [str(e["event_id"]) for e in events if e["cell_id"] in ("C005", "C006")]
+    # Luna's patterns, written by the test: they cite every event of the limit-stopped samples
+    pattern = {"pattern_id": "C005-P01", "cell_id": "C005", "type": "repeated_exploration", "evidence": cited}
+    (run / "patterns.jsonl").write_text(json.dumps(pattern) + "\n")
+    path, stats = write_report(run)
+    html = path.read_text()
+    assert stats["refs"] == len(cited) and stats["unresolved"] == 0
+    assert "run_tests" in html and "Message limit exceeded" in html  # the elements are there
+    for label in ("TARGET-ALL-GREEN-42", "secret-review-note-7Q"):
+        assert label not in html
