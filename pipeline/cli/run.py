@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from pipeline.cli.common import check_dir_option
+from pipeline.cli.common import JSON_OPTION, check_dir_option, emit_json
 from pipeline.core.context import RunOptions
 from pipeline.core.errors import BadInput
 from pipeline.core.settings import ModelSettings
 from pipeline.models.store import check_store
 from pipeline.probes import user_probes
 from pipeline.run.runner import run
-from pipeline.run.status import gate_report
+from pipeline.run.status import gate_report, status
 
 
 def register(app: typer.Typer) -> None:
@@ -42,6 +44,7 @@ def register(app: typer.Typer) -> None:
             "--probes",
             help="A folder of your own probe files (<id>.sql, docs/patterns.md), run beside the shipped.",
         ),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """Export the IR, find patterns, mine root causes, and stop at gate 1.
 
@@ -72,6 +75,16 @@ def register(app: typer.Typer) -> None:
             models=settings,
             probes_dir=probes_dir,
         )
-        result = run(opts, log=typer.echo)
+        # With --json the stage lines go to stderr, so stdout is one JSON document.
+        result = run(opts, log=(lambda m: typer.echo(m, err=True)) if as_json else typer.echo)
+        if as_json:
+            out: dict[str, Any] = {"run_dir": str(result.ctx.run_dir), "ran": result.ran, "reused": result.reused}
+            if dry_run:
+                est = result.estimate
+                out["estimate"] = asdict(est) if is_dataclass(est) and not isinstance(est, type) else None
+            else:
+                out["status"] = status(result.ctx.run_dir)
+            emit_json(out)
+            return
         if not dry_run:
             typer.echo(gate_report(result.ctx.run_dir))

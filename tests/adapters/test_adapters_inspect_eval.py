@@ -22,7 +22,7 @@ from pipeline.core.zips import open_zip
 from pipeline.eval.checks import STEP_CAP
 from pipeline.ir.export import export
 from pipeline.ir.refs import resolve_ref, show_ref
-from pipeline.report.build import write_report
+from pipeline.report.build import read_page_data, write_report
 from tests.adapters.adapter_helpers import check_refs, events_of
 
 LOG = Path(__file__).parent.parent / "fixtures" / "foreign" / "inspect" / "mockllm-tools.eval"
@@ -136,7 +136,10 @@ def test_report_embeds_elements_not_the_sample_with_its_labels(
     (run / "patterns.jsonl").write_text(json.dumps(pattern) + "\n")
     path, stats = write_report(run)
     html = path.read_text()
+    # the page and its compressed evidence chunks, inflated: everything the page can show
+    page = html + json.dumps(read_page_data(html), ensure_ascii=False)
     assert stats["refs"] == len(cited) and stats["unresolved"] == 0
-    assert "run_tests" in html and "Message limit exceeded" in html  # the elements are there
+    assert "run_tests" in page and "Message limit exceeded" in page  # the elements are there
+    assert "characters" in page  # with their position
     for label in ("TARGET-ALL-GREEN-42", "secret-review-note-7Q"):
-        assert label not in html
+        assert label not in page
