@@ -45,6 +45,8 @@ class ModelInputs(BaseModel):
     max_reasks: int | None = None
     concurrency: int | None = None
     budget_usd: float | None = None
+    instructor_mode: str | None = Field(default=None, description="tools, json_schema, json, md_json (None: auto)")
+    max_tokens: int | None = Field(default=None, description="answer bound for every role (None: per-role default)")
     context_tokens: int | None = Field(default=None, description="--context-tokens / LUNASOL_CONTEXT_TOKENS")
     batch: bool | None = Field(default=None, description="--batch / LUNASOL_BATCH (absent when off)")
 
@@ -59,6 +61,10 @@ class RunInputs(BaseModel):
     models: ModelInputs | None = None
     templates: dict[str, str | None] = Field(default_factory=dict, description="role -> template hash")
     versions: dict[str, str] = Field(default_factory=dict, description="library -> version")
+    probes_dir: str | None = Field(default=None, description="--probes: the folder of the user's probes")
+    probes: list[dict[str, str]] | None = Field(
+        default=None, description="the user's probes (--probes): probe_id, path and sha256 of each file"
+    )
 
 
 class RunInfo(BaseModel):
@@ -81,6 +87,7 @@ def run_command(run_dir: Path, *, resume: bool = True) -> str:
     """The exact ``lunasol run`` command that continues this run (from run.json)."""
     bundle = "BUNDLE"
     models: dict[str, Any] = {}
+    inputs: dict[str, Any] = {}
     run_json = run_dir / "run.json"
     if run_json.is_file():
         raw = read_json(run_json)
@@ -101,6 +108,8 @@ def run_command(run_dir: Path, *, resume: bool = True) -> str:
         parts += ["--api-base", str(models["api_base"])]
     if models.get("mode") in ("replay", "record") and models.get("store"):
         parts += [f"--{models['mode']}", str(models["store"])]
+    if inputs.get("probes_dir"):
+        parts += ["--probes", str(inputs["probes_dir"])]
     if models.get("context_tokens"):
         parts += ["--context-tokens", str(models["context_tokens"])]
     if models.get("batch"):
@@ -108,3 +117,16 @@ def run_command(run_dir: Path, *, resume: bool = True) -> str:
     if resume:
         parts.append("--resume")
     return shlex.join(parts)
+
+
+def analysis_run_id(run_dir: Path) -> str:
+    """The analysis run id frozen in the bundle's request (run.json ``analysis_run_id``, written by export).
+
+    Prompts and artifacts name this id, never the run directory: the folder is the user's choice
+    (``--run-id``, ``--runs-dir``) and must not change a replay key or an artifact's bytes. A run
+    without one (an IR made elsewhere) falls back to the directory name.
+    """
+    path = Path(run_dir) / "run.json"
+    raw = read_json(path) if path.is_file() else None
+    value = raw.get("analysis_run_id") if isinstance(raw, dict) else None
+    return value if isinstance(value, str) and value else Path(run_dir).name

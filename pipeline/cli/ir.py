@@ -47,16 +47,19 @@ def register(app: typer.Typer) -> None:
             0, "--context", "-C", min=0, help="Also N lines before and after, numbered; cited lines marked >."
         ),
         pretty: bool = typer.Option(False, "--pretty", help="Also pretty-print each cited JSON line."),
+        line: bool = typer.Option(
+            False, "--line", help="With a JSON pointer: print the whole raw line(s), not the element."
+        ),
         as_json: bool = JSON_OPTION,
     ) -> None:
-        """Print exactly the raw lines behind a ref, after checking the file's hash (--context N for more)."""
+        """Print what a ref names, hash-checked: its raw lines (--context N for more), or its pointer's element."""
         run_dir = resolve_run(run)
         if as_json:
-            emit_json(resolve_ref(run_dir, ref).to_json())
+            emit_json(resolve_ref(run_dir, ref).to_json(lines=line))
         elif context or pretty:
             typer.echo(show_ref_context(run_dir, ref, context, pretty))
         else:
-            typer.echo(show_ref(run_dir, ref))
+            typer.echo(show_ref(run_dir, ref, line=line))
 
     @app.command("query")
     def query_cmd(

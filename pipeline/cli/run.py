@@ -13,6 +13,7 @@ from pipeline.core.context import RunOptions
 from pipeline.core.errors import BadInput
 from pipeline.core.settings import ModelSettings
 from pipeline.models.store import check_store
+from pipeline.probes import user_probes
 from pipeline.run.runner import run
 from pipeline.run.status import gate_report, status
 
@@ -36,10 +37,24 @@ def register(app: typer.Typer) -> None:
         batch: bool = typer.Option(
             False, "--batch", help="Luna's calls as one provider batch (about half price, hours); env LUNASOL_BATCH."
         ),
+        timeout: float | None = typer.Option(
+            None, "--timeout", help="Seconds per HTTP request (default 120; env LUNASOL_TIMEOUT_S)."
+        ),
+        max_tokens: int | None = typer.Option(
+            None, "--max-tokens", help="Answer bound for every role (0: send none; env LUNASOL_MAX_TOKENS)."
+        ),
+        instructor_mode: str | None = typer.Option(
+            None, "--mode", help="tools | json_schema | json | md_json (default: from the provider's capabilities)."
+        ),
         context_tokens: int | None = typer.Option(
             None,
             "--context-tokens",
             help="The model's input limit in tokens (env LUNASOL_CONTEXT_TOKENS; default: litellm's model info).",
+        ),
+        probes_dir: Path | None = typer.Option(
+            None,
+            "--probes",
+            help="A folder of your own probe files (<id>.sql, docs/patterns.md), run beside the shipped.",
         ),
         as_json: bool = JSON_OPTION,
     ) -> None:
@@ -60,11 +75,21 @@ def register(app: typer.Typer) -> None:
             concurrency=concurrency,
             budget_usd=budget_usd,
             batch=batch or None,  # None: LUNASOL_BATCH decides
+            timeout_s=timeout,
+            max_tokens=max_tokens,
+            instructor_mode=instructor_mode,
             context_tokens=context_tokens,
         )
         check_store(settings)
+        user_probes(probes_dir)  # a bad probe file is one line before anything is written
         opts = RunOptions(
-            bundle=bundle, run_id=run_id, runs_dir=runs_dir, resume=resume, dry_run=dry_run, models=settings
+            bundle=bundle,
+            run_id=run_id,
+            runs_dir=runs_dir,
+            resume=resume,
+            dry_run=dry_run,
+            models=settings,
+            probes_dir=probes_dir,
         )
         # With --json the stage lines go to stderr, so stdout is one JSON document.
         result = run(opts, log=(lambda m: typer.echo(m, err=True)) if as_json else typer.echo)

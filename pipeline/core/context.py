@@ -23,6 +23,7 @@ class RunOptions:
     resume: bool = False
     dry_run: bool = False
     models: ModelSettings = field(default_factory=ModelSettings)
+    probes_dir: Path | None = None  # --probes: a folder of the user's own probe files, run beside the shipped
 
 
 @dataclass
@@ -32,6 +33,8 @@ class RunContext:
     options: RunOptions
     run_dir: Path
     log: Callable[[str], None] = print
+    incomplete: list[str] = field(default_factory=list)
+    """Why the running stage cannot be verified yet (e.g. cells that failed): the runner leaves it pending."""
 
     @property
     def bundle(self) -> Path:

@@ -9,16 +9,16 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.adapters.spans import ref_lines, resolve_element
+from pipeline.adapters.spans import ref_lines, resolve_element_at
 from pipeline.bundle.manifest import MANIFEST_FILE, read_frozen, read_manifest
 from pipeline.bundle.request import check_relative
 from pipeline.core.canonical import sha256_bytes
 from pipeline.core.errors import BadInput, BundleError
+from pipeline.core.zips import ZIP_ERRORS
 from pipeline.ir.export import read_run_json, run_bundle
 
 _REF = re.compile(r"^(?P<path>[^#]+)#L(?P<start>\d+)(?:-L(?P<end>\d+))?(?P<pointer>/.*)?$")
@@ -45,10 +45,14 @@ class RefView:
     lines: str
     element: str | None = None
     sha256: str = ""
+    position: str | None = None  # where the element sits: "line 3, characters 120-980 of member M"
 
-    def to_json(self) -> dict[str, Any]:
-        """Machine-readable form."""
-        return {"ref": str(self.ref), "lines": self.lines, "element": self.element, "sha256": self.sha256}
+    def to_json(self, lines: bool = True) -> dict[str, Any]:
+        """Machine-readable form (``lines`` False: a pointer ref's element only, not its whole line)."""
+        out: dict[str, Any] = {"ref": str(self.ref), "element": self.element, "position": self.position}
+        if lines or self.element is None:
+            out["lines"] = self.lines
+        return {**out, "sha256": self.sha256}
 
 
 def parse_ref(text: str) -> Ref:
@@ -69,17 +73,17 @@ def ref_of(source_path: str, line_start: int, line_end: int, json_pointer: str |
     return str(Ref(source_path, line_start, line_end, json_pointer))
 
 
-def _pointer_element(raw: bytes, ref: Ref) -> str:
+def _pointer_element(raw: bytes, ref: Ref) -> tuple[str, str | None]:
     pointer = ref.json_pointer or ""
     try:
         # the span locator also checks that the element lies within the ref's lines
-        element = resolve_element(raw, ref.line_start, ref.line_end, pointer)
+        element, place = resolve_element_at(raw, ref.line_start, ref.line_end, pointer)
     except (ValueError, KeyError, IndexError, json.JSONDecodeError) as exc:
         raise BundleError(f"ref {ref} does not resolve: {exc}") from None
     try:
-        return json.dumps(json.loads(element), ensure_ascii=False, indent=2, sort_keys=True)
+        return json.dumps(json.loads(element), ensure_ascii=False, indent=2, sort_keys=True), place
     except json.JSONDecodeError:
-        return element  # a string element (or its selected lines) is shown as text
+        return element, place  # a string element (or its selected lines) is shown as text
 
 
 def _plain_pointer(raw: bytes, ref: Ref) -> str:
@@ -111,7 +115,7 @@ def _ref_text(raw: bytes, ref: Ref) -> str:
         return ref_lines(raw, ref.line_start, ref.line_end, ref.json_pointer)
     except UnicodeDecodeError:
         raise BundleError(f"invalid UTF-8 in {ref.path} lines {ref.line_start}-{ref.line_end}") from None
-    except (ValueError, KeyError, zipfile.BadZipFile) as exc:
+    except (ValueError, KeyError, *ZIP_ERRORS) as exc:
         raise BadInput(f"ref {ref} does not resolve: {exc}") from None
 
 
@@ -121,16 +125,21 @@ def resolve_ref(run_dir: Path, ref: str | Ref) -> RefView:
     bundle, manifest = _frozen_bundle(run_dir)
     raw = read_frozen(bundle, parsed.path, manifest)
     text = _ref_text(raw, parsed)
-    element = _pointer_element(raw, parsed) if parsed.json_pointer else None
-    return RefView(parsed, text, element, manifest.get(parsed.path).sha256)
+    element, place = _pointer_element(raw, parsed) if parsed.json_pointer else (None, None)
+    return RefView(parsed, text, element, manifest.get(parsed.path).sha256, place)
 
 
-def show_ref(run_dir: Path, ref: str) -> str:
-    """Exactly the raw lines behind ``ref`` (and, after a ``# POINTER`` line, the pointed element)."""
+def show_ref(run_dir: Path, ref: str, line: bool = False) -> str:
+    """What ``ref`` names in the frozen bytes (hash-checked).
+
+    A ref without a JSON pointer: exactly its raw lines. With one: a ``# PATH POSITION POINTER``
+    line and the element alone; one line of JSON Lines may hold a whole run (a 300 kB MAST turn,
+    an Inspect sample with its target and scores), so ``line`` asks for the raw lines instead.
+    """
     view = resolve_ref(run_dir, ref)
-    if view.element is None:
+    if view.element is None or line:
         return view.lines
-    return f"{view.lines}\n# {view.ref.json_pointer}\n{view.element}"
+    return f"# {view.ref.path} {view.position} {view.ref.json_pointer}\n{view.element}"
 
 
 def show_ref_context(run_dir: Path, ref: str, context: int, pretty: bool = False) -> str:
@@ -212,7 +221,7 @@ class RefReader:
         raw = self._file(parsed.path)
         if parsed.json_pointer:
             text = _ref_text(raw, parsed)
-            element: str | None = _pointer_element(raw, parsed)
+            element, place = _pointer_element(raw, parsed)
         else:
             lines = self.file_lines(parsed.path)
             if parsed.line_end > len(lines):
@@ -220,5 +229,5 @@ class RefReader:
                     f"ref {parsed} does not resolve: lines {parsed.line_start}-{parsed.line_end} are past the end "
                     f"of the file ({len(lines)} lines)"
                 )
-            text, element = "\n".join(lines[parsed.line_start - 1 : parsed.line_end]), None
-        return RefView(parsed, text, element, self.manifest.get(parsed.path).sha256)
+            text, element, place = "\n".join(lines[parsed.line_start - 1 : parsed.line_end]), None, None
+        return RefView(parsed, text, element, self.manifest.get(parsed.path).sha256, place)

@@ -42,7 +42,10 @@ def server(fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fa
 
 
 def settings(srv: FakeOpenAI, store: Path, *, batch: bool) -> ModelSettings:
-    return ModelSettings(model=MODEL, api_base=srv.base_url, mode="record", store=store, batch=batch)
+    # tools mode, as the fixture recordings were made (a new store would take the mode from capabilities)
+    return ModelSettings(
+        model=MODEL, api_base=srv.base_url, mode="record", store=store, batch=batch, instructor_mode="tools"
+    )
 
 
 def go(srv: FakeOpenAI, root: Path, name: str, *, batch: bool, resume: bool = False) -> Path:
@@ -176,6 +179,8 @@ def test_kill_between_submit_and_collect_loses_nothing(
         server.base_url,
         "--record",
         str(store),
+        "--mode",
+        "tools",
         "--batch",
     ]
     env = {**os.environ, "LUNASOL_BATCH_POLL_S": "0.05"}
