@@ -1,7 +1,8 @@
 """The native fast export path and its worker processes give exactly the generic path's tables.
 
-The generic path (pipeline.ir.events: read_cell -> SourceEvent -> cell_rows -> to_arrow) is the
-reference. It is forced by making the fast path raise ``IllTyped`` (export then falls back to it).
+Both paths build rows with the one implementation of the IR rules (pipeline.ir.rows.ColumnBuilder);
+they differ in how records are read. The generic path (read_cell -> SourceEvent -> event_record)
+is the reference; it is forced by making ``record_reader`` return it for native bundles too.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ import duckdb
 import pytest
 
 import pipeline.ir.export as ex
+import pipeline.ir.pool as pool
+import pipeline.ir.rows as rows
+from pipeline.adapters.contract import event_record
+from pipeline.adapters.native import read_cell
 from pipeline.bundle import freeze
 from pipeline.bundle.synth import tree_snapshot, write_bundle
 from pipeline.core.errors import BadInput, BundleError
 from pipeline.ir.export import export
-from pipeline.ir.fast import IllTyped
 from pipeline.ir.store import TABLES
 
 _VALUES: list[Any] = [
@@ -101,15 +105,16 @@ def _same(a: dict[str, list[tuple[Any, ...]]], b: dict[str, list[tuple[Any, ...]
 
 
 def _generic(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(*_: Any) -> None:
-        raise IllTyped("force the generic path")
+    def through_source_events(fmt: str) -> rows.RecordReader:
+        assert fmt == "native"
+        return lambda bundle, cell, manifest: [event_record(e) for e in read_cell(bundle, cell, manifest)]
 
-    monkeypatch.setattr(ex, "_load_native", refuse)
+    monkeypatch.setattr(ex, "record_reader", through_source_events)
 
 
 def _parallel(monkeypatch: pytest.MonkeyPatch, workers: int = 2) -> None:
-    monkeypatch.setattr(ex, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setattr(ex, "TASK_BYTES", 20_000)  # several tasks per worker
+    monkeypatch.setattr(pool, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(pool, "TASK_BYTES", 20_000)  # several tasks per worker
     monkeypatch.setenv("LUNASOL_EXPORT_WORKERS", str(workers))
 
 
@@ -171,16 +176,16 @@ def test_ill_typed_value_reported_as_before(tmp_path: Path, monkeypatch: pytest.
         _parallel(monkeypatch, workers)
     with pytest.raises(BadInput) as fast:
         export(bundle, tmp_path / "fast")
-    assert "ill-typed event field" in str(generic.value)
+    assert "ill-typed event field in cell C002:" in str(generic.value)
     assert str(fast.value) == str(generic.value)
     assert not (tmp_path / "fast").exists()
 
 
 def test_export_workers_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LUNASOL_EXPORT_WORKERS", "3")
-    assert ex.export_workers() == 3
+    assert pool.export_workers() == 3
     monkeypatch.setenv("LUNASOL_EXPORT_WORKERS", "many")
     with pytest.raises(BadInput, match="LUNASOL_EXPORT_WORKERS"):
-        ex.export_workers()
+        pool.export_workers()
     monkeypatch.delenv("LUNASOL_EXPORT_WORKERS")
-    assert 0 <= ex.export_workers() <= ex.MAX_WORKERS
+    assert 0 <= pool.export_workers() <= pool.MAX_WORKERS

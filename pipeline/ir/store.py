@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 IR_FILE = "ir.duckdb"
 # Table order for loading and for Parquet; every table of schema.DDL.
-TABLES = ("meta", "cells", "segments", "events", "outcomes", "coverage")
+TABLES = ("meta", "cells", "segments", "events", "outcomes", "coverage", "cell_digests")
 
 
 def _tmp_paths(path: Path) -> list[Path]:
@@ -65,6 +65,18 @@ class IRWriter:
                 self._con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _lunasol_src")
             finally:
                 self._con.unregister("_lunasol_src")
+
+    def execute(self, sql: str) -> None:
+        """Run SQL on the file being written (e.g. a derived table filled from the loaded ones)."""
+        self._con.execute(sql)
+
+    def register(self, name: str, table: pa.Table) -> None:
+        """Make an Arrow table visible to SQL as ``name`` until :meth:`unregister`."""
+        self._con.register(name, table)
+
+    def unregister(self, name: str) -> None:
+        """Drop a view made by :meth:`register`."""
+        self._con.unregister(name)
 
     def insert_stream(self, sql: str, source: str, schema: pa.Schema, batches: Iterator[pa.RecordBatch]) -> None:
         """Run one ``INSERT ... SELECT ... FROM <source>`` over batches produced by ``batches``.

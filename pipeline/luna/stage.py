@@ -18,12 +18,13 @@ import duckdb
 from pipeline.bundle.request import load_request
 from pipeline.core.canonical import digest, write_jsonl
 from pipeline.core.errors import BadInput
+from pipeline.ir.digests import ir_cell_digests
 from pipeline.luna.merge import CellPatterns, Conflict, Verdict, merge_cell
 from pipeline.luna.patterns import PATTERN_ROW_SCHEMA_VERSION, LunaAnswer, Pattern, check_answer
 from pipeline.luna.render import CellIR, Part, context_budget, estimate_tokens, load_cells, render_cell, split_parts
 from pipeline.models import ModelClient, PlannedCall, template_hash
 from pipeline.probes import run_probes, write_probe_hits
-from pipeline.state.ledger import CellResults, cell_key, ir_cell_digests
+from pipeline.state.ledger import CellResults, cell_key
 
 if TYPE_CHECKING:
     from pipeline.core.context import RunContext

@@ -34,13 +34,14 @@ from pipeline.core.canonical import digest, read_json, sha256_file, write_json
 from pipeline.core.context import RunContext, RunOptions
 from pipeline.core.errors import BadInput, Blocked, BundleError
 from pipeline.core.settings import ModelSettings
+from pipeline.ir.digests import has_cell_digests, ir_cell_digests, ir_digest
 from pipeline.ir.schema import IR_SCHEMA_VERSION
 from pipeline.models import ROLES, PlannedCall, estimate, format_estimate, template_hash
 from pipeline.models.store import resolve_settings
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 from pipeline.state import handoff as hf
 from pipeline.state.blocking import resolve_block_receipt, write_block_receipt
-from pipeline.state.ledger import CellResults, Ledger, describe_changes, ir_cell_digests, ir_digest
+from pipeline.state.ledger import CellResults, Ledger, describe_changes, output_digests
 
 # (name, "module:function"). The order is the flow of DESIGN.md.
 STAGES: list[tuple[str, str]] = [
@@ -179,8 +180,10 @@ def stage_inputs(name: str, ctx: RunContext, bdigest: str, upstream: tuple[str, 
 def stage_outputs(name: str, ctx: RunContext) -> dict[str, str] | None:
     """Digests of a stage's outputs (None when one is missing)."""
     if name == "export":
-        return {"ir.duckdb#content": ir_digest(ctx.ir_path)} if ctx.ir_path.is_file() else None
-    return Ledger(ctx.run_dir).output_digests(STAGE_OUTPUTS.get(name, ()))
+        # an IR without its stored per-cell digests (an older lunasol's) is re-exported
+        ok = ctx.ir_path.is_file() and has_cell_digests(ctx.ir_path)
+        return {"ir.duckdb#content": ir_digest(ctx.ir_path)} if ok else None
+    return output_digests(ctx.run_dir, STAGE_OUTPUTS.get(name, ()))
 
 
 def fingerprint(inputs: dict[str, str], outputs: dict[str, str]) -> str:
@@ -204,8 +207,16 @@ def _archive(ctx: RunContext, name: str, entry_outputs: dict[str, str]) -> None:
 
 
 def _record_ir_cells(ctx: RunContext, ledger: Ledger) -> None:
-    """After export: one ledger entry per cell's IR digest; a changed cell invalidates its model results."""
+    """After export: one ledger entry per cell's IR digest; a changed cell invalidates its model results.
+
+    One batch: the ledger is read and written once, whatever the number of cells.
+    """
     now = ir_cell_digests(ctx.ir_path)
+    with ledger.batch():
+        _record_ir_changes(ledger, now)
+
+
+def _record_ir_changes(ledger: Ledger, now: dict[str, str]) -> None:
     for name in ledger.names_for_stage("export"):
         cell = name.split("/", 1)[1] if name.startswith("ir/") else None
         if cell and cell not in now:
@@ -222,8 +233,13 @@ def _record_ir_cells(ctx: RunContext, ledger: Ledger) -> None:
 
 
 def _record_cells(ctx: RunContext, ledger: Ledger, role: str) -> None:
-    """After a model stage: one ledger entry per persisted per-cell result."""
+    """After a model stage: one ledger entry per persisted per-cell result (one ledger batch)."""
     store = CellResults(ctx.run_dir, role)
+    with ledger.batch():
+        _record_results(ctx, ledger, role, store)
+
+
+def _record_results(ctx: RunContext, ledger: Ledger, role: str, store: CellResults) -> None:
     for cell, raw in store.stored().items():
         inputs = {k: str(v) for k, v in (raw.get("inputs") or {}).items() if v is not None}
         inputs["key"] = str(raw["key"])

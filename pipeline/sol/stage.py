@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.core.canonical import digest, pretty_json, read_json, sha256_file
 from pipeline.core.errors import Blocked
+from pipeline.ir.digests import ir_digest
 from pipeline.models import ModelClient, PlannedCall, template_hash
 from pipeline.sol.cards import Dropped, SolAnswer, WeaknessDraft
 from pipeline.sol.checks import EvidenceIndex, answer_errors, check_answer, load_index
 from pipeline.sol.shortlist import SHORTLIST_FILE, Denominator, Shortlist, write_shortlist
-from pipeline.state.ledger import ir_digest
 
 if TYPE_CHECKING:
     from pipeline.core.context import RunContext
