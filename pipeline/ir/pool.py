@@ -134,7 +134,7 @@ def parallel_batches(
         workers, mp_context=_context(), initializer=_init_worker, initargs=(bundle, manifest, fmt)
     )
     pending: collections.deque[Future[TaskResult]] = collections.deque()
-    todo: Iterator[list[CellSpec] | None] = iter(tasks)
+    todo: Iterator[list[CellSpec]] = iter(tasks)
     finished = False
     try:
         for task in todo:
@@ -146,9 +146,9 @@ def parallel_batches(
                 result = pending.popleft().result()
             except BrokenProcessPool:
                 raise RuntimeError("an export worker process stopped early") from None
-            task = next(todo, None)
-            if task is not None:
-                pending.append(pool.submit(_run_task, task))
+            following = next(todo, None)
+            if following is not None:
+                pending.append(pool.submit(_run_task, following))
             if result[0] == "err":
                 raise result[1]
             _, batch, cell_counts, cell_segments = result
