@@ -19,6 +19,8 @@ import multiprocessing
 import os
 import pickle
 import signal
+import threading
+import time
 from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -78,8 +80,22 @@ def plan_tasks(cells: list[CellSpec], sizes: list[int], task_bytes: int | None =
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(bundle: Path, manifest: Manifest, fmt: str) -> None:
+def _watch(export_pid: int) -> None:
+    # A worker's parent is the forkserver, and the pool's queues stay open while sibling workers
+    # live: if the export process is killed outright (no Ctrl-C, no cleanup), nothing else ends us.
+    while True:
+        time.sleep(0.5)
+        try:
+            os.kill(export_pid, 0)
+        except ProcessLookupError:
+            os._exit(1)
+        except PermissionError:
+            continue
+
+
+def _init_worker(bundle: Path, manifest: Manifest, fmt: str, export_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the export process's to handle: it stops us
+    threading.Thread(target=_watch, args=(export_pid,), name="lunasol-export-watch", daemon=True).start()
     gc.disable()  # the load makes no reference cycles; the cyclic GC would rescan millions of objects
     read: RecordReader = record_reader(fmt)
     _WORKER.update(bundle=bundle, manifest=manifest, read=read)
@@ -131,7 +147,7 @@ def parallel_batches(
     tasks = plan_tasks(cells, sizes)
     workers = min(workers, len(tasks))
     pool = ProcessPoolExecutor(
-        workers, mp_context=_context(), initializer=_init_worker, initargs=(bundle, manifest, fmt)
+        workers, mp_context=_context(), initializer=_init_worker, initargs=(bundle, manifest, fmt, os.getpid())
     )
     pending: collections.deque[Future[TaskResult]] = collections.deque()
     todo: Iterator[list[CellSpec]] = iter(tasks)
