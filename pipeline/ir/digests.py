@@ -88,14 +88,21 @@ SELECT c.cell_id,
            AS content_digest
 FROM cells c
 LEFT JOIN (
-    SELECT e.cell_id, string_agg({_EVENT_JSON}, ',' ORDER BY e.seq) AS body FROM events e GROUP BY e.cell_id
+    SELECT e.cell_id, string_agg({_EVENT_JSON}, ',' ORDER BY e.seq) AS body FROM events e
+    ANTI JOIN cell_digests k ON e.cell_id = k.cell_id
+    GROUP BY e.cell_id
 ) ev USING (cell_id)
 LEFT JOIN _lunasol_sources s USING (cell_id)
+ANTI JOIN cell_digests k ON c.cell_id = k.cell_id
 """
 
 
 def fill_sql() -> tuple[str, str]:
-    """(macros, INSERT) that fill ``cell_digests`` from ``cells``, ``events`` and the view ``_lunasol_sources``."""
+    """(macros, INSERT) that fill ``cell_digests`` for every cell not in it yet.
+
+    From ``cells``, ``events`` and the view ``_lunasol_sources`` (cell_id, source_digest); the
+    digests of cells copied from a previous IR are already there.
+    """
     return _MACROS, FILL_SQL
 
 

@@ -28,7 +28,7 @@ from pipeline.bundle.manifest import MANIFEST_FILE, Manifest, read_frozen, read_
 from pipeline.bundle.request import AnalysisRequest, CellSpec, load_request
 from pipeline.core.canonical import canonical_json, digest, sha256_bytes, write_json
 from pipeline.core.errors import BadInput, BundleError
-from pipeline.ir import digests, pool
+from pipeline.ir import cache, digests, pool
 from pipeline.ir.rows import SEGMENT_ROW, event_schema, gc_paused, record_reader, serial_batches, to_arrow
 from pipeline.ir.schema import IR_SCHEMA_VERSION
 from pipeline.ir.store import IR_FILE, IRWriter, write_parquet
@@ -63,10 +63,14 @@ class ExportReport:
     excluded: dict[str, str]
     seconds: float
     parquet: list[Path] = field(default_factory=list)
+    reused: list[str] = field(default_factory=list)  # cells whose rows were copied from the previous IR
 
     def summary(self) -> str:
-        """One line: cells in, cells excluded, events."""
-        return f"{self.cells_in} cells in, {len(self.excluded)} excluded, {self.events:,} events"
+        """One line: cells in, cells excluded, events (and cells reused, on a re-export)."""
+        line = f"{self.cells_in} cells in, {len(self.excluded)} excluded, {self.events:,} events"
+        if self.reused:
+            line += f" ({len(self.reused)} unchanged cells reused, {self.cells_in - len(self.reused)} read)"
+        return line
 
     def to_json(self) -> dict[str, Any]:
         """Machine-readable coverage."""
@@ -79,6 +83,7 @@ class ExportReport:
             "events_per_cell": self.events_per_cell,
             "excluded": self.excluded,
             "parquet": [p.as_posix() for p in self.parquet],
+            "cells_reused": len(self.reused),
         }
 
 
@@ -201,7 +206,12 @@ def source_digests(bundle: Path, request: AnalysisRequest, manifest: Manifest) -
     (the reader's code), so equal digests mean equal event rows.
     """
     cells = request.eligible_cells
-    base = {"format": request.format, "lunasol": pipeline.__version__, "ir_schema": IR_SCHEMA_VERSION}
+    base = {
+        "format": request.format,
+        "harness": request.parent_harness,
+        "lunasol": pipeline.__version__,
+        "ir_schema": IR_SCHEMA_VERSION,
+    }
     out: dict[str, str] = {}
     if request.format == "native":
         files = manifest.files
@@ -268,9 +278,18 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
     run_dir.mkdir(parents=True, exist_ok=True)
     ir_path = run_dir / IR_FILE
     writer: IRWriter | None = None
+    sources = source_digests(bundle, request, manifest)
+    previous = cache.previous_sources(ir_path, request.format)
+    reuse = [c.cell_id for c in cells if previous.get(c.cell_id) == sources[c.cell_id]]
     try:
         writer = IRWriter(ir_path)
-        counts = _load_cells(writer, bundle, cells, manifest, request.format)
+        # Cells whose raw inputs are unchanged keep their rows from the previous IR; the rest are read.
+        counts = cache.copy_cells(writer, ir_path, reuse) if previous else {}
+        reused = set(counts)
+        fresh = [c for c in cells if c.cell_id not in reused]
+        if fresh:
+            counts.update(_load_cells(writer, bundle, fresh, manifest, request.format))
+        counts = {c.cell_id: counts[c.cell_id] for c in cells}  # request order
         total = sum(counts.values())
         if total == 0:
             raise BundleError(f"empty bundle: no events in any of the {len(cells)} eligible cells of {bundle}")
@@ -324,7 +343,9 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
                 }
             ),
         )
-        _fill_digests(writer, source_digests(bundle, request, manifest))
+        _fill_digests(writer, sources)
+        if previous:
+            cache.carry_caches(writer)  # later stages' per-cell results of unchanged cells
         writer.commit()
         written = write_parquet(ir_path, parquet_dir) if parquet_dir is not None else []
     except BaseException:
@@ -344,6 +365,7 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
         excluded=excluded,
         seconds=time.perf_counter() - t0,
         parquet=written,
+        reused=[c.cell_id for c in cells if c.cell_id in reused],
     )
     _write_run_json(
         run_dir,

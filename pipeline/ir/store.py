@@ -70,6 +70,10 @@ class IRWriter:
         """Run SQL on the file being written (e.g. a derived table filled from the loaded ones)."""
         self._con.execute(sql)
 
+    def fetch(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        """Rows of a query on the file being written."""
+        return self._con.execute(sql, params or []).fetchall()
+
     def register(self, name: str, table: pa.Table) -> None:
         """Make an Arrow table visible to SQL as ``name`` until :meth:`unregister`."""
         self._con.register(name, table)
