@@ -8,6 +8,7 @@ is the reference; it is forced by making ``record_reader`` return it for native 
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -189,3 +190,40 @@ def test_export_workers_setting(monkeypatch: pytest.MonkeyPatch) -> None:
         pool.export_workers()
     monkeypatch.delenv("LUNASOL_EXPORT_WORKERS")
     assert 0 <= pool.export_workers() <= pool.MAX_WORKERS
+
+
+_SCRIPT = """
+from pathlib import Path
+import sys
+import pipeline.ir.pool as pool
+from pipeline.ir.export import export
+with open(sys.argv[3], "a") as fh:  # top-level code of an unguarded script: must run once, not once per worker
+    fh.write("ran\\n")
+pool.PARALLEL_MIN_BYTES = 0
+pool.TASK_BYTES = 20_000
+print(export(Path(sys.argv[1]), Path(sys.argv[2])).events)
+"""
+
+
+@pytest.mark.parametrize("how", ["script", "stdin"])
+def test_workers_do_not_rerun_the_callers_main(tmp_path: Path, how: str) -> None:
+    import subprocess
+    import sys
+
+    bundle = tmp_path / "b"
+    write_bundle(bundle, cells=6, events_per_cell=40, excluded=0, seed=5)
+    marker = tmp_path / "marker.txt"
+    script = tmp_path / "unguarded.py"
+    script.write_text(_SCRIPT, encoding="utf-8")
+    args = [str(script)] if how == "script" else ["-"]
+    res = subprocess.run(
+        [sys.executable, *args, str(bundle), str(tmp_path / "run"), str(marker)],
+        input=None if how == "script" else _SCRIPT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "LUNASOL_EXPORT_WORKERS": "2"},
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert int(res.stdout.split()[-1]) > 200
+    assert marker.read_text(encoding="utf-8") == "ran\n"

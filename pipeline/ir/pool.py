@@ -14,13 +14,16 @@ bundle's size. Workers ignore SIGINT: Ctrl-C is the export process's, which then
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
 import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
+import types
 from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -124,6 +127,22 @@ def _context() -> multiprocessing.context.BaseContext:
     return ctx
 
 
+@contextlib.contextmanager
+def _no_main_module() -> Iterator[None]:
+    """Start workers without multiprocessing re-running the caller's ``__main__`` in each of them.
+
+    Every worker would otherwise import the program's main script (``lunasol``'s entry point, a
+    user's script that calls the library, or ``<stdin>``, which fails). Workers need nothing from
+    it: they import this module. Only while pool processes start (a few ms), in our own submit calls.
+    """
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
 def _stop(pool: ProcessPoolExecutor, finished: bool) -> None:
     if not finished:
         # An error, Ctrl-C or DuckDB failing first: do not wait for tasks nobody will take.
@@ -153,10 +172,11 @@ def parallel_batches(
     todo: Iterator[list[CellSpec]] = iter(tasks)
     finished = False
     try:
-        for task in todo:
-            pending.append(pool.submit(_run_task, task))
-            if len(pending) >= workers * _IN_FLIGHT_PER_WORKER:
-                break
+        with _no_main_module():  # the first submits start every worker (forkserver pools start them on demand)
+            for task in todo:
+                pending.append(pool.submit(_run_task, task))
+                if len(pending) >= workers * _IN_FLIGHT_PER_WORKER:
+                    break
         while pending:
             try:
                 result = pending.popleft().result()
