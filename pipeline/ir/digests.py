@@ -77,9 +77,12 @@ def _array(cols: list[tuple[str, str]], alias: str) -> str:
     return "'[' || " + " || ',' || ".join(f"{_JSON[kind]}({alias}.{name})" for name, kind in cols) + " || ']'"
 
 
-_EVENT_JSON = _array(list(EVENT_COLUMNS), "e")
+_EVENT_JSON = _array(list(EVENT_COLUMNS), "r")
 _CELL_JSON = _array([(c, "str") for c in CELL_COLUMNS], "c")
 
+_EVENT_ARRAY = "json_array(" + ", ".join(f"e.{name}" for name, _ in EVENT_COLUMNS) + ")"
+
+# Per event one JSON array (json_array, one call), exact (slow) path only where it holds a \u escape.
 FILL_SQL = f"""
 INSERT INTO cell_digests BY NAME
 SELECT c.cell_id,
@@ -88,9 +91,12 @@ SELECT c.cell_id,
            AS content_digest
 FROM cells c
 LEFT JOIN (
-    SELECT e.cell_id, string_agg({_EVENT_JSON}, ',' ORDER BY e.seq) AS body FROM events e
-    ANTI JOIN cell_digests k ON e.cell_id = k.cell_id
-    GROUP BY e.cell_id
+    SELECT r.cell_id,
+           string_agg(CASE WHEN contains(r.j, '\\u') THEN {_EVENT_JSON} ELSE r.j END, ',' ORDER BY r.seq) AS body
+    FROM (
+        SELECT e.*, {_EVENT_ARRAY} AS j FROM events e ANTI JOIN cell_digests k ON e.cell_id = k.cell_id
+    ) r
+    GROUP BY r.cell_id
 ) ev USING (cell_id)
 LEFT JOIN _lunasol_sources s USING (cell_id)
 ANTI JOIN cell_digests k ON c.cell_id = k.cell_id
