@@ -168,6 +168,21 @@ class IRWriter:
             p.unlink(missing_ok=True)
 
 
+def insert_rows(con: Any, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+    """Insert row tuples into ``table`` in one statement through Arrow (types cast to the table's by name)."""
+    import pyarrow as pa
+
+    if not rows:
+        return
+    cols = list(zip(*rows, strict=True))
+    data = pa.table({name: pa.array(list(col)) for name, col in zip(columns, cols, strict=True)})
+    con.register("_lunasol_rows", data)
+    try:
+        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _lunasol_rows")
+    finally:
+        con.unregister("_lunasol_rows")
+
+
 def write_parquet(ir_path: Path, out_dir: Path) -> list[Path]:
     """Write every IR table as ``<out_dir>/<table>.parquet`` (DuckDB COPY), each file atomically."""
     import duckdb

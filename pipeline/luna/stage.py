@@ -21,6 +21,7 @@ from pipeline.bundle.request import load_request
 from pipeline.core.canonical import canonical_json, digest, write_jsonl
 from pipeline.core.errors import BadInput
 from pipeline.ir.cache import cached_rows
+from pipeline.ir.store import insert_rows
 from pipeline.luna.merge import CellPatterns, Conflict, Verdict, merge_cell
 from pipeline.luna.patterns import PATTERN_ROW_SCHEMA_VERSION, LunaAnswer, Pattern, check_answer
 from pipeline.luna.render import CellIR, Part, context_budget, estimate_tokens, load_cells, render_cell, split_parts
@@ -34,6 +35,11 @@ if TYPE_CHECKING:
     from pipeline.models import CallOutcome, ModelClient, PlannedCall
 
 PATTERNS_FILE = "patterns.jsonl"
+PATTERN_COLUMNS = ("pattern_id", "cell_id", "type", "concerns", "observed", "definition_fit", "evidence", "confidence",
+                   "state_changed", "probe_hits", "origin", "overruled")  # fmt: skip
+LUNA_CELL_COLUMNS = ("cell_id", "status", "parts", "est_tokens", "attempts", "patterns", "reason", "reused")
+CONFLICT_COLUMNS = ("conflict_id", "cell_id", "hit_id", "pattern_id", "kind", "model_claim", "probe_finding",
+                    "resolution")  # fmt: skip
 
 TABLES_DDL = """
 CREATE OR REPLACE TABLE patterns (
@@ -368,36 +374,21 @@ def write_outputs(ir_path: Path, run_dir: Path, results: list[CellRun]) -> tuple
     con = duckdb.connect(str(ir_path))
     try:
         con.execute(TABLES_DDL)
-        if patterns:
-            con.executemany(
-                "INSERT INTO patterns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    [p.pattern_id, p.cell_id, p.type, p.concerns, p.observed, p.definition_fit, p.evidence,
-                     p.confidence, p.state_changed, p.probe_hits, p.origin, p.overruled]
-                    for p in patterns
-                ],
-            )  # fmt: skip
-        con.executemany(
-            "INSERT INTO luna_cells VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [
-                [r.cell_id, r.status, r.parts, r.est_tokens, r.attempts, len(r.merged.patterns), r.reason, r.reused]
-                for r in results
-            ],
-        )
-        if verdicts:
-            con.executemany(
-                "INSERT INTO probe_verdicts VALUES (?, ?, ?, ?)",
-                [[v.cell_id, v.hit_id, v.verdict, v.observation] for v in verdicts],
-            )
-        if conflicts:
-            con.executemany(
-                "INSERT INTO probe_conflicts VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    [c.conflict_id, c.cell_id, c.hit_id, c.pattern_id, c.kind, c.model_claim, c.probe_finding,
-                     c.resolution]
-                    for c in conflicts
-                ],
-            )  # fmt: skip
+        # bulk inserts from Arrow: DuckDB's executemany costs ~3 ms a row (18 s for 6,000 patterns)
+        insert_rows(con, "patterns", PATTERN_COLUMNS, [
+            (p.pattern_id, p.cell_id, p.type, p.concerns, p.observed, p.definition_fit, p.evidence, p.confidence,
+             p.state_changed, p.probe_hits, p.origin, p.overruled) for p in patterns
+        ])  # fmt: skip
+        insert_rows(con, "luna_cells", LUNA_CELL_COLUMNS, [
+            (r.cell_id, r.status, r.parts, r.est_tokens, r.attempts, len(r.merged.patterns), r.reason, r.reused)
+            for r in results
+        ])  # fmt: skip
+        insert_rows(con, "probe_verdicts", ("cell_id", "hit_id", "verdict", "observation"),
+                    [(v.cell_id, v.hit_id, v.verdict, v.observation) for v in verdicts])  # fmt: skip
+        insert_rows(con, "probe_conflicts", CONFLICT_COLUMNS, [
+            (c.conflict_id, c.cell_id, c.hit_id, c.pattern_id, c.kind, c.model_claim, c.probe_finding, c.resolution)
+            for c in conflicts
+        ])  # fmt: skip
     finally:
         con.close()
     # every row carries the schema version, like calls.jsonl (see pipeline.artifacts.schemas)

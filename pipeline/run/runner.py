@@ -405,24 +405,9 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
             result.reused.append(name)
             upstream = (name, fingerprint(inputs, outputs))
             continue
-        entry = ledger.get(name)
-        if entry is not None and entry.state == "pending":
-            why = "did not finish last time (interrupted or blocked)"
-        elif entry is not None and entry.state == "invalidated":
-            why = entry.reason or "invalidated"
-        if entry is not None and entry.state == "verified":
-            ledger.invalidate(name, why)
-        if entry is not None:
-            _archive(ctx, name, entry.outputs)
-            gone = ledger.invalidate_many(_downstream(ledger, i), f"upstream {name} recomputed: {why}")
-            if gone:
-                log(f"[{name}] {why}; invalidated downstream: {', '.join(sorted(gone))}")
         role = STAGE_ROLES.get(name)
-        phase = hf.STAGE_PHASE.get(name)
-        if phase and hf.phase_reached(hf.load(ctx.run_dir), phase):
-            # the run is back before this stage until it is recomputed
-            _set_phase(ctx, hf.PHASES[hf.PHASES.index(phase) - 1], f"{name} recomputed: {why}")
-        ledger.mark_pending(name, name, inputs, reason=f"running: {why}")
+        with ledger.batch():  # one ledger write for the whole hand-over to this stage
+            _start_stage(ctx, ledger, i, name, inputs, why)
         try:
             summary = _load(target)(ctx)
         except Blocked as exc:
@@ -436,11 +421,12 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
         outputs = stage_outputs(name, ctx)
         if outputs is None:
             raise BadInput(f"stage {name} finished but its output is missing: {STAGE_OUTPUTS.get(name)}")
-        ledger.mark_verified(name, name, inputs, outputs)
-        if name == "export":
-            _record_ir_cells(ctx, ledger)
-        if role:
-            _record_cells(ctx, ledger, role)
+        with ledger.batch():  # the stage's entry and its per-cell entries: one ledger write
+            ledger.mark_verified(name, name, inputs, outputs)
+            if name == "export":
+                _record_ir_cells(ctx, ledger)
+            if role:
+                _record_cells(ctx, ledger, role)
         if name == "sol":
             _after_sol(ctx, ledger)
         elif name in hf.STAGE_PHASE:
@@ -453,6 +439,27 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
     if any(n == "sol" for n, _ in STAGES):
         _after_sol(ctx, ledger)
     return result
+
+
+def _start_stage(ctx: RunContext, ledger: Ledger, index: int, name: str, inputs: dict[str, str], why: str) -> None:
+    """Invalidate what this stage's rerun replaces (kept, with why) and mark it pending."""
+    entry = ledger.get(name)
+    if entry is not None and entry.state == "pending":
+        why = "did not finish last time (interrupted or blocked)"
+    elif entry is not None and entry.state == "invalidated":
+        why = entry.reason or "invalidated"
+    if entry is not None and entry.state == "verified":
+        ledger.invalidate(name, why)
+    if entry is not None:
+        _archive(ctx, name, entry.outputs)
+        gone = ledger.invalidate_many(_downstream(ledger, index), f"upstream {name} recomputed: {why}")
+        if gone:
+            ctx.log(f"[{name}] {why}; invalidated downstream: {', '.join(sorted(gone))}")
+    phase = hf.STAGE_PHASE.get(name)
+    if phase and hf.phase_reached(hf.load(ctx.run_dir), phase):
+        # the run is back before this stage until it is recomputed
+        _set_phase(ctx, hf.PHASES[hf.PHASES.index(phase) - 1], f"{name} recomputed: {why}")
+    ledger.mark_pending(name, name, inputs, reason=f"running: {why}")
 
 
 def _blocked(ctx: RunContext, stage: str, exc: Blocked) -> Blocked:

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 import pipeline
 from pipeline.artifacts.schemas import load_artifact
 from pipeline.artifacts.versions import VERSIONS
-from pipeline.core.canonical import digest, read_json, sha256_file, write_json
+from pipeline.core.canonical import atomic_write_bytes, digest, pretty_json_plain, read_json, sha256_file, write_json
 
 LEDGER_FILE = "ledger.json"
 LEDGER_LOCK = ".ledger.lock"
@@ -141,8 +141,8 @@ class Ledger:
         return load_artifact(self.path, "ledger", LedgerData)  # newer refused (exit 2), older upgraded
 
     def save(self) -> None:
-        """Write the ledger atomically."""
-        write_json(self.path, self.data.model_dump(mode="json"))
+        """Write the ledger atomically (no floats in it: the fast writer gives pretty_json's bytes)."""
+        atomic_write_bytes(self.path, pretty_json_plain(self.data.model_dump(mode="json")))
 
     @contextmanager
     def _mutate(self) -> Iterator[None]:
@@ -172,6 +172,9 @@ class Ledger:
 
         Nothing is saved when the block raises: the ledger keeps its state from before the batch.
         """
+        if self._batch_owner == threading.get_ident():  # nested: the outer batch saves
+            yield
+            return
         with self._mutate():
             self._batch_owner = threading.get_ident()
             try:
