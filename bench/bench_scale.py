@@ -22,7 +22,6 @@ import argparse
 import inspect
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from pipeline.bundle.synth import clone_bundle
+from pipeline.testing.scripted import ScriptedModel
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "fixtures" / "bundles" / "h0-demo"
@@ -98,42 +100,6 @@ print(json.dumps({"exit": code, "stages": stages, "bookkeeping": book[0],
 # -- bundles ---------------------------------------------------------------------------------------
 
 
-def build_bundle(dest: Path, cells: int) -> Path:
-    """The demo's eligible cells cloned to ``cells`` cells (plus its excluded one), frozen."""
-    from pipeline.bundle.manifest import freeze
-
-    req = json.loads((DEMO / "analysis-request.json").read_text(encoding="utf-8"))
-    outcomes = {
-        json.loads(line)["cell_id"]: json.loads(line)
-        for line in (DEMO / "sidecar" / "outcomes.jsonl").read_text(encoding="utf-8").splitlines()
-        if line.strip()
-    }
-    eligible = [c for c in req["cells"] if c["eligibility"] == "valid_behavior"]
-    excluded = [c for c in req["cells"] if c["eligibility"] != "valid_behavior"]
-    dest.mkdir(parents=True)
-    specs, rows = [], []
-    for i in range(cells):
-        src = eligible[i % len(eligible)]
-        cell_id = f"C{i + 1:05d}"
-        shutil.copytree(DEMO / src["path"], dest / "cells" / cell_id)
-        meta = json.loads((dest / "cells" / cell_id / "cell.json").read_text(encoding="utf-8"))
-        meta.update(cell_id=cell_id, run_id=f"{src['run_id']}-x{i // len(eligible)}")
-        (dest / "cells" / cell_id / "cell.json").write_text(json.dumps(meta), encoding="utf-8")
-        specs.append({**src, "cell_id": cell_id, "run_id": meta["run_id"], "path": f"cells/{cell_id}"})
-        if src["cell_id"] in outcomes:
-            rows.append({**outcomes[src["cell_id"]], "cell_id": cell_id})
-    for c in excluded:
-        shutil.copytree(DEMO / c["path"], dest / c["path"])
-        specs.append(c)
-    req["cells"] = specs
-    req["analysis_run_id"] = f"scale-{cells}"
-    (dest / "analysis-request.json").write_text(json.dumps(req, indent=1), encoding="utf-8")
-    (dest / "sidecar").mkdir()
-    (dest / "sidecar" / "outcomes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    freeze(dest)
-    return dest
-
-
 def change_one_cell(bundle: Path, cell_id: str) -> None:
     """Append one operator message to one cell's first session log; re-freeze."""
     from pipeline.bundle.manifest import freeze
@@ -145,104 +111,7 @@ def change_one_cell(bundle: Path, cell_id: str) -> None:
     freeze(bundle)
 
 
-# -- the scripted model ----------------------------------------------------------------------------
-
-_CANDIDATE = re.compile(r"^- (\S+-H\d+) · (\w+) · (.+?) · evidence (.+?)(?: · proves no change)?$", re.M)
-
-
-def luna_answer(prompt: str) -> dict[str, Any]:
-    """Confirm every probe candidate shown (rejected when it cannot be a valid pattern)."""
-    patterns, rejected = [], []
-    for hit_id, kind, key, evidence in _CANDIDATE.findall(prompt):
-        ids = [e.strip() for e in evidence.split(",")]
-        if kind == "repeated_exploration" and len(set(ids)) < 2:
-            rejected.append({"candidate": hit_id, "observation": "only one event is cited", "state_changed": False})
-            continue
-        patterns.append(
-            {"type": kind, "concerns": key, "observed": f"Events {', '.join(ids)} show the same step again.",
-             "definition_fit": "The cited events match the probe's definition as shown in the log.",
-             "evidence": ids, "state_changed": False, "candidates": [hit_id], "confidence": "medium"}
-        )  # fmt: skip
-    return {"patterns": patterns, "rejected_candidates": rejected}
-
-
-def sol_answer(prompt: str) -> dict[str, Any]:
-    """One weakness from the largest pattern group of the prompt (none when it has no groups)."""
-    m = re.search(r"## Pattern groups[^\n]*\n(.*?)\n## ", prompt, re.S)
-    try:
-        groups = json.loads(m.group(1)) if m else []
-    except ValueError:
-        groups = []
-    if isinstance(groups, dict):
-        groups = groups.get("groups", [])
-    failed = [
-        (g, [o for o in g.get("occurrences", []) if not o.get("successful_cell")]) for g in groups if isinstance(g, dict)
-    ]
-    failed = [(g, occ) for g, occ in failed if occ]
-    if not failed:
-        return {"weaknesses": []}
-    group, occ = max(failed, key=lambda x: len({o["cell_id"] for o in x[1]}))
-    cells = sorted({o["cell_id"] for o in occ})
-    refs = [o["events"][0] for o in occ if o.get("events")]
-    ok = [o for o in group.get("occurrences", []) if o.get("successful_cell") and o.get("events")]
-    counter = [{"cell": o["cell_id"], "refs": o["events"][:1], "note": "completed despite it"} for o in ok[:2]]
-    return {
-        "weaknesses": [
-            {
-                "weakness_id": "W-01",
-                "statement": f"Runs repeat the behaviour grouped as {group['concerns']} before they fail.",
-                "first_divergence": {
-                    "where": {"stage": "review", "actor": "reviewer", "what": "first occurrence"},
-                    "cells": cells[:1],
-                    "event_refs": refs[:1],
-                },
-                "harness_attribution": {"attributed": True, "why": "the controller lets the step repeat"},
-                "support": {"cells": cells, "pattern_groups": [group["group_id"]], "event_refs": refs},
-                "alternative_explanations": ["the model itself repeats steps"],
-                "counter_evidence": {"items": counter},
-                "counterfactual_prediction": "A new batch shows the same group in failed runs; its absence there "
-                "refutes it.",
-                "confidence": "low",
-            }
-        ]
-    }
-
-
-class Model:
-    """The scripted handler: counts calls per role and the largest request."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.calls: dict[str, int] = {}
-        self.largest: dict[str, int] = {}
-
-    def __call__(self, request: dict[str, Any]) -> Any:
-        from pipeline.testing.openai_server import auto_answer, completion_body
-        from pipeline.testing.openai_server import Reply
-
-        name = request["tools"][0]["function"]["name"] if request.get("tools") else ""
-        prompt = "\n".join(str(m.get("content") or "") for m in request.get("messages", []))
-        role = "luna" if name == "LunaAnswer" else "sol" if name.startswith("Sol") else name or "other"
-        with self.lock:
-            self.calls[role] = self.calls.get(role, 0) + 1
-            self.largest[role] = max(self.largest.get(role, 0), len(prompt))
-        if name == "LunaAnswer":
-            data: Any = luna_answer(prompt)
-        elif name == "SolAnswer":
-            data = sol_answer(prompt)
-        else:
-            return auto_answer(request)  # another request shape (e.g. Sol's map/reduce): a schema-valid example
-        return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
-
-    def take(self) -> tuple[dict[str, int], dict[str, int]]:
-        with self.lock:
-            out = (dict(self.calls), dict(self.largest))
-            self.calls.clear()
-            self.largest.clear()
-        return out
-
-
-def start_server(model: Model) -> Any:
+def start_server(model: ScriptedModel) -> Any:
     from pipeline.testing.openai_server import FakeOpenAI
 
     kw: dict[str, Any] = {}
@@ -281,7 +150,7 @@ def _tree_rss(root_pid: int) -> int:
     return total
 
 
-def lunasol_run(bundle: Path, runs_dir: Path, server: Any, model: Model, context: bool) -> dict[str, Any]:
+def lunasol_run(bundle: Path, runs_dir: Path, server: Any, model: ScriptedModel, context: bool) -> dict[str, Any]:
     """One ``lunasol run`` in a child process; its figures, the calls it made and its peak tree RSS."""
     args = [str(bundle), "--runs-dir", str(runs_dir), "--run-id", "r", "--model", "openai/bench-model"]
     args += ["--api-base", server.base_url]
@@ -317,12 +186,12 @@ def lunasol_run(bundle: Path, runs_dir: Path, server: Any, model: Model, context
 
 def scenario(root: Path, sizes: list[int], reruns: bool = True) -> dict[str, Any]:
     """Full runs at every size; at the largest, a one-changed-cell rerun and an unchanged rerun."""
-    model = Model()
+    model = ScriptedModel()
     server, context = start_server(model)
     try:
         runs: dict[str, Any] = {"context_declared": CONTEXT_TOKENS if context else None}
         for n in sizes:
-            bundle = build_bundle(root / f"bundle-{n}", n)
+            bundle = clone_bundle(DEMO, root / f"bundle-{n}", n)
             runs[f"full-{n}"] = lunasol_run(bundle, root / f"runs-{n}", server, model, context)
         if reruns:
             n = sizes[-1]
@@ -345,7 +214,8 @@ def report(runs: dict[str, Any], sizes: list[int]) -> list[str]:
         share = r["bookkeeping"] / r["cpu"] if r["cpu"] else 0.0
         lines.append(
             f"{name}: exit {r['exit']}, CPU {r['cpu']:.1f} s (stages: {stages or '-'}; bookkeeping "
-            f"{r['bookkeeping']:.2f} s = {share:.1%}), wall {r['wall_s']:.1f} s, peak RSS {r['peak_tree_rss_mib']:.0f} MiB, "
+            f"{r['bookkeeping']:.2f} s = {share:.1%}), wall {r['wall_s']:.1f} s, "
+            f"peak RSS {r['peak_tree_rss_mib']:.0f} MiB, "
             f"calls {r['calls'] or 0}, largest request ~{max(r['largest_request_chars'].values(), default=0) // 4:,} "
             "tokens"
         )
@@ -399,11 +269,11 @@ def test_scale_benchmark() -> None:
 @pytest.mark.slow
 def test_scale_benchmark_10k() -> None:
     """10,000 cells: reaches gate 1 (peak RSS printed; target < 2 GiB)."""
-    model = Model()
+    model = ScriptedModel()
     server, context = start_server(model)
     root = Path(tempfile.mkdtemp(prefix="lunasol-scale-"))
     try:
-        r = lunasol_run(build_bundle(root / "bundle", 10_000), root / "runs", server, model, context)
+        r = lunasol_run(clone_bundle(DEMO, root / "bundle", 10_000), root / "runs", server, model, context)
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)

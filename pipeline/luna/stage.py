@@ -99,6 +99,7 @@ class CellRun:
     merged: CellPatterns = field(default_factory=CellPatterns)
     key: str | None = None  # the stored answer's key (None: no call was needed)
     summary: str = ""  # the task summary the prompt carried
+    cached: bool = False  # taken from luna_cache: the cell was not rendered again
 
 
 # -- the per-cell cache: unchanged cells are neither rendered nor keyed again ------------------------
@@ -155,6 +156,7 @@ def _cached_runs(
             data["est_tokens"],
             reason=data["reason"],
             reused=key is not None,
+            cached=True,
             key=key,
             summary=summary,
             merged=CellPatterns(
@@ -411,6 +413,9 @@ def stage(ctx: RunContext) -> str:
     for r in failed:
         ctx.log(f"[luna] cell {r.cell_id} FAILED after {r.attempts} attempts: {r.reason}")
     bits = [f"{len(patterns)} patterns from {len(results) - len(failed)}/{len(results)} cells"]
+    cached = sum(r.cached for r in results)
+    if cached:
+        bits.append(f"{len(results) - cached} cell(s) rendered, {cached} unchanged")
     if split:
         bits.append(f"{len(split)} split ({', '.join(r.cell_id for r in split)})")
     if overruled:
