@@ -170,14 +170,24 @@ class JsonFile:
         self.lines = LineIndex(text)
         self.max_depth = max_depth
         self.jsonl = False
+        # JSON Lines lines that do not parse (a truncated last line, log noise): left out of
+        # ``docs`` and listed here so adapters can report them instead of failing the whole file.
+        self.bad_lines: list[int] = []
         try:
             self.docs: list[tuple[int | None, Any]] = [(None, json.loads(text))]
-        except json.JSONDecodeError:
+        except json.JSONDecodeError as exc:
             self.jsonl = True
             self.docs = []
             for i, line in enumerate(text.split("\n"), start=1):
-                if line.strip():
+                if not line.strip():
+                    continue
+                try:
                     self.docs.append((i, json.loads(line)))
+                except json.JSONDecodeError:
+                    self.bad_lines.append(i)
+            # Mostly unparseable lines: a broken (e.g. truncated pretty-printed) document, not JSON Lines.
+            if not any(isinstance(d, dict | list) for _, d in self.docs) or len(self.bad_lines) > len(self.docs):
+                raise ValueError(f"neither JSON nor JSON Lines ({exc.msg} at line {exc.lineno})") from None
         self._spans: dict[int | None, dict[str, tuple[int, int]]] = {}
 
     def _spans_for(self, line: int | None) -> dict[str, tuple[int, int]]:

@@ -17,7 +17,7 @@ from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
 import pipeline
-from pipeline.cli import bundle, calls, datasets, gates, ir, proposals, review, run, schema
+from pipeline.cli import bundle, calls, datasets, followup, gates, ir, proposals, review, run, schema
 from pipeline.core import offline
 from pipeline.core.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, LunasolError
 
@@ -113,7 +113,7 @@ def _root(
 def _register() -> None:
     # Each module adds its verbs; imports stay cheap (heavy libraries load inside commands).
 
-    for module in (bundle, ir, run, calls, gates, proposals, review, datasets, schema):
+    for module in (bundle, ir, run, calls, gates, proposals, followup, review, datasets, schema):
         module.register(app)
 
 

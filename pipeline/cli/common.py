@@ -15,7 +15,7 @@ from pipeline.artifacts.run_info import run_command
 from pipeline.core.canonical import pretty_json
 from pipeline.core.errors import BadInput, Blocked, LunasolError
 from pipeline.run.status import missing_outputs
-from pipeline.state import handoff as hf
+from pipeline.state import handoff
 from pipeline.state.blocking import read_block_receipt, resolve_block_receipt, write_block_receipt
 
 DEFAULT_RUNS_DIR = Path("runs")
@@ -82,7 +82,7 @@ def _state_next(run_dir: Path) -> str | None:
     try:
         if missing_outputs(run_dir):
             return run_command(run_dir, resume=False)
-        return hf.next_command(run_dir)
+        return handoff.next_command(run_dir)
     except LunasolError:  # an unreadable handoff or ledger: keep the library's own suggestion
         return None
 

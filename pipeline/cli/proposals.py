@@ -14,7 +14,7 @@ from pipeline.gates.gate2 import select as do_select
 from pipeline.models.store import check_store
 from pipeline.proposals.proposer import propose as do_propose
 from pipeline.proposals.proposer import run_model_settings
-from pipeline.state import handoff as hf
+from pipeline.state import handoff
 from pipeline.validator import validate_file
 
 
@@ -50,6 +50,11 @@ def propose(
     record: Path | None = typer.Option(None, "--record", help="Call live and store every exchange here."),
     concurrency: int | None = typer.Option(None, "--concurrency", help="Concurrent model calls."),
     budget_usd: float | None = typer.Option(None, "--budget-usd", help="Stop cleanly past this spend."),
+    context_tokens: int | None = typer.Option(
+        None,
+        "--context-tokens",
+        help="The model's input limit in tokens (env LUNASOL_CONTEXT_TOKENS; default: litellm's model info).",
+    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Proposal cards for every confirmed weakness (0..N each), validated; writes proposals.yaml and validation.json.
@@ -69,6 +74,7 @@ def propose(
         store=replay or record,
         concurrency=concurrency,
         budget_usd=budget_usd,
+        context_tokens=context_tokens,
     )
     check_store(settings)
     with moves_run(run_dir, "propose"):
@@ -85,7 +91,7 @@ def propose(
         if c["status"] == "rejected":
             rules = ", ".join(sorted({f["rule"] for f in c["findings"]}))
             typer.echo(f"  {c['proposal_id']} ({c['source_weakness']}) kept out: {rules}")
-    typer.echo(f"next: {hf.next_command(run_dir)}")
+    typer.echo(f"next: {handoff.next_command(run_dir)}")
 
 
 def select(
@@ -112,7 +118,7 @@ def select(
         raise BadInput("--by NAME is required: a decision needs a named person")
     check_digest(digest)
     run_dir = resolve_run(run)
-    base = hf.load(run_dir)
+    base = handoff.load(run_dir)
     choice: Choice = "proposal" if proposal is not None else "none" if none else "redo"
     with moves_run(run_dir, "select"):
         receipt, replayed = do_select(
@@ -135,7 +141,7 @@ def select(
         f"(revision {receipt.base_revision}→{receipt.new_revision})"
     )
     typer.echo(f"note: {NOT_AUTHORISATION}")
-    typer.echo(f"next: {hf.next_command(run_dir)}")
+    typer.echo(f"next: {handoff.next_command(run_dir)}")
 
 
 def register(app: typer.Typer) -> None:

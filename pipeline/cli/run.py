@@ -31,6 +31,11 @@ def register(app: typer.Typer) -> None:
         concurrency: int | None = typer.Option(None, "--concurrency", help="Concurrent model calls (default 8)."),
         budget_usd: float | None = typer.Option(None, "--budget-usd", help="Stop cleanly past this spend."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Estimate calls, tokens and cost; call nothing."),
+        context_tokens: int | None = typer.Option(
+            None,
+            "--context-tokens",
+            help="The model's input limit in tokens (env LUNASOL_CONTEXT_TOKENS; default: litellm's model info).",
+        ),
     ) -> None:
         """Export the IR, find patterns, mine root causes, and stop at gate 1.
 
@@ -48,6 +53,7 @@ def register(app: typer.Typer) -> None:
             store=replay or record,
             concurrency=concurrency,
             budget_usd=budget_usd,
+            context_tokens=context_tokens,
         )
         check_store(settings)
         opts = RunOptions(

@@ -25,6 +25,9 @@ class ModelSettings(BaseModel):
     concurrency: int = Field(default=8, ge=1)
     budget_usd: float | None = Field(default=None, ge=0)
     budget_tokens: int | None = Field(default=None, ge=0)
+    context_tokens: int | None = Field(
+        default=None, gt=0, description="the model's input limit in tokens (local / unknown models); default: litellm's"
+    )
     temperature: float = 0.0
     max_reasks: int = Field(default=2, ge=0, description="validation re-asks after the first answer")
     transport_retries: int = Field(default=4, ge=0, description="retries of rate limits, timeouts, 5xx")
@@ -40,6 +43,7 @@ class ModelSettings(BaseModel):
             ("concurrency", "LUNASOL_CONCURRENCY"),
             ("budget_usd", "LUNASOL_BUDGET_USD"),
             ("budget_tokens", "LUNASOL_BUDGET_TOKENS"),
+            ("context_tokens", "LUNASOL_CONTEXT_TOKENS"),
         ):
             if os.environ.get(var):
                 env[field] = os.environ[var]

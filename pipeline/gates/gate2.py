@@ -18,7 +18,7 @@ from pipeline.artifacts.proposals_file import read_entries
 from pipeline.core.canonical import read_json
 from pipeline.core.errors import BadInput, Blocked, NeedsRebase
 from pipeline.gates import gate1 as gates
-from pipeline.state import handoff as hf
+from pipeline.state import handoff
 
 GATE2 = "gate2"
 PROPOSALS_FILE = "proposals.yaml"
@@ -70,7 +70,7 @@ def select(
         "meaning": NOT_AUTHORISATION,
     }
 
-    def apply(h: hf.Handoff) -> dict[str, Any]:
+    def apply(h: handoff.Handoff) -> dict[str, Any]:
         if h.proposalGeneration != "done":
             raise Blocked(
                 "gate 2 is not open: no proposals were generated for the current state",
@@ -99,7 +99,7 @@ def _check_made_from_current_shortlist(run_dir: Path) -> None:
         return
     raw = read_json(path)
     made_from = raw.get("shortlist_digest") if isinstance(raw, dict) else None
-    current = hf.load(run_dir).shortlist_digest
+    current = handoff.load(run_dir).shortlist_digest
     if made_from and current and made_from != current:
         raise NeedsRebase(
             f"needs_rebase: the proposals were made from shortlist {made_from}, the shortlist is now {current}; "
@@ -109,7 +109,7 @@ def _check_made_from_current_shortlist(run_dir: Path) -> None:
 
 def selection_status(run_dir: Path) -> dict[str, Any]:
     """Gate 2 as ``lunasol status`` can show it: state, the chosen card, and what it does not authorise."""
-    h = hf.load(run_dir)
+    h = handoff.load(run_dir)
     out: dict[str, Any] = {
         "proposalSelection": h.proposalSelection,
         "proposals_digest": h.proposals_digest,

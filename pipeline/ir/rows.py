@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -212,8 +212,9 @@ class ColumnBuilder:
         c[0].extend([cell_no] * n)
         c[1].extend(range(n))
         c[2].extend(seg_nos)
-        for col, values in zip(c[3:], (ts, kinds, details, actors, stages, sessions, steps, texts, cut, chars, tools,
-                                      calls, args_d, result_d, states, targets), strict=True):  # fmt: skip
+        columns: tuple[Iterable[Any], ...] = (ts, kinds, details, actors, stages, sessions, steps, texts, cut, chars,
+                                               tools, calls, args_d, result_d, states, targets)  # fmt: skip
+        for col, values in zip(c[3:], columns, strict=True):
             col.extend(values)
         self._path_idx.extend(map(index.__getitem__, paths))
         self._lines.extend(lines)

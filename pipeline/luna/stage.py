@@ -20,12 +20,14 @@ import pipeline
 from pipeline.bundle.request import load_request
 from pipeline.core.canonical import canonical_json, digest, write_jsonl
 from pipeline.core.errors import BadInput
+from pipeline.core.settings import ModelSettings
 from pipeline.ir.cache import cached_rows
 from pipeline.ir.store import insert_rows
 from pipeline.luna.merge import CellPatterns, Conflict, Verdict, merge_cell
 from pipeline.luna.patterns import PATTERN_ROW_SCHEMA_VERSION, LunaAnswer, Pattern, check_answer
 from pipeline.luna.render import CellIR, Part, context_budget, estimate_tokens, load_cells, render_cell, split_parts
 from pipeline.models import ModelClient, PlannedCall, template_hash
+from pipeline.models.budget import role_budget
 from pipeline.probes import run_probes, write_probe_hits
 from pipeline.probes.cells import made_with as probe_set
 from pipeline.state.ledger import CellResults, cell_key
@@ -40,6 +42,8 @@ PATTERN_COLUMNS = ("pattern_id", "cell_id", "type", "concerns", "observed", "def
 LUNA_CELL_COLUMNS = ("cell_id", "status", "parts", "est_tokens", "attempts", "patterns", "reason", "reused")
 CONFLICT_COLUMNS = ("conflict_id", "cell_id", "hit_id", "pattern_id", "kind", "model_claim", "probe_finding",
                     "resolution")  # fmt: skip
+ROLE = "luna"
+PROMPT_OVERHEAD_TOKENS = 6_000  # Luna's instructions, probe candidates and output schema, around the IR
 
 TABLES_DDL = """
 CREATE OR REPLACE TABLE patterns (
@@ -117,13 +121,13 @@ CREATE TABLE IF NOT EXISTS {CACHE_TABLE} (
 """
 
 
-def cache_stamp(thash: str, model: str | None) -> str:
+def cache_stamp(thash: str, model: str | None, budget: int) -> str:
     """What a cell's prompt depends on besides its IR content and task summary."""
     return digest(
         {
             "template": thash,
             "model": model,
-            "budget": context_budget(),
+            "budget": budget,
             "probes": probe_set(),
             "lunasol": pipeline.__version__,
         }
@@ -254,19 +258,28 @@ def _ensure_hits(con: duckdb.DuckDBPyConnection) -> None:
         write_probe_hits(con, run_probes(con))
 
 
-def _prepared_cells(ir_path: Path) -> list[tuple[CellIR, list[Part], int]]:
+def part_budget(settings: ModelSettings) -> int:
+    """Rendered-IR tokens per Luna call: the configured part size, smaller when the model's context is."""
+    # The whole request (instructions, candidates, output schema, framing) must fit the role's budget
+    # (pipeline.models.budget); the rest of the prompt takes about PROMPT_OVERHEAD_TOKENS, and the IR's
+    # chars/4 estimate may under-count a real tokenizer, hence the margin.
+    room = role_budget(settings, ROLE).input_tokens - PROMPT_OVERHEAD_TOKENS
+    return max(min(context_budget(), int(room * 0.6)), 500)
+
+
+def _prepared_cells(ir_path: Path, budget: int) -> list[tuple[CellIR, list[Part], int]]:
     """:func:`prepare` on the run's IR, after running the probes if the IR has no hits yet."""
     con = duckdb.connect(str(ir_path))
     try:
         _ensure_hits(con)
-        return prepare(con)
+        return prepare(con, budget)
     finally:
         con.close()
 
 
 def plan(ctx: RunContext) -> list[PlannedCall]:
     """Every Luna call this run would make (for ``--dry-run``); calls nothing."""
-    prepared = _prepared_cells(ctx.ir_path)
+    prepared = _prepared_cells(ctx.ir_path, part_budget(ctx.options.models))
     summaries = _task_summaries(ctx.bundle)
     return [
         PlannedCall(
@@ -305,7 +318,8 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
     client = ModelClient(ctx.options.models, ctx.run_dir, log=ctx.log)
     store = CellResults(ctx.run_dir, "luna")
     thash = template_hash("luna")
-    stamp = cache_stamp(thash, client.model)
+    budget = part_budget(ctx.options.models)
+    stamp = cache_stamp(thash, client.model, budget)
     con = duckdb.connect(str(ctx.ir_path))
     try:
         _ensure_hits(con)
@@ -315,7 +329,7 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
         # the IR's stored per-cell digests (an IR not made by export has none: nothing is cached then)
         cell_digests = _content_digests(con)
         reused = _cached_runs(con, stamp, {r[0]: summaries.get(r[1], "") for r in eligible}, store)
-        prepared = prepare(con, only=[r[0] for r in eligible if r[0] not in reused])
+        prepared = prepare(con, budget, only=[r[0] for r in eligible if r[0] not in reused])
     finally:
         con.close()
 
@@ -323,9 +337,7 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
         run = CellRun(cell.cell_id, "split" if len(parts) > 1 else "ok", len(parts), size)
         run.summary = summaries.get(cell.task_id, "")
         if len(parts) > 1:
-            run.reason = (
-                f"rendered IR ~{size} tokens > budget {context_budget()}; split by segment into {len(parts)} parts"
-            )
+            run.reason = f"rendered IR ~{size} tokens > budget {budget}; split by segment into {len(parts)} parts"
         if not cell.seq_of:
             run.reason = "no events in the IR: nothing to analyse, no call made"
             return run

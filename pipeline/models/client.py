@@ -31,6 +31,7 @@ from pydantic import BaseModel
 from pipeline.core import offline
 from pipeline.core.errors import BadInput, LunasolError
 from pipeline.core.settings import ModelSettings
+from pipeline.models.budget import check_fits, context_error
 from pipeline.models.calllog import CallLog
 from pipeline.models.errors import BudgetExceeded, ModelUnavailable, ReplayMiss
 from pipeline.models.progress import gather_bounded
@@ -40,6 +41,7 @@ from pipeline.models.transport import (
     describe as _describe,
 )
 from pipeline.models.transport import (
+    is_context_error,
     load_litellm,
     quiet_instructor,
 )
@@ -206,6 +208,8 @@ class ModelClient:
         outcome = "ok"
         try:
             self._check_budget()
+            # Whole-request token budget (pipeline.models.budget): a request that cannot fit is never sent.
+            check_fits(self.settings, role, cell_id, messages, response_model)
             for round_no in range(self.settings.max_reasks + 1):
                 parsed, errors = await self._ask(messages, response_model)
                 if parsed is None:
@@ -541,6 +545,8 @@ class ModelClient:
         except LunasolError:
             raise
         except Exception as exc:
+            if is_context_error(exc):  # not transient: never retried; the unblock lowers --context-tokens
+                raise context_error(exc, self.settings, state.role, state.cell_id) from exc
             tried = [{"action": "transport retries", "outcome": f"{state.transport_retries} retries, then failed"}]
             raise ModelUnavailable(
                 f"model {self.model} unavailable for role={state.role} cell={state.cell_id or '-'} after "

@@ -176,7 +176,8 @@ def _environment(snippets: dict[str, Snippet], internal: dict[str, str]) -> Any:
 def context(arts: RunArtifacts) -> tuple[dict[str, Any], dict[str, Snippet]]:
     """Everything the template shows, and the resolved snippets of every cited key."""
     cited: set[str] = set()
-    for part in (arts.patterns, arts.groups, arts.shortlist, arts.proposals, arts.validation, arts.block):
+    followup = _followup(arts)
+    for part in (arts.patterns, arts.groups, arts.shortlist, arts.proposals, arts.validation, arts.block, followup):
         if part is not None:
             cited |= cited_ids(part)
     snippets = EvidenceReader(arts.path).resolve(cited)
@@ -218,11 +219,21 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], dict[str, Snippet]]:
         if isinstance(arts.validation, dict) and isinstance(arts.validation.get("weaknesses"), list)
         else [],
         "gates": sorted(arts.gates.items()),
+        "followup": followup,
         "calls": calls,
         "snippets": [snippets[k] for k in sorted(snippets)],
         "snippet_statuses": dict(sorted(statuses.items())),
     }
     return ctx, snippets
+
+
+# ---------------------------------------------------------------- follow-up (lunasol followup)
+def _followup(arts: RunArtifacts) -> dict[str, Any] | None:
+    """The run's followup.json (a child run judged for its parent's proposal), validated, or None."""
+    from pipeline.followup import read_followup  # startup cost: followup imports the runner and its model client
+
+    doc = read_followup(arts.path)
+    return None if doc is None else doc.model_dump(mode="json")
 
 
 def render_report(run_dir: Path) -> tuple[str, dict[str, int]]:

@@ -13,7 +13,6 @@ call plus the downstream steps. A :class:`~pipeline.core.errors.Blocked` error w
 from __future__ import annotations
 
 import fcntl
-import importlib
 import os
 import platform
 import shutil
@@ -23,33 +22,48 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pipeline
+from pipeline import coordinator, probes
 from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION, run_command
 from pipeline.artifacts.schemas import load_document
 from pipeline.bundle.manifest import verify
+from pipeline.coordinator.probe_estimate import estimate_groups
 from pipeline.core.canonical import digest, read_json, sha256_file, write_json
 from pipeline.core.context import RunContext, RunOptions
 from pipeline.core.errors import BadInput, Blocked, BundleError
 from pipeline.core.settings import ModelSettings
+from pipeline.ir import export
 from pipeline.ir.digests import has_cell_digests, ir_cell_digests, ir_digest
 from pipeline.ir.schema import IR_SCHEMA_VERSION
+from pipeline.luna.stage import plan as luna_plan
+from pipeline.luna.stage import stage as luna_run
 from pipeline.models import ROLES, PlannedCall, estimate, format_estimate, template_hash
 from pipeline.models.store import resolve_settings
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
-from pipeline.state import handoff as hf
+from pipeline.sol.stage import plan as sol_plan
+from pipeline.sol.stage import stage as sol_run
+from pipeline.state import handoff
 from pipeline.state.blocking import resolve_block_receipt, write_block_receipt
 from pipeline.state.ledger import CellResults, Ledger, describe_changes, output_digests
 
-# (name, "module:function"). The order is the flow of DESIGN.md.
-STAGES: list[tuple[str, str]] = [
-    ("export", "pipeline.ir.export:stage"),
-    ("probes", "pipeline.probes:stage"),
-    ("luna", "pipeline.luna:stage"),
-    ("coordinator", "pipeline.coordinator:stage"),
-    ("sol", "pipeline.sol.stage:stage"),
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the flow: ``run(ctx) -> one-line summary``; model stages also ``plan(ctx)`` their calls."""
+
+    run: Callable[[RunContext], str]
+    plan: Callable[[RunContext], list[PlannedCall]] | None = None
+
+
+# The order is the flow of DESIGN.md.
+STAGES: list[tuple[str, Stage]] = [
+    ("export", Stage(export.stage)),
+    ("probes", Stage(probes.stage)),
+    ("luna", Stage(luna_run, luna_plan)),
+    ("coordinator", Stage(coordinator.stage)),
+    ("sol", Stage(sol_run, sol_plan)),
 ]
 
 # Files (relative to the run) whose digests are a stage's output fingerprint. A stage without an
@@ -59,6 +73,9 @@ STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
     "coordinator": ("pattern-groups.json",),
     "sol": ("weakness-shortlist.json",),
 }
+
+# Templates a model stage may also render (Sol's map and reduce calls when the batch does not fit one).
+STAGE_EXTRA_TEMPLATES: dict[str, tuple[str, ...]] = {"sol": ("sol_map", "sol_reduce")}
 
 # Stages that call a model: their inputs include the role's template hash and the model.
 STAGE_ROLES: dict[str, str] = {"luna": "luna", "sol": "sol"}
@@ -77,17 +94,6 @@ class RunResult:
     ran: list[str] = field(default_factory=list)
     reused: list[str] = field(default_factory=list)
     estimate: Any = None
-
-
-def _module(target: str) -> tuple[ModuleType, str]:
-    module, func = target.split(":")
-    return importlib.import_module(module), func
-
-
-def _load(target: str) -> Callable[[RunContext], str]:
-    mod, func = _module(target)
-    fn: Callable[[RunContext], str] = getattr(mod, func)
-    return fn
 
 
 # -- inputs and fingerprints ---------------------------------------------------------------------
@@ -140,6 +146,7 @@ def model_inputs(settings: ModelSettings) -> dict[str, Any]:
         "max_reasks": settings.max_reasks,
         "concurrency": settings.concurrency,
         "budget_usd": settings.budget_usd,
+        "context_tokens": settings.context_tokens,
     }
 
 
@@ -174,6 +181,11 @@ def stage_inputs(name: str, ctx: RunContext, bdigest: str, upstream: tuple[str, 
     if role:
         inputs["template"] = _template_hash(role) or "missing"
         inputs["model"] = ctx.options.models.model or "default"
+        for extra in STAGE_EXTRA_TEMPLATES.get(name, ()):
+            inputs[f"template:{extra}"] = _template_hash(extra) or "missing"
+        if ctx.options.models.context_tokens:
+            # another budget plans other requests (Luna's parts, Sol's map/reduce partitions)
+            inputs["context_tokens"] = str(ctx.options.models.context_tokens)
     return inputs
 
 
@@ -272,7 +284,7 @@ def _unblock_command(ctx: RunContext, exc: Blocked) -> str:
         # the model layer does not know the bundle or run; give the exact command for this run
         extra = hint.split("lunasol run BUNDLE", 1)[1].split("(")[0].split()
         base = resume.split()
-        drop = {"--model"} & set(extra)
+        drop = {"--model", "--context-tokens"} & set(extra)
         if {"--record", "--replay"} & set(extra):
             drop |= {"--record", "--replay"}  # one store mode only
         for flag in drop:
@@ -285,10 +297,10 @@ def _unblock_command(ctx: RunContext, exc: Blocked) -> str:
     return hint or resume
 
 
-def _set_phase(ctx: RunContext, phase: hf.Phase, event: str) -> None:
-    h = hf.load(ctx.run_dir)
+def _set_phase(ctx: RunContext, phase: handoff.Phase, event: str) -> None:
+    h = handoff.load(ctx.run_dir)
     if h.phase != phase:
-        hf.update(ctx.run_dir, {"phase": phase}, event)
+        handoff.update(ctx.run_dir, {"phase": phase}, event)
 
 
 def _after_sol(ctx: RunContext, ledger: Ledger) -> None:
@@ -297,7 +309,7 @@ def _after_sol(ctx: RunContext, ledger: Ledger) -> None:
     if not path.is_file():
         return
     sdigest = read_shortlist(path).digest
-    h = hf.load(ctx.run_dir)
+    h = handoff.load(ctx.run_dir)
     changes: dict[str, Any] = {"phase": "rootCausesMined"}
     if h.shortlist_digest != sdigest or h.userRootCauseConfirmation == "not_started":
         changes.update(
@@ -311,13 +323,13 @@ def _after_sol(ctx: RunContext, ledger: Ledger) -> None:
             ledger.invalidate("gate1", f"shortlist changed: {h.shortlist_digest[:19]} → {sdigest[:19]}")
     else:
         _restore_gate(ctx, ledger, sdigest)
-    hf.update(ctx.run_dir, changes, "root causes mined")
+    handoff.update(ctx.run_dir, changes, "root causes mined")
 
 
 def _restore_gate(ctx: RunContext, ledger: Ledger, sdigest: str) -> None:
     """A recompute that gives the very same shortlist keeps the decision made on it (bound to its digest)."""
     entry = ledger.get("gate1")
-    rel = hf.load(ctx.run_dir).receipts.get("gate1")
+    rel = handoff.load(ctx.run_dir).receipts.get("gate1")
     if entry is None or entry.state != "invalidated" or not rel or not (ctx.run_dir / rel).is_file():
         return
     if read_json(ctx.run_dir / rel).get("subject", {}).get("digest") == sdigest:
@@ -409,7 +421,7 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
         with ledger.batch():  # one ledger write for the whole hand-over to this stage
             _start_stage(ctx, ledger, i, name, inputs, why)
         try:
-            summary = _load(target)(ctx)
+            summary = target.run(ctx)
         except Blocked as exc:
             if role:
                 _record_cells(ctx, ledger, role)  # finished per-cell calls stay reusable for --resume
@@ -429,8 +441,8 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
                 _record_cells(ctx, ledger, role)
         if name == "sol":
             _after_sol(ctx, ledger)
-        elif name in hf.STAGE_PHASE:
-            _set_phase(ctx, hf.STAGE_PHASE[name], f"{name} done")
+        elif name in handoff.STAGE_PHASE:
+            _set_phase(ctx, handoff.STAGE_PHASE[name], f"{name} done")
         result.ran.append(name)
         upstream = (name, fingerprint(inputs, outputs))
         log(f"[{name}] {summary}")
@@ -455,10 +467,10 @@ def _start_stage(ctx: RunContext, ledger: Ledger, index: int, name: str, inputs:
         gone = ledger.invalidate_many(_downstream(ledger, index), f"upstream {name} recomputed: {why}")
         if gone:
             ctx.log(f"[{name}] {why}; invalidated downstream: {', '.join(sorted(gone))}")
-    phase = hf.STAGE_PHASE.get(name)
-    if phase and hf.phase_reached(hf.load(ctx.run_dir), phase):
+    phase = handoff.STAGE_PHASE.get(name)
+    if phase and handoff.phase_reached(handoff.load(ctx.run_dir), phase):
         # the run is back before this stage until it is recomputed
-        _set_phase(ctx, hf.PHASES[hf.PHASES.index(phase) - 1], f"{name} recomputed: {why}")
+        _set_phase(ctx, handoff.PHASES[handoff.PHASES.index(phase) - 1], f"{name} recomputed: {why}")
     ledger.mark_pending(name, name, inputs, reason=f"running: {why}")
 
 
@@ -519,20 +531,21 @@ def dry_run(ctx: RunContext) -> RunResult:
         tctx.run_dir.mkdir(parents=True)
         model_stage_seen = False
         for name, target in STAGES:
-            try:
-                mod, func = _module(target)
-            except ImportError as exc:
-                notes.append(f"{name}: not available ({exc})")
-                continue
-            plan = getattr(mod, "plan", None)
-            if plan is not None:
-                calls = list(plan(tctx))
+            if target.plan is not None:
+                calls = list(target.plan(tctx))
                 planned += calls
                 model_stage_seen = True
                 if name != "luna" and not calls:
                     notes.append(f"{name}: nothing to plan yet")
             elif not model_stage_seen:
-                getattr(mod, func)(tctx)  # deterministic stage: needed to render real prompts
+                target.run(tctx)  # deterministic stage: needed to render real prompts
+            elif name == "coordinator":
+                # Luna has not run: group the probe hits as stand-ins, so Sol is sized with realistic groups
+                hits = estimate_groups(tctx.ir_path, tctx.run_dir)
+                notes.append(
+                    f"coordinator: {hits} probe hit(s) grouped as stand-ins for Luna's patterns (Luna has not run); "
+                    "Sol's request sizes are an estimate"
+                )
             else:
                 notes.append(f"{name}: deterministic, runs after the model stages (no model call)")
         est = estimate(planned, ctx.options.models)

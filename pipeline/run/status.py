@@ -9,7 +9,7 @@ from pipeline.artifacts.run_info import run_command
 from pipeline.core.errors import BadInput
 from pipeline.gates.gate2 import selection_status
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
-from pipeline.state import handoff as hf
+from pipeline.state import handoff
 from pipeline.state.blocking import read_block_receipt
 from pipeline.state.ledger import Ledger
 
@@ -42,10 +42,10 @@ def _shortlist_rows(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str,
 
 def status(run_dir: Path) -> dict[str, Any]:
     """Everything ``lunasol status`` shows, as data."""
-    h = hf.load(run_dir)
+    h = handoff.load(run_dir)
     rows, dropped, sdigest = _shortlist_rows(run_dir)
     block = read_block_receipt(run_dir)
-    nxt = hf.next_command(run_dir, h)
+    nxt = handoff.next_command(run_dir, h)
     if block and block.get("requested_unblock") and h.phase != "rootCausesMined":
         nxt = str(block["requested_unblock"])
     missing = missing_outputs(run_dir)

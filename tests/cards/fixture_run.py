@@ -18,7 +18,7 @@ from pipeline.sol.cards import (
     Where,
 )
 from pipeline.sol.shortlist import SHORTLIST_FILE, Denominator, Shortlist, write_shortlist
-from pipeline.state import handoff as hf
+from pipeline.state import handoff
 
 CELLS = [f"C{i:03d}" for i in range(1, 25)]
 
@@ -93,7 +93,7 @@ def make_run(runs_dir: Path, *, confirmed: bool = True, run_id: str = "h0-valida
             ],
         ),
     )
-    hf.update(
+    handoff.update(
         run_dir,
         {"phase": "rootCausesMined", "userRootCauseConfirmation": "pending", "shortlist_digest": shortlist.digest},
         "sol",
