@@ -58,8 +58,8 @@ def timed_stage(name, fn):
         finally:
             stages[name] = stages.get(name, 0.0) + cpu() - c
     return run
-load = runner._load
-runner._load = lambda target: timed_stage(next(n for n, t in runner.STAGES if t == target), load(target))
+import dataclasses
+runner.STAGES[:] = [(n, dataclasses.replace(st, run=timed_stage(n, st.run))) for n, st in runner.STAGES]
 def bookkeeping(fn):
     def run(*a, **k):
         if depth[0]:
@@ -73,8 +73,9 @@ def bookkeeping(fn):
             book[0] += cpu() - c
     return run
 for name in ("_record_ir_cells", "_record_cells", "stage_outputs", "write_run_json", "_after_sol", "_set_phase",
-             "_archive", "resolve_block_receipt", "_downstream", "Ledger"):
-    setattr(runner, name, bookkeeping(getattr(runner, name)))
+             "_archive", "resolve_block_receipt", "_downstream", "_start_stage", "Ledger"):
+    if hasattr(runner, name):
+        setattr(runner, name, bookkeeping(getattr(runner, name)))
 for name in ("check", "mark_pending", "mark_verified", "invalidate", "invalidate_many", "save"):
     setattr(ledger.Ledger, name, bookkeeping(getattr(ledger.Ledger, name)))
 for name in ("load", "update"):

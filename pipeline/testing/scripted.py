@@ -34,49 +34,108 @@ def luna_answer(prompt: str) -> dict[str, Any]:
     return {"patterns": patterns, "rejected_candidates": rejected}
 
 
-def sol_answer(prompt: str) -> dict[str, Any]:
-    """One weakness from the largest pattern group of the prompt (none when it has no groups)."""
+Occurrence = tuple[str, str, bool]  # (cell, first event id, the cell failed)
+
+_GROUP_LINE = re.compile(r"^(\S+) \S+ concerns=")
+_OCC_LINE = re.compile(r"^  \S+-O\d+ (C\S+) \([^,]+, ([^)]+)\): events (\S+?-e\d+)")
+
+
+def _groups_from_json(prompt: str) -> dict[str, list[Occurrence]]:
     m = re.search(r"## Pattern groups[^\n]*\n(.*?)\n## ", prompt, re.S)
     try:
         groups = json.loads(m.group(1)) if m else []
     except ValueError:
-        groups = []
+        return {}
     if isinstance(groups, dict):
         groups = groups.get("groups", [])
-    failed = [
-        (g, [o for o in g.get("occurrences", []) if not o.get("successful_cell")])
-        for g in groups
-        if isinstance(g, dict)
-    ]
-    failed = [(g, occ) for g, occ in failed if occ]
-    if not failed:
-        return {"weaknesses": []}
-    group, occ = max(failed, key=lambda x: len({o["cell_id"] for o in x[1]}))
-    cells = sorted({o["cell_id"] for o in occ})
-    refs = [o["events"][0] for o in occ if o.get("events")]
-    ok = [o for o in group.get("occurrences", []) if o.get("successful_cell") and o.get("events")]
-    counter = [{"cell": o["cell_id"], "refs": o["events"][:1], "note": "completed despite it"} for o in ok[:2]]
-    none = None if counter else "no successful cell shows this group"
+    out: dict[str, list[Occurrence]] = {}
+    for g in groups if isinstance(groups, list) else []:
+        if isinstance(g, dict) and g.get("group_id"):
+            out[g["group_id"]] = [
+                (o["cell_id"], o["events"][0], not o.get("successful_cell"))
+                for o in g.get("occurrences", [])
+                if isinstance(o, dict) and o.get("events")
+            ]
+    return out
+
+
+def _groups_from_text(prompt: str) -> dict[str, list[Occurrence]]:
+    """Groups as Sol's map prompts render them: a header line, then one line per sampled occurrence."""
+    out: dict[str, list[Occurrence]] = {}
+    current: list[Occurrence] | None = None
+    for line in prompt.splitlines():
+        if (g := _GROUP_LINE.match(line)) is not None:
+            current = out.setdefault(g[1], [])
+        elif current is not None and (o := _OCC_LINE.match(line)) is not None:
+            current.append((o[1], o[3], o[2] != "completed"))
+        elif not line.startswith("  "):
+            current = None
+    return out
+
+
+def _card(group: str, occ: list[Occurrence]) -> dict[str, Any]:
+    failed = [o for o in occ if o[2]]
+    refs = {cell: ev for cell, ev, _ in reversed(failed)}  # each cell's first occurrence shown
+    cells = sorted(refs)
+    ok = [o for o in occ if not o[2]][:2]
     return {
-        "weaknesses": [
-            {
-                "weakness_id": "W-01",
-                "statement": f"Failed runs repeat one step ({group['group_id']}) with nothing changed in between.",
-                "first_divergence": {
-                    "where": {"stage": "review", "actor": "reviewer", "what": "first occurrence"},
-                    "cells": cells[:1],
-                    "event_refs": refs[:1],
-                },
-                "harness_attribution": {"attributed": True, "why": "the controller lets the step repeat"},
-                "support": {"cells": cells, "pattern_groups": [group["group_id"]], "event_refs": refs},
-                "alternative_explanations": ["the model itself repeats steps"],
-                "counter_evidence": {"items": counter, "none_reason": none},
-                "counterfactual_prediction": "A new batch shows the same group in failed runs; its absence there "
-                "refutes it.",
-                "confidence": "low",
-            }
-        ]
+        "weakness_id": "W-01",
+        "statement": f"Failed runs repeat one step ({group}) with nothing changed in between.",
+        "first_divergence": {
+            "where": {"stage": "review", "actor": "reviewer", "what": "first occurrence"},
+            "cells": cells[:1],
+            "event_refs": [refs[cells[0]]],
+        },
+        "harness_attribution": {"attributed": True, "why": "the controller lets the step repeat"},
+        "support": {"cells": cells, "pattern_groups": [group], "event_refs": [refs[c] for c in cells]},
+        "alternative_explanations": ["the model itself repeats steps"],
+        "counter_evidence": {
+            "items": [{"cell": c, "refs": [ev], "note": "completed despite it"} for c, ev, _ in ok],
+            "none_reason": None if ok else "no successful cell shows this group here",
+        },
+        "counterfactual_prediction": "A new batch shows the same group in failed runs; its absence there refutes it.",
+        "confidence": "low",
     }
+
+
+def sol_answer(prompt: str) -> dict[str, Any]:
+    """One weakness from the pattern group with the most failed cells (none when no group has one).
+
+    The one-call prompt shows groups as JSON, a map call's prompt as compact text; a reduce call
+    merges every draft it is shown into one card (see :func:`reduce_answer`).
+    """
+    rid = re.search(r"^request-id: (\S+)", prompt, re.M)
+    if rid and rid[1].startswith("sol/reduce"):
+        return reduce_answer(prompt)
+    groups = _groups_from_json(prompt) or _groups_from_text(prompt)
+    scored = [(len({o[0] for o in occ if o[2]}), gid) for gid, occ in groups.items()]
+    scored = [x for x in scored if x[0]]
+    if not scored:
+        return {"weaknesses": []}
+    _, best = max(scored, key=lambda x: (x[0], x[1]))
+    return {"weaknesses": [_card(best, groups[best])]}
+
+
+_SAMPLE = re.compile(r"^  \S+-O\d+ (C\S+) \([^)]+\): events (\S+?-e\d+)")
+
+
+def reduce_answer(prompt: str) -> dict[str, Any]:
+    """Merge every draft shown into W-01, citing the first batch-wide counter-evidence sample."""
+    drafts = re.findall(r"^### (\S+/W-\d+) ", prompt, re.M)
+    div = re.search(r"first divergence: .* - cells (C[^,;\s]+)[^;]*; refs (\S+?-e\d+)", prompt)
+    if not drafts or div is None:
+        return {"weaknesses": []}
+    card = _card("merged", [(div[1], div[2], True)])
+    del card["support"]
+    card["statement"] = "Failed runs repeat one step with nothing changed in between."
+    card["merges"] = drafts
+    sample = next((m for line in prompt.splitlines() if (m := _SAMPLE.match(line))), None)
+    if sample is not None:
+        card["counter_evidence"] = {
+            "items": [{"cell": sample[1], "refs": [sample[2]], "note": "completed despite it"}],
+            "none_reason": None,
+        }
+    return {"weaknesses": [card]}
 
 
 class ScriptedModel:
@@ -91,13 +150,14 @@ class ScriptedModel:
         """One answer: Luna's or Sol's from the prompt, a schema example for any other request."""
         name = request["tools"][0]["function"]["name"] if request.get("tools") else ""
         prompt = "\n".join(str(m.get("content") or "") for m in request.get("messages", []))
-        role = "luna" if name == "LunaAnswer" else "sol" if name.startswith("Sol") else name or "other"
+        rid = re.search(r"^request-id: (\S+)", prompt, re.M)
+        role = (rid[1].split("/")[0] if rid else name) or "other"  # luna, sol (one call, map or reduce)
         with self.lock:
             self.calls[role] = self.calls.get(role, 0) + 1
             self.largest[role] = max(self.largest.get(role, 0), len(prompt))
-        if name == "LunaAnswer":
+        if role == "luna":
             data: Any = luna_answer(prompt)
-        elif name == "SolAnswer":
+        elif role == "sol":
             data = sol_answer(prompt)
         else:
             return auto_answer(request)  # another request shape (e.g. Sol's map/reduce): a schema-valid example
