@@ -11,6 +11,7 @@ os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")  # before anything imports
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ["LUNASOL_TEST_NO_WAIT"] = "1"  # retry waits are zero in tests
+os.environ.setdefault("LUNASOL_PROGRESS_EVERY", "0")  # no timed progress lines in a slow CI's one-line checks
 
 import pytest
 

@@ -286,7 +286,8 @@ class ModelClient:
         """Run many calls under ``settings.concurrency`` with a progress bar (on a TTY) showing spend."""
         # Twice the HTTP bound: the next calls render and prepare while others wait on the network,
         # so a freed slot is used at once; the HTTP concurrency itself stays at settings.concurrency.
-        return await gather_bounded(coros, 2 * self.settings.concurrency, label=label, usage=self.usage)
+        budget = (self.settings.budget_usd, self.settings.budget_tokens)
+        return await gather_bounded(coros, 2 * self.settings.concurrency, label=label, usage=self.usage, budget=budget)
 
     # ------------------------------------------------------------------ internals
     def _template(self, role: str) -> str:

@@ -3,7 +3,8 @@
 Flow of :func:`propose`:
 
 1. Gate 1 must have a valid receipt on the current shortlist (silence is never approval):
-   otherwise ``Blocked`` (exit 3) with the exact ``lunasol confirm`` command, and a block receipt.
+   otherwise a usage error (exit 2, no block receipt: it is an ordering mistake) with the exact
+   ``lunasol confirm`` command.
 2. For each confirmed (or amended) weakness, in shortlist order: one call of ``prompts/proposer.j2``
    with the weakness card, its support, the cells of the run and the pattern groups it cites.
    The answer (:class:`ProposalList`) is checked by the deterministic validator with the run's
@@ -397,11 +398,11 @@ def assemble(
     return final, validation
 
 
-def _blocked_without_gate1(run_dir: Path, exc: Blocked) -> Blocked:
-
-    unblock = exc.unblock
-    write_block_receipt(run_dir, exc, stage="propose", unblock=unblock, command=f"lunasol propose {run_dir}")
-    return Blocked(f"{exc.one_line()}; run: {unblock}", reason=exc.reason, unblock=unblock)
+def _without_gate1(run_dir: Path, exc: Blocked) -> BadInput:
+    # An ordering mistake, not a blocked run: no block receipt (status and runs would then show BLOCKED).
+    ids = handoff.weakness_ids(run_dir)
+    read = f"lunasol show {run_dir} {ids[0]}" if ids else f"lunasol report {run_dir}"
+    return BadInput(f"{exc.one_line()}; read the cards first ({read}), then decide: {exc.unblock}")
 
 
 def propose(run_dir: Path, settings: ModelSettings, log: Callable[[str], None] = print) -> ProposeResult:
@@ -418,7 +419,7 @@ def propose(run_dir: Path, settings: ModelSettings, log: Callable[[str], None] =
     try:
         confirmed = confirmed_weaknesses(run_dir)
     except Blocked as exc:
-        raise _blocked_without_gate1(run_dir, exc) from None
+        raise _without_gate1(run_dir, exc) from None
     facts = load_run_facts(run_dir)
     try:
         results = asyncio.run(_propose_all(run_dir, settings, facts, confirmed, log))

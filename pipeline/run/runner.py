@@ -41,6 +41,7 @@ from pipeline.luna.stage import plan as luna_plan
 from pipeline.luna.stage import stage as luna_run
 from pipeline.models import ROLES, PlannedCall, estimate, format_estimate, template_hash
 from pipeline.models.store import resolve_settings
+from pipeline.run.index import RUN_LOCK  # the lock file `lunasol runs` checks to tell running from interrupted
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 from pipeline.sol.stage import plan as sol_plan
 from pipeline.sol.stage import stage as sol_run
@@ -83,7 +84,6 @@ STAGE_ROLES: dict[str, str] = {"luna": "luna", "sol": "sol"}
 MANIFEST = "manifest.json"
 REQUEST = "analysis-request.json"
 SUPERSEDED_DIR = "superseded"
-RUN_LOCK = ".run.lock"
 
 
 @dataclass

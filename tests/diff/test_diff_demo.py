@@ -94,6 +94,44 @@ def test_edited_luna_answer_shows_exactly_that_cell(demo_runs: tuple[Path, Path,
     assert res.exit_code == 1 and f"cell {cell}" in res.output
 
 
+APPENDED = "and afterwards it opened both files a third time without writing anything"
+
+
+def append_to_one_observed(recordings: Path) -> str:
+    """Append words to the ``observed`` text of the first pattern of the first Luna answer; return its cell."""
+    for path in sorted(recordings.rglob("*.json")):
+        rec = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(rec, dict) or rec.get("role") != "luna" or not rec.get("cell_id"):
+            continue
+        holder, key = _answer_holder(rec["response"])
+        answer = json.loads(holder[key])
+        if not answer.get("patterns"):
+            continue
+        answer["patterns"][0]["observed"] += " " + APPENDED
+        holder[key] = json.dumps(answer, ensure_ascii=False)
+        path.write_text(json.dumps(rec, ensure_ascii=False, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        return str(rec["cell_id"]).split(".")[0]
+    pytest.fail("no Luna recording with a pattern in the demo recordings")
+
+
+def test_appended_text_shows_as_words_in_the_diff(demo_runs: tuple[Path, Path, str], tmp_path: Path) -> None:
+    a = demo_runs[0]
+    edited = tmp_path / "recordings"
+    shutil.copytree(DEMO_RECORDINGS, edited)
+    cell = append_to_one_observed(edited)
+    code, b, out = _run(DEMO_BUNDLE, edited, tmp_path / "b")
+    assert code in (0, 3), out
+    text = CliRunner().invoke(app, ["diff", str(a), str(b)])
+    assert text.exit_code == 1 and f"cell {cell}" in text.stdout
+    assert "observed: " in text.stdout and "{+" + APPENDED + "+}" in text.stdout  # the appended words, whole
+    md = CliRunner().invoke(app, ["diff", str(a), str(b), "--markdown", "--html", str(tmp_path / "d.html")])
+    assert "**" + APPENDED + "**" in md.stdout
+    assert "- - " not in md.stdout and "  - + " not in md.stdout and "  - ~ " not in md.stdout  # no doubled bullets
+    page = (tmp_path / "d.html").read_text()
+    assert f"<ins>{APPENDED}</ins>" in " ".join(page.split()).replace("<ins> ", "<ins>")
+    assert "<script" not in page and "default-src 'none'" in page
+
+
 def test_report_of_the_demo(demo_runs: tuple[Path, Path, str]) -> None:
     from pipeline.report import render_report
 

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from pipeline.cli.app import app
 from pipeline.core.canonical import read_json, sha256_file
-from pipeline.core.errors import Blocked, NeedsRebase
+from pipeline.core.errors import BadInput, NeedsRebase
 from pipeline.core.settings import ModelSettings
 from pipeline.gates.gate2 import select, selection_status
 from pipeline.proposals.proposer import PROPOSALS_FILE, VALIDATION_FILE, propose, run_model_settings
@@ -147,14 +147,16 @@ def test_outside_support_is_rejected_against_the_run(
 
 def test_propose_refuses_without_gate1(runs_dir: Path, fake_llm: FakeOpenAI) -> None:
     run = make_run(runs_dir, confirmed=False)
-    with pytest.raises(Blocked, match="lunasol confirm"):
+    # An ordering mistake is a usage error with the command to run, not a blocked run.
+    with pytest.raises(BadInput, match="lunasol confirm"):
         propose(run, ModelSettings(model="openai/x", api_base=fake_llm.base_url), log=lambda _m: None)
     assert not (run / PROPOSALS_FILE).exists()
-    assert (run / "block-receipt.json").is_file()
+    assert not (run / "block-receipt.json").exists()
     assert fake_llm.requests == []
     result = CliRunner().invoke(app, ["propose", str(run)])
-    assert result.exit_code == 3
-    assert "lunasol confirm" in result.output
+    assert result.exit_code == 2
+    assert "lunasol confirm" in result.output and "lunasol show" in result.output
+    assert not (run / "block-receipt.json").exists()
 
 
 def test_record_then_replay_is_byte_identical(
@@ -235,12 +237,15 @@ def test_select_cli(proposed: Path) -> None:
     assert both.exit_code == 2
     stale = runner.invoke(app, ["select", str(proposed), "--none", "--by", "ana", "--digest", "sha256:" + "1" * 64])
     assert stale.exit_code == 4 and "needs_rebase" in stale.output
-    ok = runner.invoke(app, ["select", str(proposed), "--proposal", "P-01", "--by", "ana", "--operation-id", "op-1"])
+    # compare-and-set is not opt-in: without --digest the selection is refused, saying where to get it
+    bare = runner.invoke(app, ["select", str(proposed), "--proposal", "P-01", "--by", "ana"])
+    assert bare.exit_code == 2 and "--digest is required" in bare.output and "lunasol status" in bare.output
+    digest = str(handoff.load(proposed).proposals_digest)
+    args = ["select", str(proposed), "--proposal", "P-01", "--by", "ana", "--operation-id", "op-1", "--digest", digest]
+    ok = runner.invoke(app, args)
     assert ok.exit_code == 0, ok.output
     assert "not an authorisation" in ok.output
-    replay = runner.invoke(
-        app, ["select", str(proposed), "--proposal", "P-01", "--by", "ana", "--operation-id", "op-1", "--json"]
-    )
+    replay = runner.invoke(app, [*args, "--json"])
     assert replay.exit_code == 0 and json.loads(replay.stdout)["replayed"] is True
     # proposals cannot be regenerated under a decided gate 2 without a redo
     again = runner.invoke(app, ["propose", str(proposed)])

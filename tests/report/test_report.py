@@ -17,6 +17,8 @@ from typer.testing import CliRunner
 
 from pipeline.cli.app import app
 from pipeline.report import render_report, write_report
+from pipeline.report.build import read_page_data
+from pipeline.report.evidence import CONTEXT_LINES
 from tests.diff.test_diff import CONTROLLER_REF, HOSTILE, build_run, hostile_event  # the synthetic run builder
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -70,30 +72,69 @@ def test_report_is_self_contained_and_escaped(run_dir: Path) -> None:
     parser.feed(html)
     # No network or file assets: only in-page anchors and data: URLs.
     assert all(v.startswith("#") or v.startswith("data:") for _, _, v in parser.urls), parser.urls
-    assert parser.tags.count("script") == 1 and "link" in parser.tags  # the data: favicon only
+    assert parser.tags.count("script") == 2 and "link" in parser.tags  # the code, the data block; data: favicon
+    assert html.count('<script type="application/json" id="lunasol-data">') == 1
     assert "default-src 'none'" in html
-    # The hostile log line is text, not markup.
-    assert "window.__pwned" in html
+    # The hostile log line is text, not markup: in the statement it is escaped, in the data block it is
+    # JSON inside a compressed chunk (and a '<' can never close the data block).
     assert "<script>window.__pwned" not in html and "<img src=x" not in html
-    assert "&lt;/script&gt;&lt;script&gt;window.__pwned" in html
     assert "<b>bold?</b>" not in html and "&lt;b&gt;bold?&lt;/b&gt;" in html
+    block = re.search(r'id="lunasol-data">(.*?)</script>', html, re.S).group(1)
+    assert "<" not in block
+    data = read_page_data(html)
+    lines = [t for ch in data["chunks"].values() for f in ch.get("lines", {}).values() for t in f.values()]
+    assert any(json.loads(t).get("content") == HOSTILE for t in lines if t.startswith("{"))
     assert stats["refs"] == 7 and stats["hash_mismatches"] == 0 and stats["unresolved"] == 0
 
 
 def test_report_sections_and_embedded_lines_match_the_bundle(run_dir: Path) -> None:
     html, _ = render_report(run_dir)
-    for section in ("summary", "coverage", "patterns", "groups", "weaknesses", "proposals", "gates", "calls", "raw"):
+    for section in ("summary", "weaknesses", "proposals", "prevalence", "cells", "groups", "gates", "calls", "raw"):
         assert f'<section id="{section}">' in html
+    # Summary first, then the weakness cards; human labels, not field names.
+    assert (
+        html.index('<section id="summary">')
+        < html.index('<section id="weaknesses">')
+        < html.index('<section id="cells">')
+    )
     assert "gate 1: confirm" in html and "gate 1: reject" in html
-    # Each embedded snippet: its lines are exactly the bundle's lines of its ref.
-    blocks = re.findall(r'<div class="raw" id="(raw-[0-9a-f]+)".*?</div>\n(?=<div class="raw"|</section>)', html, re.S)
-    assert len(blocks) == 7
-    import html as htmllib
+    assert "First divergence" in html and "Attributed to the harness?" in html
+    assert ">first_divergence<" not in html and "harness_attribution" not in html
+    # Each embedded key: its own lines are exactly the bundle's lines of its ref, with context around.
+    data = read_page_data(html)
+    assert len(data["index"]) == 7
+    for anchor, (key, chunk, status) in data["index"].items():
+        entry = data["chunks"][chunk]["refs"][anchor]
+        assert entry["key"] == key and status == "verified"
+        lines = data["chunks"][chunk]["lines"][entry["lines"]]
+        own = [lines[str(n)] for n in range(entry["start"], entry["end"] + 1)]
+        assert own == bundle_lines(run_dir, entry["ref"])
+        lo, hi = max(1, entry["start"] - CONTEXT_LINES), entry["end"] + CONTEXT_LINES
+        everything = bundle_lines(run_dir, f"{entry['path']}#L1-L10000")
+        everything = everything[:-1] if everything and everything[-1] == "" else everything  # the final newline
+        for n in range(lo, min(hi, len(everything)) + 1):
+            assert lines[str(n)] == everything[n - 1]  # context lines are the frozen ones too
+    # Every cell has a timeline in its chunk; cited events are marked.
+    c1 = data["chunks"]["C001"]
+    assert c1["events"] and c1["events"][0][0].startswith("C001-e")
+    assert set(c1["cited"]) <= {r[0] for r in c1["events"]} and c1["cited"]
 
-    for block in re.findall(r'<div class="raw" id="raw-[0-9a-f]+".*?(?=<div class="raw"|</section>)', html, re.S):
-        ref = htmllib.unescape(re.search(r'<code class="ref-text">(.*?)</code>', block).group(1))
-        shown = [htmllib.unescape(t) for t in re.findall(r'<span class="txt">(.*?)</span></div>', block, re.S)]
-        assert shown == bundle_lines(run_dir, ref)
+
+def test_report_reads_the_manifest_once(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One batched pass over refs: the manifest is read once and each raw file once, whatever the ref count.
+    import pipeline.bundle.manifest as manifest_mod
+    import pipeline.ir.refs as refs_mod
+
+    reads: list[str] = []
+    frozen: list[str] = []
+    real_manifest, real_frozen = refs_mod.read_manifest, refs_mod.read_frozen
+    monkeypatch.setattr(refs_mod, "read_manifest", lambda b: reads.append(str(b)) or real_manifest(b))
+    monkeypatch.setattr(refs_mod, "read_frozen", lambda b, r, m: frozen.append(r) or real_frozen(b, r, m))
+    assert manifest_mod is not None
+    _, stats = render_report(run_dir)
+    assert stats["refs"] == 7
+    assert len(reads) == 1
+    assert len(frozen) == len(set(frozen))
 
 
 def test_report_is_deterministic_and_written_atomically(run_dir: Path, tmp_path: Path) -> None:
@@ -114,7 +155,7 @@ def test_partial_run_renders(run_dir: Path) -> None:
     shutil.copytree(run_dir, partial, ignore=shutil.ignore_patterns("*.json*", "*.yaml", "gates", "report.html"))
     shutil.copy(run_dir / "run.json", partial / "run.json")
     html, stats = render_report(partial)
-    assert "No patterns.jsonl" in html and "No weakness shortlist" in html and "No proposals.yaml" in html
+    assert "No patterns.jsonl" in html and "No weakness shortlist" in html and "No proposals yet" in html
     assert stats["refs"] == 0
 
 
@@ -136,8 +177,11 @@ def test_changed_bundle_bytes_are_not_embedded(tmp_path: Path) -> None:
     target.write_bytes(target.read_bytes().replace(b"stage", b"STAGE", 1))
     html, stats = render_report(run)
     assert stats["hash_mismatches"] >= 1
-    block = re.search(r'data-key="cells/C001/controller.jsonl#L1-L2".*?(?=<div class="raw"|</section>)', html, re.S)
-    assert block and 'data-status="hash_mismatch"' in block.group(0) and '<span class="txt">' not in block.group(0)
+    data = read_page_data(html)
+    _, chunk, status = next(v for v in data["index"].values() if v[0] == "cells/C001/controller.jsonl#L1-L2")
+    assert status == "hash_mismatch"
+    assert "cells/C001/controller.jsonl" not in data["chunks"][chunk]["lines"]
+    assert 'data-key="cells/C001/controller.jsonl#L1-L2" data-status="hash_mismatch"' in html
 
 
 def test_report_bad_run_is_exit_2(tmp_path: Path) -> None:
@@ -167,23 +211,47 @@ def test_report_in_headless_chromium(run_dir: Path, tmp_path: Path) -> None:
             page.goto(page_path.as_uri())
             page.wait_for_load_state("load")
             assert page.title() == f"lunasol report — {run_dir.name}"
+            # Click a ref: its lines and their context are shown beside the text, not over it.
             for key in (hostile, CONTROLLER_REF):
                 page.locator(f'#weaknesses a.ref:text-is("{key}")').first.click()
-                page.wait_for_selector("#viewer:not([hidden])")
+                page.wait_for_selector("#viewer:not([hidden]) .lines")
                 viewer = page.locator("#viewer-body")
                 ref = viewer.locator("code.ref-text").inner_text()
-                shown = viewer.locator(".line .txt").all_inner_texts()
-                assert shown == bundle_lines(run_dir, ref), key
+                cited = viewer.locator(".line.hit .txt").all_inner_texts()
+                assert cited == bundle_lines(run_dir, ref), key
+                numbers = [int(n) for n in viewer.locator(".line .ln").all_inner_texts()]
+                start, end = (int(x) for x in re.findall(r"#L(\d+)-L(\d+)", ref)[0])
+                assert numbers[0] == max(1, start - CONTEXT_LINES) and numbers[-1] >= end  # context before
                 assert viewer.locator(".badge").first.inner_text() == "verified"
                 assert viewer.locator("code.sha").inner_text() == manifest_sha(run_dir, ref.split("#")[0])
                 if key == hostile:  # the hostile line is shown as text, exactly as logged
-                    assert json.loads(shown[0])["content"] == HOSTILE
-            # An in-page link to a pattern group opens its (collapsed) card.
+                    assert json.loads(cited[0])["content"] == HOSTILE
+            main_box = page.locator("main").bounding_box()
+            side_box = page.locator("#viewer").bounding_box()
+            assert main_box and side_box and main_box["x"] + main_box["width"] <= side_box["x"] + 1  # side by side
+            # A filter changes the visible count.
+            count = page.locator("#cells-count")
+            total = page.locator("#cells-table tbody tr").count()
+            assert count.inner_text() == f"{total} of {total} cells"
+            page.select_option("#f-outcome", "failed")
+            shown = page.locator("#cells-table tbody tr:visible").count()
+            assert 0 < shown < total and count.inner_text() == f"{shown} of {total} cells"
+            page.select_option("#f-outcome", "")
+            # Search finds an event by its text; its result opens the cell's timeline at that event.
+            page.fill("#search", "__pwned = 1")
+            page.locator("#search-status", has_text="match").wait_for()
+            hit = page.locator("#search-results a.cell").first
+            event_id = hit.inner_text()
+            assert event_id == hostile
+            hit.click()
+            page.wait_for_selector(f'#viewer .tl .ev.focus[data-event="{event_id}"]')
+            assert page.locator("#viewer .cellview h3").inner_text().startswith("Cell ")
+            # An in-page link to a pattern group opens its (collapsed) card and builds its occurrences.
+            page.keyboard.press("Escape")
             page.locator('#weaknesses a.internal:text-is("G-01")').first.click()
-            page.wait_for_function("document.getElementById('group-G-01').open === true")
+            page.wait_for_selector("#group-G-01[open] table.occ")
             page.screenshot(path=str(tmp_path / "report.png"), full_page=False)
             assert page.evaluate("typeof window.__pwned") == "undefined"
-            page.keyboard.press("Escape")
             assert page.locator("#viewer").is_hidden()
         finally:
             browser.close()
