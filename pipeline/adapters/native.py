@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from pipeline.adapters.contract import SourceEvent
+from pipeline.adapters.contract import Record, SourceEvent
 from pipeline.bundle.manifest import MANIFEST_FILE, Manifest, _stat_key, read_frozen, resolve_in_bundle
 from pipeline.bundle.request import CellSpec, check_relative
 from pipeline.core.canonical import canonical_json, sha256_bytes
@@ -111,13 +111,6 @@ def iter_lines(data: bytes, rel: str) -> list[tuple[int, dict[str, Any]]]:
             raise BundleError(f"invalid record in {rel} line {n}: expected a JSON object")
         out.append((n, rec))
     return out
-
-
-# One mapped record, in this order: the SourceEvent fields a native line sets.
-# (ts, source_path, line, kind, detail, actor, stage, session_id, step_index, text, tool_name, call_id,
-#  args_digest, result_digest, state_digest, target). Plain tuples: the fast export path transposes
-# them straight into columns; read_cell turns them into SourceEvents.
-Record = tuple[Any, ...]
 
 
 def _session_records(rel: str, data: bytes) -> list[Record]:
@@ -297,7 +290,10 @@ def _read_log(bundle: Path, rel: str, path: Path | None, manifest: Manifest) -> 
 
 
 def cell_records(bundle: Path, cell: CellSpec, manifest: Manifest) -> list[Record]:
-    """Every record of one native cell as a :data:`Record` tuple, in file order."""
+    """Every record of one native cell as a 16-field :data:`~pipeline.adapters.contract.Record`, in file order.
+
+    Export works on these tuples directly; :func:`read_cell` turns them into SourceEvents.
+    """
     records: list[Record] = []
     for rel, path in cell_files(bundle, cell):
         data = _read_log(bundle, rel, path, manifest)

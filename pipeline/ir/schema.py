@@ -93,6 +93,11 @@ CREATE TABLE IF NOT EXISTS coverage (
     reason VARCHAR,
     events INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS cell_digests (
+    cell_id VARCHAR PRIMARY KEY,
+    source_digest VARCHAR,             -- what its events were read from (raw files, format, lunasol); NULL: excluded
+    content_digest VARCHAR NOT NULL    -- the cell's IR content (cells row + events), see pipeline.ir.digests
+);
 """
 
 # Text longer than this is trimmed in the IR with an explicit marker (full bytes stay in the bundle).

@@ -35,6 +35,7 @@ from pipeline.core.context import RunContext, RunOptions
 from pipeline.core.errors import BadInput, Blocked, BundleError
 from pipeline.core.settings import ModelSettings
 from pipeline.ir import export
+from pipeline.ir.digests import has_cell_digests, ir_cell_digests, ir_digest
 from pipeline.ir.schema import IR_SCHEMA_VERSION
 from pipeline.luna.stage import plan as luna_plan
 from pipeline.luna.stage import stage as luna_run
@@ -47,7 +48,7 @@ from pipeline.sol.stage import plan as sol_plan
 from pipeline.sol.stage import stage as sol_run
 from pipeline.state import handoff
 from pipeline.state.blocking import resolve_block_receipt, write_block_receipt
-from pipeline.state.ledger import CellResults, Ledger, describe_changes, ir_cell_digests, ir_digest
+from pipeline.state.ledger import CellResults, Ledger, describe_changes, output_digests
 
 
 @dataclass(frozen=True)
@@ -203,8 +204,10 @@ def stage_inputs(name: str, ctx: RunContext, bdigest: str, upstream: tuple[str, 
 def stage_outputs(name: str, ctx: RunContext) -> dict[str, str] | None:
     """Digests of a stage's outputs (None when one is missing)."""
     if name == "export":
-        return {"ir.duckdb#content": ir_digest(ctx.ir_path)} if ctx.ir_path.is_file() else None
-    return Ledger(ctx.run_dir).output_digests(STAGE_OUTPUTS.get(name, ()))
+        # an IR without its stored per-cell digests (an older lunasol's) is re-exported
+        ok = ctx.ir_path.is_file() and has_cell_digests(ctx.ir_path)
+        return {"ir.duckdb#content": ir_digest(ctx.ir_path)} if ok else None
+    return output_digests(ctx.run_dir, STAGE_OUTPUTS.get(name, ()))
 
 
 def fingerprint(inputs: dict[str, str], outputs: dict[str, str]) -> str:
@@ -228,8 +231,16 @@ def _archive(ctx: RunContext, name: str, entry_outputs: dict[str, str]) -> None:
 
 
 def _record_ir_cells(ctx: RunContext, ledger: Ledger) -> None:
-    """After export: one ledger entry per cell's IR digest; a changed cell invalidates its model results."""
+    """After export: one ledger entry per cell's IR digest; a changed cell invalidates its model results.
+
+    One batch: the ledger is read and written once, whatever the number of cells.
+    """
     now = ir_cell_digests(ctx.ir_path)
+    with ledger.batch():
+        _record_ir_changes(ledger, now)
+
+
+def _record_ir_changes(ledger: Ledger, now: dict[str, str]) -> None:
     for name in ledger.names_for_stage("export"):
         cell = name.split("/", 1)[1] if name.startswith("ir/") else None
         if cell and cell not in now:
@@ -246,8 +257,13 @@ def _record_ir_cells(ctx: RunContext, ledger: Ledger) -> None:
 
 
 def _record_cells(ctx: RunContext, ledger: Ledger, role: str) -> None:
-    """After a model stage: one ledger entry per persisted per-cell result."""
+    """After a model stage: one ledger entry per persisted per-cell result (one ledger batch)."""
     store = CellResults(ctx.run_dir, role)
+    with ledger.batch():
+        _record_results(ctx, ledger, role, store)
+
+
+def _record_results(ctx: RunContext, ledger: Ledger, role: str, store: CellResults) -> None:
     for cell, raw in store.stored().items():
         inputs = {k: str(v) for k, v in (raw.get("inputs") or {}).items() if v is not None}
         inputs["key"] = str(raw["key"])
@@ -416,26 +432,9 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
             result.reused.append(name)
             upstream = (name, fingerprint(inputs, outputs))
             continue
-        entry = ledger.get(name)
-        if entry is not None and entry.state == "pending" and (entry.reason or "").startswith(INCOMPLETE):
-            why = entry.reason or INCOMPLETE
-        elif entry is not None and entry.state == "pending":
-            why = "did not finish last time (interrupted or blocked)"
-        elif entry is not None and entry.state == "invalidated":
-            why = entry.reason or "invalidated"
-        if entry is not None and entry.state == "verified":
-            ledger.invalidate(name, why)
-        if entry is not None:
-            _archive(ctx, name, entry.outputs)
-            gone = ledger.invalidate_many(_downstream(ledger, i), f"upstream {name} recomputed: {why}")
-            if gone:
-                log(f"[{name}] {why}; invalidated downstream: {', '.join(sorted(gone))}")
         role = STAGE_ROLES.get(name)
-        phase = handoff.STAGE_PHASE.get(name)
-        if phase and handoff.phase_reached(handoff.load(ctx.run_dir), phase):
-            # the run is back before this stage until it is recomputed
-            _set_phase(ctx, handoff.PHASES[handoff.PHASES.index(phase) - 1], f"{name} recomputed: {why}")
-        ledger.mark_pending(name, name, inputs, reason=f"running: {why}")
+        with ledger.batch():  # one ledger write for the whole hand-over to this stage
+            _start_stage(ctx, ledger, i, name, inputs, why)
         ctx.incomplete.clear()
         try:
             summary = target.run(ctx)
@@ -450,16 +449,17 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
         outputs = stage_outputs(name, ctx)
         if outputs is None:
             raise BadInput(f"stage {name} finished but its output is missing: {STAGE_OUTPUTS.get(name)}")
-        if ctx.incomplete:
-            # The run goes on with what finished; the stage stays pending, so a rerun retries the rest.
-            left_pending.append(f"{name}: {'; '.join(ctx.incomplete)}")
-            ledger.mark_pending(name, name, inputs, reason=f"{INCOMPLETE}{'; '.join(ctx.incomplete)}")
-        else:
-            ledger.mark_verified(name, name, inputs, outputs)
-        if name == "export":
-            _record_ir_cells(ctx, ledger)
-        if role:
-            _record_cells(ctx, ledger, role)
+        with ledger.batch():  # the stage's entry and its per-cell entries: one ledger write
+            if ctx.incomplete:
+                # The run goes on with what finished; the stage stays pending, so a rerun retries the rest.
+                left_pending.append(f"{name}: {'; '.join(ctx.incomplete)}")
+                ledger.mark_pending(name, name, inputs, reason=f"{INCOMPLETE}{'; '.join(ctx.incomplete)}")
+            else:
+                ledger.mark_verified(name, name, inputs, outputs)
+            if name == "export":
+                _record_ir_cells(ctx, ledger)
+            if role:
+                _record_cells(ctx, ledger, role)
         if name == "sol":
             _after_sol(ctx, ledger)
         elif name in handoff.STAGE_PHASE:
@@ -475,6 +475,29 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
         log(f"NOT verified: {line}; retry exactly those with: {run_command(ctx.run_dir)}")
     result.pending = left_pending
     return result
+
+
+def _start_stage(ctx: RunContext, ledger: Ledger, index: int, name: str, inputs: dict[str, str], why: str) -> None:
+    """Invalidate what this stage's rerun replaces (kept, with why) and mark it pending."""
+    entry = ledger.get(name)
+    if entry is not None and entry.state == "pending" and (entry.reason or "").startswith(INCOMPLETE):
+        why = entry.reason or INCOMPLETE
+    elif entry is not None and entry.state == "pending":
+        why = "did not finish last time (interrupted or blocked)"
+    elif entry is not None and entry.state == "invalidated":
+        why = entry.reason or "invalidated"
+    if entry is not None and entry.state == "verified":
+        ledger.invalidate(name, why)
+    if entry is not None:
+        _archive(ctx, name, entry.outputs)
+        gone = ledger.invalidate_many(_downstream(ledger, index), f"upstream {name} recomputed: {why}")
+        if gone:
+            ctx.log(f"[{name}] {why}; invalidated downstream: {', '.join(sorted(gone))}")
+    phase = handoff.STAGE_PHASE.get(name)
+    if phase and handoff.phase_reached(handoff.load(ctx.run_dir), phase):
+        # the run is back before this stage until it is recomputed
+        _set_phase(ctx, handoff.PHASES[handoff.PHASES.index(phase) - 1], f"{name} recomputed: {why}")
+    ledger.mark_pending(name, name, inputs, reason=f"running: {why}")
 
 
 def _blocked(ctx: RunContext, stage: str, exc: Blocked) -> Blocked:
