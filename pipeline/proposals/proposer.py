@@ -30,7 +30,7 @@ from pipeline.errors import BadInput, Blocked
 from pipeline.proposals.card import ProposalCard, ProposalList
 from pipeline.proposals.io import write_cards
 from pipeline.settings import ModelSettings
-from pipeline.validator import RULES, RunFacts, load_run_facts, validate_entries
+from pipeline.validator import PROMPT_RULES, RunFacts, load_run_facts, validate_entries
 
 ROLE = "proposer"
 PROPOSALS_FILE = "proposals.yaml"
@@ -185,7 +185,7 @@ def build_context(
         ).strip(),
         "cells": sorted(facts.cells),
         "pattern_groups_json": pretty_json(cited).strip() if cited else "none cited",
-        "rules": [{"id": rule, "what": what} for rule, what in RULES.items()],
+        "rules": [{"id": rule, "what": what} for rule, what in PROMPT_RULES.items()],
     }
 
 
