@@ -2,7 +2,7 @@
 test:
 	pytest -q
 lint:
-	ruff check pipeline tests bench && ruff format --check pipeline tests && mypy
+	ruff check pipeline tests bench && ruff format --check pipeline tests && mypy && lint-imports
 bench:
 	pytest -q -m bench bench -p no:cacheprovider -o addopts=""
 demo:

@@ -23,8 +23,8 @@ import pytest
 from pydantic import BaseModel
 
 import pipeline  # noqa: F401  (sets the offline switches first)
+from pipeline.core.settings import ModelSettings
 from pipeline.models import ModelClient
-from pipeline.settings import ModelSettings
 from pipeline.testing.openai_server import FakeOpenAI, auto_answer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,13 +1,7 @@
 """lunasol: root causes and single-lever proposals from frozen agent-harness bundles.
 
-Importing this package never touches the network (see :mod:`pipeline.offline`).
+Importing this package changes nothing: the offline switches (:mod:`pipeline.core.offline`) are
+applied by the CLI entry point and the test plugin, before anything imports litellm.
 """
 
-from pipeline import offline as _offline
-
-_offline.apply()
-
 __version__ = "0.1.0"
-
-SCHEMA_VERSION = 1
-"""Version of every JSON artifact and of the IR; bump with a numbered migration."""

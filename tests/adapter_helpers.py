@@ -15,7 +15,7 @@ from pipeline.adapters.importer import ImportResult
 from pipeline.adapters.spans import resolve_element
 from pipeline.bundle.manifest import read_manifest
 from pipeline.bundle.request import load_request
-from pipeline.canonical import sha256_bytes
+from pipeline.core.canonical import sha256_bytes
 from pipeline.ir.export import export
 
 # A few files per format keep the suite fast; bench/bench_adapters.py measures the full datasets.

@@ -21,9 +21,9 @@ from typer.testing import CliRunner
 
 from pipeline.adapters import FORMATS, detect, import_bundle
 from pipeline.bundle.manifest import verify
-from pipeline.canonical import sha256_file
 from pipeline.cli.app import app
-from pipeline.errors import BadInput
+from pipeline.core.canonical import sha256_file
+from pipeline.core.errors import BadInput
 
 FMTS = sorted(SUBSETS)
 

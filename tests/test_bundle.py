@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 from pipeline.bundle import AnalysisRequest, freeze, load_request, read_manifest, request_json_schema, verify
 from pipeline.bundle.manifest import MANIFEST_FILE, iter_files
 from pipeline.bundle.synth import write_bundle
-from pipeline.canonical import sha256_file
 from pipeline.cli.app import app
-from pipeline.errors import BundleError
+from pipeline.core.canonical import sha256_file
+from pipeline.core.errors import BundleError
 
 runner = CliRunner()
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from pipeline.bundle import freeze
 from pipeline.bundle.synth import tree_snapshot, write_bundle
 from pipeline.cli.app import app
-from pipeline.errors import BadInput
+from pipeline.core.errors import BadInput
 from pipeline.ir.export import export
 
 runner = CliRunner()

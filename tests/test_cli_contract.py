@@ -23,7 +23,7 @@ from conftest import DEMO_BUNDLE, DEMO_RECORDINGS, ROOT
 from typer.testing import CliRunner
 
 from pipeline.cli.app import app
-from pipeline.errors import EXIT_BAD_INPUT, EXIT_BLOCKED, EXIT_INTERNAL, EXIT_NEEDS_REBASE, BadInput
+from pipeline.core.errors import EXIT_BAD_INPUT, EXIT_BLOCKED, EXIT_INTERNAL, EXIT_NEEDS_REBASE, BadInput
 
 # The verbs that report (DESIGN.md's list, plus eval): each must take --json.
 REPORTING = ("bundle verify", "status", "calls", "validate", "diff", "runs", "query", "eval")
@@ -85,8 +85,9 @@ def test_version() -> None:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo replayed up to gate 1 (library call); tests that change a run work on a copy."""
-    from pipeline.runner import RunOptions, run
-    from pipeline.settings import ModelSettings
+    from pipeline.core.context import RunOptions
+    from pipeline.core.settings import ModelSettings
+    from pipeline.run.runner import run
 
     runs = tmp_path_factory.mktemp("contract") / "runs"
     settings = ModelSettings.from_env(mode="replay", store=DEMO_RECORDINGS)
@@ -330,12 +331,12 @@ def test_blocked_gate_writes_a_receipt_and_success_resolves_it(demo: Path, tmp_p
 
 
 def test_unexpected_exception_is_one_line_unless_debug(monkeypatch: pytest.MonkeyPatch, demo: Path) -> None:
-    import pipeline.status
+    import pipeline.run.status
 
     def boom(_run_dir: Path) -> dict[str, Any]:
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr(pipeline.status, "status", boom)
+    monkeypatch.setattr(pipeline.cli.gates, "status", boom)
     monkeypatch.delenv("LUNASOL_DEBUG", raising=False)
     res = CliRunner().invoke(app, ["status", str(demo)])
     _one_line_error(res, EXIT_INTERNAL, "internal error: ZeroDivisionError")
@@ -348,7 +349,7 @@ def test_unexpected_exception_is_one_line_unless_debug(monkeypatch: pytest.Monke
 def test_validation_error_reaching_the_boundary_is_bad_input(monkeypatch: pytest.MonkeyPatch, demo: Path) -> None:
     from pydantic import BaseModel
 
-    import pipeline.status
+    import pipeline.run.status
 
     class Strict(BaseModel):
         n: int
@@ -357,7 +358,7 @@ def test_validation_error_reaching_the_boundary_is_bad_input(monkeypatch: pytest
         Strict.model_validate({"n": "many"})
         return {}
 
-    monkeypatch.setattr(pipeline.status, "status", bad)
+    monkeypatch.setattr(pipeline.cli.gates, "status", bad)
     res = CliRunner().invoke(app, ["status", str(demo)])
     _one_line_error(res, EXIT_BAD_INPUT, "invalid Strict: n:")
 
@@ -366,10 +367,12 @@ def test_validation_error_reaching_the_boundary_is_bad_input(monkeypatch: pytest
 
 
 def test_library_rejects_the_same_inputs(demo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.core.context import RunOptions
+    from pipeline.core.settings import ModelSettings
     from pipeline.ir.query import query
+    from pipeline.models.store import check_store
     from pipeline.report import write_report
-    from pipeline.runner import RunOptions, run
-    from pipeline.settings import ModelSettings, check_store
+    from pipeline.run.runner import run
 
     monkeypatch.delenv("LUNASOL_MODEL", raising=False)
     with pytest.raises(BadInput, match="invalid --concurrency"):
@@ -414,7 +417,7 @@ def test_real_process_prints_one_line(tmp_path: Path) -> None:
 
 
 def test_a_run_missing_an_artifact_does_not_pass_for_finished(demo: Path, tmp_path: Path) -> None:
-    from pipeline.status import missing_outputs
+    from pipeline.run.status import missing_outputs
 
     run_dir = tmp_path / demo.name
     shutil.copytree(demo, run_dir)
@@ -432,12 +435,12 @@ def test_a_run_missing_an_artifact_does_not_pass_for_finished(demo: Path, tmp_pa
 
 def test_interrupt_says_so(monkeypatch: pytest.MonkeyPatch, demo: Path) -> None:
     # typer alone turns Ctrl-C into a silent exit 130
-    import pipeline.status
+    import pipeline.run.status
 
     def interrupted(_run_dir: Path) -> dict[str, Any]:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline.status, "status", interrupted)
+    monkeypatch.setattr(pipeline.cli.gates, "status", interrupted)
     res = CliRunner().invoke(app, ["status", str(demo)])
     assert res.exit_code == 130
     assert res.stderr.startswith("lunasol: interrupted") and len(res.stderr.splitlines()) == 1
@@ -445,11 +448,11 @@ def test_interrupt_says_so(monkeypatch: pytest.MonkeyPatch, demo: Path) -> None:
 
 def test_closed_pipe_is_quiet(monkeypatch: pytest.MonkeyPatch, demo: Path) -> None:
     # `lunasol query ... | head`: not "lunasol: BrokenPipeError" and exit 2, but typer's quiet exit 1
-    import pipeline.status
+    import pipeline.run.status
 
     def closed(_run_dir: Path) -> dict[str, Any]:
         raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr(pipeline.status, "status", closed)
+    monkeypatch.setattr(pipeline.cli.gates, "status", closed)
     res = CliRunner().invoke(app, ["status", str(demo)])
     assert res.exit_code == 1 and "BrokenPipeError" not in res.stderr

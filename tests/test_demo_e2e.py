@@ -16,9 +16,9 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from pipeline import runner
 from pipeline.cli.app import app
-from pipeline.settings import ModelSettings
+from pipeline.core.settings import ModelSettings
+from pipeline.run import runner
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLE = ROOT / "fixtures" / "bundles" / "h0-demo"

@@ -15,8 +15,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from pipeline.canonical import write_json, write_jsonl
 from pipeline.cli.app import app
+from pipeline.core.canonical import write_json, write_jsonl
 from pipeline.diff import diff_run_dirs, load_run, render_markdown, render_text
 from pipeline.diff.match import greedy_match, jaccard, text_similarity
 

@@ -11,7 +11,7 @@ from adapter_helpers import HAND_CHECKED, SHARED_DATA, events_of, imported, need
 from typer.testing import CliRunner
 
 from pipeline.cli.app import app
-from pipeline.errors import BadInput
+from pipeline.core.errors import BadInput
 from pipeline.eval import evaluate, normalise_agent, score_steps
 from pipeline.eval.predict import Prediction
 

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from pipeline import gates
-from pipeline import handoff as hf
 from pipeline.cli.app import app
-from pipeline.errors import BadInput, Blocked, NeedsRebase
-from pipeline.ledger import Ledger
+from pipeline.core.errors import BadInput, Blocked, NeedsRebase
+from pipeline.gates import gate1 as gates
 from pipeline.sol.cards import WeaknessDraft
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist, write_shortlist
 from pipeline.sol.stage import make_shortlist
+from pipeline.state import handoff
+from pipeline.state.ledger import Ledger
 from tests.sol_helpers import draft, index
 
 
@@ -30,7 +30,7 @@ def open_gate(run_dir: Path, statement_suffix: str = "") -> str:
     sl = make_shortlist(run_dir.name, index(), drafts, made_from={}, call={})
     write_shortlist(run_dir / SHORTLIST_FILE, sl)
     (run_dir / "run.json").write_text("{}", encoding="utf-8")
-    hf.update(
+    handoff.update(
         run_dir,
         {"phase": "rootCausesMined", "shortlist_digest": sl.digest, "userRootCauseConfirmation": "pending"},
         "root causes mined",
@@ -47,7 +47,7 @@ def run_dir(runs_dir: Path) -> Path:
 
 
 def test_confirm_writes_receipt_and_moves_state(run_dir: Path) -> None:
-    base = hf.load(run_dir)
+    base = handoff.load(run_dir)
     receipt, replayed = gates.confirm(
         run_dir,
         {"W-01": "confirm", "W-02": "reject"},
@@ -57,7 +57,7 @@ def test_confirm_writes_receipt_and_moves_state(run_dir: Path) -> None:
         expected_revision=base.revision,
     )
     assert not replayed
-    h = hf.load(run_dir)
+    h = handoff.load(run_dir)
     assert h.revision == base.revision + 1
     assert h.userRootCauseConfirmation == "partially_confirmed"
     assert receipt.subject.digest == read_shortlist(run_dir / SHORTLIST_FILE).digest
@@ -84,11 +84,11 @@ def test_outcomes(run_dir: Path, decisions: dict[str, str], state: str) -> None:
         expected_digest=None,
         expected_revision=None,
     )
-    assert hf.load(run_dir).userRootCauseConfirmation == state
+    assert handoff.load(run_dir).userRootCauseConfirmation == state
 
 
 def test_stale_digest_needs_rebase(run_dir: Path) -> None:
-    old = hf.load(run_dir)
+    old = handoff.load(run_dir)
     open_gate(run_dir, statement_suffix=" (re-mined)")  # the shortlist changed after the user looked
     with pytest.raises(NeedsRebase, match=r"weakness-shortlist\.json changed"):
         gates.confirm(
@@ -102,8 +102,8 @@ def test_stale_digest_needs_rebase(run_dir: Path) -> None:
 
 
 def test_stale_revision_needs_rebase_and_names_what_changed(run_dir: Path) -> None:
-    base = hf.load(run_dir)
-    hf.update(run_dir, {"proposals_digest": "sha256:x"}, "something else happened")
+    base = handoff.load(run_dir)
+    handoff.update(run_dir, {"proposals_digest": "sha256:x"}, "something else happened")
     with pytest.raises(NeedsRebase, match=r"revision .* something else happened"):
         gates.confirm(
             run_dir,
@@ -112,11 +112,11 @@ def test_stale_revision_needs_rebase_and_names_what_changed(run_dir: Path) -> No
             expected_digest=base.shortlist_digest,
             expected_revision=base.revision,
         )
-    assert hf.load(run_dir).userRootCauseConfirmation == "pending"
+    assert handoff.load(run_dir).userRootCauseConfirmation == "pending"
 
 
 def test_same_operation_id_replays_the_same_receipt(run_dir: Path) -> None:
-    base = hf.load(run_dir)
+    base = handoff.load(run_dir)
     kw: dict[str, Any] = {
         "by": "ana",
         "expected_digest": base.shortlist_digest,
@@ -124,11 +124,11 @@ def test_same_operation_id_replays_the_same_receipt(run_dir: Path) -> None:
         "operation_id": "op-1",
     }
     first, r1 = gates.confirm(run_dir, {"W-01": "confirm", "W-02": "reject"}, **kw)
-    after = hf.load(run_dir)
+    after = handoff.load(run_dir)
     second, r2 = gates.confirm(run_dir, {"W-01": "confirm", "W-02": "reject"}, **kw)  # stale revision, but a replay
     assert (r1, r2) == (False, True)
     assert second == first
-    assert hf.load(run_dir).revision == after.revision  # nothing changed
+    assert handoff.load(run_dir).revision == after.revision  # nothing changed
     with pytest.raises(NeedsRebase, match="already used for a different decision"):
         gates.confirm(run_dir, {"W-01": "reject", "W-02": "reject"}, **kw)
 
@@ -178,7 +178,7 @@ def _racer(run_dir: str, decision: str, revision: int, digest: str, barrier: Any
 
 
 def test_two_racing_confirmers_exactly_one_wins(run_dir: Path) -> None:
-    base = hf.load(run_dir)
+    base = handoff.load(run_dir)
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(2)
     q = ctx.Queue()
@@ -193,13 +193,13 @@ def test_two_racing_confirmers_exactly_one_wins(run_dir: Path) -> None:
     results = sorted(q.get(timeout=5)[0] for _ in procs)
     assert results == ["needs_rebase", "won"]
     assert len(list((run_dir / "gates").glob("gate1-*.json"))) == 1
-    assert hf.load(run_dir).revision == base.revision + 1
+    assert handoff.load(run_dir).revision == base.revision + 1
 
 
 def test_crash_between_receipt_and_handoff_is_finished_by_replay(
     run_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    base = hf.load(run_dir)
+    base = handoff.load(run_dir)
 
     def boom(*a: Any, **k: Any) -> None:
         raise OSError("disk vanished")
@@ -214,7 +214,7 @@ def test_crash_between_receipt_and_handoff_is_finished_by_replay(
             expected_revision=base.revision,
             operation_id="op-crash",
         )
-    assert hf.load(run_dir).revision == base.revision  # receipt written, state not yet applied
+    assert handoff.load(run_dir).revision == base.revision  # receipt written, state not yet applied
     monkeypatch.undo()
     _, replayed = gates.confirm(
         run_dir,
@@ -225,7 +225,7 @@ def test_crash_between_receipt_and_handoff_is_finished_by_replay(
         operation_id="op-crash",
     )
     assert replayed
-    assert hf.load(run_dir).userRootCauseConfirmation == "confirmed"
+    assert handoff.load(run_dir).userRootCauseConfirmation == "confirmed"
 
 
 # -- through the CLI ------------------------------------------------------------------------------
@@ -234,7 +234,7 @@ runner = CliRunner()
 
 
 def test_cli_confirm_and_status(run_dir: Path) -> None:
-    digest = hf.load(run_dir).shortlist_digest
+    digest = handoff.load(run_dir).shortlist_digest
     res = runner.invoke(
         app,
         [
@@ -297,6 +297,6 @@ def test_cli_interactive_confirm_on_a_terminal(run_dir: Path, monkeypatch: pytes
     res = runner.invoke(app, ["confirm", str(run_dir)], input="maybe\nconfirm\nn\namend\nreview only\nana\n")
     assert res.exit_code == 0, res.output
     assert "W-01" in res.output and "gate 1 recorded: confirmed" in res.output
-    receipt = json.loads((run_dir / hf.load(run_dir).receipts["gate1"]).read_text(encoding="utf-8"))
+    receipt = json.loads((run_dir / handoff.load(run_dir).receipts["gate1"]).read_text(encoding="utf-8"))
     assert receipt["by"] == "ana"
     assert receipt["request"]["decisions"]["W-02"] == {"decision": "amend", "note": "review only"}

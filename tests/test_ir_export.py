@@ -11,14 +11,14 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
+from pipeline.adapters.native import canonical_args
 from pipeline.bundle import freeze
-from pipeline.bundle.native import canonical_args
 from pipeline.bundle.synth import tree_snapshot, write_bundle
-from pipeline.canonical import canonical_json, digest, sha256_bytes, sha256_text
 from pipeline.cli.app import app
+from pipeline.core.canonical import canonical_json, digest, sha256_bytes, sha256_text
+from pipeline.core.context import RunContext, RunOptions
 from pipeline.ir.export import export, stage
 from pipeline.ir.schema import IR_SCHEMA_VERSION, TEXT_LIMIT, event_id
-from pipeline.runner import RunContext, RunOptions
 
 runner = CliRunner()
 

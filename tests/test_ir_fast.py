@@ -16,10 +16,10 @@ import pytest
 
 import pipeline.ir.export as ex
 from pipeline.bundle import freeze
-from pipeline.bundle.native import IllTyped
 from pipeline.bundle.synth import tree_snapshot, write_bundle
-from pipeline.errors import BadInput, BundleError
+from pipeline.core.errors import BadInput, BundleError
 from pipeline.ir.export import export
+from pipeline.ir.fast import IllTyped
 from pipeline.ir.store import TABLES
 
 _VALUES: list[Any] = [

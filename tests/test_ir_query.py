@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from pipeline.bundle.synth import write_bundle
 from pipeline.cli.app import app
-from pipeline.errors import BadInput
+from pipeline.core.errors import BadInput
 from pipeline.ir.export import export
 from pipeline.ir.query import query
 

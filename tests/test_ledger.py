@@ -10,14 +10,15 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from pipeline import gates
-from pipeline import handoff as hf
-from pipeline.canonical import read_json
 from pipeline.cli.app import app
-from pipeline.errors import Blocked, NeedsRebase
-from pipeline.ledger import CellResults, Ledger, cell_key
+from pipeline.core.canonical import read_json
+from pipeline.core.context import RunOptions
+from pipeline.core.errors import Blocked, NeedsRebase
+from pipeline.gates import gate1 as gates
 from pipeline.models import read_calls
-from pipeline.runner import RunOptions, run
+from pipeline.run.runner import run
+from pipeline.state import handoff
+from pipeline.state.ledger import CellResults, Ledger, cell_key
 from pipeline.testing.openai_server import FakeOpenAI, Reply, completion_body, server_error
 from tests.sol_helpers import change_cell, make_bundle
 
@@ -104,7 +105,7 @@ def test_first_run_stops_at_gate_1(setup: dict[str, Any]) -> None:
     d = setup["run_dir"]
     assert res.ran == ["export", "probes", "luna", "coordinator", "sol"]
     assert (calls(d, "luna"), calls(d, "sol")) == (5, 1)
-    h = hf.load(d)
+    h = handoff.load(d)
     assert h.phase == "rootCausesMined" and h.userRootCauseConfirmation == "pending"
     led = Ledger(d)
     assert all(led.get(n).state == "verified" for n, _ in [("export", 0), ("luna", 0), ("sol", 0)])  # type: ignore[union-attr]
@@ -131,8 +132,8 @@ def test_one_changed_cell_costs_one_luna_call_and_invalidates_downstream(setup: 
     d = setup["run_dir"]
     run(setup["opts"], log=lambda _m: None)
     gates.confirm(d, {"W-01": "confirm"}, by="ana", expected_digest=None, expected_revision=None)
-    old_receipt = d / hf.load(d).receipts["gate1"]
-    old_digest = hf.load(d).shortlist_digest
+    old_receipt = d / handoff.load(d).receipts["gate1"]
+    old_digest = handoff.load(d).shortlist_digest
     change_cell(setup["bundle"], "C002")
     logs: list[str] = []
     res = run(setup["opts"], log=logs.append)
@@ -150,7 +151,7 @@ def test_one_changed_cell_costs_one_luna_call_and_invalidates_downstream(setup: 
     g = led.get("gate1")
     assert g is not None and g.state == "invalidated" and "upstream export recomputed" in (g.reason or "")
     assert old_receipt.is_file()
-    assert hf.load(d).userRootCauseConfirmation == "pending"
+    assert handoff.load(d).userRootCauseConfirmation == "pending"
     assert any("invalidated downstream" in line for line in logs)
     # deciding on the old shortlist now: needs_rebase, saying what changed
     with pytest.raises(NeedsRebase, match="same weaknesses; other fields changed"):
@@ -252,7 +253,7 @@ def test_resume_refuses_a_changed_bundle(setup: dict[str, Any]) -> None:
     run(setup["opts"], log=lambda _m: None)
     change_cell(setup["bundle"], "C001")
     setup["opts"].resume = True
-    from pipeline.errors import BadInput
+    from pipeline.core.errors import BadInput
 
     with pytest.raises(BadInput, match="bundle changed"):
         run(setup["opts"], log=lambda _m: None)
@@ -260,7 +261,7 @@ def test_resume_refuses_a_changed_bundle(setup: dict[str, Any]) -> None:
 
 
 def test_bad_bundle_leaves_no_run_directory(setup: dict[str, Any]) -> None:
-    from pipeline.errors import BundleError
+    from pipeline.core.errors import BundleError
 
     (setup["bundle"] / "cells" / "C001" / "controller.jsonl").write_text("changed\n", encoding="utf-8")  # not re-frozen
     with pytest.raises(BundleError):
@@ -269,8 +270,8 @@ def test_bad_bundle_leaves_no_run_directory(setup: dict[str, Any]) -> None:
 
 
 def test_a_second_concurrent_run_is_refused(setup: dict[str, Any]) -> None:
-    from pipeline.errors import BadInput
-    from pipeline.runner import _exclusive_run
+    from pipeline.core.errors import BadInput
+    from pipeline.run.runner import _exclusive_run
 
     d = setup["run_dir"]
     d.mkdir(parents=True)

@@ -17,12 +17,12 @@ from typing import Any
 import duckdb
 import pytest
 
+from pipeline.core.context import RunContext, RunOptions
+from pipeline.core.settings import ModelSettings
 from pipeline.luna import stage as luna_stage
 from pipeline.luna.render import CONTEXT_ENV
 from pipeline.probes import stage as probes_stage
 from pipeline.probes.synthetic import write_ir
-from pipeline.runner import RunContext, RunOptions
-from pipeline.settings import ModelSettings
 from pipeline.testing.openai_server import FakeOpenAI, Reply, completion_body
 
 S1 = "sha256:" + "1" * 64

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from pipeline.canonical import canonical_json
+from pipeline.core.canonical import canonical_json
+from pipeline.core.settings import ModelSettings
 from pipeline.models import BudgetExceeded, ModelClient, ModelUnavailable, ReplayMiss, read_calls
-from pipeline.settings import ModelSettings
 from pipeline.testing.openai_server import FakeOpenAI, Reply, rate_limited, raw_answer, server_error
 
 pytestmark = pytest.mark.usefixtures("tiny_prompts")
@@ -353,7 +353,7 @@ async def test_calls_jsonl_has_one_whole_line_per_call(
 
 
 def test_bad_settings_are_bad_input(tmp_path: Path) -> None:
-    from pipeline.errors import BadInput
+    from pipeline.core.errors import BadInput
 
     with pytest.raises(BadInput, match="needs a recording directory"):
         ModelClient(ModelSettings(model="openai/x", mode="record"), tmp_path)
@@ -362,7 +362,7 @@ def test_bad_settings_are_bad_input(tmp_path: Path) -> None:
 
 
 async def test_no_model_is_bad_input(tmp_path: Path) -> None:
-    from pipeline.errors import BadInput
+    from pipeline.core.errors import BadInput
 
     with pytest.raises(BadInput, match="no model given"):
         await one(ModelClient(ModelSettings(), tmp_path))

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
+from pipeline.core.settings import ModelSettings
 from pipeline.models import ModelClient, PlannedCall, estimate, format_estimate, gather_bounded, render
 from pipeline.models.estimate import instructor_request
-from pipeline.settings import ModelSettings
 from pipeline.testing.openai_server import FakeOpenAI
 
 pytestmark = pytest.mark.usefixtures("tiny_prompts")

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.core.settings import ModelSettings
 from pipeline.models import ModelClient
-from pipeline.settings import ModelSettings
 from pipeline.testing.openai_server import FakeOpenAI
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +34,7 @@ def hook(event, args):
 sys.addaudithook(hook)
 from pydantic import BaseModel
 from pipeline.models import ModelClient
-from pipeline.settings import ModelSettings
+from pipeline.core.settings import ModelSettings
 
 class F(BaseModel):
     summary: str
@@ -120,7 +120,15 @@ def test_cli_import_does_not_load_litellm() -> None:
     assert proc.stdout.strip() == "[]"
 
 
-def test_package_import_sets_offline_switches() -> None:
-    code = "import os, pipeline; print(os.environ['LITELLM_OFFLINE_MODE'], os.environ['HF_HUB_OFFLINE'])"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(ROOT), timeout=60)
-    assert proc.stdout.split() == ["true", "1"]
+def test_import_changes_no_environment_and_litellm_loads_offline() -> None:
+    """Importing lunasol changes no env var; the switches are set right before litellm is imported."""
+    code = (
+        "import os; before = dict(os.environ); import pipeline.cli.app, pipeline.catalog;"
+        "print(dict(os.environ) == before);"
+        "from pipeline.models.transport import load_litellm; load_litellm();"
+        "print(os.environ['LITELLM_OFFLINE_MODE'], os.environ['HF_HUB_OFFLINE'])"
+    )
+    env = {k: v for k, v in _env(ROOT).items() if k not in ("LITELLM_OFFLINE_MODE", "HF_HUB_OFFLINE")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "true", "1"]

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from pipeline.errors import BadInput
+from pipeline.core.errors import BadInput
+from pipeline.core.settings import ModelSettings
 from pipeline.models import ModelClient, RecordingStore, canonical_request, request_key
 from pipeline.models.store import check_record
-from pipeline.settings import ModelSettings
 from pipeline.testing.openai_server import FakeOpenAI, raw_answer, serve_recordings
 
 BASE: dict[str, Any] = {

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.canonical import sha256_bytes
+from pipeline.core.canonical import sha256_bytes
 from pipeline.models import PromptError, render, template_hash, template_hashes
 from pipeline.models.prompts import prompts_dir, render_source
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from conftest import DEMO_BUNDLE, DEMO_RECORDINGS, ROOT
 
-from pipeline.proposals.card import ProposalCard, ProposalList
+from pipeline.artifacts.proposal_card import ProposalCard, ProposalList
 from pipeline.validator import validate_entries
 from pipeline.validator.quantities import CELL_REF
 from pipeline.validator.similarity import THRESHOLD, similarity
@@ -80,9 +80,9 @@ def test_demo_replay_through_gate1_and_propose(tmp_path: Path) -> None:
     """Offline: replay the demo run, confirm with the demo decisions, propose from the recordings."""
     import importlib.util
 
-    from pipeline import runner
+    from pipeline.core.settings import ModelSettings
     from pipeline.proposals.proposer import propose, run_model_settings
-    from pipeline.settings import ModelSettings
+    from pipeline.run import runner
     from pipeline.validator import validate_file
 
     spec = importlib.util.spec_from_file_location("proposer_demo", ROOT / "fixtures" / "proposer_demo.py")

@@ -10,7 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from pipeline.cli.app import app
-from pipeline.errors import BadInput
+from pipeline.core.errors import BadInput
 from pipeline.proposals import ProposalCard, card_json_schema, dump_cards, parse_entries, read_entries, write_cards
 
 VALID = Path(__file__).parent / "cards" / "valid"

@@ -17,13 +17,13 @@ import yaml
 from cards.fixture_run import make_run
 from typer.testing import CliRunner
 
-from pipeline import handoff as hf
-from pipeline.canonical import read_json, sha256_file
 from pipeline.cli.app import app
-from pipeline.errors import Blocked, NeedsRebase
+from pipeline.core.canonical import read_json, sha256_file
+from pipeline.core.errors import Blocked, NeedsRebase
+from pipeline.core.settings import ModelSettings
+from pipeline.gates.gate2 import select, selection_status
 from pipeline.proposals.proposer import PROPOSALS_FILE, VALIDATION_FILE, propose, run_model_settings
-from pipeline.proposals.selection import select, selection_status
-from pipeline.settings import ModelSettings
+from pipeline.state import handoff
 from pipeline.testing.openai_server import FakeOpenAI, Reply, answer
 from pipeline.validator import validate_file
 
@@ -94,7 +94,7 @@ def test_two_strategies_and_an_honest_zero(
     assert val["proposals_digest"] == sha256_file(run / PROPOSALS_FILE)
     # the written file passes the validator against the run, and the handoff moved on
     assert validate_file(run / PROPOSALS_FILE, run).valid
-    h = hf.load(run)
+    h = handoff.load(run)
     assert (h.proposalGeneration, h.proposalSelection) == ("done", "pending")
     assert h.proposals_digest == val["proposals_digest"]
     # the amended note and the weakness's support reach the prompt
@@ -203,12 +203,12 @@ def proposed(run: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., Mode
 
 
 def test_select_is_a_receipt_that_does_not_authorise(proposed: Path) -> None:
-    digest = hf.load(proposed).proposals_digest
+    digest = handoff.load(proposed).proposals_digest
     receipt, replayed = select(proposed, choice="proposal", proposal_id="P-02", by="ana", expected_digest=digest)
     assert not replayed
     assert receipt.gate == "gate2" and receipt.subject.digest == digest
     assert receipt.request["authorises_implementation"] is False
-    assert hf.load(proposed).proposalSelection == "selected"
+    assert handoff.load(proposed).proposalSelection == "selected"
     status = selection_status(proposed)
     assert status["proposal_id"] == "P-02" and status["authorises_implementation"] is False
     assert "not an authorisation" in status["meaning"]
@@ -219,7 +219,7 @@ def test_select_is_a_receipt_that_does_not_authorise(proposed: Path) -> None:
 
 
 def test_select_stale_digest_and_revision(proposed: Path) -> None:
-    base = hf.load(proposed)
+    base = handoff.load(proposed)
     with pytest.raises(NeedsRebase):
         select(proposed, choice="none", by="ana", expected_digest="sha256:" + "0" * 64)
     select(proposed, choice="redo", by="ana", expected_revision=base.revision)
@@ -251,11 +251,11 @@ def test_redo_then_propose_again(
     proposed: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
 ) -> None:
     select(proposed, choice="redo", by="ana")
-    assert hf.next_command(proposed).startswith("lunasol propose")
+    assert handoff.next_command(proposed).startswith("lunasol propose")
     serve(fake_llm, {"proposer/W-02": [[card("en_w02_edit_gate.yaml")]], "proposer/W-04": [[]]})
     result = propose(proposed, model_settings(), log=lambda _m: None)
     assert [c.proposal_id for c in result.cards] == ["P-01"]
-    assert hf.load(proposed).proposalSelection == "pending"
+    assert handoff.load(proposed).proposalSelection == "pending"
 
 
 @pytest.mark.parametrize("verb", ["propose", "select", "validate"])
@@ -265,6 +265,6 @@ def test_help(verb: str) -> None:
 
 
 def test_select_refuses_proposals_made_from_an_older_shortlist(proposed: Path) -> None:
-    hf.update(proposed, {"shortlist_digest": "sha256:" + "2" * 64}, "shortlist recomputed (test)")
+    handoff.update(proposed, {"shortlist_digest": "sha256:" + "2" * 64}, "shortlist recomputed (test)")
     with pytest.raises(NeedsRebase, match="lunasol propose"):
         select(proposed, choice="proposal", proposal_id="P-01", by="ana")

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from pipeline.bundle import freeze
 from pipeline.bundle.synth import write_bundle
 from pipeline.cli.app import app
-from pipeline.errors import BadInput, BundleError
+from pipeline.core.errors import BadInput, BundleError
 from pipeline.ir.export import export
 from pipeline.ir.query import query
 from pipeline.ir.refs import Ref, parse_ref, ref_of, resolve_ref, show_ref

@@ -11,7 +11,7 @@ from test_diff import build_run  # the synthetic run builder
 from typer.testing import CliRunner
 
 from pipeline.cli.app import app
-from pipeline.runs_index import list_runs
+from pipeline.run.index import list_runs
 
 
 @pytest.fixture(scope="module")

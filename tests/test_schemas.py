@@ -15,13 +15,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipeline import handoff as hf
-from pipeline import schemas
-from pipeline.canonical import pretty_json, read_json
+from pipeline import catalog
+from pipeline.artifacts import migrations, schemas
+from pipeline.artifacts.versions import VERSIONS
 from pipeline.cli.app import app
-from pipeline.errors import BadInput
-from pipeline.ledger import LEDGER_SCHEMA_VERSION, Ledger
+from pipeline.core.canonical import pretty_json, read_json
+from pipeline.core.errors import BadInput
 from pipeline.sol.shortlist import SHORTLIST_SCHEMA_VERSION, read_shortlist
+from pipeline.state import handoff
+from pipeline.state.ledger import LEDGER_SCHEMA_VERSION, Ledger
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = Path(__file__).resolve().parent / "samples"
@@ -34,7 +36,7 @@ REGEN = "lunasol schema -o docs/schemas"
 
 def test_exported_schemas_equal_the_models() -> None:
     """docs/schemas/*.json are exactly what the models export today (a model change needs a re-export)."""
-    expected = {f"{a.name}.json": pretty_json(a.json_schema()) for a in schemas.REGISTRY.values()}
+    expected = {f"{a.name}.json": pretty_json(a.json_schema()) for a in catalog.REGISTRY.values()}
     on_disk = {p.name: p.read_text(encoding="utf-8") for p in DOCS_SCHEMAS.glob("*.json")}
     stale = sorted(set(on_disk) - set(expected))
     assert not stale, f"docs/schemas has schemas of no artifact: {stale}; delete them and run: {REGEN}"
@@ -43,25 +45,27 @@ def test_exported_schemas_equal_the_models() -> None:
 
 
 def test_versions_come_from_the_models() -> None:
-    from pipeline.gates import RECEIPT_SCHEMA_VERSION
-    from pipeline.handoff import HANDOFF_SCHEMA_VERSION
+    """One version source per artifact: every model's ``schema_version`` default is VERSIONS[name]."""
+    from pipeline.gates.gate1 import RECEIPT_SCHEMA_VERSION
+    from pipeline.state.handoff import HANDOFF_SCHEMA_VERSION
 
-    assert schemas.get("handoff").version == HANDOFF_SCHEMA_VERSION
-    assert schemas.get("ledger").version == LEDGER_SCHEMA_VERSION
-    assert schemas.get("weakness-shortlist").version == SHORTLIST_SCHEMA_VERSION
-    assert schemas.get("gate-receipt").version == RECEIPT_SCHEMA_VERSION
-    for art in schemas.REGISTRY.values():
-        assert "schema_version" in art.model.model_fields, art.name
+    assert catalog.get("handoff").version == HANDOFF_SCHEMA_VERSION
+    assert catalog.get("ledger").version == LEDGER_SCHEMA_VERSION
+    assert catalog.get("weakness-shortlist").version == SHORTLIST_SCHEMA_VERSION
+    assert catalog.get("gate-receipt").version == RECEIPT_SCHEMA_VERSION
+    assert set(catalog.REGISTRY) | {"ir"} == set(VERSIONS), "every versioned artifact is in the catalog"
+    for art in catalog.REGISTRY.values():
+        assert art.model.model_fields["schema_version"].default == VERSIONS[art.name], art.name
         assert art.json_schema()["x-lunasol"]["schema_version"] == art.version
 
 
 def test_every_artifact_has_a_migration_chain_from_v0() -> None:
-    migs = schemas.migrations()
-    assert [m.number for m in migs] == list(range(1, len(migs) + 1)), "migration numbers must be 1..N, no gaps"
-    for m in migs:
-        assert m.artifact in schemas.REGISTRY, f"{m.name} names unknown artifact {m.artifact}"
-        assert m.to_version == m.from_version + 1, m.name
-    for name, art in schemas.REGISTRY.items():
+    numbers = [m.number for m in migrations.MIGRATIONS]
+    assert numbers == sorted(set(numbers)), "migration numbers are unique and in order"
+    for m in migrations.MIGRATIONS:
+        assert m.artifact in catalog.REGISTRY, f"migration {m.number} names unknown artifact {m.artifact}"
+        assert m.to_version == m.from_version + 1, m.number
+    for name, art in catalog.REGISTRY.items():
         steps = [(m.from_version, m.to_version) for m in schemas.migrations_for(name)]
         assert steps == [(v, v + 1) for v in range(art.version)], f"{name}: chain {steps} does not reach v{art.version}"
 
@@ -74,7 +78,9 @@ def test_version_field_checks() -> None:
     with pytest.raises(BadInput, match="not a JSON object"):
         schemas.version_of([1], "x.json")
     with pytest.raises(BadInput, match="unknown artifact 'nope'; known: manifest"):
-        schemas.get("nope")
+        catalog.get("nope")
+    with pytest.raises(BadInput, match="unknown artifact 'nope'; known: manifest"):
+        schemas.current_version("nope")
 
 
 def test_missing_migration_is_named_as_a_lunasol_bug(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -101,7 +107,7 @@ def test_samples_old_is_upgraded_current_unchanged(name: str) -> None:
     assert found == 1 and current == read_json(v1)  # the current version loads unchanged
     upgraded, found0 = schemas.load_document(v0, name)
     assert found0 == 0 and upgraded["schema_version"] == 1
-    model = schemas.get(name).model
+    model = catalog.get(name).model
     assert model.model_validate(upgraded)  # the upgraded file is a valid current artifact
     if name != "weakness-shortlist":  # the shortlist's sealed digest legitimately differs (see below)
         assert upgraded == current
@@ -111,7 +117,7 @@ def test_samples_old_is_upgraded_current_unchanged(name: str) -> None:
 def test_samples_newer_is_refused(sample: str, name: str) -> None:
     version = read_json(SAMPLES / sample)["schema_version"]
     with pytest.raises(BadInput) as err:
-        schemas.load_artifact(SAMPLES / sample, name)
+        schemas.load_artifact(SAMPLES / sample, name, catalog.get(name).model)
     msg = err.value.one_line()
     assert f"has schema_version {version}, newer than this lunasol reads (up to 1): upgrade lunasol" in msg
     assert "\n" not in msg
@@ -128,12 +134,12 @@ def _run_dir(tmp_path: Path, **files: str) -> Path:
 
 def test_readers_take_v0_files(tmp_path: Path) -> None:
     run = _run_dir(tmp_path, handoff_json="handoff.v0.json", ledger_json="ledger.v0.json")
-    h = hf.load(run)
+    h = handoff.load(run)
     assert h.schema_version == 1 and h.revision == read_json(SAMPLES / "handoff.v1.json")["revision"]
     ledger = Ledger(run)
     assert ledger.data.schema_version == 1 and "luna/C001" in ledger.data.entries
     # the first write after an upgrade writes the current version (the file becomes v1)
-    hf.update(run, {"proposalSelection": "redo"}, "test")
+    handoff.update(run, {"proposalSelection": "redo"}, "test")
     assert read_json(run / "handoff.json")["schema_version"] == 1
 
 
@@ -172,12 +178,13 @@ def test_cli_status_reads_a_v0_run(tmp_path: Path) -> None:
 
 def test_ir_versions(tmp_path: Path) -> None:
     from pipeline.ir.schema import IR_SCHEMA_VERSION
+    from pipeline.ir.store import check_ir_version
 
-    schemas.check_ir_version(str(IR_SCHEMA_VERSION), tmp_path / "ir.duckdb")
+    check_ir_version(str(IR_SCHEMA_VERSION), tmp_path / "ir.duckdb")
     with pytest.raises(BadInput, match=r"newer than this lunasol reads \(1\): upgrade lunasol"):
-        schemas.check_ir_version(str(IR_SCHEMA_VERSION + 1), tmp_path / "ir.duckdb")
+        check_ir_version(str(IR_SCHEMA_VERSION + 1), tmp_path / "ir.duckdb")
     with pytest.raises(BadInput, match="rebuilt from the bundle, not migrated: re-export with lunasol run B"):
-        schemas.check_ir_version(None, tmp_path / "ir.duckdb", rerun=lambda: "lunasol run B --resume")
+        check_ir_version(None, tmp_path / "ir.duckdb", rerun=lambda: "lunasol run B --resume")
 
 
 # -- the CLI verb ---------------------------------------------------------------------------------
@@ -187,20 +194,20 @@ def test_schema_verb(tmp_path: Path) -> None:
     runner = CliRunner()
     one = runner.invoke(app, ["schema", "handoff"])
     assert one.exit_code == 0
-    assert json.loads(one.stdout) == json.loads(pretty_json(schemas.get("handoff").json_schema()))
+    assert json.loads(one.stdout) == json.loads(pretty_json(catalog.get("handoff").json_schema()))
     listing = runner.invoke(app, ["schema"])
-    assert listing.exit_code == 0 and all(n in listing.stdout for n in schemas.REGISTRY)
+    assert listing.exit_code == 0 and all(n in listing.stdout for n in catalog.REGISTRY)
     out = runner.invoke(app, ["schema", "-o", str(tmp_path / "s")])
     assert out.exit_code == 0
-    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == sorted(f"{n}.json" for n in schemas.REGISTRY)
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == sorted(f"{n}.json" for n in catalog.REGISTRY)
     bad = runner.invoke(app, ["schema", "nope"])
     assert bad.exit_code == 2 and "unknown artifact 'nope'" in bad.stderr
     assert runner.invoke(app, ["schema", "--help"]).exit_code == 0
 
 
 def test_readers_refuse_newer_rows_and_receipts(tmp_path: Path) -> None:
-    from pipeline.blocking import read_block_receipt
     from pipeline.models.calllog import read_calls
+    from pipeline.state.blocking import read_block_receipt
 
     (tmp_path / "calls.jsonl").write_text('{"role": "luna"}\n{"schema_version": 1, "role": "sol"}\n')
     assert [r["schema_version"] for r in read_calls(tmp_path)] == [1, 1]
@@ -217,7 +224,7 @@ def test_readers_refuse_newer_rows_and_receipts(tmp_path: Path) -> None:
 def test_run_json_writer_never_rewrites_a_newer_run_json(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from pipeline.runner import write_run_json
+    from pipeline.run.runner import write_run_json
 
     run = tmp_path / "r"
     run.mkdir()

@@ -1,6 +1,6 @@
 """Every artifact of a real run (the demo, replayed through both gates) is valid under its registry model.
 
-So the models in pipeline.schemas describe what lunasol writes, not what someone thought it writes.
+So the models in pipeline.artifacts.schemas describe what lunasol writes, not what someone thought it writes.
 The model answers are the demo's hand-written fixture recordings.
 """
 
@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipeline import schemas
-from pipeline.canonical import read_json
+from pipeline import catalog
+from pipeline.artifacts import schemas
 from pipeline.cli.app import app
+from pipeline.core.canonical import read_json
 from tests.conftest import DEMO_BUNDLE, DEMO_RECORDINGS
 
 pytestmark = pytest.mark.skipif(
@@ -64,27 +65,28 @@ def test_every_artifact_validates_at_the_current_version(demo_run: Path) -> None
     for name, paths in _files(demo_run).items():
         assert paths, f"the demo run wrote no {name}"
         for path in paths:
-            _, found = schemas.load_document(path, name)
-            assert found == schemas.get(name).version, f"{path} was written at v{found}"
-            schemas.load_artifact(path, name)
+            art = catalog.get(name)
+            _, found = schemas.load_document(path, name, art.kind)
+            assert found == art.version, f"{path} was written at v{found}"
+            schemas.load_artifact(path, name, art.model, art.kind)
         seen.add(name)
     for name, file in (("patterns", "patterns.jsonl"), ("calls", "calls.jsonl")):
         rows = [json.loads(line) for line in (demo_run / file).read_text(encoding="utf-8").splitlines()]
-        assert rows and all(r.get("schema_version") == schemas.get(name).version for r in rows), file
-        model = schemas.get(name).model
+        assert rows and all(r.get("schema_version") == catalog.get(name).version for r in rows), file
+        model = catalog.get(name).model
         for row in rows:
             model.model_validate(row)
         seen.add(name)
     # block-receipt: the demo does not block; a model-level check keeps the registry honest
-    assert seen | {"block-receipt"} == set(schemas.REGISTRY)
+    assert seen | {"block-receipt"} == set(catalog.REGISTRY)
 
 
 def test_block_receipt_as_written_validates(tmp_path: Path) -> None:
-    from pipeline.blocking import write_block_receipt
-    from pipeline.errors import Blocked
+    from pipeline.core.errors import Blocked
+    from pipeline.state.blocking import write_block_receipt
 
     exc = Blocked("budget exceeded", reason="user_stop", unblock="lunasol run B --budget-usd 2")
     path = write_block_receipt(tmp_path, exc, stage="luna", unblock=exc.unblock, command="lunasol run B")
     write_block_receipt(tmp_path, exc, stage="luna", unblock=exc.unblock, command="lunasol run B")  # repeats
-    receipt = schemas.load_artifact(path, "block-receipt")
+    receipt = schemas.load_artifact(path, "block-receipt", catalog.get("block-receipt").model)
     assert receipt.model_dump()["repeats"] == 2

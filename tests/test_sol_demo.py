@@ -18,9 +18,10 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli.app import app
+from pipeline.core.context import RunOptions
+from pipeline.core.settings import ModelSettings
 from pipeline.models import read_calls
-from pipeline.runner import RunOptions, run
-from pipeline.settings import ModelSettings
+from pipeline.run.runner import run
 from pipeline.testing.openai_server import FakeOpenAI
 from tests.conftest import DEMO_BUNDLE, DEMO_RECORDINGS, ROOT
 

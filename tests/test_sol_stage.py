@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from pipeline.canonical import read_json, write_json
-from pipeline.errors import BadInput
+from pipeline.core.canonical import read_json, write_json
+from pipeline.core.context import RunOptions
+from pipeline.core.errors import BadInput
 from pipeline.models import read_calls
-from pipeline.runner import RunOptions, run
+from pipeline.run.runner import run
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 from pipeline.testing.openai_server import FakeOpenAI, Reply, completion_body
 from tests.test_ledger import sol_answer

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from pipeline import handoff as hf
 from pipeline.cli.app import app
-from pipeline.ledger import Ledger
-from pipeline.status import gate_report, status
+from pipeline.run.status import gate_report, status
+from pipeline.state import handoff
+from pipeline.state.ledger import Ledger
 from tests.test_gates import open_gate
 
 
@@ -33,7 +33,7 @@ def test_status_shows_state_ledger_and_confirm_command(runs_dir: Path) -> None:
     assert re.search(r"\n  sol\s+invalidated\s+\(upstream export recomputed\)\n", res.output)
     js = CliRunner().invoke(app, ["status", str(d), "--json"])
     data = json.loads(js.output)
-    assert data["shortlist"]["digest"] == digest == hf.load(d).shortlist_digest
+    assert data["shortlist"]["digest"] == digest == handoff.load(d).shortlist_digest
     assert [w["weakness_id"] for w in data["shortlist"]["weaknesses"]] == ["W-01", "W-02"]
 
 

@@ -12,7 +12,7 @@ import pytest
 from cards.fixture_run import make_run
 from cards.seed import SEED, seed_yaml_blocks
 
-from pipeline.proposals.io import parse_entries
+from pipeline.artifacts.proposals_file import parse_entries
 from pipeline.validator import RULES, validate_entries, validate_file
 
 CARDS = Path(__file__).parent / "cards"
@@ -110,7 +110,7 @@ def test_similarity_calibration(seed_cards: list[dict[str, object]]) -> None:
     import json
     from itertools import combinations
 
-    from pipeline.proposals.card import ProposalCard
+    from pipeline.artifacts.proposal_card import ProposalCard
     from pipeline.validator.similarity import THRESHOLD, similarity
 
     entries = [e for p in VALID for e in parse_entries(p.read_text(encoding="utf-8"))] + list(seed_cards)

@@ -7,7 +7,6 @@ docs/adapters.md for what each reads, where labels go and how refs point into th
 
 from __future__ import annotations
 
-import importlib
 from collections import Counter
 from functools import lru_cache
 from itertools import pairwise
@@ -16,45 +15,56 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from pipeline.adapters import (
+    atif,
+    claude_code,
+    inspect_log,
+    mast,
+    native,
+    openhands,
+    swe_agent,
+    tau,
+    who_and_when,
+)
 from pipeline.adapters.base import Adapter
+from pipeline.adapters.contract import Reader, SourceEvent
 from pipeline.adapters.importer import ImportResult
 from pipeline.adapters.importer import import_bundle as _import_bundle
 from pipeline.adapters.spans import resolve_element
-from pipeline.canonical import sha256_bytes
-from pipeline.errors import BadInput, BundleError
+from pipeline.bundle.manifest import read_manifest, resolve_in_bundle
+from pipeline.core.canonical import sha256_bytes
+from pipeline.core.errors import BadInput, BundleError
 
 if TYPE_CHECKING:
     from pipeline.bundle.manifest import Manifest
     from pipeline.bundle.request import CellSpec
-    from pipeline.ir.events import Reader, SourceEvent
 
 # Order matters for auto-detection ties: the more specific shapes first.
-_MODULES = {
-    "who-and-when": "who_and_when",
-    "mast": "mast",
-    "swe-agent": "swe_agent",
-    "openhands": "openhands",
-    "inspect": "inspect_log",
-    "claude-code": "claude_code",
-    "atif": "atif",
-    "tau": "tau",
+ADAPTERS: dict[str, Adapter] = {
+    "who-and-when": who_and_when.ADAPTER,
+    "mast": mast.ADAPTER,
+    "swe-agent": swe_agent.ADAPTER,
+    "openhands": openhands.ADAPTER,
+    "inspect": inspect_log.ADAPTER,
+    "claude-code": claude_code.ADAPTER,
+    "atif": atif.ADAPTER,
+    "tau": tau.ADAPTER,
 }
-FORMATS: tuple[str, ...] = tuple(_MODULES)
+FORMATS: tuple[str, ...] = tuple(ADAPTERS)
 
 __all__ = ["FORMATS", "ImportResult", "adapter", "detect", "import_bundle", "reader_for", "resolve_ref"]
 
 
 def adapter(fmt: str) -> Adapter:
     """The adapter of one format name; an unknown name is BadInput."""
-    mod = _MODULES.get(fmt)
-    if mod is None:
+    found = ADAPTERS.get(fmt)
+    if found is None:
         raise BadInput(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
-    found: Adapter = importlib.import_module(f"pipeline.adapters.{mod}").ADAPTER
     return found
 
 
 def _all() -> dict[str, Adapter]:
-    return {f: adapter(f) for f in FORMATS}
+    return dict(ADAPTERS)
 
 
 def detect(src: Path) -> str:
@@ -81,7 +91,7 @@ def detect(src: Path) -> str:
 
 def import_bundle(fmt: str, src: Path, dest: Path) -> ImportResult:
     """Import ``src`` in format ``fmt`` (or ``auto``) into the new frozen bundle ``dest``."""
-    if fmt != "auto" and fmt not in _MODULES:
+    if fmt != "auto" and fmt not in ADAPTERS:
         raise BadInput(f"unknown format {fmt!r}; known: auto, {', '.join(FORMATS)}")
     return _import_bundle(fmt, src, dest, adapters=_all(), detect=detect)
 
@@ -105,8 +115,12 @@ def cell_block(bundle: Path, cell_id: str) -> dict[str, Any]:
 
 
 def reader_for(fmt: str) -> Reader:
-    """The reader export uses for a bundle of format ``fmt``."""
-    ad = adapter(fmt)
+    """The reader export uses for a bundle of format ``fmt`` (``native`` or an adapter's name)."""
+    if fmt == "native":
+        return native.read_cell
+    if fmt not in ADAPTERS:
+        raise BadInput(f"unknown bundle format {fmt!r}; known: native, {', '.join(FORMATS)}")
+    ad = ADAPTERS[fmt]
 
     def read(bundle: Path, cell: CellSpec, manifest: Manifest) -> list[SourceEvent]:
         block = cell_block(bundle, cell.cell_id)
@@ -144,8 +158,6 @@ def step_index_base(bundle: Path, cell_id: str) -> int | None:
 
 def resolve_ref(bundle: Path, source_path: str, line_start: int, line_end: int, json_pointer: str | None) -> str:
     """The raw text behind one ref, after checking the file against the manifest's sha256."""
-    from pipeline.bundle.manifest import read_manifest, resolve_in_bundle
-
     entry = read_manifest(bundle).get(source_path)
     raw = resolve_in_bundle(bundle, source_path).read_bytes()
     if sha256_bytes(raw) != entry.sha256:

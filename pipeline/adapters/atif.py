@@ -29,8 +29,8 @@ from pipeline.adapters.base import (
     json_text,
     tool_result_event,
 )
+from pipeline.adapters.contract import SourceEvent
 from pipeline.adapters.harbor import trial_dir, trial_outcome
-from pipeline.ir.events import SourceEvent
 
 NAME = "atif"
 

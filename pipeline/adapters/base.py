@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.adapters.contract import SourceEvent
 from pipeline.adapters.spans import JsonFile
-from pipeline.canonical import digest, sha256_text
-from pipeline.ir.events import SourceEvent
+from pipeline.core.canonical import digest, sha256_text
 
 
 @dataclass

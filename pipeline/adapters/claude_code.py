@@ -36,9 +36,9 @@ from pipeline.adapters.base import (
     load_json,
     tool_result_event,
 )
+from pipeline.adapters.contract import SourceEvent
 from pipeline.adapters.harbor import trial_dir, trial_outcome
-from pipeline.canonical import digest
-from pipeline.ir.events import SourceEvent
+from pipeline.core.canonical import digest
 
 NAME = "claude-code"
 

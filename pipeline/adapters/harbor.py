@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.adapters.base import as_dict, score_label
-from pipeline.canonical import read_json
+from pipeline.core.canonical import read_json
 
 
 def trial_dir(bundle: Path, rel: str) -> Path | None:

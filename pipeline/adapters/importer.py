@@ -21,8 +21,8 @@ import pipeline
 from pipeline.adapters.base import Adapter, CellSource
 from pipeline.bundle.manifest import freeze
 from pipeline.bundle.request import REQUEST_FILE, AnalysisRequest, CellSpec, Exclusion, TaskSpec
-from pipeline.canonical import write_json, write_jsonl
-from pipeline.errors import BadInput
+from pipeline.core.canonical import write_json, write_jsonl
+from pipeline.core.errors import BadInput
 
 RAW_DIR = "raw"
 OUTCOMES_FILE = "sidecar/outcomes.jsonl"

@@ -34,9 +34,9 @@ from pipeline.adapters.base import (
     score_label,
     tool_result_event,
 )
+from pipeline.adapters.contract import SourceEvent
 from pipeline.adapters.spans import JsonFile
-from pipeline.canonical import canonical_json, sha256_text
-from pipeline.ir.events import SourceEvent
+from pipeline.core.canonical import canonical_json, sha256_text
 
 NAME = "inspect"
 _LABEL_KEYS = (

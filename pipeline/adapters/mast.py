@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.adapters.base import Adapter, CellSource, Discovery, Emitter, args_digest, load_json, looks_like_error
+from pipeline.adapters.contract import SourceEvent
 from pipeline.adapters.spans import LineIndex, value_spans
-from pipeline.canonical import read_json, sha256_text
-from pipeline.ir.events import SourceEvent
+from pipeline.core.canonical import read_json, sha256_text
 
 NAME = "mast"
 

@@ -29,8 +29,8 @@ from pipeline.adapters.base import (
     load_json,
     tool_result_event,
 )
-from pipeline.canonical import digest, sha256_text
-from pipeline.ir.events import SourceEvent
+from pipeline.adapters.contract import SourceEvent
+from pipeline.core.canonical import digest, sha256_text
 
 NAME = "openhands"
 _MESSAGE_ACTIONS = {"message", "system", "finish", "think", "recall"}

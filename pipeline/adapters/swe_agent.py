@@ -30,8 +30,8 @@ from pipeline.adapters.base import (
     first_docs,
     tool_result_event,
 )
-from pipeline.canonical import digest
-from pipeline.ir.events import SourceEvent
+from pipeline.adapters.contract import SourceEvent
+from pipeline.core.canonical import digest
 
 NAME = "swe-agent"
 

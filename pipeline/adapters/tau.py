@@ -30,9 +30,9 @@ from pipeline.adapters.base import (
     score_label,
     tool_result_event,
 )
+from pipeline.adapters.contract import SourceEvent
 from pipeline.adapters.spans import pointer
-from pipeline.canonical import canonical_json
-from pipeline.ir.events import SourceEvent
+from pipeline.core.canonical import canonical_json
 
 NAME = "tau"
 

@@ -27,8 +27,8 @@ from pipeline.adapters.base import (
     joined_harnesses,
     tool_result_event,
 )
+from pipeline.adapters.contract import SourceEvent
 from pipeline.adapters.spans import pointer
-from pipeline.ir.events import SourceEvent
 
 NAME = "who-and-when"
 _NOT_LABELS = {"history", "question", "question_ID", "level", "system_prompt"}

@@ -21,12 +21,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.artifacts.versions import VERSIONS
 from pipeline.bundle.request import check_relative, read_bundle_json
-from pipeline.canonical import sha256_bytes, sha256_file, write_json
-from pipeline.errors import BundleError
+from pipeline.core.canonical import sha256_bytes, sha256_file, write_json
+from pipeline.core.errors import BundleError
 
 MANIFEST_FILE = "manifest.json"
-MANIFEST_SCHEMA_VERSION = 1
+MANIFEST_SCHEMA_VERSION = VERSIONS["manifest"]
 
 
 class ManifestFileEntry(BaseModel):

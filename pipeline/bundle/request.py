@@ -9,10 +9,11 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pipeline.errors import BundleError
+from pipeline.artifacts.versions import VERSIONS
+from pipeline.core.errors import BundleError
 
 REQUEST_FILE = "analysis-request.json"
-REQUEST_SCHEMA_VERSION = 1
+REQUEST_SCHEMA_VERSION = VERSIONS["analysis-request"]
 
 # Ids become directory names and SQL values: keep them to a safe alphabet.
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

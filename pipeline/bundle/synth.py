@@ -9,7 +9,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-from pipeline.canonical import canonical_json, sha256_text, write_json
+from pipeline.bundle.manifest import freeze
+from pipeline.core.canonical import canonical_json, sha256_text, write_json
 
 STAGES = ("proposal", "design", "implementation", "review")
 TOOLS = ("read_file", "grep", "run_tests", "write_file")
@@ -122,8 +123,6 @@ def write_bundle(
     write_json(root / "analysis-request.json", request)
     _jsonl(root / "sidecar" / "outcomes.jsonl", outcomes)
     if freeze_it:
-        from pipeline.bundle.manifest import freeze
-
         freeze(root)
     return total
 

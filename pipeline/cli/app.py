@@ -17,7 +17,9 @@ from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
 import pipeline
-from pipeline.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, LunasolError
+from pipeline.cli import bundle, calls, datasets, gates, ir, proposals, review, run, schema
+from pipeline.core import offline
+from pipeline.core.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, LunasolError
 
 
 class LunasolGroup(TyperGroup):
@@ -110,7 +112,6 @@ def _root(
 
 def _register() -> None:
     # Each module adds its verbs; imports stay cheap (heavy libraries load inside commands).
-    from pipeline.cli import bundle, calls, datasets, gates, ir, proposals, review, run, schema
 
     for module in (bundle, ir, run, calls, gates, proposals, review, datasets, schema):
         module.register(app)
@@ -121,6 +122,7 @@ _register()
 
 def main() -> None:
     """Console-script entry point."""
+    offline.apply()  # the CLI never reaches the network unless a live model call is asked for
     # litellm leaves an un-awaited coroutine behind when a connection fails; Python's warning about it
     # (two lines on stderr, at exit) would break the one-line error contract and says nothing to a user.
     warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import typer
 
+from pipeline.bundle.manifest import MANIFEST_FILE, freeze, verify
 from pipeline.cli.common import JSON_OPTION, emit_json
-from pipeline.errors import EXIT_FINDINGS
+from pipeline.core.errors import EXIT_FINDINGS
 
 bundle_app = typer.Typer(
     name="bundle",
@@ -20,8 +21,6 @@ bundle_app = typer.Typer(
 @bundle_app.command("freeze")
 def freeze_cmd(bundle: Path = typer.Argument(..., help="Bundle directory.")) -> None:
     """Write the manifest of a bundle: every file with its sha256 and size."""
-    from pipeline.bundle.manifest import MANIFEST_FILE, freeze
-
     manifest = freeze(bundle)  # refuses an empty directory: a manifest of nothing would verify forever
     total = sum(f.size for f in manifest.files)
     typer.echo(f"froze {len(manifest.files)} files ({total:,} bytes) into {bundle / MANIFEST_FILE}")
@@ -30,8 +29,6 @@ def freeze_cmd(bundle: Path = typer.Argument(..., help="Bundle directory.")) -> 
 @bundle_app.command("verify")
 def verify_cmd(bundle: Path = typer.Argument(..., help="Bundle directory."), as_json: bool = JSON_OPTION) -> None:
     """Re-hash every file; list changed / missing / extra files (exit 1 when any)."""
-    from pipeline.bundle.manifest import verify
-
     report = verify(bundle)
     if as_json:
         emit_json(report.to_json())

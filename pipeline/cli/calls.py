@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from pipeline.cli.common import JSON_OPTION, emit_json, resolve_run
+from pipeline.models.calllog import format_summary, summarise
 
 
 def register(app: typer.Typer) -> None:
@@ -16,8 +17,6 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ) -> None:
         """Model calls of a run, per role: calls, attempts, re-asks, retries, tokens, cost, failures."""
-        from pipeline.models.calllog import format_summary, summarise
-
         summary = summarise(resolve_run(run))
         if as_json:
             emit_json(summary)

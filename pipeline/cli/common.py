@@ -11,8 +11,12 @@ from typing import Any
 
 import typer
 
-from pipeline.canonical import pretty_json
-from pipeline.errors import BadInput, Blocked
+from pipeline.artifacts.run_info import run_command
+from pipeline.core.canonical import pretty_json
+from pipeline.core.errors import BadInput, Blocked, LunasolError
+from pipeline.run.status import missing_outputs
+from pipeline.state import handoff
+from pipeline.state.blocking import read_block_receipt, resolve_block_receipt, write_block_receipt
 
 DEFAULT_RUNS_DIR = Path("runs")
 
@@ -52,8 +56,6 @@ def moves_run(run_dir: Path, verb: str) -> Iterator[None]:
     and its one line names the receipt and the unblocking command. Success means the run went past
     any earlier block, so a receipt left from it is moved to ``block-receipts/`` (kept, resolved).
     """
-    from pipeline.blocking import read_block_receipt, resolve_block_receipt, write_block_receipt
-
     before = read_block_receipt(run_dir)
     try:
         yield
@@ -77,14 +79,10 @@ def moves_run(run_dir: Path, verb: str) -> Iterator[None]:
 
 def _state_next(run_dir: Path) -> str | None:
     """The next command by the run's state: a rerun when verified outputs are gone, else the handoff's."""
-    from pipeline import handoff as hf
-    from pipeline.errors import LunasolError
-    from pipeline.status import missing_outputs
-
     try:
         if missing_outputs(run_dir):
-            return hf.run_command(run_dir, resume=False)
-        return hf.next_command(run_dir)
+            return run_command(run_dir, resume=False)
+        return handoff.next_command(run_dir)
     except LunasolError:  # an unreadable handoff or ledger: keep the library's own suggestion
         return None
 

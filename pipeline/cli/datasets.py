@@ -7,8 +7,11 @@ from typing import Any
 
 import typer
 
+from pipeline.adapters import import_bundle
+from pipeline.cli.bundle import bundle_app
 from pipeline.cli.common import JSON_OPTION, emit_json, resolve_run
-from pipeline.errors import BadInput
+from pipeline.core.errors import BadInput
+from pipeline.eval import evaluate
 
 _FORMAT_HELP = (
     "Format of the logs, or 'auto' to detect it: who-and-when, mast, swe-agent, openhands, inspect, "
@@ -23,8 +26,6 @@ def import_cmd(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Copy foreign logs byte-for-byte into a new frozen bundle (request, outcome sidecar, manifest)."""
-    from pipeline.adapters import import_bundle
-
     result = import_bundle(fmt, src, dest)
     if as_json:
         emit_json(
@@ -60,8 +61,6 @@ def eval_cmd(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Score the run's findings (weakness cards, probe hits) and deterministic baselines against human labels."""
-    from pipeline.eval import evaluate
-
     report = evaluate(resolve_run(run), labels)
     if not report.get("labelled_cells"):
         # Scores over zero labels are a table of dashes: say why instead (the library still returns
@@ -96,7 +95,5 @@ def eval_cmd(
 
 def register(app: typer.Typer) -> None:
     """Add ``bundle import`` to the bundle sub-app and ``eval`` to the root app."""
-    from pipeline.cli.bundle import bundle_app
-
     bundle_app.command("import")(import_cmd)
     app.command("eval")(eval_cmd)

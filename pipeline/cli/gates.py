@@ -7,6 +7,10 @@ import sys
 import typer
 
 from pipeline.cli.common import JSON_OPTION, check_digest, emit_json, moves_run, resolve_run
+from pipeline.core.errors import BadInput
+from pipeline.gates import gate1 as gates
+from pipeline.run.status import format_shortlist, format_status, status
+from pipeline.state import handoff
 
 
 def on_terminal() -> bool:
@@ -36,15 +40,10 @@ def register(app: typer.Typer) -> None:
         A compare-and-set on the handoff revision and the shortlist digest: if either changed since
         you looked, it refuses with needs_rebase (exit 4). Silence is never approval.
         """
-        from pipeline import gates
-        from pipeline import handoff as hf
-        from pipeline.errors import BadInput
-        from pipeline.status import format_shortlist, status
-
         run_dir = resolve_run(run)
         check_digest(digest)
         # What the decider sees now is the base of the compare-and-set.
-        base = hf.load(run_dir)
+        base = handoff.load(run_dir)
         seen_digest = digest or base.shortlist_digest
         decisions = gates.parse_pairs(decision, "--decision")
         notes = gates.parse_pairs(note, "--note")
@@ -52,12 +51,12 @@ def register(app: typer.Typer) -> None:
             if not on_terminal():
                 raise BadInput(
                     "no --decision given: silence is never approval; decide on every weakness: "
-                    + hf.confirm_command(run_dir, base)
+                    + handoff.confirm_command(run_dir, base)
                 )
             s = status(run_dir)
             typer.echo(format_shortlist(s["shortlist"]["weaknesses"], s["shortlist"]["dropped"]))
             choices = "/".join(gates.DECISIONS)
-            for wid in hf.weakness_ids(run_dir):
+            for wid in handoff.weakness_ids(run_dir):
                 answer = ""
                 while answer not in gates.DECISIONS:  # ask again until it is one of the four
                     answer = typer.prompt(f"{wid} ({choices})").strip().lower()
@@ -87,7 +86,7 @@ def register(app: typer.Typer) -> None:
             f"gate 1 {verb}: {state}; receipt {gates.receipt_path(run_dir, receipt.gate, receipt.operation_id)} "
             f"(revision {receipt.base_revision}→{receipt.new_revision})"
         )
-        typer.echo(f"next: {hf.next_command(run_dir)}")
+        typer.echo(f"next: {handoff.next_command(run_dir)}")
 
     @app.command("status")
     def status_cmd(
@@ -95,8 +94,6 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ) -> None:
         """The run's state machine, its ledger, and the exact next command."""
-        from pipeline.status import format_status, status
-
         s = status(resolve_run(run))
         if as_json:
             emit_json(s)

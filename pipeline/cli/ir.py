@@ -7,6 +7,9 @@ from pathlib import Path
 import typer
 
 from pipeline.cli.common import DEFAULT_RUNS_DIR, JSON_OPTION, check_dir_option, emit_json, resolve_run
+from pipeline.ir.export import export_bundle
+from pipeline.ir.query import query
+from pipeline.ir.refs import resolve_ref, show_ref
 
 
 def register(app: typer.Typer) -> None:
@@ -21,8 +24,6 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ) -> None:
         """Verify a bundle and write its Trajectory IR to RUNS_DIR/RUN_ID/ir.duckdb."""
-        from pipeline.ir.export import export_bundle
-
         check_dir_option(runs_dir, "--runs-dir")
         check_dir_option(parquet, "--parquet")
         report = export_bundle(bundle, run_id=run_id, runs_dir=runs_dir, parquet_dir=parquet)
@@ -45,8 +46,6 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ) -> None:
         """Print exactly the raw lines behind a ref, after checking the file's hash."""
-        from pipeline.ir.refs import resolve_ref, show_ref
-
         run_dir = resolve_run(run)
         if as_json:
             emit_json(resolve_ref(run_dir, ref).to_json())
@@ -60,8 +59,6 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ) -> None:
         """Run read-only SQL over the run's DuckDB and print a table (or JSON rows)."""
-        from pipeline.ir.query import query
-
         result = query(resolve_run(run), sql)
         if as_json:
             emit_json(result.records())

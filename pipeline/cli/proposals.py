@@ -7,7 +7,15 @@ from pathlib import Path
 import typer
 
 from pipeline.cli.common import JSON_OPTION, check_digest, emit_json, moves_run, resolve_run
-from pipeline.errors import BadInput, Findings
+from pipeline.core.errors import BadInput, Findings
+from pipeline.gates import gate1 as gates
+from pipeline.gates.gate2 import NOT_AUTHORISATION, Choice
+from pipeline.gates.gate2 import select as do_select
+from pipeline.models.store import check_store
+from pipeline.proposals.proposer import propose as do_propose
+from pipeline.proposals.proposer import run_model_settings
+from pipeline.state import handoff
+from pipeline.validator import validate_file
 
 
 def validate(
@@ -18,8 +26,6 @@ def validate(
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Validate proposal cards deterministically; exit 0 all valid, 1 some invalid, 2 unreadable."""
-    from pipeline.validator import validate_file
-
     run_dir = resolve_run(run) if run else None
     result = validate_file(file, run_dir)
     counts = result.as_dict()["counts"]
@@ -51,11 +57,6 @@ def propose(
     Uses the run's model settings (run.json) unless overridden. Refuses (exit 3) until gate 1 has a
     receipt for the current shortlist.
     """
-    from pipeline import handoff as hf
-    from pipeline.proposals.proposer import propose as do_propose
-    from pipeline.proposals.proposer import run_model_settings
-    from pipeline.settings import check_store
-
     if replay and record:
         raise BadInput("--replay and --record exclude each other")
     run_dir = resolve_run(run)
@@ -84,7 +85,7 @@ def propose(
         if c["status"] == "rejected":
             rules = ", ".join(sorted({f["rule"] for f in c["findings"]}))
             typer.echo(f"  {c['proposal_id']} ({c['source_weakness']}) kept out: {rules}")
-    typer.echo(f"next: {hf.next_command(run_dir)}")
+    typer.echo(f"next: {handoff.next_command(run_dir)}")
 
 
 def select(
@@ -105,18 +106,13 @@ def select(
     A compare-and-set on the handoff revision and the proposals digest: if either changed since you
     looked, it refuses with needs_rebase (exit 4).
     """
-    from pipeline import gates
-    from pipeline import handoff as hf
-    from pipeline.proposals.selection import NOT_AUTHORISATION, Choice
-    from pipeline.proposals.selection import select as do_select
-
     if sum([proposal is not None, none, redo]) != 1:
         raise BadInput("choose exactly one of --proposal P-.., --none or --redo")
     if not by:
         raise BadInput("--by NAME is required: a decision needs a named person")
     check_digest(digest)
     run_dir = resolve_run(run)
-    base = hf.load(run_dir)
+    base = handoff.load(run_dir)
     choice: Choice = "proposal" if proposal is not None else "none" if none else "redo"
     with moves_run(run_dir, "select"):
         receipt, replayed = do_select(
@@ -139,7 +135,7 @@ def select(
         f"(revision {receipt.base_revision}→{receipt.new_revision})"
     )
     typer.echo(f"note: {NOT_AUTHORISATION}")
-    typer.echo(f"next: {hf.next_command(run_dir)}")
+    typer.echo(f"next: {handoff.next_command(run_dir)}")
 
 
 def register(app: typer.Typer) -> None:

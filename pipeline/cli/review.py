@@ -8,7 +8,10 @@ from pathlib import Path
 import typer
 
 from pipeline.cli.common import DEFAULT_RUNS_DIR, JSON_OPTION, emit_json
-from pipeline.errors import EXIT_FINDINGS, BadInput
+from pipeline.core.errors import EXIT_FINDINGS, BadInput
+from pipeline.diff import diff_json, diff_run_dirs, render_markdown, render_text
+from pipeline.report import write_report
+from pipeline.run.index import list_runs
 
 
 def _run_dir(run: str) -> Path:
@@ -33,8 +36,6 @@ def register(app: typer.Typer) -> None:
 
         Exit 0 when the outputs are identical, 1 when they differ.
         """
-        from pipeline.diff import diff_json, diff_run_dirs, render_markdown, render_text
-
         if as_json and markdown:
             raise BadInput("choose one of --json and --markdown")
         d = diff_run_dirs(_run_dir(run_a), _run_dir(run_b))
@@ -51,8 +52,6 @@ def register(app: typer.Typer) -> None:
         out: Path | None = typer.Option(None, "-o", "--output", help="HTML file (default RUN/report.html)."),
     ) -> None:
         """One self-contained HTML file: summary, coverage, groups, weaknesses, proposals, gates, calls."""
-        from pipeline.report import write_report
-
         path, stats = write_report(_run_dir(run), out=out)
         typer.echo(
             f"wrote {path} ({stats['bytes']} bytes, {stats['refs']} refs embedded, "
@@ -65,8 +64,6 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ) -> None:
         """The runs under a runs directory: state, bundle, model, and key figures."""
-        from pipeline.runs_index import list_runs
-
         rows = list_runs(runs_dir)
         if as_json:
             emit_json([r.model_dump(mode="json") for r in rows])

@@ -7,6 +7,12 @@ from pathlib import Path
 import typer
 
 from pipeline.cli.common import check_dir_option
+from pipeline.core.context import RunOptions
+from pipeline.core.errors import BadInput
+from pipeline.core.settings import ModelSettings
+from pipeline.models.store import check_store
+from pipeline.run.runner import run
+from pipeline.run.status import gate_report
 
 
 def register(app: typer.Typer) -> None:
@@ -31,11 +37,6 @@ def register(app: typer.Typer) -> None:
         Rerunning with the same run id reuses everything still valid (an unchanged rerun makes no
         model call); a changed input invalidates and recomputes only what depends on it.
         """
-        from pipeline.errors import BadInput
-        from pipeline.runner import RunOptions, run
-        from pipeline.settings import ModelSettings, check_store
-        from pipeline.status import gate_report
-
         if replay and record:
             raise BadInput("--replay and --record exclude each other")
         check_dir_option(runs_dir, "--runs-dir")

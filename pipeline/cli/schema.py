@@ -6,7 +6,9 @@ from pathlib import Path
 
 import typer
 
-from pipeline.errors import BadInput
+from pipeline import catalog as schemas
+from pipeline.core.canonical import atomic_write_text, pretty_json
+from pipeline.core.errors import BadInput
 
 
 def register(app: typer.Typer) -> None:
@@ -20,9 +22,6 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """JSON Schema of an artifact (handoff, run, weakness-shortlist, ...), exported from its pydantic model."""
-        from pipeline import schemas
-        from pipeline.canonical import atomic_write_text, pretty_json
-
         if out is not None and out.exists() and not out.is_dir():
             raise BadInput(f"-o {out} is a file; give a directory")
         if name is not None:

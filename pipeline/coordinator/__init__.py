@@ -5,17 +5,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.coordinator.core import GROUPS_FILE, coordinate, run_coordinator, sql_files
+from pipeline.core.errors import BadInput
 
 if TYPE_CHECKING:
-    from pipeline.runner import RunContext
+    from pipeline.core.context import RunContext
 
 __all__ = ["GROUPS_FILE", "coordinate", "run_coordinator", "sql_files", "stage"]
 
 
 def stage(ctx: RunContext) -> str:
     """Runner stage: group the run's patterns; one-line summary."""
-    from pipeline.errors import BadInput
-
     if not ctx.ir_path.is_file():
         raise BadInput(f"no IR at {ctx.ir_path}: export must run before the coordinator")
     if ctx.options.dry_run:

@@ -16,11 +16,12 @@ from typing import Any
 import duckdb
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.canonical import write_json
-from pipeline.errors import BadInput
+from pipeline.artifacts.versions import VERSIONS
+from pipeline.core.canonical import write_json
+from pipeline.core.errors import BadInput
 
 GROUPS_FILE = "pattern-groups.json"
-GROUPS_SCHEMA_VERSION = 1
+GROUPS_SCHEMA_VERSION = VERSIONS["pattern-groups"]
 
 
 class _Doc(BaseModel):

@@ -2,7 +2,7 @@
 
 A run that stopped at gate 1 has no proposals; a run that blocked in Luna has no
 shortlist. Readers here return ``None`` / empty for what is absent and raise
-:class:`~pipeline.errors.BadInput` (one line, naming the file) for what is present
+:class:`~pipeline.core.errors.BadInput` (one line, naming the file) for what is present
 but unreadable. Rows stay plain JSON-like dicts so that the diff compares exactly
 what was written, field by field, whatever version of a producer wrote it.
 """
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.canonical import read_json
-from pipeline.errors import BadInput
+from pipeline.core.canonical import read_json
+from pipeline.core.errors import BadInput
 
 Row = dict[str, Any]
 

@@ -469,7 +469,7 @@ def _gates_view(arts: RunArtifacts, wmap: dict[str, str] | None, pmap: dict[str,
 
 
 STATE_IGNORE = VOLATILE | IDENTITY | frozenset({"revision", "history", "receipts", "schema_version"})
-# What identifies a block across runs (pipeline.blocking's receipt); its message names paths, so it is left out.
+# What identifies a block across runs (pipeline.state.blocking's receipt); its message names paths, so it is left out.
 BLOCK_KEYS = ("stage", "constraint_class", "error", "reason", "role", "cell", "cell_id")
 
 

@@ -20,7 +20,8 @@ from typing import Any
 
 import duckdb
 
-from pipeline.errors import BadInput
+from pipeline.adapters import cell_block
+from pipeline.core.errors import BadInput
 from pipeline.eval.checks import run_checks, summarise
 from pipeline.eval.predict import (
     PROBE_MODES,
@@ -35,6 +36,7 @@ from pipeline.eval.predict import (
     mode_checks,
     read_json_field,
 )
+from pipeline.ir.export import run_bundle
 
 LABEL_FORMATS = ("who-and-when", "mast")
 # Deterministic step pickers every label source is scored against (report keys, in report order).
@@ -122,9 +124,6 @@ def _offset(con: duckdb.DuckDBPyConnection, run_dir: Path, label_base: int) -> i
     if len(bases) == 1:
         return int(next(iter(bases))) - label_base
     try:  # IR written before step_index_base was filled: ask the bundle's request
-        from pipeline.adapters import cell_block
-        from pipeline.ir.export import run_bundle
-
         bundle = run_bundle(run_dir)
         cell = con.execute("SELECT cell_id FROM cells LIMIT 1").fetchone()
         base = cell_block(bundle, cell[0]).get("step_index_base") if cell else None

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pipeline.eval.predict import USER_ACTORS, Event
+from pipeline.eval.events import USER_ACTORS, Event
 
 CHECKS = ("repeated_tool_call", "repeated_message", "error_result", "step_cap", "success_claim_failing_verifier")
 STEP_CAP = re.compile(

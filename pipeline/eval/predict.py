@@ -25,29 +25,13 @@ from typing import Any
 
 import duckdb
 
-from pipeline.canonical import read_json
+from pipeline.core.canonical import read_json
+from pipeline.eval.checks import run_checks
+from pipeline.eval.events import USER_ACTORS, Event
+from pipeline.probes import run_probes
 
-USER_ACTORS = {"user", "human", "system", "harness", "environment", "tool"}
 STEP_REPETITION = "1.3 Step Repetition"
 TERMINATION = "1.5 Unaware of Termination Conditions"
-
-
-@dataclass(frozen=True)
-class Event:
-    """The IR columns eval needs."""
-
-    event_id: str
-    cell_id: str
-    seq: int
-    kind: str
-    actor: str | None
-    step_index: int | None
-    text: str
-    tool_name: str | None
-    args_digest: str | None
-    source_path: str
-    line_start: int
-    line_end: int
 
 
 @dataclass(frozen=True)
@@ -152,10 +136,6 @@ def _probe_rows(con: duckdb.DuckDBPyConnection) -> tuple[list[tuple[str, str, in
         rows = con.execute("SELECT cell_id, probe_id, first_seq FROM probe_hits").fetchall()
         return [(r[0], r[1], int(r[2])) for r in rows], "table probe_hits"
     try:
-        from pipeline.probes import run_probes
-    except ImportError:
-        return [], "no probe_hits table and pipeline.probes unavailable"
-    try:
         hits = run_probes(con)
     except duckdb.Error as exc:
         return [], f"no probe_hits table; computing probes failed ({exc.__class__.__name__})"
@@ -192,8 +172,6 @@ PROBE_MODES = {
 
 def mode_checks(events: list[Event]) -> set[str]:
     """Failure modes the deterministic checks see in one cell (MAST-14 titles)."""
-    from pipeline.eval.checks import run_checks
-
     found = run_checks(events, {})
     modes: set[str] = set()
     if "repeated_tool_call" in found or "repeated_message" in found:

@@ -1,8 +1,4 @@
-"""What a reader yields per raw record, how export finds the reader, and how events become rows.
-
-A reader is ``reader(bundle, cell, manifest) -> Iterable[SourceEvent]``. The native format's
-reader lives in :mod:`pipeline.bundle.native`; adapters for public trajectory formats
-provide theirs through ``pipeline.adapters.reader_for(format)``.
+"""How a cell's :class:`~pipeline.adapters.contract.SourceEvent` s become IR rows.
 
 :func:`event_batches` orders each cell's events (ts, file, line), numbers them, cuts segments,
 carries the controller state digest forward, and yields Arrow batches for a bulk insert.
@@ -12,71 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.errors import BadInput
+from pipeline.adapters.contract import Reader, SourceEvent
+from pipeline.bundle.manifest import Manifest
+from pipeline.bundle.request import CellSpec
+from pipeline.core.errors import BadInput
 from pipeline.ir.schema import TEXT_LIMIT, trim_text
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-    from pipeline.bundle.manifest import Manifest
-    from pipeline.bundle.request import CellSpec
-
-
-@dataclass(slots=True)
-class SourceEvent:
-    """One raw record, before ordering: its meaning plus the exact place it came from.
-
-    ``source_path`` is bundle-relative POSIX; ``line_start``/``line_end`` are 1-based inclusive;
-    ``json_pointer`` picks one element when a line holds a whole document. ``state_digest`` may be
-    left None: export carries the latest ``state_change`` digest forward in time order.
-    """
-
-    kind: str
-    source_path: str
-    line_start: int
-    line_end: int
-    ts: str | None = None
-    detail: str | None = None
-    actor: str | None = None
-    stage: str | None = None
-    session_id: str | None = None
-    step_index: int | None = None
-    text: str = ""
-    tool_name: str | None = None
-    call_id: str | None = None
-    args_digest: str | None = None
-    result_digest: str | None = None
-    state_digest: str | None = None
-    target: str | None = None
-    json_pointer: str | None = None
-
-
-Reader = Callable[[Path, "CellSpec", "Manifest"], Iterable[SourceEvent]]
-
-
-def reader_for(fmt: str) -> Reader:
-    """The reader of one bundle format: ``native`` here, anything else from ``pipeline.adapters``."""
-    if fmt == "native":
-        from pipeline.bundle.native import read_cell
-
-        return read_cell
-    try:
-        adapters = importlib.import_module("pipeline.adapters")
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("pipeline.adapters", "pipeline"):
-            raise
-        raise BadInput(f"unknown bundle format {fmt!r} (no adapters installed)") from None
-    finder = getattr(adapters, "reader_for", None)
-    if finder is None:
-        raise BadInput(f"unknown bundle format {fmt!r} (adapters provide no reader_for)")
-    reader: Reader = finder(fmt)
-    return reader
 
 
 # Columns built in Python for each event, in this order. event_id and segment_id are derived
@@ -238,9 +181,9 @@ def event_batches(
     bundle: Path,
     cells: list[CellSpec],
     manifest: Manifest,
-    fmt: str,
+    reader: Reader,
     counts: dict[str, int],
     segments: list[tuple[Any, ...]],
 ) -> Iterator[pa.RecordBatch]:
     """Every eligible cell as Arrow batches of ``EVENT_ROW`` in request order; fills counts and segments."""
-    yield from _serial_batches(bundle, cells, manifest, reader_for(fmt), counts, segments)
+    yield from _serial_batches(bundle, cells, manifest, reader, counts, segments)

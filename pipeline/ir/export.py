@@ -22,22 +22,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import pipeline
-from pipeline.bundle import native
+from pipeline.adapters import reader_for, step_index_base
+from pipeline.adapters.native import iter_lines
+from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION
+from pipeline.artifacts.schemas import load_document
 from pipeline.bundle.manifest import MANIFEST_FILE, Manifest, read_frozen, read_manifest, verify
-from pipeline.bundle.native import iter_lines
 from pipeline.bundle.request import AnalysisRequest, CellSpec, load_request
-from pipeline.canonical import canonical_json, sha256_bytes, write_json
-from pipeline.errors import BadInput, BundleError
+from pipeline.core.canonical import canonical_json, sha256_bytes, write_json
+from pipeline.core.errors import BadInput, BundleError
 from pipeline.ir import events as events_module
-from pipeline.ir.events import EVENT_ROW, SEGMENT_ROW, event_batches, gc_paused, reader_for, to_arrow
+from pipeline.ir import fast
+from pipeline.ir.events import EVENT_ROW, SEGMENT_ROW, event_batches, gc_paused, to_arrow
 from pipeline.ir.schema import IR_SCHEMA_VERSION
 from pipeline.ir.store import IR_FILE, IRWriter, write_parquet
-from pipeline.run_info import RUN_SCHEMA_VERSION
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from pipeline.runner import RunContext
+    from pipeline.core.context import RunContext
 
 OUTCOMES_FILE = "sidecar/outcomes.jsonl"
 RUN_FILE = "run.json"
@@ -126,7 +128,6 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
     path = run_dir / RUN_FILE
     if not path.is_file():
         raise BadInput(f"not a lunasol run directory: {run_dir} (no {RUN_FILE})")
-    from pipeline.schemas import load_document  # newer refused (exit 2), older upgraded; same one-line errors
 
     return load_document(path, "run")[0]
 
@@ -168,14 +169,14 @@ def _load_cells(writer: IRWriter, bundle: Path, cells: list[CellSpec], manifest:
                 _load_native(writer, bundle, cells, manifest, counts, segments)
             writer.insert_table("segments", to_arrow(segments, SEGMENT_ROW))
             return counts
-        except native.IllTyped:
+        except fast.IllTyped:
             # A value no IR column can hold: start again on the generic path, which reports it
             # exactly as it always has (the same one-line BadInput).
             writer.reset()
             counts.clear()
             segments.clear()
     schema = to_arrow([], EVENT_ROW).schema
-    batches = event_batches(bundle, cells, manifest, fmt, counts, segments)
+    batches = event_batches(bundle, cells, manifest, reader_for(fmt), counts, segments)
     with gc_paused():
         writer.insert_stream(_INSERT_EVENTS, "_lunasol_events", schema, batches)
     writer.insert_table("segments", to_arrow(segments, SEGMENT_ROW))
@@ -227,7 +228,7 @@ def _load_native(
     else:
         batches = _serial_batches(bundle, cells, manifest, counts, segments)
     try:
-        writer.insert_stream(_INSERT_EVENTS, "_lunasol_events", native.fast_schema(), batches)
+        writer.insert_stream(_INSERT_EVENTS, "_lunasol_events", fast.fast_schema(), batches)
     finally:
         batches.close()  # stops a worker pool at once if DuckDB failed first
 
@@ -235,7 +236,7 @@ def _load_native(
 def _serial_batches(
     bundle: Path, cells: list[CellSpec], manifest: Manifest, counts: dict[str, int], segments: list[tuple[Any, ...]]
 ) -> Generator[pa.RecordBatch, None, None]:
-    builder = native.ColumnBuilder(bundle, manifest)
+    builder = fast.ColumnBuilder(bundle, manifest)
     for cell in cells:
         builder.add(cell)
         if builder.rows >= events_module.BATCH_ROWS:
@@ -258,7 +259,7 @@ def _parallel_batches(
     counts: dict[str, int],
     segments: list[tuple[Any, ...]],
 ) -> Generator[pa.RecordBatch, None, None]:
-    """Cells read by ``workers`` worker processes (``native.worker_main``); results in request order.
+    """Cells read by ``workers`` worker processes (``fast.worker_main``); results in request order.
 
     Tasks of about TASK_BYTES of cells go round-robin to the workers, and results are taken in
     task order, so the first error in cell order is the one raised, as in one process. A worker
@@ -274,7 +275,7 @@ def _parallel_batches(
         task_bytes += size
     workers = min(workers, len(tasks))
     root = str(Path(pipeline.__file__).resolve().parent.parent)
-    code = f"import sys; sys.path.insert(0, {root!r}); from pipeline.bundle.native import worker_main; worker_main()"
+    code = f"import sys; sys.path.insert(0, {root!r}); from pipeline.ir.fast import worker_main; worker_main()"
     procs: list[tuple[subprocess.Popen[bytes], BinaryIO]] = []
     try:
         for _ in range(workers):
@@ -320,12 +321,7 @@ def _parallel_batches(
 def _step_bases(bundle: Path, request: AnalysisRequest) -> list[int | None]:
     if request.format == "native":
         return [None for _ in request.cells]
-    import importlib
-
-    base_of = getattr(importlib.import_module("pipeline.adapters"), "step_index_base", None)
-    if base_of is None:
-        return [None for _ in request.cells]
-    return [base_of(bundle, c.cell_id) if c.eligibility == "valid_behavior" else None for c in request.cells]
+    return [step_index_base(bundle, c.cell_id) if c.eligibility == "valid_behavior" else None for c in request.cells]
 
 
 def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> ExportReport:

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import BadInput
-from pipeline.ir.store import IR_FILE
+from pipeline.artifacts.run_info import run_command
+from pipeline.core.errors import BadInput
+from pipeline.ir.store import IR_FILE, check_ir_version
 
 _ALLOWED = ("select", "with", "describe", "show", "pragma", "from", "explain", "summarize", "values", "table")
 _FIRST_WORD = re.compile(r"^\s*(?:--[^\n]*\n\s*|/\*.*?\*/\s*)*\(?\s*([A-Za-z]+)", re.DOTALL)
@@ -64,9 +65,6 @@ def query(run_dir: Path, sql: str) -> QueryResult:
     except duckdb.Error as exc:
         raise BadInput(f"cannot open {path}: {' '.join(str(exc).split())}") from None
     try:
-        from pipeline.handoff import run_command
-        from pipeline.schemas import check_ir_version  # newer: upgrade lunasol; older: rebuilt, not migrated
-
         row = con.execute("SELECT value FROM meta WHERE key = 'ir_schema_version'").fetchone()
         check_ir_version(None if row is None else str(row[0]), path, rerun=lambda: run_command(run_dir))
         try:

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.adapters.spans import ref_lines, resolve_element
 from pipeline.bundle.manifest import MANIFEST_FILE, read_frozen, read_manifest
 from pipeline.bundle.request import check_relative
-from pipeline.canonical import sha256_bytes
-from pipeline.errors import BadInput, BundleError
+from pipeline.core.canonical import sha256_bytes
+from pipeline.core.errors import BadInput, BundleError
+from pipeline.ir.export import read_run_json, run_bundle
 
 _REF = re.compile(r"^(?P<path>[^#]+)#L(?P<start>\d+)(?:-L(?P<end>\d+))?(?P<pointer>/.*)?$")
 
@@ -69,11 +71,7 @@ def ref_of(source_path: str, line_start: int, line_end: int, json_pointer: str |
 def _pointer_element(raw: bytes, ref: Ref) -> str:
     pointer = ref.json_pointer or ""
     try:
-        # The adapters' span locator also checks that the element lies within the ref's lines.
-        from pipeline.adapters.spans import resolve_element
-    except ImportError:  # pragma: no cover - adapters ship with lunasol; kept for a partial install
-        return _plain_pointer(raw, ref)
-    try:
+        # the span locator also checks that the element lies within the ref's lines
         element = resolve_element(raw, ref.line_start, ref.line_end, pointer)
     except (ValueError, KeyError, IndexError, json.JSONDecodeError) as exc:
         raise BundleError(f"ref {ref} does not resolve: {exc}") from None
@@ -98,8 +96,6 @@ def _plain_pointer(raw: bytes, ref: Ref) -> str:
 
 def _frozen_bundle(run_dir: Path) -> tuple[Path, Any]:
     """The run's bundle and manifest, refusing a bundle re-frozen since the export."""
-    from pipeline.ir.export import read_run_json, run_bundle
-
     bundle = run_bundle(run_dir)
     manifest = read_manifest(bundle)
     expected = read_run_json(run_dir).get("bundle_digest")
@@ -110,8 +106,6 @@ def _frozen_bundle(run_dir: Path) -> tuple[Path, Any]:
 
 def _ref_text(raw: bytes, ref: Ref) -> str:
     """The raw lines a ref names (of the file, or of the zip member its pointer names); one-line errors."""
-    from pipeline.adapters.spans import ref_lines
-
     try:
         return ref_lines(raw, ref.line_start, ref.line_end, ref.json_pointer)
     except UnicodeDecodeError:

@@ -8,7 +8,9 @@ the event is one element of it (e.g. ``/history/17``).
 
 from __future__ import annotations
 
-IR_SCHEMA_VERSION = 1
+from pipeline.artifacts.versions import VERSIONS
+
+IR_SCHEMA_VERSION = VERSIONS["ir"]
 
 # Event kinds. Producers map their sources onto these; `detail` keeps the source's own name.
 EVENT_KINDS = (

@@ -6,12 +6,13 @@ import contextlib
 import os
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.errors import BadInput
-from pipeline.ir.schema import DDL
+from pipeline.artifacts.run_info import run_command
+from pipeline.core.errors import BadInput
+from pipeline.ir.schema import DDL, IR_SCHEMA_VERSION
 
 if TYPE_CHECKING:
     import duckdb
@@ -191,8 +192,6 @@ def open_ir(run_dir: Path) -> duckdb.DuckDBPyConnection:
         con = duckdb.connect(str(path), read_only=True)
     except duckdb.Error as exc:
         raise BadInput(f"cannot open {path}: {' '.join(str(exc).split())}") from None
-    from pipeline.handoff import run_command
-    from pipeline.schemas import check_ir_version  # newer: upgrade lunasol; older: rebuilt, not migrated
 
     try:
         check_ir_version(meta_value(con, "ir_schema_version"), path, rerun=lambda: run_command(run_dir))
@@ -206,3 +205,25 @@ def meta_value(con: Any, key: str) -> str | None:
     """One value of the ``meta`` table (None when absent)."""
     row = con.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
     return None if row is None else str(row[0])
+
+
+def check_ir_version(found: str | None, path: Path, rerun: Callable[[], str] | None = None) -> None:
+    """Refuse an IR whose ``meta.ir_schema_version`` is not this lunasol's.
+
+    Newer: upgrade lunasol. Older or absent: the IR is derived from the frozen bundle, so it is
+    re-exported rather than migrated (``rerun()`` gives the command; per-cell model answers are reused).
+    """
+    try:
+        version = 0 if found is None else int(found)
+    except ValueError:
+        raise BadInput(f"{path} has IR schema {found!r}; expected a whole number") from None
+    if version > IR_SCHEMA_VERSION:
+        raise BadInput(
+            f"{path} has IR schema {version}, newer than this lunasol reads ({IR_SCHEMA_VERSION}): upgrade lunasol"
+        )
+    if version < IR_SCHEMA_VERSION:
+        how = rerun() if rerun else "lunasol export BUNDLE --run-id ID"
+        raise BadInput(
+            f"{path} has IR schema {version}, older than this lunasol's ({IR_SCHEMA_VERSION}); "
+            f"the IR is rebuilt from the bundle, not migrated: re-export with {how}"
+        )

@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from pipeline.artifacts.versions import VERSIONS
 from pipeline.probes.core import PatternType, ProbeHit, normalise_key
 
 Confidence = Literal["high", "medium", "low"]
@@ -91,7 +92,7 @@ class Pattern(BaseModel):
         return normalise_key(v)
 
 
-PATTERN_ROW_SCHEMA_VERSION = 1
+PATTERN_ROW_SCHEMA_VERSION = VERSIONS["patterns"]
 
 
 class PatternRow(Pattern):

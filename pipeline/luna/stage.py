@@ -15,14 +15,19 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from pipeline.canonical import digest, write_jsonl
+from pipeline.bundle.request import load_request
+from pipeline.core.canonical import digest, write_jsonl
+from pipeline.core.errors import BadInput
 from pipeline.luna.merge import CellPatterns, Conflict, Verdict, merge_cell
 from pipeline.luna.patterns import PATTERN_ROW_SCHEMA_VERSION, LunaAnswer, Pattern, check_answer
 from pipeline.luna.render import CellIR, Part, context_budget, estimate_tokens, load_cells, render_cell, split_parts
+from pipeline.models import ModelClient, PlannedCall, template_hash
+from pipeline.probes import run_probes, write_probe_hits
+from pipeline.state.ledger import CellResults, cell_key, ir_cell_digests
 
 if TYPE_CHECKING:
+    from pipeline.core.context import RunContext
     from pipeline.models import CallOutcome, ModelClient, PlannedCall
-    from pipeline.runner import RunContext
 
 PATTERNS_FILE = "patterns.jsonl"
 
@@ -86,7 +91,6 @@ class CellRun:
 
 def _task_summaries(bundle: Path) -> dict[str, str]:
     # Task summaries help Luna read obligations; they carry no outcome. Absent for IR-only runs.
-    from pipeline.bundle.request import load_request
 
     if not (bundle / "analysis-request.json").is_file():  # an IR-only run: the prompt says nothing then
         return {}
@@ -119,7 +123,6 @@ def prepare(con: duckdb.DuckDBPyConnection, budget: int | None = None) -> list[t
 
 
 def _ensure_hits(con: duckdb.DuckDBPyConnection) -> None:
-    from pipeline.probes import run_probes, write_probe_hits
 
     row = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'probe_hits'").fetchone()
     if not row or not row[0]:
@@ -138,9 +141,6 @@ def _prepared_cells(ir_path: Path) -> list[tuple[CellIR, list[Part], int]]:
 
 def plan(ctx: RunContext) -> list[PlannedCall]:
     """Every Luna call this run would make (for ``--dry-run``); calls nothing."""
-    from pipeline.luna.patterns import LunaAnswer
-    from pipeline.models import PlannedCall
-
     prepared = _prepared_cells(ctx.ir_path)
     summaries = _task_summaries(ctx.bundle)
     return [
@@ -174,9 +174,6 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
     Each cell's answers are persisted (``runs/<id>/luna/<cell>.json``) as soon as its calls finish,
     so a crash or a block keeps every finished cell and ``--resume`` never asks it again.
     """
-    from pipeline.ledger import CellResults, cell_key, ir_cell_digests
-    from pipeline.models import ModelClient, template_hash
-
     prepared = _prepared_cells(ctx.ir_path)
     summaries = _task_summaries(ctx.bundle)
     cell_digests = ir_cell_digests(ctx.ir_path)
@@ -268,7 +265,7 @@ def write_outputs(ir_path: Path, run_dir: Path, results: list[CellRun]) -> tuple
             )  # fmt: skip
     finally:
         con.close()
-    # every row carries the schema version, like calls.jsonl (see pipeline.schemas)
+    # every row carries the schema version, like calls.jsonl (see pipeline.artifacts.schemas)
     rows = [{"schema_version": PATTERN_ROW_SCHEMA_VERSION, **p.model_dump(mode="json")} for p in patterns]
     file_digest = write_jsonl(run_dir / PATTERNS_FILE, rows)
     return patterns, file_digest
@@ -276,8 +273,6 @@ def write_outputs(ir_path: Path, run_dir: Path, results: list[CellRun]) -> tuple
 
 def stage(ctx: RunContext) -> str:
     """Runner stage: Luna over every eligible cell; one-line summary (failed cells named)."""
-    from pipeline.errors import BadInput
-
     if not ctx.ir_path.is_file():
         raise BadInput(f"no IR at {ctx.ir_path}: export must run before luna")
     if ctx.options.dry_run:

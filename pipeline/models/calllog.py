@@ -9,11 +9,13 @@ from typing import Any, BinaryIO, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.canonical import canonical_json
-from pipeline.errors import BadInput
+from pipeline.artifacts.schemas import upgrade_rows
+from pipeline.artifacts.versions import VERSIONS
+from pipeline.core.canonical import canonical_json
+from pipeline.core.errors import BadInput
 
 CALLLOG_NAME = "calls.jsonl"
-CALLLOG_SCHEMA_VERSION = 1
+CALLLOG_SCHEMA_VERSION = VERSIONS["calls"]
 
 
 class CallRow(BaseModel):
@@ -87,7 +89,6 @@ def read_calls(run_dir: Path) -> list[dict[str, Any]]:
             raise BadInput(f"{path} line {n} is not JSON") from None
         if isinstance(row, dict):
             rows.append(row)
-    from pipeline.schemas import upgrade_rows  # a newer row is refused, an older one upgraded
 
     return upgrade_rows(rows, "calls", str(path))
 

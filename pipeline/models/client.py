@@ -28,9 +28,12 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from pipeline.errors import BadInput, LunasolError
+from pipeline.core import offline
+from pipeline.core.errors import BadInput, LunasolError
+from pipeline.core.settings import ModelSettings
 from pipeline.models.calllog import CallLog
 from pipeline.models.errors import BudgetExceeded, ModelUnavailable, ReplayMiss
+from pipeline.models.progress import gather_bounded
 from pipeline.models.prompts import render_source, template_path
 from pipeline.models.store import RecordingStore, canonical_request, check_record, make_record, request_key
 from pipeline.models.transport import (
@@ -55,7 +58,6 @@ from pipeline.models.transport import (
 from pipeline.models.transport import (
     retryable_types as _retryable_types,
 )
-from pipeline.settings import ModelSettings
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -278,8 +280,6 @@ class ModelClient:
 
     async def gather(self, coros: Any, *, label: str = "model calls") -> list[Any]:
         """Run many calls under ``settings.concurrency`` with a progress bar (on a TTY) showing spend."""
-        from pipeline.models.progress import gather_bounded
-
         # Twice the HTTP bound: the next calls render and prepare while others wait on the network,
         # so a freed slot is used at once; the HTTP concurrency itself stays at settings.concurrency.
         return await gather_bounded(coros, 2 * self.settings.concurrency, label=label, usage=self.usage)
@@ -307,6 +307,7 @@ class ModelClient:
         if self._instructor is None:
             if not self.model:
                 raise BadInput("no model given: pass --model (e.g. openai/gpt-4o-mini) or set LUNASOL_MODEL")
+            offline.apply()  # instructor may import litellm: switches first
             import instructor
 
             quiet_instructor()

@@ -1,10 +1,10 @@
-"""Errors of the model layer: each is a :class:`~pipeline.errors.Blocked` the runner turns into a block receipt."""
+"""Errors of the model layer: each is a :class:`~pipeline.core.errors.Blocked` the runner turns into a block receipt."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pipeline.errors import BadInput, Blocked
+from pipeline.core.errors import BadInput, Blocked
 
 
 class PromptError(BadInput):

@@ -12,8 +12,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from pipeline.core import offline
+from pipeline.core.settings import ModelSettings
+from pipeline.models.client import INSTRUCTOR_MODES
 from pipeline.models.prompts import render
-from pipeline.settings import ModelSettings
+from pipeline.models.transport import load_litellm, quiet_instructor
 
 ASSUMED_MODEL = "openai/gpt-4o-mini"
 """Model used to count and price a dry run when none is given (said so in the table)."""
@@ -114,10 +117,8 @@ def _capture(**kwargs: Any) -> Any:
 
 def instructor_request(messages: list[dict[str, Any]], response_model: type[BaseModel]) -> dict[str, Any]:
     """The kwargs instructor would hand to litellm for these messages (schema, tools, system text added)."""
+    offline.apply()  # instructor may import litellm: switches first
     import instructor
-
-    from pipeline.models.client import INSTRUCTOR_MODES
-    from pipeline.models.transport import quiet_instructor
 
     quiet_instructor()  # the deliberate stop below would be logged as a failed attempt
 
@@ -136,7 +137,6 @@ def instructor_request(messages: list[dict[str, Any]], response_model: type[Base
 
 
 def _count(model: str, request: dict[str, Any]) -> int:
-    from pipeline.models.transport import load_litellm
 
     litellm = load_litellm()
 
@@ -144,7 +144,6 @@ def _count(model: str, request: dict[str, Any]) -> int:
 
 
 def _price(model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
-    from pipeline.models.transport import load_litellm
 
     litellm = load_litellm()
 

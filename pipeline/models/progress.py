@@ -6,12 +6,20 @@ import asyncio
 import inspect
 import sys
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
-
-if TYPE_CHECKING:
-    from pipeline.models.client import Usage
+from typing import Any, Protocol, TypeVar
 
 R = TypeVar("R")
+
+
+class Usage(Protocol):
+    """What the bar shows of the client's running spend (the client's ``Usage`` has it)."""
+
+    @property
+    def total_tokens(self) -> int: ...
+    @property
+    def cost_usd(self) -> float: ...
+    @property
+    def cost_known(self) -> bool: ...
 
 
 def _spend(usage: Callable[[], Usage] | None) -> str:

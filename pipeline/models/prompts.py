@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.canonical import sha256_bytes
+from pipeline.core.canonical import sha256_bytes
 from pipeline.models.errors import PromptError
 
 ROLES = ("luna", "sol", "proposer")

@@ -16,9 +16,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.canonical import canonical_json, digest, read_json, write_json
+from pipeline.artifacts.versions import VERSIONS
+from pipeline.core.canonical import canonical_json, digest, read_json, write_json
+from pipeline.core.errors import BadInput
+from pipeline.core.settings import ModelSettings
 
-STORE_SCHEMA_VERSION = 1
+STORE_SCHEMA_VERSION = VERSIONS["recording"]
 
 
 class Recording(BaseModel):
@@ -174,8 +177,6 @@ def make_record(
 
 def check_record(record: Any, path: Path) -> dict[str, Any]:
     """Refuse a recording of a newer schema version or without a response."""
-    from pipeline.errors import BadInput
-
     if not isinstance(record, dict) or "response" not in record:
         raise BadInput(f"not a lunasol recording: {path}")
     version = record.get("schema_version", 1)
@@ -190,8 +191,6 @@ def resolve_settings(settings: Any) -> Any:
     Call it once before the stages run, so every artifact that names the model names the same one
     in a recording run and in its replay (``--replay DIR`` alone is then enough).
     """
-    from pipeline.errors import BadInput
-
     if settings.model or settings.effective_mode() != "replay" or settings.store is None:
         return settings
     store = RecordingStore(Path(settings.store), "replay")
@@ -201,3 +200,26 @@ def resolve_settings(settings: Any) -> Any:
     if len(models) > 1:
         raise BadInput(f"replay store holds several models ({', '.join(sorted(models))}); pass --model")
     return settings.model_copy(update={"model": next(iter(models))}) if models else settings
+
+
+def check_store(settings: ModelSettings) -> None:
+    """Before any work (the CLI calls it): the record / replay store fits the mode and the model.
+
+    Without it a file given as a store surfaces late, and a replay under another ``--model`` would
+    fail late with a replay miss on the first call instead of one clear line up front.
+    """
+    store, mode = settings.store, settings.mode
+    if store is None:
+        return
+    if mode == "record" and store.exists() and not store.is_dir():
+        raise BadInput(f"record store {store} is a file; --record needs a directory (new or existing)")
+    if mode == "replay":
+        if not store.is_dir():
+            raise BadInput(f"replay store not found: {store}")
+        if settings.model:
+            recorded = RecordingStore(store, "replay").models()
+            if recorded and settings.model not in recorded:
+                raise BadInput(
+                    f"replay store {store} was recorded with {', '.join(sorted(recorded))}, not {settings.model}; "
+                    "drop --model to replay it as recorded, or record with this model"
+                )

@@ -6,11 +6,13 @@ import logging
 import os
 from typing import Any
 
-from pipeline.errors import LunasolError
+from pipeline.core import offline
+from pipeline.core.errors import LunasolError
 
 
 def load_litellm() -> Any:
-    """Import litellm lazily (3+ s) with its feedback banner off; offline switches are already set."""
+    """Import litellm lazily (3+ s) with its feedback banner off and the offline switches set first."""
+    offline.apply()  # before litellm's import: it would fetch a price map from GitHub otherwise
     import litellm
 
     litellm.suppress_debug_info = True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pipeline.core.errors import BadInput
 from pipeline.probes.core import (
     PROBES,
     Probe,
@@ -15,7 +16,7 @@ from pipeline.probes.core import (
 )
 
 if TYPE_CHECKING:
-    from pipeline.runner import RunContext
+    from pipeline.core.context import RunContext
 
 __all__ = [
     "PROBES",
@@ -32,8 +33,6 @@ __all__ = [
 def stage(ctx: RunContext) -> str:
     """Run every probe over the run's IR and store the hits in table ``probe_hits``."""
     import duckdb
-
-    from pipeline.errors import BadInput
 
     if not ctx.ir_path.is_file():
         raise BadInput(f"no IR at {ctx.ir_path}: export must run before probes")

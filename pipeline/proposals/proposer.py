@@ -25,17 +25,33 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+<<<<<<< HEAD
 from pipeline.canonical import pretty_json, read_json, sha256_file, write_json
 from pipeline.errors import BadInput, Blocked
 from pipeline.proposals.card import ProposalCard, ProposalList
 from pipeline.proposals.io import write_cards
 from pipeline.settings import ModelSettings
 from pipeline.validator import PROMPT_RULES, RunFacts, load_run_facts, validate_entries
+=======
+from pipeline.artifacts.proposal_card import ProposalCard, ProposalList
+from pipeline.artifacts.proposals_file import write_cards
+from pipeline.artifacts.versions import VERSIONS
+from pipeline.core.canonical import pretty_json, read_json, sha256_file, write_json
+from pipeline.core.errors import BadInput, Blocked
+from pipeline.core.settings import ModelSettings
+from pipeline.gates.gate1 import confirmed_weaknesses
+from pipeline.models import ModelClient, template_hash
+from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
+from pipeline.state import handoff
+from pipeline.state.blocking import write_block_receipt
+from pipeline.state.ledger import Ledger
+from pipeline.validator import RULES, RunFacts, load_run_facts, validate_entries
+>>>>>>> main
 
 ROLE = "proposer"
 PROPOSALS_FILE = "proposals.yaml"
 VALIDATION_FILE = "validation.json"
-VALIDATION_SCHEMA_VERSION = 1
+VALIDATION_SCHEMA_VERSION = VERSIONS["validation"]
 GROUPS_FILE = "pattern-groups.json"
 
 
@@ -222,8 +238,6 @@ async def _propose_all(
     confirmed: dict[str, dict[str, Any]],
     log: Callable[[str], None],
 ) -> list[WeaknessResult]:
-    from pipeline.models import ModelClient
-    from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 
     shortlist = read_shortlist(run_dir / SHORTLIST_FILE)
     groups = _groups_by_id(run_dir)
@@ -347,7 +361,6 @@ def assemble(
 
 
 def _blocked_without_gate1(run_dir: Path, exc: Blocked) -> Blocked:
-    from pipeline.blocking import write_block_receipt
 
     unblock = exc.unblock
     write_block_receipt(run_dir, exc, stage="propose", unblock=unblock, command=f"lunasol propose {run_dir}")
@@ -356,14 +369,9 @@ def _blocked_without_gate1(run_dir: Path, exc: Blocked) -> Blocked:
 
 def propose(run_dir: Path, settings: ModelSettings, log: Callable[[str], None] = print) -> ProposeResult:
     """Generate, validate and write the run's proposal cards (``lunasol propose``)."""
-    from pipeline import handoff as hf
-    from pipeline.blocking import write_block_receipt
-    from pipeline.gates import confirmed_weaknesses
-    from pipeline.ledger import Ledger
-
     if not (run_dir / "weakness-shortlist.json").is_file():
         raise BadInput(f"{run_dir} has no weakness-shortlist.json: run the analysis up to gate 1 first")
-    current = hf.load(run_dir)
+    current = handoff.load(run_dir)
     if current.proposalSelection in ("selected", "none"):
         # Regenerating would silently change what gate 2 decided on.
         raise BadInput(
@@ -386,7 +394,7 @@ def propose(run_dir: Path, settings: ModelSettings, log: Callable[[str], None] =
     proposals_digest = sha256_file(path)
     validation["proposals_digest"] = proposals_digest
     write_json(run_dir / VALIDATION_FILE, validation)
-    hf.update(
+    handoff.update(
         run_dir,
         {"proposalGeneration": "done", "proposalSelection": "pending", "proposals_digest": proposals_digest},
         f"proposals generated ({len(cards)} card(s))",
@@ -401,6 +409,5 @@ def propose(run_dir: Path, settings: ModelSettings, log: Callable[[str], None] =
 
 
 def _template_hash() -> str:
-    from pipeline.models import template_hash
 
     return template_hash(ROLE)

@@ -15,13 +15,14 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
-from pipeline.canonical import atomic_write_text
+from pipeline.core.canonical import atomic_write_text
+from pipeline.core.errors import BadInput
 from pipeline.diff.artifacts import Row, RunArtifacts, load_run
 from pipeline.diff.compare import call_totals, validation_by_id, validation_summary
 from pipeline.diff.match import EVENT_ID_RE, REF_RE, cited_ids
-from pipeline.errors import BadInput
+from pipeline.models.calllog import summarise
 from pipeline.report.evidence import EvidenceReader, Snippet
-from pipeline.runs_index import run_state
+from pipeline.run.index import run_state
 
 TEMPLATE = "report.html.j2"
 _TOKEN = re.compile(f"(?:{REF_RE.pattern})|(?:{EVENT_ID_RE.pattern})")
@@ -100,8 +101,6 @@ def _calls_summary(arts: RunArtifacts) -> dict[str, Any] | None:
     if arts.calls is None:
         return None
     try:
-        from pipeline.models.calllog import summarise
-
         summary: dict[str, Any] = summarise(arts.path)
     except ImportError:  # the model layer is optional for reading a run
         t = call_totals(arts.calls)

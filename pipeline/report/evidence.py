@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.canonical import sha256_text
+from pipeline.core.canonical import sha256_text
+from pipeline.core.errors import LunasolError
+from pipeline.ir.refs import resolve_ref
 
 SNIPPET_LIMIT = 64_000  # characters of raw text embedded per ref; the rest is cut with a marker
 
@@ -91,9 +93,6 @@ class EvidenceReader:
 
     def _fill(self, snip: Snippet) -> None:
         """Embed the frozen lines through :func:`pipeline.ir.refs.resolve_ref` (hash checked there)."""
-        from pipeline.errors import LunasolError
-        from pipeline.ir.refs import resolve_ref
-
         ref = snip.ref
         assert ref is not None
         if ref in self._cache:

@@ -12,12 +12,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.canonical import digest, write_json
-from pipeline.errors import BadInput
+from pipeline.artifacts.schemas import read_document, upgrade
+from pipeline.artifacts.versions import VERSIONS
+from pipeline.core.canonical import digest, write_json
+from pipeline.core.errors import BadInput
 from pipeline.sol.cards import Dropped, WeaknessCard
 
 SHORTLIST_FILE = "weakness-shortlist.json"
-SHORTLIST_SCHEMA_VERSION = 1
+SHORTLIST_SCHEMA_VERSION = VERSIONS["weakness-shortlist"]
 
 
 class Denominator(BaseModel):
@@ -60,7 +62,6 @@ def read_shortlist(path: Path) -> Shortlist:
     """Read and verify a shortlist (schema version and digest)."""
     if not path.is_file():
         raise BadInput(f"no weakness shortlist at {path}")
-    from pipeline.schemas import read_document, upgrade
 
     raw = read_document(path)
     doc, found = upgrade(raw, "weakness-shortlist", str(path))  # newer refused (exit 2), older upgraded

@@ -15,15 +15,17 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.canonical import digest, pretty_json, read_json, sha256_file
-from pipeline.errors import Blocked
+from pipeline.core.canonical import digest, pretty_json, read_json, sha256_file
+from pipeline.core.errors import Blocked
+from pipeline.models import ModelClient, PlannedCall, template_hash
 from pipeline.sol.cards import Dropped, SolAnswer, WeaknessDraft
 from pipeline.sol.checks import EvidenceIndex, answer_errors, check_answer, load_index
 from pipeline.sol.shortlist import SHORTLIST_FILE, Denominator, Shortlist, write_shortlist
+from pipeline.state.ledger import ir_digest
 
 if TYPE_CHECKING:
+    from pipeline.core.context import RunContext
     from pipeline.models import PlannedCall
-    from pipeline.runner import RunContext
 
 ROLE = "sol"
 GROUPS_FILE = "pattern-groups.json"
@@ -211,8 +213,6 @@ def build_context(run_dir: Path, ir_path: Path) -> tuple[dict[str, Any], Evidenc
 
 
 def _made_from(ctx: RunContext, context: dict[str, Any]) -> dict[str, str | None]:
-    from pipeline.ledger import ir_digest
-    from pipeline.models import template_hash
 
     groups = ctx.run_dir / GROUPS_FILE
     return {
@@ -255,8 +255,6 @@ def make_shortlist(
 
 def mine(ctx: RunContext) -> Shortlist:
     """Ask Sol once over the whole batch, check its answer, and write ``weakness-shortlist.json``."""
-    from pipeline.models import ModelClient
-
     context, index = build_context(ctx.run_dir, ctx.ir_path)
     if not index.denominator:
         raise Blocked("no eligible cell in this run: Sol has nothing to explain", reason="missing_data")
@@ -300,8 +298,6 @@ def stage(ctx: RunContext) -> str:
 
 def plan(ctx: RunContext) -> list[PlannedCall]:
     """For ``--dry-run``: the one Sol call (pattern groups as far as they exist)."""
-    from pipeline.models import PlannedCall
-
     if not ctx.ir_path.is_file():
         return []
     context, _ = build_context(ctx.run_dir, ctx.ir_path)

@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from pipeline.canonical import canonical_json, digest
+from pipeline.core.canonical import canonical_json, digest
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 * ``fake_llm``: a :class:`~pipeline.testing.openai_server.FakeOpenAI` shared by the session,
   reset (empty script, no handler, no recorded requests) for every test.
-* ``model_settings``: a factory of :class:`~pipeline.settings.ModelSettings` pointing at ``fake_llm``
+* ``model_settings``: a factory of :class:`~pipeline.core.settings.ModelSettings` pointing at ``fake_llm``
   (model ``openai/test-model``, short timeout, zero retry waits come from LUNASOL_TEST_NO_WAIT).
 """
 
@@ -13,8 +13,11 @@ from typing import Any
 
 import pytest
 
-from pipeline.settings import ModelSettings
+from pipeline.core import offline
+from pipeline.core.settings import ModelSettings
 from pipeline.testing.openai_server import FakeOpenAI
+
+offline.apply()  # the plugin loads before any test module imports litellm
 
 
 @pytest.fixture(scope="session")

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.proposals.card import ProposalCard
-from pipeline.proposals.io import read_entries
+from pipeline.artifacts.proposal_card import ProposalCard
+from pipeline.artifacts.proposals_file import read_entries
 from pipeline.validator import behaviour, forbidden, lever, limits, quantities, run_rules, schema, similarity
 from pipeline.validator.findings import CardReport, Finding
 from pipeline.validator.run_rules import RunFacts, load_run_facts

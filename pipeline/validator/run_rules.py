@@ -3,7 +3,7 @@
 The run's facts are read through :func:`load_run_facts` only: ``run.json`` (parent harness),
 ``weakness-shortlist.json`` (weaknesses and their support, digest-checked by
 :mod:`pipeline.sol.shortlist`), and the gate-1 receipt via
-:func:`pipeline.gates.confirmed_weaknesses` (bound to the current shortlist digest; silence is
+:func:`pipeline.gates.gate1.confirmed_weaknesses` (bound to the current shortlist digest; silence is
 never approval).
 """
 
@@ -13,9 +13,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.canonical import read_json
-from pipeline.errors import BadInput, Blocked
-from pipeline.proposals.card import ProposalCard
+from pipeline.artifacts.proposal_card import ProposalCard
+from pipeline.core.canonical import read_json
+from pipeline.core.errors import BadInput, Blocked, LunasolError
+from pipeline.gates.gate1 import confirmed_weaknesses
+from pipeline.ir.refs import resolve_ref
+from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 from pipeline.validator.findings import TextField
 from pipeline.validator.quantities import CELL_REF
 
@@ -81,8 +84,6 @@ class RunFacts:
             return {}
         if "bundle" not in read_json(self.run_dir / "run.json"):
             return {}  # a run without a recorded bundle has nothing to resolve refs against
-        from pipeline.errors import LunasolError
-        from pipeline.ir.refs import resolve_ref
 
         out: dict[str, str] = {}
         for ref in sorted(refs):
@@ -95,9 +96,6 @@ class RunFacts:
 
 def load_run_facts(run_dir: Path) -> RunFacts:
     """Read a run's facts defensively; a missing or unreadable run is BadInput (exit 2)."""
-    from pipeline.gates import confirmed_weaknesses
-    from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
-
     if not run_dir.is_dir():
         raise BadInput(f"run directory not found: {run_dir}")
     parent: str | None = None

@@ -12,8 +12,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pipeline.proposals.card import ProposalCard
+from pipeline.artifacts.proposal_card import ProposalCard
 from pipeline.validator.findings import Finding
+from pipeline.validator.text import card_fields
 
 RULES: dict[str, str] = {
     "V-SCHEMA-MISSING": "a required field is missing",
@@ -117,7 +118,6 @@ def check_schema(entry: Any, index: int, prefix: str) -> tuple[ProposalCard | No
 
 
 def _leaves(card: ProposalCard, prefix: str) -> list[tuple[str, str]]:
-    from pipeline.validator.text import card_fields
 
     return [(f.path, f.text) for f in card_fields(card, prefix)]
 

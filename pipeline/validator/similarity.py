@@ -20,7 +20,7 @@ import re
 import unicodedata
 from typing import Any
 
-from pipeline.proposals.card import ProposalCard
+from pipeline.artifacts.proposal_card import ProposalCard
 
 RULES: dict[str, str] = {"V-DUPLICATE-STRATEGY": "two cards in one file are the same strategy in other words"}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from pipeline.proposals.card import ProposalCard
+from pipeline.artifacts.proposal_card import ProposalCard
 from pipeline.validator.findings import TextField
 from pipeline.validator.limits import MAX_FIELD_CHARS
 from pipeline.validator.normal_form import rule_text

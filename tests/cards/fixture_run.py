@@ -1,14 +1,13 @@
 """A small synthetic run for the run-dependent validator rules: run.json, a sealed weakness
-shortlist (W-02, W-04, W-09) and, optionally, a gate-1 receipt made through pipeline.gates."""
+shortlist (W-02, W-04, W-09) and, optionally, a gate-1 receipt made through pipeline.gates.gate1."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from pipeline import handoff as hf
-from pipeline.canonical import write_json
-from pipeline.gates import confirm
+from pipeline.core.canonical import write_json
+from pipeline.gates.gate1 import confirm
 from pipeline.sol.cards import (
     CounterEvidence,
     FirstDivergence,
@@ -19,6 +18,7 @@ from pipeline.sol.cards import (
     Where,
 )
 from pipeline.sol.shortlist import SHORTLIST_FILE, Denominator, Shortlist, write_shortlist
+from pipeline.state import handoff
 
 CELLS = [f"C{i:03d}" for i in range(1, 25)]
 
@@ -93,7 +93,7 @@ def make_run(runs_dir: Path, *, confirmed: bool = True, run_id: str = "h0-valida
             ],
         ),
     )
-    hf.update(
+    handoff.update(
         run_dir,
         {"phase": "rootCausesMined", "userRootCauseConfirmation": "pending", "shortlist_digest": shortlist.digest},
         "sol",

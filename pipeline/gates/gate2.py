@@ -1,6 +1,6 @@
 """Gate 2: the user selects one proposal, none, or asks for a redo - as a receipt.
 
-The decision goes through :func:`pipeline.gates.commit`, the same compare-and-set as gate 1:
+The decision goes through :func:`pipeline.gates.gate1.commit`, the same compare-and-set as gate 1:
 bound to the digest of ``proposals.yaml`` and to the handoff revision the decider saw (stale →
 ``needs_rebase``, exit 4), idempotent per operation id, receipts in ``runs/<id>/gates/``.
 
@@ -14,8 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.errors import BadInput, Blocked, NeedsRebase
-from pipeline.proposals.io import read_entries
+from pipeline.artifacts.proposals_file import read_entries
+from pipeline.core.canonical import read_json
+from pipeline.core.errors import BadInput, Blocked, NeedsRebase
+from pipeline.gates import gate1 as gates
+from pipeline.state import handoff
 
 GATE2 = "gate2"
 PROPOSALS_FILE = "proposals.yaml"
@@ -47,9 +50,6 @@ def select(
     operation_id: str | None = None,
 ) -> tuple[Any, bool]:
     """Gate 2: commit the selection as a receipt; return (receipt, replayed)."""
-    from pipeline import gates
-    from pipeline import handoff as hf
-
     if (choice == "proposal") != (proposal_id is not None):
         raise BadInput("choose exactly one of --proposal P-.., --none or --redo")
     if not (run_dir / PROPOSALS_FILE).is_file():
@@ -70,7 +70,7 @@ def select(
         "meaning": NOT_AUTHORISATION,
     }
 
-    def apply(h: hf.Handoff) -> dict[str, Any]:
+    def apply(h: handoff.Handoff) -> dict[str, Any]:
         if h.proposalGeneration != "done":
             raise Blocked(
                 "gate 2 is not open: no proposals were generated for the current state",
@@ -94,15 +94,12 @@ def select(
 
 def _check_made_from_current_shortlist(run_dir: Path) -> None:
     """Proposals made from an older shortlist cannot be selected: the ground under them moved."""
-    from pipeline import handoff as hf
-    from pipeline.canonical import read_json
-
     path = run_dir / "validation.json"
     if not path.is_file():
         return
     raw = read_json(path)
     made_from = raw.get("shortlist_digest") if isinstance(raw, dict) else None
-    current = hf.load(run_dir).shortlist_digest
+    current = handoff.load(run_dir).shortlist_digest
     if made_from and current and made_from != current:
         raise NeedsRebase(
             f"needs_rebase: the proposals were made from shortlist {made_from}, the shortlist is now {current}; "
@@ -112,10 +109,7 @@ def _check_made_from_current_shortlist(run_dir: Path) -> None:
 
 def selection_status(run_dir: Path) -> dict[str, Any]:
     """Gate 2 as ``lunasol status`` can show it: state, the chosen card, and what it does not authorise."""
-    from pipeline import handoff as hf
-    from pipeline.canonical import read_json
-
-    h = hf.load(run_dir)
+    h = handoff.load(run_dir)
     out: dict[str, Any] = {
         "proposalSelection": h.proposalSelection,
         "proposals_digest": h.proposals_digest,

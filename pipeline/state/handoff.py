@@ -5,7 +5,7 @@ Progress: created → exported → patterns → aggregated → rootCausesMined, 
 ``proposalGeneration`` (not_started → done) and ``proposalSelection``
 (not_started → pending → selected / none / redo). Every change bumps ``revision``; an update
 that changes nothing does not. Gate decisions are compare-and-set on that revision
-(:mod:`pipeline.gates`). All writes happen under one exclusive lock file per run.
+(:mod:`pipeline.gates.gate1`). All writes happen under one exclusive lock file per run.
 """
 
 from __future__ import annotations
@@ -20,12 +20,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.canonical import read_json, write_json
-from pipeline.errors import NeedsRebase
+from pipeline.artifacts.run_info import run_command
+from pipeline.artifacts.schemas import load_artifact
+from pipeline.artifacts.versions import VERSIONS
+from pipeline.core.canonical import read_json, write_json
+from pipeline.core.errors import NeedsRebase
 
 HANDOFF_FILE = "handoff.json"
 LOCK_FILE = ".lunasol.lock"
-HANDOFF_SCHEMA_VERSION = 1
+HANDOFF_SCHEMA_VERSION = VERSIONS["handoff"]
 
 Phase = Literal["created", "exported", "patterns", "aggregated", "rootCausesMined"]
 PHASES: tuple[Phase, ...] = ("created", "exported", "patterns", "aggregated", "rootCausesMined")
@@ -88,11 +91,7 @@ def load(run_dir: Path) -> Handoff:
     path = run_dir / HANDOFF_FILE
     if not path.is_file():
         return Handoff(run_id=run_dir.name)
-    from pipeline.schemas import load_artifact  # newer refused (exit 2), older upgraded by numbered migrations
-
-    loaded = load_artifact(path, "handoff")
-    assert isinstance(loaded, Handoff)
-    return loaded
+    return load_artifact(path, "handoff", Handoff)  # newer refused (exit 2), older upgraded
 
 
 def _apply(handoff: Handoff, changes: Mapping[str, Any], event: str) -> bool:
@@ -141,35 +140,6 @@ def changes_since(handoff: Handoff, revision: int) -> str:
 def phase_reached(handoff: Handoff, phase: Phase) -> bool:
     """Whether the run got at least as far as ``phase``."""
     return PHASES.index(handoff.phase) >= PHASES.index(phase)
-
-
-def run_command(run_dir: Path, *, resume: bool = True) -> str:
-    """The exact ``lunasol run`` command that continues this run (from run.json)."""
-    bundle = "BUNDLE"
-    models: dict[str, Any] = {}
-    run_json = run_dir / "run.json"
-    if run_json.is_file():
-        raw = read_json(run_json)
-        if isinstance(raw, dict):
-            inputs = raw.get("inputs", {})
-            given = inputs.get("bundle_path")
-            if given and Path(given).is_dir():
-                bundle = str(given)  # as the user typed it, still valid from here
-            elif isinstance(raw.get("bundle"), str):
-                bundle = str((run_dir / raw["bundle"]).resolve())  # export stores it relative to the run
-            elif given:
-                bundle = str(given)
-            models = inputs.get("models") or {}
-    parts = ["lunasol", "run", bundle, "--run-id", run_dir.name, "--runs-dir", str(run_dir.parent)]
-    if models.get("model"):
-        parts += ["--model", str(models["model"])]
-    if models.get("api_base"):
-        parts += ["--api-base", str(models["api_base"])]
-    if models.get("mode") in ("replay", "record") and models.get("store"):
-        parts += [f"--{models['mode']}", str(models["store"])]
-    if resume:
-        parts.append("--resume")
-    return shlex.join(parts)
 
 
 def weakness_ids(run_dir: Path) -> list[str]:

@@ -15,13 +15,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.canonical import read_json, write_json
-from pipeline.errors import Blocked
-from pipeline.ledger import Ledger
+from pipeline.artifacts.schemas import upgrade
+from pipeline.artifacts.versions import VERSIONS
+from pipeline.core.canonical import read_json, write_json
+from pipeline.core.errors import Blocked
+from pipeline.state.ledger import Ledger
 
 BLOCK_RECEIPT = "block-receipt.json"
 RESOLVED_DIR = "block-receipts"
-BLOCK_SCHEMA_VERSION = 1
+BLOCK_SCHEMA_VERSION = VERSIONS["block-receipt"]
 
 # seed 001's constraint classes; anything else a Blocked error names is kept as given.
 CONSTRAINT_CLASSES = ("permission", "missing_data", "external_system", "destructive_risk", "credential", "user_stop")
@@ -116,6 +118,5 @@ def read_block_receipt(run_dir: Path) -> dict[str, Any] | None:
     raw = read_json(path)
     if not isinstance(raw, dict):
         return None
-    from pipeline.schemas import upgrade  # a newer receipt is refused, an older one upgraded
 
     return upgrade(raw, "block-receipt", str(path))[0]

@@ -26,16 +26,18 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 import pipeline
-from pipeline.canonical import digest, read_json, sha256_file, write_json
+from pipeline.artifacts.schemas import load_artifact
+from pipeline.artifacts.versions import VERSIONS
+from pipeline.core.canonical import digest, read_json, sha256_file, write_json
 
 LEDGER_FILE = "ledger.json"
 LEDGER_LOCK = ".ledger.lock"
-LEDGER_SCHEMA_VERSION = 1
+LEDGER_SCHEMA_VERSION = VERSIONS["ledger"]
 
 State = Literal["pending", "verified", "invalidated"]
 
 
-CELL_RESULT_SCHEMA_VERSION = 1
+CELL_RESULT_SCHEMA_VERSION = VERSIONS["cell-result"]
 
 
 class CellResult(BaseModel):
@@ -120,11 +122,7 @@ class Ledger:
     def _load(self) -> LedgerData:
         if not self.path.is_file():
             return LedgerData()
-        from pipeline.schemas import load_artifact  # newer refused (exit 2), older upgraded by numbered migrations
-
-        loaded = load_artifact(self.path, "ledger")
-        assert isinstance(loaded, LedgerData)
-        return loaded
+        return load_artifact(self.path, "ledger", LedgerData)  # newer refused (exit 2), older upgraded
 
     def save(self) -> None:
         """Write the ledger atomically."""

@@ -23,13 +23,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline import handoff as hf
-from pipeline.canonical import atomic_create_bytes, digest, pretty_json, read_json, sha256_file
-from pipeline.errors import BadInput, Blocked, NeedsRebase
-from pipeline.ledger import Ledger
+from pipeline.artifacts.run_info import run_command
+from pipeline.artifacts.schemas import load_artifact
+from pipeline.artifacts.versions import VERSIONS
+from pipeline.core.canonical import atomic_create_bytes, digest, pretty_json, read_json, sha256_file
+from pipeline.core.errors import BadInput, Blocked, NeedsRebase
+from pipeline.sol.shortlist import read_shortlist
+from pipeline.state import handoff
+from pipeline.state.ledger import Ledger
 
 GATES_DIR = "gates"
-RECEIPT_SCHEMA_VERSION = 1
+RECEIPT_SCHEMA_VERSION = VERSIONS["gate-receipt"]
 
 
 class Subject(BaseModel):
@@ -74,11 +78,7 @@ def default_operation_id(gate: str, subject_digest: str, request: Mapping[str, A
 
 def _load_receipt(path: Path) -> Receipt:
     # Through the schema registry: a receipt written by a newer lunasol is refused, an older one upgraded.
-    from pipeline.schemas import load_artifact
-
-    receipt = load_artifact(path, "gate-receipt")
-    assert isinstance(receipt, Receipt)
-    return receipt
+    return load_artifact(path, "gate-receipt", Receipt)
 
 
 def commit(
@@ -88,7 +88,7 @@ def commit(
     artifact: str,
     by: str,
     request: Mapping[str, Any],
-    apply: Callable[[hf.Handoff], dict[str, Any]],
+    apply: Callable[[handoff.Handoff], dict[str, Any]],
     expected_digest: str | None,
     expected_revision: int | None,
     operation_id: str | None = None,
@@ -105,14 +105,14 @@ def commit(
         raise BadInput("--by NAME is required: a decision needs a named person")
     art_path = run_dir / artifact
     current_digest = subject_digest or (lambda: sha256_file(art_path))
-    with hf.run_lock(run_dir):
+    with handoff.run_lock(run_dir):
         if not art_path.is_file():
             raise BadInput(f"{art_path} not found: nothing to decide on yet")
         now_digest = current_digest()
         op = operation_id or default_operation_id(gate, expected_digest or now_digest, request, by)
         req_digest = digest({"gate": gate, "request": request, "by": by, "subject": expected_digest or now_digest})
         path = receipt_path(run_dir, gate, op)
-        handoff = hf.load(run_dir)
+        current = handoff.load(run_dir)
         if path.is_file():
             old = _load_receipt(path)
             if old.request_digest != req_digest:
@@ -121,15 +121,15 @@ def commit(
                     f"({path.name}); use a new --operation-id",
                     operation_id=op,
                 )
-            if handoff.revision == old.base_revision and handoff.receipts.get(gate) != str(path.relative_to(run_dir)):
+            if current.revision == old.base_revision and current.receipts.get(gate) != str(path.relative_to(run_dir)):
                 # A crash between the receipt and the handoff write: finish applying the same decision.
                 _apply_receipt(run_dir, old, path)
             return old, True
-        if expected_revision is not None and handoff.revision != expected_revision:
+        if expected_revision is not None and current.revision != expected_revision:
             raise NeedsRebase(
-                f"needs_rebase: handoff is at revision {handoff.revision}, you decided on revision "
-                f"{expected_revision}; since then: {hf.changes_since(handoff, expected_revision)}",
-                current_revision=handoff.revision,
+                f"needs_rebase: handoff is at revision {current.revision}, you decided on revision "
+                f"{expected_revision}; since then: {handoff.changes_since(current, expected_revision)}",
+                current_revision=current.revision,
             )
         if expected_digest is not None and expected_digest != now_digest:
             what = describe_change(run_dir, artifact, expected_digest)
@@ -138,15 +138,15 @@ def commit(
                 + (f" ({what})" if what else ""),
                 current_digest=now_digest,
             )
-        result = apply(handoff)
+        result = apply(current)
         receipt = Receipt(
             gate=gate,
             operation_id=op,
-            run_id=handoff.run_id,
+            run_id=current.run_id,
             by=by,
             decided_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            base_revision=handoff.revision,
-            new_revision=handoff.revision + 1,
+            base_revision=current.revision,
+            new_revision=current.revision + 1,
             subject=Subject(artifact=artifact, digest=now_digest),
             request=dict(request),
             request_digest=req_digest,
@@ -186,10 +186,10 @@ def describe_change(run_dir: Path, artifact: str, old_digest: str) -> str:
 def _apply_receipt(run_dir: Path, receipt: Receipt, path: Path) -> None:
     """Apply a committed receipt to the handoff and the ledger (caller holds the run lock)."""
     rel = str(path.relative_to(run_dir))
-    handoff = hf.load(run_dir)
+    current = handoff.load(run_dir)
     changes = dict(receipt.result)
-    changes["receipts"] = {**handoff.receipts, receipt.gate: rel}
-    hf.update_locked(run_dir, changes, f"{receipt.gate} by {receipt.by} ({receipt.operation_id})")
+    changes["receipts"] = {**current.receipts, receipt.gate: rel}
+    handoff.update_locked(run_dir, changes, f"{receipt.gate} by {receipt.by} ({receipt.operation_id})")
     Ledger(run_dir).mark_verified(
         receipt.gate,
         receipt.gate,
@@ -213,8 +213,6 @@ SHORTLIST = "weakness-shortlist.json"
 
 def shortlist_digest(run_dir: Path) -> str:
     """The shortlist's own digest (the ``digest`` field, checked against its content)."""
-    from pipeline.sol.shortlist import read_shortlist
-
     return read_shortlist(run_dir / SHORTLIST).digest
 
 
@@ -260,17 +258,17 @@ def confirm(
 ) -> tuple[Receipt, bool]:
     """Gate 1: record a decision on every weakness of the shortlist as a receipt (see :func:`commit`)."""
     notes = dict(notes or {})
-    ids = hf.weakness_ids(run_dir)
+    ids = handoff.weakness_ids(run_dir)
     if not (run_dir / SHORTLIST).is_file():
         raise Blocked(
             f"no weakness shortlist in {run_dir}: gate 1 has nothing to decide on",
             reason="missing_data",
-            unblock=hf.run_command(run_dir),
+            unblock=run_command(run_dir),
         )
     if not ids:
         raise BadInput(
             "the shortlist holds no weakness: there is nothing to confirm (see its dropped list; "
-            f"rerun with another model or prompt: {hf.run_command(run_dir, resume=False)})"
+            f"rerun with another model or prompt: {run_command(run_dir, resume=False)})"
         )
     bad = {k: v for k, v in decisions.items() if v not in DECISIONS}
     if bad:
@@ -293,12 +291,12 @@ def confirm(
     }
     outcome = gate1_outcome(decisions)
 
-    def apply(h: hf.Handoff) -> dict[str, Any]:
+    def apply(h: handoff.Handoff) -> dict[str, Any]:
         if h.phase != "rootCausesMined":
             raise Blocked(
                 f"gate 1 is not open: the run is at phase {h.phase}",
                 reason="missing_data",
-                unblock=hf.run_command(run_dir),
+                unblock=run_command(run_dir),
             )
         result: dict[str, Any] = {"userRootCauseConfirmation": outcome}
         if outcome in ("confirmed", "partially_confirmed"):
@@ -326,7 +324,7 @@ def confirmed_weaknesses(run_dir: Path) -> dict[str, dict[str, Any]]:
     Raises Blocked (exit 3, with the confirm command) when there is no valid receipt: silence is
     never approval.
     """
-    h = hf.load(run_dir)
+    h = handoff.load(run_dir)
     rel = h.receipts.get(GATE1)
     entry = Ledger(run_dir).get(GATE1)
     if (
@@ -338,14 +336,14 @@ def confirmed_weaknesses(run_dir: Path) -> dict[str, dict[str, Any]]:
         raise Blocked(
             "gate 1 has no valid confirmation: root causes must be confirmed before proposals",
             reason="user_stop",
-            unblock=hf.confirm_command(run_dir, h),
+            unblock=handoff.confirm_command(run_dir, h),
         )
     receipt = _load_receipt(run_dir / rel)
     if receipt.subject.digest != shortlist_digest(run_dir):
         raise Blocked(
             "the gate-1 receipt was made on another shortlist",
             reason="user_stop",
-            unblock=hf.confirm_command(run_dir, h),
+            unblock=handoff.confirm_command(run_dir, h),
         )
     decisions: dict[str, dict[str, Any]] = receipt.request["decisions"]
     return {w: d for w, d in decisions.items() if d["decision"] in ("confirm", "amend")}

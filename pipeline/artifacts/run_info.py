@@ -1,16 +1,23 @@
 """``runs/<id>/run.json``: what a run was made from (bundle, models, templates, versions).
 
 Two writers share the file: the export (:mod:`pipeline.ir.export`: bundle, digest, IR counts) and
-the runner (:mod:`pipeline.runner`: ``inputs``). Each updates its own keys and keeps the rest, so
+the runner (:mod:`pipeline.run.runner`: ``inputs``). Each updates its own keys and keeps the rest, so
 the model allows extra keys; every known key is optional because a run directory may hold only
 the export's part (``lunasol export``) or only the runner's.
 """
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
-RUN_SCHEMA_VERSION = 1
+from pipeline.artifacts.versions import VERSIONS
+from pipeline.core.canonical import read_json
+
+RUN_SCHEMA_VERSION = VERSIONS["run"]
 
 
 class ExportSummary(BaseModel):
@@ -66,3 +73,32 @@ class RunInfo(BaseModel):
     lunasol_version: str | None = None
     export: ExportSummary | None = None
     inputs: RunInputs | None = None
+
+
+def run_command(run_dir: Path, *, resume: bool = True) -> str:
+    """The exact ``lunasol run`` command that continues this run (from run.json)."""
+    bundle = "BUNDLE"
+    models: dict[str, Any] = {}
+    run_json = run_dir / "run.json"
+    if run_json.is_file():
+        raw = read_json(run_json)
+        if isinstance(raw, dict):
+            inputs = raw.get("inputs", {})
+            given = inputs.get("bundle_path")
+            if given and Path(given).is_dir():
+                bundle = str(given)  # as the user typed it, still valid from here
+            elif isinstance(raw.get("bundle"), str):
+                bundle = str((run_dir / raw["bundle"]).resolve())  # export stores it relative to the run
+            elif given:
+                bundle = str(given)
+            models = inputs.get("models") or {}
+    parts = ["lunasol", "run", bundle, "--run-id", run_dir.name, "--runs-dir", str(run_dir.parent)]
+    if models.get("model"):
+        parts += ["--model", str(models["model"])]
+    if models.get("api_base"):
+        parts += ["--api-base", str(models["api_base"])]
+    if models.get("mode") in ("replay", "record") and models.get("store"):
+        parts += [f"--{models['mode']}", str(models["store"])]
+    if resume:
+        parts.append("--resume")
+    return shlex.join(parts)

@@ -1,19 +1,18 @@
 """``lunasol run``: the stages of one analysis run, in order, up to the first human gate.
 
 Each stage is a function ``stage(ctx) -> str`` (a one-line summary) in its own module. The runner
-is ledger-aware (:mod:`pipeline.ledger`): a stage whose inputs (the bundle digest for export,
+is ledger-aware (:mod:`pipeline.state.ledger`): a stage whose inputs (the bundle digest for export,
 the upstream stage's fingerprint for the others, plus the template hash and model for a model
 role) are unchanged and whose outputs are intact is reused, not run; a stage whose inputs changed
 is invalidated with the reason, together with everything downstream, and recomputed. Per-cell
 model results are reused inside the stage (``CellResults``), so one changed cell costs one Luna
-call plus the downstream steps. A :class:`~pipeline.errors.Blocked` error writes
+call plus the downstream steps. A :class:`~pipeline.core.errors.Blocked` error writes
 ``block-receipt.json`` and ends the run with exit 3 and one line.
 """
 
 from __future__ import annotations
 
 import fcntl
-import importlib
 import os
 import platform
 import shutil
@@ -23,23 +22,46 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pipeline
-from pipeline import handoff as hf
-from pipeline.canonical import digest, read_json, sha256_file, write_json
-from pipeline.errors import BadInput, Blocked, BundleError
-from pipeline.ledger import CellResults, Ledger, describe_changes
-from pipeline.settings import ModelSettings
+from pipeline import coordinator, probes
+from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION, run_command
+from pipeline.artifacts.schemas import load_document
+from pipeline.bundle.manifest import verify
+from pipeline.core.canonical import digest, read_json, sha256_file, write_json
+from pipeline.core.context import RunContext, RunOptions
+from pipeline.core.errors import BadInput, Blocked, BundleError
+from pipeline.core.settings import ModelSettings
+from pipeline.ir import export
+from pipeline.ir.schema import IR_SCHEMA_VERSION
+from pipeline.luna.stage import plan as luna_plan
+from pipeline.luna.stage import stage as luna_run
+from pipeline.models import ROLES, PlannedCall, estimate, format_estimate, template_hash
+from pipeline.models.store import resolve_settings
+from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
+from pipeline.sol.stage import plan as sol_plan
+from pipeline.sol.stage import stage as sol_run
+from pipeline.state import handoff
+from pipeline.state.blocking import resolve_block_receipt, write_block_receipt
+from pipeline.state.ledger import CellResults, Ledger, describe_changes, ir_cell_digests, ir_digest
 
-# (name, "module:function"). The order is the flow of DESIGN.md.
-STAGES: list[tuple[str, str]] = [
-    ("export", "pipeline.ir.export:stage"),
-    ("probes", "pipeline.probes:stage"),
-    ("luna", "pipeline.luna:stage"),
-    ("coordinator", "pipeline.coordinator:stage"),
-    ("sol", "pipeline.sol.stage:stage"),
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the flow: ``run(ctx) -> one-line summary``; model stages also ``plan(ctx)`` their calls."""
+
+    run: Callable[[RunContext], str]
+    plan: Callable[[RunContext], list[PlannedCall]] | None = None
+
+
+# The order is the flow of DESIGN.md.
+STAGES: list[tuple[str, Stage]] = [
+    ("export", Stage(export.stage)),
+    ("probes", Stage(probes.stage)),
+    ("luna", Stage(luna_run, luna_plan)),
+    ("coordinator", Stage(coordinator.stage)),
+    ("sol", Stage(sol_run, sol_plan)),
 ]
 
 # Files (relative to the run) whose digests are a stage's output fingerprint. A stage without an
@@ -60,37 +82,6 @@ RUN_LOCK = ".run.lock"
 
 
 @dataclass
-class RunOptions:
-    """Everything ``lunasol run`` was asked to do."""
-
-    bundle: Path
-    run_id: str | None = None
-    runs_dir: Path = Path("runs")
-    resume: bool = False
-    dry_run: bool = False
-    models: ModelSettings = field(default_factory=ModelSettings)
-
-
-@dataclass
-class RunContext:
-    """What a stage sees: where the bundle and the run live, and the options."""
-
-    options: RunOptions
-    run_dir: Path
-    log: Callable[[str], None] = print
-
-    @property
-    def bundle(self) -> Path:
-        """The frozen bundle (read-only)."""
-        return self.options.bundle
-
-    @property
-    def ir_path(self) -> Path:
-        """The run's DuckDB IR."""
-        return self.run_dir / "ir.duckdb"
-
-
-@dataclass
 class RunResult:
     """What one ``run`` did: which stages ran and which were reused."""
 
@@ -98,17 +89,6 @@ class RunResult:
     ran: list[str] = field(default_factory=list)
     reused: list[str] = field(default_factory=list)
     estimate: Any = None
-
-
-def _module(target: str) -> tuple[ModuleType, str]:
-    module, func = target.split(":")
-    return importlib.import_module(module), func
-
-
-def _load(target: str) -> Callable[[RunContext], str]:
-    mod, func = _module(target)
-    fn: Callable[[RunContext], str] = getattr(mod, func)
-    return fn
 
 
 # -- inputs and fingerprints ---------------------------------------------------------------------
@@ -133,7 +113,6 @@ def default_run_id(bundle: Path) -> str:
 
 
 def _template_hash(role: str) -> str | None:
-    from pipeline.models import template_hash
 
     try:
         return template_hash(role)
@@ -167,12 +146,8 @@ def model_inputs(settings: ModelSettings) -> dict[str, Any]:
 
 def write_run_json(ctx: RunContext, bdigest: str) -> None:
     """Record the run's inputs in run.json, keeping whatever the export stage wrote there."""
-    from pipeline.models import ROLES
-    from pipeline.run_info import RUN_SCHEMA_VERSION
-    from pipeline.schemas import load_document
-
     path = ctx.run_dir / "run.json"
-    # through pipeline.schemas: a newer run.json is refused rather than rewritten as an older one
+    # through pipeline.artifacts.schemas: a newer run.json is refused rather than rewritten as an older one
     data: dict[str, Any] = load_document(path, "run")[0] if path.is_file() else {}
     data.setdefault("schema_version", RUN_SCHEMA_VERSION)
     data.setdefault("run_id", ctx.run_dir.name)
@@ -192,8 +167,6 @@ def stage_inputs(name: str, ctx: RunContext, bdigest: str, upstream: tuple[str, 
     if upstream is None:
         inputs["bundle"] = bdigest
         if name == "export":
-            from pipeline.ir.schema import IR_SCHEMA_VERSION
-
             # an IR of another schema is rebuilt, not migrated (docs/schemas.md)
             inputs["ir_schema"] = str(IR_SCHEMA_VERSION)
     else:
@@ -208,8 +181,6 @@ def stage_inputs(name: str, ctx: RunContext, bdigest: str, upstream: tuple[str, 
 def stage_outputs(name: str, ctx: RunContext) -> dict[str, str] | None:
     """Digests of a stage's outputs (None when one is missing)."""
     if name == "export":
-        from pipeline.ledger import ir_digest
-
         return {"ir.duckdb#content": ir_digest(ctx.ir_path)} if ctx.ir_path.is_file() else None
     return Ledger(ctx.run_dir).output_digests(STAGE_OUTPUTS.get(name, ()))
 
@@ -236,8 +207,6 @@ def _archive(ctx: RunContext, name: str, entry_outputs: dict[str, str]) -> None:
 
 def _record_ir_cells(ctx: RunContext, ledger: Ledger) -> None:
     """After export: one ledger entry per cell's IR digest; a changed cell invalidates its model results."""
-    from pipeline.ledger import ir_cell_digests
-
     now = ir_cell_digests(ctx.ir_path)
     for name in ledger.names_for_stage("export"):
         cell = name.split("/", 1)[1] if name.startswith("ir/") else None
@@ -283,7 +252,7 @@ def _downstream(ledger: Ledger, index: int) -> list[str]:
 
 
 def _unblock_command(ctx: RunContext, exc: Blocked) -> str:
-    resume = hf.run_command(ctx.run_dir)
+    resume = run_command(ctx.run_dir)
     hint = exc.unblock or ""
     if "lunasol run BUNDLE" in hint:
         # the model layer does not know the bundle or run; give the exact command for this run
@@ -302,21 +271,19 @@ def _unblock_command(ctx: RunContext, exc: Blocked) -> str:
     return hint or resume
 
 
-def _set_phase(ctx: RunContext, phase: hf.Phase, event: str) -> None:
-    h = hf.load(ctx.run_dir)
+def _set_phase(ctx: RunContext, phase: handoff.Phase, event: str) -> None:
+    h = handoff.load(ctx.run_dir)
     if h.phase != phase:
-        hf.update(ctx.run_dir, {"phase": phase}, event)
+        handoff.update(ctx.run_dir, {"phase": phase}, event)
 
 
 def _after_sol(ctx: RunContext, ledger: Ledger) -> None:
     """Open gate 1 when the shortlist is new; keep a decision made on the very same shortlist."""
-    from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
-
     path = ctx.run_dir / SHORTLIST_FILE
     if not path.is_file():
         return
     sdigest = read_shortlist(path).digest
-    h = hf.load(ctx.run_dir)
+    h = handoff.load(ctx.run_dir)
     changes: dict[str, Any] = {"phase": "rootCausesMined"}
     if h.shortlist_digest != sdigest or h.userRootCauseConfirmation == "not_started":
         changes.update(
@@ -330,13 +297,13 @@ def _after_sol(ctx: RunContext, ledger: Ledger) -> None:
             ledger.invalidate("gate1", f"shortlist changed: {h.shortlist_digest[:19]} → {sdigest[:19]}")
     else:
         _restore_gate(ctx, ledger, sdigest)
-    hf.update(ctx.run_dir, changes, "root causes mined")
+    handoff.update(ctx.run_dir, changes, "root causes mined")
 
 
 def _restore_gate(ctx: RunContext, ledger: Ledger, sdigest: str) -> None:
     """A recompute that gives the very same shortlist keeps the decision made on it (bound to its digest)."""
     entry = ledger.get("gate1")
-    rel = hf.load(ctx.run_dir).receipts.get("gate1")
+    rel = handoff.load(ctx.run_dir).receipts.get("gate1")
     if entry is None or entry.state != "invalidated" or not rel or not (ctx.run_dir / rel).is_file():
         return
     if read_json(ctx.run_dir / rel).get("subject", {}).get("digest") == sdigest:
@@ -351,7 +318,6 @@ def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
     if not run_id or "/" in run_id or run_id.startswith("."):
         raise BadInput(f"invalid run id: {run_id!r}")
     # `--replay DIR` alone names the recorded model, so replay artifacts equal the recording run's.
-    from pipeline.models.store import resolve_settings
 
     options.models = resolve_settings(options.models)
     ctx = RunContext(options=options, run_dir=options.runs_dir / run_id, log=log)
@@ -438,13 +404,13 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
             if gone:
                 log(f"[{name}] {why}; invalidated downstream: {', '.join(sorted(gone))}")
         role = STAGE_ROLES.get(name)
-        phase = hf.STAGE_PHASE.get(name)
-        if phase and hf.phase_reached(hf.load(ctx.run_dir), phase):
+        phase = handoff.STAGE_PHASE.get(name)
+        if phase and handoff.phase_reached(handoff.load(ctx.run_dir), phase):
             # the run is back before this stage until it is recomputed
-            _set_phase(ctx, hf.PHASES[hf.PHASES.index(phase) - 1], f"{name} recomputed: {why}")
+            _set_phase(ctx, handoff.PHASES[handoff.PHASES.index(phase) - 1], f"{name} recomputed: {why}")
         ledger.mark_pending(name, name, inputs, reason=f"running: {why}")
         try:
-            summary = _load(target)(ctx)
+            summary = target.run(ctx)
         except Blocked as exc:
             if role:
                 _record_cells(ctx, ledger, role)  # finished per-cell calls stay reusable for --resume
@@ -463,12 +429,11 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
             _record_cells(ctx, ledger, role)
         if name == "sol":
             _after_sol(ctx, ledger)
-        elif name in hf.STAGE_PHASE:
-            _set_phase(ctx, hf.STAGE_PHASE[name], f"{name} done")
+        elif name in handoff.STAGE_PHASE:
+            _set_phase(ctx, handoff.STAGE_PHASE[name], f"{name} done")
         result.ran.append(name)
         upstream = (name, fingerprint(inputs, outputs))
         log(f"[{name}] {summary}")
-    from pipeline.blocking import resolve_block_receipt
 
     resolve_block_receipt(ctx.run_dir)
     if any(n == "sol" for n, _ in STAGES):
@@ -478,15 +443,13 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
 
 def _blocked(ctx: RunContext, stage: str, exc: Blocked) -> Blocked:
     """Write the block receipt and return the one-line error the CLI prints (exit 3)."""
-    from pipeline.blocking import write_block_receipt
-
     unblock = _unblock_command(ctx, exc)
     if not exc.tried:  # the attempt itself, with its real outcome
         mode = ctx.options.models.effective_mode()
         exc.tried = [
             {"ladder_step": "attempt", "action": f"ran stage {stage} ({mode} mode)", "outcome": exc.one_line()}
         ]
-    path = write_block_receipt(ctx.run_dir, exc, stage=stage, unblock=unblock, command=hf.run_command(ctx.run_dir))
+    path = write_block_receipt(ctx.run_dir, exc, stage=stage, unblock=unblock, command=run_command(ctx.run_dir))
     return Blocked(
         f"blocked at {stage}: {exc.one_line()} | receipt: {path} | unblock: {unblock}",
         reason=exc.reason,
@@ -497,8 +460,6 @@ def _blocked(ctx: RunContext, stage: str, exc: Blocked) -> Blocked:
 
 def _verify_bundle(bundle: Path) -> None:
     """A reused export still needs the frozen bytes to be the frozen bytes."""
-    from pipeline.bundle.manifest import verify
-
     report = verify(bundle)
     bad = [*report.changed, *report.missing]
     if bad:
@@ -530,8 +491,6 @@ def dry_run(ctx: RunContext) -> RunResult:
     Deterministic stages run in a temporary directory, role modules' ``plan(ctx)`` list their
     calls, and :func:`pipeline.models.estimate` prices them.
     """
-    from pipeline.models import PlannedCall, estimate, format_estimate
-
     planned: list[PlannedCall] = []
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="lunasol-dry-") as tmp:
@@ -539,20 +498,14 @@ def dry_run(ctx: RunContext) -> RunResult:
         tctx.run_dir.mkdir(parents=True)
         model_stage_seen = False
         for name, target in STAGES:
-            try:
-                mod, func = _module(target)
-            except ImportError as exc:
-                notes.append(f"{name}: not available ({exc})")
-                continue
-            plan = getattr(mod, "plan", None)
-            if plan is not None:
-                calls = list(plan(tctx))
+            if target.plan is not None:
+                calls = list(target.plan(tctx))
                 planned += calls
                 model_stage_seen = True
                 if name != "luna" and not calls:
                     notes.append(f"{name}: nothing to plan yet")
             elif not model_stage_seen:
-                getattr(mod, func)(tctx)  # deterministic stage: needed to render real prompts
+                target.run(tctx)  # deterministic stage: needed to render real prompts
             else:
                 notes.append(f"{name}: deterministic, runs after the model stages (no model call)")
         est = estimate(planned, ctx.options.models)

@@ -7,9 +7,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from pipeline.core.errors import BadInput, LunasolError
 from pipeline.diff.artifacts import IR_DB, RUN_JSON, RunArtifacts, load_run
 from pipeline.diff.compare import call_totals
-from pipeline.errors import BadInput, LunasolError
+from pipeline.run.status import missing_outputs
 
 
 class RunSummary(BaseModel):
@@ -149,7 +150,6 @@ def summarise_run(path: Path) -> RunSummary:
 
 def _missing(path: Path) -> str | None:
     # A run whose verified outputs are gone must not list as a finished one.
-    from pipeline.status import missing_outputs
 
     try:
         gone = missing_outputs(path)

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline.errors import BadInput
+from pipeline.core.errors import BadInput
 
 Mode = Literal["live", "record", "replay"]
 
@@ -67,28 +67,3 @@ def _check_consistent(settings: ModelSettings, source: dict[str, str]) -> None:
     if settings.api_base and not settings.api_base.startswith(("http://", "https://")):
         flag = source.get("api_base", "--api-base")
         raise BadInput(f"invalid {flag}: expected an http:// or https:// URL, got {settings.api_base!r}")
-
-
-def check_store(settings: ModelSettings) -> None:
-    """Before any work (the CLI calls it): the record / replay store fits the mode and the model.
-
-    Without it a file given as a store surfaces late, and a replay under another ``--model`` would
-    fail late with a replay miss on the first call instead of one clear line up front.
-    """
-    store, mode = settings.store, settings.mode
-    if store is None:
-        return
-    if mode == "record" and store.exists() and not store.is_dir():
-        raise BadInput(f"record store {store} is a file; --record needs a directory (new or existing)")
-    if mode == "replay":
-        if not store.is_dir():
-            raise BadInput(f"replay store not found: {store}")
-        if settings.model:
-            from pipeline.models.store import RecordingStore
-
-            recorded = RecordingStore(store, "replay").models()
-            if recorded and settings.model not in recorded:
-                raise BadInput(
-                    f"replay store {store} was recorded with {', '.join(sorted(recorded))}, not {settings.model}; "
-                    "drop --model to replay it as recorded, or record with this model"
-                )

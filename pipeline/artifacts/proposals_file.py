@@ -14,13 +14,13 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline import SCHEMA_VERSION
-from pipeline.canonical import atomic_write_text
-from pipeline.errors import BadInput
-from pipeline.proposals.card import FIELD_ORDER, ProposalCard
+from pipeline.artifacts.proposal_card import FIELD_ORDER, ProposalCard
+from pipeline.artifacts.versions import VERSIONS
+from pipeline.core.canonical import atomic_write_text
+from pipeline.core.errors import BadInput
 
 WRAPPER_KEYS = frozenset({"proposals", "schema_version"})
-PROPOSALS_SCHEMA_VERSION = SCHEMA_VERSION
+PROPOSALS_SCHEMA_VERSION = VERSIONS["proposals"]
 
 
 class ProposalsFile(BaseModel):
@@ -63,10 +63,11 @@ def parse_entries(text: str, source: str = "<text>") -> list[Any]:
             extra = sorted(str(k) for k in data if k not in WRAPPER_KEYS)
             if extra:
                 raise BadInput(f"{source}: a proposals mapping may hold only 'proposals', found {extra}")
-            version = data.get("schema_version", SCHEMA_VERSION)
-            if not isinstance(version, int) or version > SCHEMA_VERSION:
+            version = data.get("schema_version", PROPOSALS_SCHEMA_VERSION)
+            if not isinstance(version, int) or version > PROPOSALS_SCHEMA_VERSION:
                 raise BadInput(
-                    f"{source}: schema_version {version!r} is not supported (this lunasol reads <= {SCHEMA_VERSION})"
+                    f"{source}: schema_version {version!r} is not supported "
+                    f"(this lunasol reads <= {PROPOSALS_SCHEMA_VERSION})"
                 )
             cards = data["proposals"]
             if cards is None:
@@ -111,7 +112,7 @@ def card_to_dict(card: ProposalCard) -> dict[str, Any]:
 
 def dump_cards(cards: list[ProposalCard]) -> str:
     """YAML text of a ``proposals`` mapping (deterministic: same cards, same bytes)."""
-    doc = {"schema_version": SCHEMA_VERSION, "proposals": [card_to_dict(c) for c in cards]}
+    doc = {"schema_version": PROPOSALS_SCHEMA_VERSION, "proposals": [card_to_dict(c) for c in cards]}
     return yaml.dump(doc, Dumper=_Dumper, allow_unicode=True, sort_keys=False, width=100)
 
 

@@ -5,14 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline import handoff as hf
-from pipeline.blocking import read_block_receipt
-from pipeline.ledger import Ledger
+from pipeline.artifacts.run_info import run_command
+from pipeline.core.errors import BadInput
+from pipeline.gates.gate2 import selection_status
+from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
+from pipeline.state import handoff
+from pipeline.state.blocking import read_block_receipt
+from pipeline.state.ledger import Ledger
 
 
 def _shortlist_rows(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
-    from pipeline.errors import BadInput
-    from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 
     path = run_dir / SHORTLIST_FILE
     if not path.is_file():
@@ -40,15 +42,15 @@ def _shortlist_rows(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str,
 
 def status(run_dir: Path) -> dict[str, Any]:
     """Everything ``lunasol status`` shows, as data."""
-    h = hf.load(run_dir)
+    h = handoff.load(run_dir)
     rows, dropped, sdigest = _shortlist_rows(run_dir)
     block = read_block_receipt(run_dir)
-    nxt = hf.next_command(run_dir, h)
+    nxt = handoff.next_command(run_dir, h)
     if block and block.get("requested_unblock") and h.phase != "rootCausesMined":
         nxt = str(block["requested_unblock"])
     missing = missing_outputs(run_dir)
     if missing:
-        nxt = hf.run_command(run_dir, resume=False)  # a rerun remakes exactly what is gone
+        nxt = run_command(run_dir, resume=False)  # a rerun remakes exactly what is gone
     return {
         "run_id": run_dir.name,
         "run_dir": str(run_dir),
@@ -83,7 +85,6 @@ def _selection(run_dir: Path) -> dict[str, Any] | None:
     """Gate-2 state, which always says that a selection does not authorise implementation."""
     if not (run_dir / "proposals.yaml").is_file():
         return None
-    from pipeline.proposals.selection import selection_status
 
     return selection_status(run_dir)
 

@@ -1,0 +1,48 @@
+"""How an older artifact is read: one ordered list of steps, plus the rule every artifact shares.
+
+Version 0 means "written before the artifact carried ``schema_version``": the same fields with no
+version, so 0 -> 1 is the same step for every artifact (:func:`steps` adds it). A change of fields
+is a new entry in :data:`MIGRATIONS` (numbers unique, never reused; a shipped step is never edited,
+a fix is a new step). See docs/schemas.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Doc = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One numbered step: ``artifact`` from ``from_version`` to ``to_version``."""
+
+    number: int
+    artifact: str
+    from_version: int
+    to_version: int
+    upgrade: Callable[[Doc], Doc]
+    summary: str
+
+
+def _add_version(doc: Doc) -> Doc:
+    return {**doc, "schema_version": 1}
+
+
+# Artifact-specific steps, in number order. None yet: every artifact is still at version 1.
+MIGRATIONS: tuple[Migration, ...] = ()
+
+
+def v0_rule(artifact: str) -> Migration:
+    """The 0 -> 1 step every artifact shares: add ``schema_version``; nothing else changed."""
+    return Migration(0, artifact, 0, 1, _add_version, "v0 had no schema_version: add it")
+
+
+def steps(artifact: str) -> list[Migration]:
+    """Every step of one artifact, in order: the shared v0 rule, then its numbered migrations."""
+    return [v0_rule(artifact), *(m for m in MIGRATIONS if m.artifact == artifact)]
+
+
+__all__ = ["MIGRATIONS", "Doc", "Migration", "steps", "v0_rule"]

@@ -1,0 +1,134 @@
+"""Every artifact lunasol writes, with its pydantic model: what ``lunasol schema`` exports.
+
+It sits above every layer because it imports each artifact's model from the module that owns it
+(an explicit import, not a lookup by name). Versions come from
+:data:`pipeline.artifacts.versions.VERSIONS`; a test checks each model's default against it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from pipeline.artifacts.proposals_file import ProposalsFile
+from pipeline.artifacts.run_info import RunInfo
+from pipeline.artifacts.schemas import Kind, current_version
+from pipeline.bundle.manifest import ManifestDoc
+from pipeline.bundle.request import AnalysisRequest
+from pipeline.coordinator.core import PatternGroups
+from pipeline.core.canonical import atomic_write_text, pretty_json
+from pipeline.core.errors import BadInput
+from pipeline.gates.gate1 import Receipt
+from pipeline.luna.patterns import PatternRow
+from pipeline.models.calllog import CallRow
+from pipeline.models.store import Recording
+from pipeline.proposals.proposer import Validation
+from pipeline.sol.shortlist import Shortlist
+from pipeline.state.blocking import BlockReceipt
+from pipeline.state.handoff import Handoff
+from pipeline.state.ledger import CellResult, LedgerData
+
+
+@dataclass(frozen=True)
+class ArtifactSchema:
+    """One artifact: where it lives, how it is stored, and the model that defines it."""
+
+    name: str
+    filename: str
+    model: type[BaseModel]
+    kind: Kind
+    writer: str
+    description: str
+
+    @property
+    def model_path(self) -> str:
+        """``module:Class`` of the model (shown in the exported schema)."""
+        return f"{self.model.__module__}:{self.model.__qualname__}"
+
+    @property
+    def version(self) -> int:
+        """The current schema version (:data:`pipeline.artifacts.versions.VERSIONS`)."""
+        return current_version(self.name)
+
+    def json_schema(self) -> dict[str, Any]:
+        """The JSON Schema exported from the model, with the artifact's file and version attached."""
+        schema = self.model.model_json_schema(mode="serialization")
+        schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+        schema["x-lunasol"] = {
+            "artifact": self.name,
+            "file": self.filename,
+            "kind": self.kind,
+            "model": self.model_path,
+            "schema_version": self.version,
+            "writer": self.writer,
+        }
+        return schema
+
+
+def _a(
+    name: str, filename: str, model: type[BaseModel], writer: str, description: str, kind: Kind = "json"
+) -> ArtifactSchema:
+    return ArtifactSchema(name, filename, model, kind, writer, description)
+
+
+# name -> artifact. Order: how a run produces them (bundle inputs first).
+REGISTRY: dict[str, ArtifactSchema] = {
+    a.name: a
+    for a in (
+        _a("manifest", "manifest.json", ManifestDoc, "pipeline.bundle.manifest",
+           "every file of a frozen bundle with its sha256 and size"),
+        _a("analysis-request", "analysis-request.json", AnalysisRequest,
+           "bundle author / pipeline.adapters", "what a bundle asks lunasol to analyse"),
+        _a("run", "run.json", RunInfo, "pipeline.ir.export, pipeline.run.runner",
+           "what a run was made from: bundle, models, templates, versions"),
+        _a("patterns", "patterns.jsonl", PatternRow, "pipeline.luna.stage",
+           "one behaviour pattern per line", kind="jsonl-row"),
+        _a("cell-result", "<role>/<cell>.json", CellResult, "pipeline.state.ledger.CellResults",
+           "one cell's model result and the key it was made with (reused by reruns)"),
+        _a("pattern-groups", "pattern-groups.json", PatternGroups,
+           "pipeline.coordinator", "patterns grouped across cells, with coverage"),
+        _a("weakness-shortlist", "weakness-shortlist.json", Shortlist,
+           "pipeline.sol", "Sol's weakness cards, dropped ones with reasons, sealed by a digest"),
+        _a("proposals", "proposals.yaml", ProposalsFile, "pipeline.proposals",
+           "accepted proposal cards", kind="yaml"),
+        _a("validation", "validation.json", Validation, "pipeline.proposals",
+           "what the proposer produced per weakness, every card with its findings"),
+        _a("gate-receipt", "gates/<gate>-<operation>.json", Receipt, "pipeline.gates",
+           "proof of one gate decision"),
+        _a("handoff", "handoff.json", Handoff, "pipeline.state.handoff",
+           "the run's state machine with a revision"),
+        _a("ledger", "ledger.json", LedgerData, "pipeline.state.ledger",
+           "each artifact's state and the digests it was made from"),
+        _a("calls", "calls.jsonl", CallRow, "pipeline.models",
+           "one logical model call per line", kind="jsonl-row"),
+        _a("block-receipt", "block-receipt.json", BlockReceipt, "pipeline.state.blocking",
+           "why a run cannot go on, what was tried, the command that unblocks"),
+        _a("recording", "<store>/<hex[:2]>/<hex>.json", Recording, "pipeline.models",
+           "one recorded model exchange (raw request and response)"),
+    )
+}  # fmt: skip
+
+
+def get(name: str) -> ArtifactSchema:
+    """The registry entry ``name``; an unknown name is one line naming the known ones."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise BadInput(f"unknown artifact {name!r}; known: {', '.join(REGISTRY)}") from None
+
+
+def export_all(out_dir: Path) -> list[Path]:
+    """Write every artifact's JSON Schema to ``out_dir/<name>.json``; return the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for art in REGISTRY.values():
+        path = out_dir / f"{art.name}.json"
+        atomic_write_text(path, pretty_json(art.json_schema()))
+        paths.append(path)
+    return paths
+
+
+__all__ = ["REGISTRY", "ArtifactSchema", "export_all", "get"]

@@ -1,0 +1,44 @@
+"""What a stage sees: the options of ``lunasol run`` and where the bundle and the run live.
+
+It sits in the core so that every stage can take a :class:`RunContext` without importing the
+runner that calls it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.core.settings import ModelSettings
+
+
+@dataclass
+class RunOptions:
+    """Everything ``lunasol run`` was asked to do."""
+
+    bundle: Path
+    run_id: str | None = None
+    runs_dir: Path = Path("runs")
+    resume: bool = False
+    dry_run: bool = False
+    models: ModelSettings = field(default_factory=ModelSettings)
+
+
+@dataclass
+class RunContext:
+    """What a stage sees: where the bundle and the run live, and the options."""
+
+    options: RunOptions
+    run_dir: Path
+    log: Callable[[str], None] = print
+
+    @property
+    def bundle(self) -> Path:
+        """The frozen bundle (read-only)."""
+        return self.options.bundle
+
+    @property
+    def ir_path(self) -> Path:
+        """The run's DuckDB IR."""
+        return self.run_dir / "ir.duckdb"
