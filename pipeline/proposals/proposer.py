@@ -25,14 +25,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-<<<<<<< HEAD
-from pipeline.canonical import pretty_json, read_json, sha256_file, write_json
-from pipeline.errors import BadInput, Blocked
-from pipeline.proposals.card import ProposalCard, ProposalList
-from pipeline.proposals.io import write_cards
-from pipeline.settings import ModelSettings
-from pipeline.validator import PROMPT_RULES, RunFacts, load_run_facts, validate_entries
-=======
 from pipeline.artifacts.proposal_card import ProposalCard, ProposalList
 from pipeline.artifacts.proposals_file import write_cards
 from pipeline.artifacts.versions import VERSIONS
@@ -45,8 +37,7 @@ from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 from pipeline.state import handoff
 from pipeline.state.blocking import write_block_receipt
 from pipeline.state.ledger import Ledger
-from pipeline.validator import RULES, RunFacts, load_run_facts, validate_entries
->>>>>>> main
+from pipeline.validator import PROMPT_RULES, RunFacts, load_run_facts, validate_entries
 
 ROLE = "proposer"
 PROPOSALS_FILE = "proposals.yaml"
