@@ -18,6 +18,7 @@ from typing import Any
 from pipeline.adapters.contract import SourceEvent
 from pipeline.adapters.spans import JsonFile
 from pipeline.core.canonical import digest, sha256_text
+from pipeline.core.limits import check_size
 
 
 @dataclass
@@ -62,13 +63,18 @@ class Adapter:
 _JSON_CACHE: dict[tuple[str, int, int], JsonFile] = {}
 
 
-def load_json(path: Path, max_depth: int = 4) -> JsonFile:
-    """Parse a JSON / JSONL file once per process (keyed by path, size and mtime)."""
+def load_json(path: Path, max_depth: int = 4, source: str | None = None) -> JsonFile:
+    """Parse a JSON / JSONL file once per process (keyed by path, size and mtime).
+
+    ``source`` names the file in errors (default: its name); sizes are bounded (pipeline.core.limits).
+    """
     st = path.stat()
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
     jf = _JSON_CACHE.get(key)
     if jf is None or jf.max_depth < max_depth:
-        jf = JsonFile(path.read_text(encoding="utf-8"), max_depth=max_depth)
+        where = source or path.name
+        check_size(st.st_size, "LUNASOL_MAX_FILE_BYTES", where, "the file")
+        jf = JsonFile(path.read_text(encoding="utf-8"), max_depth=max_depth, source=where)
         if len(_JSON_CACHE) > 64:
             _JSON_CACHE.clear()
         _JSON_CACHE[key] = jf
@@ -94,7 +100,7 @@ def first_docs(
             skipped.append((rel, wrong_suffix))
             continue
         try:
-            doc = load_json(bundle / rel, max_depth).docs[0][1]
+            doc = load_json(bundle / rel, max_depth, rel).docs[0][1]
         except (ValueError, UnicodeDecodeError):
             skipped.append((rel, "not valid JSON"))
             continue
@@ -175,7 +181,7 @@ class Emitter:
 
     def __init__(self, bundle: Path, rel: str, max_depth: int = 4) -> None:
         self.rel = rel
-        self.jf = load_json(bundle / rel, max_depth)
+        self.jf = load_json(bundle / rel, max_depth, rel)
 
     def doc(self, line: int | None = None) -> Any:
         """The parsed document (the one on ``line`` for JSON Lines)."""

@@ -112,7 +112,10 @@ def import_bundle(
 def _build(adapter: Adapter, src: Path, tmp: Path, dest: Path) -> ImportResult:
     _copy_source(src, tmp / RAW_DIR)
     paths = _raw_paths(tmp)
-    found = adapter.discover(tmp, paths)
+    try:
+        found = adapter.discover(tmp, paths)
+    except RecursionError:  # JSON inside a string of the log nested too deep (whole documents say which file)
+        raise BadInput(f"{src}: JSON nested too deeply to read") from None
     if not found.cells:
         why = "; ".join(f"{p}: {r}" for p, r in found.skipped[:3])
         raise BadInput(f"no {adapter.name} runs found in {src}" + (f" ({why})" if why else ""))

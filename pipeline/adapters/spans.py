@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.core.limits import check_lines, check_size, limit, parse_json, read_member
+
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\],:]', re.DOTALL)
 _NONSPACE = re.compile(r"\S")
 
@@ -165,19 +167,29 @@ class JsonFile:
     one per non-blank line for JSON Lines.
     """
 
-    def __init__(self, text: str, max_depth: int = 4) -> None:
+    def __init__(self, text: str, max_depth: int = 4, source: str = "<json>") -> None:
         self.text = text
         self.lines = LineIndex(text)
         self.max_depth = max_depth
         self.jsonl = False
-        try:
-            self.docs: list[tuple[int | None, Any]] = [(None, json.loads(text))]
-        except json.JSONDecodeError:
+        self.docs: list[tuple[int | None, Any]] = []
+        # Bounded (pipeline.core.limits): a whole document up to LUNASOL_MAX_DOC_BYTES, else JSON Lines
+        # of at most LUNASOL_MAX_LINE_BYTES each; too deep is one BundleError naming source and line.
+        whole = len(text) <= limit("LUNASOL_MAX_DOC_BYTES")
+        if whole:
+            try:
+                self.docs = [(None, parse_json(text, source))]
+            except json.JSONDecodeError:
+                whole = False
+        if not whole:
             self.jsonl = True
-            self.docs = []
-            for i, line in enumerate(text.split("\n"), start=1):
+            lines = text.split("\n")
+            if sum(1 for line in lines if line.strip()) <= 1:
+                check_size(len(text), "LUNASOL_MAX_DOC_BYTES", source, "the JSON document")
+            check_lines(lines, source)
+            for i, line in enumerate(lines, start=1):
                 if line.strip():
-                    self.docs.append((i, json.loads(line)))
+                    self.docs.append((i, parse_json(line, f"{source} line {i}")))
         self._spans: dict[int | None, dict[str, tuple[int, int]]] = {}
 
     def _spans_for(self, line: int | None) -> dict[str, tuple[int, int]]:
@@ -236,7 +248,7 @@ def _member(raw: bytes, json_pointer: str | None) -> tuple[bytes, str | None]:
 
         member, _, rest = json_pointer.partition("!")
         with zipfile.ZipFile(io.BytesIO(raw)) as zf:
-            return zf.read(member.removeprefix("/")), rest
+            return read_member(zf, member.removeprefix("/"), "the zip"), rest
     return raw, json_pointer
 
 
