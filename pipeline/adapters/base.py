@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pipeline.adapters.contract import SourceEvent
 from pipeline.adapters.spans import JsonFile
@@ -34,7 +34,7 @@ class CellSource:
     task_summary: str = ""
     step_index_base: int | None = None
     source_steps: int = 0  # steps as the source counts them (tests compare the IR to this)
-    eligibility: str = "valid_behavior"
+    eligibility: Literal["valid_behavior", "excluded"] = "valid_behavior"
     exclusion_reason: str | None = None
     outcome: dict[str, Any] = field(default_factory=dict)  # label, quality, ... and label fields
     label_texts: list[str] = field(default_factory=list)  # label values that must never reach events

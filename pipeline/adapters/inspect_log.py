@@ -15,7 +15,6 @@ A log without samples (e.g. cancelled before any ran) is listed as skipped.
 
 from __future__ import annotations
 
-import json
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path

@@ -7,7 +7,6 @@ its exact line as the ref. Files are checked against the manifest before they ar
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from pathlib import Path
