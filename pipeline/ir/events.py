@@ -16,6 +16,7 @@ from pipeline.adapters.contract import Reader, SourceEvent
 from pipeline.bundle.manifest import Manifest
 from pipeline.bundle.request import CellSpec
 from pipeline.core.errors import BadInput
+from pipeline.ir.redact import redact_column
 from pipeline.ir.schema import TEXT_LIMIT, trim_text
 
 if TYPE_CHECKING:
@@ -80,11 +81,19 @@ def to_arrow(rows: list[tuple[Any, ...]], spec: tuple[tuple[str, str], ...]) -> 
 
 
 def cell_rows(
-    cell_id: str, events: list[SourceEvent], manifest: Manifest
+    cell_id: str, events: list[SourceEvent], manifest: Manifest, redactions: dict[str, int] | None = None
 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Order one cell's events and turn them into event rows and segment rows (see ``EVENT_ROW``)."""
+    """Order one cell's events and turn them into event rows and segment rows (see ``EVENT_ROW``).
+
+    Secrets in ``text`` and ``target`` are redacted here (:mod:`pipeline.ir.redact`), before any
+    trimming; ``redactions[cell_id]`` gets how many.
+    """
     # Time order; ties by file then line. sort() is stable, so a reader's order breaks the rest.
     events.sort(key=lambda e: (e.ts or "", e.source_path, e.line_start))
+    texts, n_text = redact_column([e.text for e in events])
+    targets, n_target = redact_column([e.target for e in events])
+    if redactions is not None:
+        redactions[cell_id] = n_text + n_target
     rows: list[tuple[Any, ...]] = []
     segments: list[tuple[Any, ...]] = []
     append = rows.append
@@ -107,7 +116,8 @@ def cell_rows(
         sha = shas.get(path)
         if sha is None:
             sha = shas[path] = manifest.get(path).sha256
-        text = e.text
+        text = e.text if texts is None else texts[seq]
+        assert text is not None
         chars = len(text)
         cut = False
         if chars > TEXT_LIMIT:
@@ -115,7 +125,7 @@ def cell_rows(
         append(
             (cell_id, seq, seg_no, e.ts, e.kind, e.detail, e.actor, e.stage, e.session_id, e.step_index,
              text, cut, chars, e.tool_name, e.call_id, e.args_digest, e.result_digest, e.state_digest,
-             e.target, path, e.line_start, e.line_end, sha, e.json_pointer)
+             e.target if targets is None else targets[seq], path, e.line_start, e.line_end, sha, e.json_pointer)
         )  # fmt: skip
     if seg_key is not None:
         segments.append(_segment(cell_id, seg_no, seg_key, seg_first, len(events) - 1))
@@ -135,12 +145,13 @@ def _serial_batches(
     reader: Reader,
     counts: dict[str, int],
     segments: list[tuple[Any, ...]],
+    redactions: dict[str, int] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Read every eligible cell; yield event rows as Arrow batches, fill counts and segments."""
+    """Read every eligible cell; yield event rows as Arrow batches, fill counts, segments and redactions."""
     pending: list[tuple[Any, ...]] = []
     in_batch: list[str] = []
     for cell in cells:
-        rows, segs = cell_rows(cell.cell_id, list(reader(bundle, cell, manifest)), manifest)
+        rows, segs = cell_rows(cell.cell_id, list(reader(bundle, cell, manifest)), manifest, redactions)
         counts[cell.cell_id] = len(rows)
         pending.extend(rows)
         segments.extend(segs)
@@ -184,6 +195,7 @@ def event_batches(
     reader: Reader,
     counts: dict[str, int],
     segments: list[tuple[Any, ...]],
+    redactions: dict[str, int] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Every eligible cell as Arrow batches of ``EVENT_ROW`` in request order; fills counts and segments."""
-    yield from _serial_batches(bundle, cells, manifest, reader, counts, segments)
+    """Every eligible cell as Arrow batches of ``EVENT_ROW`` in request order; fills counts, segments, redactions."""
+    yield from _serial_batches(bundle, cells, manifest, reader, counts, segments, redactions)

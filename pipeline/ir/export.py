@@ -71,10 +71,20 @@ class ExportReport:
     excluded: dict[str, str]
     seconds: float
     parquet: list[Path] = field(default_factory=list)
+    redactions_per_cell: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def redactions(self) -> int:
+        """Secrets replaced by ``[REDACTED:<kind>]`` in the IR's event text (pipeline.ir.redact)."""
+        return sum(self.redactions_per_cell.values())
 
     def summary(self) -> str:
-        """One line: cells in, cells excluded, events."""
-        return f"{self.cells_in} cells in, {len(self.excluded)} excluded, {self.events:,} events"
+        """One line: cells in, cells excluded, events (and secrets redacted, when there were any)."""
+        line = f"{self.cells_in} cells in, {len(self.excluded)} excluded, {self.events:,} events"
+        if self.redactions:
+            cells = sum(1 for n in self.redactions_per_cell.values() if n)
+            line += f", {self.redactions:,} secret(s) redacted in {cells} cell(s)"
+        return line
 
     def to_json(self) -> dict[str, Any]:
         """Machine-readable coverage."""
@@ -87,6 +97,8 @@ class ExportReport:
             "events_per_cell": self.events_per_cell,
             "excluded": self.excluded,
             "parquet": [p.as_posix() for p in self.parquet],
+            "redactions": self.redactions,
+            "redactions_per_cell": {k: v for k, v in self.redactions_per_cell.items() if v},
         }
 
 
@@ -159,14 +171,24 @@ def _write_run_json(run_dir: Path, bundle: Path, request: AnalysisRequest, diges
     write_json(path, data)
 
 
-def _load_cells(writer: IRWriter, bundle: Path, cells: list[CellSpec], manifest: Manifest, fmt: str) -> dict[str, int]:
-    """Stream every eligible cell into ``events`` (one INSERT), then ``segments``; return events per cell."""
+def _load_cells(
+    writer: IRWriter,
+    bundle: Path,
+    cells: list[CellSpec],
+    manifest: Manifest,
+    fmt: str,
+    redactions: dict[str, int],
+) -> dict[str, int]:
+    """Stream every eligible cell into ``events`` (one INSERT), then ``segments``; return events per cell.
+
+    ``redactions`` gets the secrets redacted per cell (pipeline.ir.redact, called by both paths).
+    """
     counts: dict[str, int] = {}
     segments: list[tuple[Any, ...]] = []
     if fmt == "native":
         try:
             with gc_paused():
-                _load_native(writer, bundle, cells, manifest, counts, segments)
+                _load_native(writer, bundle, cells, manifest, counts, segments, redactions)
             writer.insert_table("segments", to_arrow(segments, SEGMENT_ROW))
             return counts
         except fast.IllTyped:
@@ -175,8 +197,9 @@ def _load_cells(writer: IRWriter, bundle: Path, cells: list[CellSpec], manifest:
             writer.reset()
             counts.clear()
             segments.clear()
+            redactions.clear()
     schema = to_arrow([], EVENT_ROW).schema
-    batches = event_batches(bundle, cells, manifest, reader_for(fmt), counts, segments)
+    batches = event_batches(bundle, cells, manifest, reader_for(fmt), counts, segments, redactions)
     with gc_paused():
         writer.insert_stream(_INSERT_EVENTS, "_lunasol_events", schema, batches)
     writer.insert_table("segments", to_arrow(segments, SEGMENT_ROW))
@@ -220,13 +243,14 @@ def _load_native(
     manifest: Manifest,
     counts: dict[str, int],
     segments: list[tuple[Any, ...]],
+    redactions: dict[str, int],
 ) -> None:
     sizes = _cell_bytes(manifest, cells)
     workers = export_workers() if sum(sizes) >= PARALLEL_MIN_BYTES and sys.executable else 0
     if workers and len(cells) > 1:
-        batches = _parallel_batches(bundle, cells, manifest, sizes, workers, counts, segments)
+        batches = _parallel_batches(bundle, cells, manifest, sizes, workers, counts, segments, redactions)
     else:
-        batches = _serial_batches(bundle, cells, manifest, counts, segments)
+        batches = _serial_batches(bundle, cells, manifest, counts, segments, redactions)
     try:
         writer.insert_stream(_INSERT_EVENTS, "_lunasol_events", fast.fast_schema(), batches)
     finally:
@@ -234,7 +258,12 @@ def _load_native(
 
 
 def _serial_batches(
-    bundle: Path, cells: list[CellSpec], manifest: Manifest, counts: dict[str, int], segments: list[tuple[Any, ...]]
+    bundle: Path,
+    cells: list[CellSpec],
+    manifest: Manifest,
+    counts: dict[str, int],
+    segments: list[tuple[Any, ...]],
+    redactions: dict[str, int],
 ) -> Generator[pa.RecordBatch, None, None]:
     builder = fast.ColumnBuilder(bundle, manifest)
     for cell in cells:
@@ -248,6 +277,7 @@ def _serial_batches(
         yield batch
     counts.update(builder.counts)
     segments.extend(builder.segments)
+    redactions.update(builder.redactions)
 
 
 def _parallel_batches(
@@ -258,6 +288,7 @@ def _parallel_batches(
     workers: int,
     counts: dict[str, int],
     segments: list[tuple[Any, ...]],
+    redactions: dict[str, int],
 ) -> Generator[pa.RecordBatch, None, None]:
     """Cells read by ``workers`` worker processes (``fast.worker_main``); results in request order.
 
@@ -305,9 +336,10 @@ def _parallel_batches(
                 raise RuntimeError(f"export worker {proc.pid} stopped early (exit code {proc.wait()})") from None
             if result[0] == "err":
                 raise result[1]
-            _, batch, cell_counts, cell_segments = result
+            _, batch, cell_counts, cell_segments, cell_redactions = result
             counts.update(cell_counts)
             segments.extend(cell_segments)
+            redactions.update(cell_redactions)
             if batch is not None:
                 yield batch
     finally:
@@ -355,7 +387,8 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
     writer: IRWriter | None = None
     try:
         writer = IRWriter(ir_path)
-        counts = _load_cells(writer, bundle, cells, manifest, request.format)
+        redactions: dict[str, int] = {}
+        counts = _load_cells(writer, bundle, cells, manifest, request.format, redactions)
         total = sum(counts.values())
         if total == 0:
             raise BundleError(f"empty bundle: no events in any of the {len(cells)} eligible cells of {bundle}")
@@ -406,6 +439,7 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
                     "status": ["excluded" if i in excluded else "included" for i in ids],
                     "reason": [excluded.get(i) for i in ids],
                     "events": pa.array([counts.get(i, 0) for i in ids], type=pa.int32()),
+                    "redactions": pa.array([redactions.get(i, 0) for i in ids], type=pa.int32()),
                 }
             ),
         )
@@ -428,6 +462,7 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
         excluded=excluded,
         seconds=time.perf_counter() - t0,
         parquet=written,
+        redactions_per_cell=redactions,
     )
     _write_run_json(
         run_dir,
@@ -440,6 +475,8 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
             "cells_in": len(cells),
             "cells_excluded": len(excluded),
             "events": total,
+            # Only when there were any, so a run without secrets (the demo) records what it always did.
+            **({"redactions": result.redactions} if result.redactions else {}),
         },
     )
     return result

@@ -17,6 +17,7 @@ from pipeline.adapters.native import Record, cell_records
 from pipeline.bundle.manifest import Manifest
 from pipeline.bundle.request import CellSpec
 from pipeline.ir.events import EVENT_ROW
+from pipeline.ir.redact import redact_column
 from pipeline.ir.schema import TEXT_LIMIT, trim_text
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ class ColumnBuilder:
         self.manifest = manifest
         self.counts: list[tuple[str, int]] = []  # (cell_id, events) in cell order
         self.segments: list[tuple[Any, ...]] = []  # SEGMENT_ROW tuples in cell order
+        self.redactions: list[tuple[str, int]] = []  # (cell_id, secrets redacted) in cell order
         self._reset()
 
     def _reset(self) -> None:
@@ -91,6 +93,14 @@ class ColumnBuilder:
             elif digest is None:
                 digest = state
             st_append(digest)
+        # Secrets out before anything is measured or trimmed (the same call as cell_rows makes).
+        red_texts, n_text = redact_column(texts)
+        red_targets, n_target = redact_column(targets)
+        if red_texts is not None:
+            texts = red_texts  # type: ignore[assignment]
+        if red_targets is not None:
+            targets = red_targets  # type: ignore[assignment]
+        self.redactions.append((cell_id, n_text + n_target))
         chars = list(map(len, texts))
         cut = [False] * n
         if max(chars) > TEXT_LIMIT:
@@ -192,7 +202,7 @@ def worker_main() -> None:
     """Entry of one export worker process (started by :mod:`pipeline.ir.export`).
 
     Reads ``(bundle, manifest, tasks)`` pickled on stdin, then for each task (a list of cells)
-    writes one pickled ``("ok", batch, counts, segments)`` to the file descriptor named in argv;
+    writes one pickled ``("ok", batch, counts, segments, redactions)`` to the file descriptor named in argv;
     on an error, ``("err", exception)`` and stop. A plain subprocess, not multiprocessing: spawn
     would re-run the caller's ``__main__`` and fork is unsafe next to DuckDB's threads.
     """
@@ -211,7 +221,7 @@ def worker_main() -> None:
                 builder = ColumnBuilder(bundle, manifest)
                 for cell in cells:
                     builder.add(cell)
-                result = ("ok", builder.flush(), builder.counts, builder.segments)
+                result = ("ok", builder.flush(), builder.counts, builder.segments, builder.redactions)
             except Exception as exc:
                 result = ("err", exc)
             try:

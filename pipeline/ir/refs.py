@@ -19,6 +19,7 @@ from pipeline.bundle.request import check_relative
 from pipeline.core.canonical import sha256_bytes
 from pipeline.core.errors import BadInput, BundleError
 from pipeline.ir.export import read_run_json, run_bundle
+from pipeline.ir.redact import redact
 
 _REF = re.compile(r"^(?P<path>[^#]+)#L(?P<start>\d+)(?:-L(?P<end>\d+))?(?P<pointer>/.*)?$")
 
@@ -124,9 +125,22 @@ def resolve_ref(run_dir: Path, ref: str | Ref) -> RefView:
     return RefView(parsed, text, element, manifest.get(parsed.path).sha256)
 
 
-def show_ref(run_dir: Path, ref: str) -> str:
-    """Exactly the raw lines behind ``ref`` (and, after a ``# POINTER`` line, the pointed element)."""
+def redacted(view: RefView) -> RefView:
+    """The view with secrets replaced as in the IR (:mod:`pipeline.ir.redact`); refs and hashes unchanged."""
+    lines, _ = redact(view.lines)
+    element = redact(view.element)[0] if view.element is not None else None
+    return RefView(view.ref, lines, element, view.sha256)
+
+
+def show_ref(run_dir: Path, ref: str, unredacted: bool = False) -> str:
+    """The raw lines behind ``ref`` (and, after a ``# POINTER`` line, the pointed element).
+
+    Secrets are shown as ``[REDACTED:<kind>]`` (what is printed may be pasted anywhere); with
+    ``unredacted`` the exact bytes of the user's own bundle. The hash is checked either way.
+    """
     view = resolve_ref(run_dir, ref)
+    if not unredacted:
+        view = redacted(view)
     if view.element is None:
         return view.lines
     return f"{view.lines}\n# {view.ref.json_pointer}\n{view.element}"

@@ -18,6 +18,7 @@ import duckdb
 from pipeline.bundle.request import load_request
 from pipeline.core.canonical import digest, write_jsonl
 from pipeline.core.errors import BadInput
+from pipeline.ir.redact import redact
 from pipeline.luna.merge import CellPatterns, Conflict, Verdict, merge_cell
 from pipeline.luna.patterns import PATTERN_ROW_SCHEMA_VERSION, LunaAnswer, Pattern, check_answer
 from pipeline.luna.render import CellIR, Part, context_budget, estimate_tokens, load_cells, render_cell, split_parts
@@ -95,7 +96,8 @@ def _task_summaries(bundle: Path) -> dict[str, str]:
     if not (bundle / "analysis-request.json").is_file():  # an IR-only run: the prompt says nothing then
         return {}
     # A request that no longer loads (edited after export) is one clear error, never a silent omission.
-    return {t.task_id: t.summary for t in load_request(bundle).tasks}
+    # redacted like event text: an imported bundle's summaries come from the logs (a sample's input)
+    return {t.task_id: redact(t.summary)[0] for t in load_request(bundle).tasks}
 
 
 def part_context(cell: CellIR, part: Part, task_summary: str) -> dict[str, Any]:

@@ -204,6 +204,8 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], dict[str, Snippet]]:
         "included": sum(1 for r in coverage if r.get("eligibility") == "valid_behavior"),
         "excluded": sum(1 for r in coverage if r.get("eligibility") != "valid_behavior"),
         "events": sum(int(r.get("events") or 0) for r in coverage),
+        # secrets replaced in the IR's text (run.json records the count only when there were any)
+        "redactions": int(((arts.run or {}).get("export") or {}).get("redactions") or 0),
         "patterns": arts.patterns,
         "patterns_by_cell": sorted(by_cell.items()),
         "groups": arts.groups,

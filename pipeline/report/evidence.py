@@ -14,6 +14,7 @@ from typing import Any
 
 from pipeline.core.canonical import sha256_text
 from pipeline.core.errors import LunasolError
+from pipeline.ir.redact import redact
 from pipeline.ir.refs import resolve_ref
 
 SNIPPET_LIMIT = 64_000  # characters of raw text embedded per ref; the rest is cut with a marker
@@ -115,13 +116,16 @@ class EvidenceReader:
             return
         used = 0
         assert snip.line_start is not None
-        for n, text in enumerate(view.lines.split("\n"), start=snip.line_start):
+        # A report is shared: the raw lines it embeds are redacted like the IR (newlines kept, so
+        # line numbers still match the raw file; show-ref --unredacted shows the bytes themselves).
+        lines, _ = redact(view.lines)
+        for n, text in enumerate(lines.split("\n"), start=snip.line_start):
             if used + len(text) > SNIPPET_LIMIT:
                 keep = max(SNIPPET_LIMIT - used, 0)
                 text = text[:keep] + f" [... report cut {len(text) - keep} chars; see lunasol show-ref]"
             used += len(text)
             snip.lines.append((n, text))
-        snip.element = view.element[:SNIPPET_LIMIT] if view.element else None
+        snip.element = redact(view.element)[0][:SNIPPET_LIMIT] if view.element else None
         snip.status = "verified"
 
     def resolve(self, keys: set[str]) -> dict[str, Snippet]:
