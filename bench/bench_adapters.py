@@ -20,14 +20,13 @@ import duckdb
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from adapter_helpers import SHARED_DATA, check_refs, events_of  # noqa: E402
+sys.path.insert(0, str(ROOT))  # the tests package (tests/adapters/adapter_helpers.py)
 
 from pipeline.adapters import import_bundle  # noqa: E402
 from pipeline.bundle.manifest import verify  # noqa: E402
 from pipeline.eval import evaluate  # noqa: E402
 from pipeline.ir.export import export  # noqa: E402
+from tests.adapters.adapter_helpers import SHARED_DATA, check_refs, events_of  # noqa: E402
 
 DATASETS = [
     ("who-and-when", "who-and-when"),
@@ -42,13 +41,17 @@ DATASETS = [
     ("tau", "agentrx-examples/trajectories/tau-retail"),
     ("tau", "docent-samples/docent/docent/samples"),
     ("who-and-when", "agentrx-examples/data/magentic_dataset"),
+    # Samples written for the tests (an absolute folder is taken as it is)
+    ("mini-swe-agent", str(ROOT / "tests/fixtures/foreign/mini-swe-agent")),
+    ("openhands", str(ROOT / "tests/fixtures/foreign/openhands-v1")),
+    ("auto", str(ROOT / "tests/fixtures/foreign/agentrx-like")),
 ]
 
 
 def measure(fmt: str, folder: str, work: Path) -> dict[str, Any]:
     """Import, verify, export and check refs for one dataset folder."""
     src = SHARED_DATA / folder
-    bundle = work / folder.replace("/", "_")
+    bundle = work / folder.strip("/").replace("/", "_")
     t0 = time.perf_counter()
     result = import_bundle(fmt, src, bundle)
     t_import = time.perf_counter() - t0

@@ -21,6 +21,7 @@ from pipeline.bundle.request import AnalysisRequest
 from pipeline.coordinator.core import PatternGroups
 from pipeline.core.canonical import atomic_write_text, pretty_json
 from pipeline.core.errors import BadInput
+from pipeline.followup.model import Followup
 from pipeline.gates.gate1 import Receipt
 from pipeline.luna.patterns import PatternRow
 from pipeline.models.calllog import CallRow
@@ -106,6 +107,8 @@ REGISTRY: dict[str, ArtifactSchema] = {
            "one logical model call per line", kind="jsonl-row"),
         _a("block-receipt", "block-receipt.json", BlockReceipt, "pipeline.state.blocking",
            "why a run cannot go on, what was tried, the command that unblocks"),
+        _a("followup", "followup.json", Followup, "pipeline.followup",
+           "the parent's selected proposal judged on the next generation's run, bound by digest to both"),
         _a("recording", "<store>/<hex[:2]>/<hex>.json", Recording, "pipeline.models",
            "one recorded model exchange (raw request and response)"),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")  # before anything imports
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ["LUNASOL_TEST_NO_WAIT"] = "1"  # retry waits are zero in tests
+os.environ.setdefault("LUNASOL_PROGRESS_EVERY", "0")  # no timed progress lines in a slow CI's one-line checks
 
 import pytest
 
@@ -56,5 +58,42 @@ sys.addaudithook(_network_guard)
 def runs_dir(tmp_path: Path) -> Path:
     """A private runs directory for one test."""
     d = tmp_path / "runs"
-    d.mkdir()
+    d.mkdir(exist_ok=True)
     return d
+
+
+# -- the demo, replayed once per session ---------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def demo_gate1(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo replayed once per session up to gate 1 (library call, fixture recordings).
+
+    Read it; to change it, copy it first (:func:`copy_demo`, or the ``demo_copy`` fixture).
+    """
+    from pipeline.core.context import RunOptions
+    from pipeline.core.settings import ModelSettings
+    from pipeline.run.runner import run
+
+    if not any(DEMO_RECORDINGS.glob("*/*.json")):
+        pytest.skip("demo recordings absent (run: python fixtures/record_demo.py)")
+    runs = tmp_path_factory.mktemp("demo") / "runs"
+    settings = ModelSettings(mode="replay", store=DEMO_RECORDINGS)
+    return run(RunOptions(bundle=DEMO_BUNDLE, runs_dir=runs, models=settings), log=lambda _m: None).ctx.run_dir
+
+
+def copy_demo(demo: Path, root: Path) -> Path:
+    """A private copy of a demo run at ``root/runs/<run id>``.
+
+    ``root`` must sit at the depth of a pytest temporary directory: run.json keeps the bundle's path
+    relative to the run, and every pytest temporary directory is one level under the same base.
+    """
+    dest = root / "runs" / demo.name
+    shutil.copytree(demo, dest)
+    return dest
+
+
+@pytest.fixture
+def demo_copy(demo_gate1: Path, tmp_path: Path) -> Path:
+    """A private copy of the session's demo run (at gate 1) for a test that changes it."""
+    return copy_demo(demo_gate1, tmp_path)

@@ -20,6 +20,7 @@ from pipeline.adapters import (
     claude_code,
     inspect_log,
     mast,
+    mini_swe_agent,
     native,
     openhands,
     swe_agent,
@@ -28,7 +29,7 @@ from pipeline.adapters import (
 )
 from pipeline.adapters.base import Adapter
 from pipeline.adapters.contract import Reader, SourceEvent
-from pipeline.adapters.importer import ImportResult
+from pipeline.adapters.importer import MIXED, ImportResult
 from pipeline.adapters.importer import import_bundle as _import_bundle
 from pipeline.adapters.spans import resolve_element
 from pipeline.bundle.manifest import read_manifest, resolve_in_bundle
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 # Order matters for auto-detection ties: the more specific shapes first.
 ADAPTERS: dict[str, Adapter] = {
+    "mini-swe-agent": mini_swe_agent.ADAPTER,
     "who-and-when": who_and_when.ADAPTER,
     "mast": mast.ADAPTER,
     "swe-agent": swe_agent.ADAPTER,
@@ -52,7 +54,18 @@ ADAPTERS: dict[str, Adapter] = {
 }
 FORMATS: tuple[str, ...] = tuple(ADAPTERS)
 
-__all__ = ["FORMATS", "ImportResult", "adapter", "detect", "import_bundle", "reader_for", "resolve_ref"]
+__all__ = [
+    "FORMATS",
+    "MIXED",
+    "ImportResult",
+    "adapter",
+    "cell_harness",
+    "detect",
+    "import_bundle",
+    "reader_for",
+    "resolve_ref",
+    "sniff_file",
+]
 
 
 def adapter(fmt: str) -> Adapter:
@@ -67,22 +80,25 @@ def _all() -> dict[str, Adapter]:
     return dict(ADAPTERS)
 
 
+def sniff_file(path: Path, rel: str) -> str | None:
+    """The format one file looks like (the most specific adapter whose sniff matches), or None."""
+    try:
+        with path.open("rb") as fh:
+            # Enough for the markers that follow a long system prompt (mini-SWE-agent, Magentic-One).
+            head = fh.read(32768).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    return next((name for name, ad in ADAPTERS.items() if ad.sniff(rel, head)), None)
+
+
 def detect(src: Path) -> str:
     """The format of a file or folder of logs: each file votes for the formats it looks like."""
     files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file() and not p.is_symlink())
     votes: Counter[str] = Counter()
-    adapters = _all()
     for p in files:
-        rel = p.name if src.is_file() else p.relative_to(src).as_posix()
-        try:
-            with p.open("rb") as fh:
-                head = fh.read(8192).decode("utf-8", errors="replace")
-        except OSError:
-            continue
-        for name, ad in adapters.items():
-            if ad.sniff(rel, head):
-                votes[name] += 1
-                break  # first (most specific) match only
+        name = sniff_file(p, p.name if src.is_file() else p.relative_to(src).as_posix())
+        if name is not None:
+            votes[name] += 1
     if not votes:
         raise BadInput(f"cannot tell the format of {src}; name it: {', '.join(FORMATS)}")
     best = max(votes.values())
@@ -90,10 +106,10 @@ def detect(src: Path) -> str:
 
 
 def import_bundle(fmt: str, src: Path, dest: Path) -> ImportResult:
-    """Import ``src`` in format ``fmt`` (or ``auto``) into the new frozen bundle ``dest``."""
+    """Import ``src`` in format ``fmt`` (or ``auto``: each file with the adapter it looks like) into ``dest``."""
     if fmt != "auto" and fmt not in ADAPTERS:
         raise BadInput(f"unknown format {fmt!r}; known: auto, {', '.join(FORMATS)}")
-    return _import_bundle(fmt, src, dest, adapters=_all(), detect=detect)
+    return _import_bundle(fmt, src, dest, adapters=_all(), detect=detect, sniff=sniff_file)
 
 
 @lru_cache(maxsize=32)
@@ -118,12 +134,15 @@ def reader_for(fmt: str) -> Reader:
     """The reader export uses for a bundle of format ``fmt`` (``native`` or an adapter's name)."""
     if fmt == "native":
         return native.read_cell
-    if fmt not in ADAPTERS:
-        raise BadInput(f"unknown bundle format {fmt!r}; known: native, {', '.join(FORMATS)}")
-    ad = ADAPTERS[fmt]
+    if fmt not in ADAPTERS and fmt != MIXED:
+        raise BadInput(f"unknown bundle format {fmt!r}; known: native, {MIXED}, {', '.join(FORMATS)}")
 
     def read(bundle: Path, cell: CellSpec, manifest: Manifest) -> list[SourceEvent]:
         block = cell_block(bundle, cell.cell_id)
+        name = str(block.get("adapter") or fmt)  # a mixed bundle names each cell's adapter
+        ad = ADAPTERS.get(name)
+        if ad is None:
+            raise BundleError(f"analysis-request.json: cell {cell.cell_id} names unknown adapter {name!r}")
         for rel in block.get("files") or [cell.path]:
             manifest.get(rel)  # a raw file that is not frozen is a BundleError, before any event
         try:
@@ -151,6 +170,14 @@ def keep_reader_order(events: list[SourceEvent]) -> list[SourceEvent]:
     for e in events:
         e.ts = None
     return events
+
+
+def cell_harness(bundle: Path, cell_id: str, default: str | None) -> str | None:
+    """The harness one imported cell ran under (with its subset when an import spans several)."""
+    block = cell_block(bundle, cell_id)
+    harness = block.get("harness") or default
+    subset = block.get("subset")
+    return f"{harness} [{subset}]" if harness and subset else harness
 
 
 def step_index_base(bundle: Path, cell_id: str) -> int | None:

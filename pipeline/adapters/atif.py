@@ -30,7 +30,7 @@ from pipeline.adapters.base import (
     tool_result_event,
 )
 from pipeline.adapters.contract import SourceEvent
-from pipeline.adapters.harbor import trial_dir, trial_outcome
+from pipeline.adapters.harbor import trial_dir, trial_files, trial_outcome
 
 NAME = "atif"
 
@@ -70,6 +70,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                     break
     targets = set(continuation.values())
     cells: list[CellSource] = []
+    aux: list[str] = []
     for rel, doc in docs.items():
         if rel in targets:
             continue
@@ -80,6 +81,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
         harness = str(agent.get("name") or "ATIF agent")
         trial = trial_dir(bundle, rel)
         out, texts, task = trial_outcome(bundle, trial)
+        aux.extend(trial_files(bundle, trial))
         fm = doc.get("final_metrics") or {}
         if out.get("cost") is None and isinstance(fm.get("total_cost_usd"), int | float):
             out["cost"] = float(fm["total_cost_usd"])
@@ -99,7 +101,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                 label_texts=texts,
             )
         )
-    return Discovery(cells=cells, skipped=skipped, harness=joined_harnesses(cells))
+    return Discovery(cells=cells, skipped=skipped, harness=joined_harnesses(cells), aux=aux)
 
 
 def read_steps(

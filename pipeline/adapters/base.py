@@ -38,6 +38,8 @@ class CellSource:
     exclusion_reason: str | None = None
     outcome: dict[str, Any] = field(default_factory=dict)  # label, quality, ... and label fields
     label_texts: list[str] = field(default_factory=list)  # label values that must never reach events
+    content_key: str | None = None  # digest of the run's records: the same run found twice is one cell
+    label_keys: list[str] = field(default_factory=list)  # ids a separate label file may use for this run
 
 
 @dataclass
@@ -47,6 +49,8 @@ class Discovery:
     cells: list[CellSource]
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, why it holds no run)
     harness: str | None = None
+    warnings: list[tuple[str, str]] = field(default_factory=list)  # (path, what was left out of a run file)
+    aux: list[str] = field(default_factory=list)  # files read for outcomes or mappings, not runs (kept in raw/)
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,12 @@ def first_docs(
             skipped.append((rel, "not valid JSON"))
             continue
         yield rel, doc
+
+
+def skipped_lines_warning(rel: str, lines: list[int], what: str = "records") -> tuple[str, str]:
+    """The warning for lines of a JSON Lines file that were left out: how many, and which."""
+    shown = ", ".join(str(n) for n in lines[:5]) + (f" and {len(lines) - 5} more" if len(lines) > 5 else "")
+    return rel, f"{len(lines)} line(s) are not {what} and were skipped (line {shown})"
 
 
 def joined_harnesses(cells: list[CellSource]) -> str | None:

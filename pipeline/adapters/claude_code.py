@@ -34,10 +34,12 @@ from pipeline.adapters.base import (
     as_text,
     json_text,
     load_json,
+    skipped_lines_warning,
     tool_result_event,
 )
 from pipeline.adapters.contract import SourceEvent
-from pipeline.adapters.harbor import trial_dir, trial_outcome
+from pipeline.adapters.harbor import trial_dir, trial_files, trial_outcome
+from pipeline.adapters.spans import JsonFile
 from pipeline.core.canonical import digest
 
 NAME = "claude-code"
@@ -51,35 +53,49 @@ def sniff(rel: str, head: str) -> bool:
     return ('"session_id"' in first and '"type"' in first) or ('"sessionId"' in first and '"parentUuid"' in first)
 
 
-def _records(bundle: Path, rel: str) -> list[tuple[int, dict[str, Any]]] | None:
+def _records(bundle: Path, rel: str) -> tuple[list[tuple[int, dict[str, Any]]], list[int]] | None:
+    """(records, line numbers that are not records) of one log; None when the file is no Claude Code log."""
     try:
         jf = load_json(bundle / rel, 1)
     except (ValueError, UnicodeDecodeError):
         return None
-    if not jf.jsonl:
-        docs = [(1, jf.docs[0][1])] if isinstance(jf.docs[0][1], dict) else []
-    else:
-        docs = [(ln or 0, d) for ln, d in jf.docs]
-    recs = [(ln, d) for ln, d in docs if isinstance(d, dict) and "type" in d]
+    recs, other = _split_records(jf)
     if not recs or not all("session_id" in d or "sessionId" in d or d.get("type") == "summary" for _, d in recs):
         return None
-    return recs
+    return recs, other
+
+
+def _split_records(jf: JsonFile) -> tuple[list[tuple[int, dict[str, Any]]], list[int]]:
+    # A record is an object with a "type"; anything else on a line ("oops", 42, [1], a cut-off
+    # line) is left out and reported by line number, never read as a record.
+    if not jf.jsonl:
+        doc = jf.docs[0][1]
+        return ([(1, doc)] if isinstance(doc, dict) and "type" in doc else []), []
+    recs = [(ln or 0, d) for ln, d in jf.docs if isinstance(d, dict) and "type" in d]
+    other = sorted(jf.bad_lines + [ln or 0 for ln, d in jf.docs if not (isinstance(d, dict) and "type" in d)])
+    return recs, other
 
 
 def discover(bundle: Path, paths: list[str]) -> Discovery:
     """One cell per stream-json file, and per on-disk sessionId (with its sub-agent files)."""
     cells: list[CellSource] = []
     skipped: list[tuple[str, str]] = []
+    warnings: list[tuple[str, str]] = []
+    aux: list[str] = []
     sessions: dict[str, list[tuple[str, bool, int]]] = {}
     for rel in paths:
-        recs = _records(bundle, rel) if rel.endswith((".jsonl", ".txt", ".json")) else None
-        if recs is None:
+        found = _records(bundle, rel) if rel.endswith((".jsonl", ".txt", ".json")) else None
+        if found is None:
             reason = "tmux pane capture, not a log" if "/panes/" in rel else "not a Claude Code log"
             skipped.append((rel, reason))
             continue
+        recs, other = found
+        if other:
+            warnings.append(skipped_lines_warning(rel, other, "Claude Code records"))
         if any("session_id" in d for _, d in recs):  # stream-json: one run per file
             trial = trial_dir(bundle, rel)
             out, texts, task = trial_outcome(bundle, trial)
+            aux.extend(trial_files(bundle, trial))
             result = next((d for _, d in reversed(recs) if d.get("type") == "result"), None)
             if result is not None:
                 if out.get("cost") is None and isinstance(result.get("total_cost_usd"), int | float):
@@ -124,11 +140,11 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                 outcome={"label": None},
             )
         )
-    return Discovery(cells=cells, skipped=skipped, harness="Claude Code")
+    return Discovery(cells=cells, skipped=skipped, harness="Claude Code", warnings=warnings, aux=aux)
 
 
 def _message_events(
-    em: Emitter, line: int, rec: dict[str, Any], step: int, actor: str, session: str, ts: str | None
+    em: Emitter, line: int | None, rec: dict[str, Any], step: int, actor: str, session: str, ts: str | None
 ) -> Iterator[SourceEvent]:
     msg = as_dict(rec.get("message"))
     role = str(msg.get("role") or rec.get("type"))
@@ -187,7 +203,7 @@ def _message_events(
 
 
 def _record_events(
-    em: Emitter, line: int, rec: dict[str, Any], step: int, session: str, agent: str | None
+    em: Emitter, line: int | None, rec: dict[str, Any], step: int, session: str, agent: str | None
 ) -> Iterator[SourceEvent]:
     rtype = rec.get("type")
     ts = rec.get("timestamp")
@@ -249,11 +265,11 @@ def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:
     out: list[SourceEvent] = []
     for rel, agent in sel.get("files") or [[cell["path"], None]]:
         em = Emitter(bundle, rel, max_depth=4)
-        recs = [(ln or 1, d) for ln, d in em.jf.docs] if em.jf.jsonl else [(None, em.jf.docs[0][1])]
+        recs, _ = _split_records(em.jf)  # the lines left out were reported at import
         for step, (line, rec) in enumerate(recs):
             sid = str(rec.get("session_id") or rec.get("sessionId") or "")
             session = f"{sid}/{agent}" if agent else sid
-            out.extend(_record_events(em, line or 1, rec, step, session, agent))
+            out.extend(_record_events(em, line if em.jf.jsonl else None, rec, step, session, agent))
     if len(sel.get("files") or []) > 1 and all(e.ts for e in out):
         out.sort(key=lambda e: e.ts or "")  # stable: same-time records keep file order
     yield from out

@@ -23,6 +23,16 @@ def trial_dir(bundle: Path, rel: str) -> Path | None:
     return None
 
 
+_OUTCOME_FILES = ("result.json", "verifier/reward.txt", "verifier/ctrf.json", "verifier/test-stdout.txt")
+
+
+def trial_files(bundle: Path, trial: Path | None) -> list[str]:
+    """The outcome files of a trial folder that exist (bundle-relative): read for the sidecar, kept in raw/."""
+    if trial is None:
+        return []
+    return [(trial / f).relative_to(bundle).as_posix() for f in _OUTCOME_FILES if (trial / f).is_file()]
+
+
 def _read_json(path: Path) -> Any:
     try:
         return read_json(path)

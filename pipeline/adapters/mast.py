@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.adapters.base import Adapter, CellSource, Discovery, Emitter, args_digest, load_json, looks_like_error
+from pipeline.adapters.chat_actions import ChatTurn, derive
 from pipeline.adapters.contract import SourceEvent
 from pipeline.adapters.spans import LineIndex, value_spans
 from pipeline.core.canonical import read_json, sha256_text
@@ -85,6 +86,7 @@ class Turn:
     target: str | None = None
     tool_name: str | None = None
     args: Any = None
+    inner: str | None = None  # where the text sits verbatim: a pointer suffix into the trace (None: not verbatim)
 
 
 def _header(style: str, line: str) -> re.Match[str] | None:
@@ -195,7 +197,10 @@ def split_trace(trace: str) -> tuple[list[tuple[str, Turn]], dict[str, Any], str
         if cut is not None:  # the benchmark's verdict, appended to the log: an outcome, not a turn
             labels["trace_evaluation"] = json.loads("\n".join(lines[cut + 1 :]))
             lines = lines[:cut]
-        return [("", t) for t in split_lines(lines)], labels, task
+        turns = split_lines(lines)
+        for t in turns:
+            t.inner = ""  # a text trace: each turn is lines first..last of the trace itself
+        return [("", t) for t in turns], labels, task
     labels = {k: doc[k] for k in ("note", "other_data", "cost") if k in doc}
     task = _content_lines(doc.get("problem_statement") or doc.get("prompt") or "")
     index = LineIndex(trace)
@@ -211,38 +216,37 @@ def split_trace(trace: str) -> tuple[list[tuple[str, Turn]], dict[str, Any], str
             a, b = index.span(*spans[f"/trajectory/{j}"])
             text = _content_lines(msg.get("content"))
             kind = "tool_result" if looks_like_error(text) and msg.get("role") == "user" else "message"
-            out.append(
-                ("", Turn(a, b, text, str(msg.get("name") or msg.get("role")), kind=kind, detail=msg.get("role")))
-            )
+            inner = f"#/trajectory/{j}/content" if isinstance(msg.get("content"), str) else None
+            actor = str(msg.get("name") or msg.get("role"))
+            out.append(("", Turn(a, b, text, actor, kind=kind, detail=msg.get("role"), inner=inner)))
     elif isinstance(traj, list):
         # One log line per array element, each on its own line of the pretty-printed trace.
         elem_lines = [index.span(*spans[f"/trajectory/{j}"])[0] for j in range(len(traj))]
         for t in split_lines([str(x) for x in traj]):
-            out.append(
-                (
-                    "",
-                    Turn(
-                        elem_lines[t.first - 1],
-                        elem_lines[t.last - 1],
-                        t.text,
-                        t.actor,
-                        t.kind,
-                        t.detail,
-                        t.target,
-                        t.tool_name,
-                        t.args,
-                    ),
-                )
+            a, b = t.first - 1, t.last - 1
+            # The turn's text lines are the trace's own lines when each element is one line of it.
+            verbatim = all("\n" not in str(x) for x in traj[a : b + 1]) and elem_lines[a : b + 1] == list(
+                range(elem_lines[a], elem_lines[a] + b - a + 1)
             )
+            turn = Turn(elem_lines[a], elem_lines[b], t.text, t.actor, t.kind, t.detail, t.target, t.tool_name, t.args)
+            turn.inner = "" if verbatim else None
+            out.append(("", turn))
     elif isinstance(doc.get("content"), str):
-        out.extend(("#/content", t) for t in split_lines(doc["content"].split("\n")))
+        for t in split_lines(doc["content"].split("\n")):
+            t.inner = "#/content"
+            out.append(("#/content", t))
     return out, labels, task
 
 
 def _crosswalk(bundle: Path, paths: list[str]) -> dict[str, str]:
     for rel in paths:
         if rel.endswith("mast_taxonomy_crosswalk.json"):
-            data = read_json(bundle / rel)
+            try:
+                data = read_json(bundle / rel)
+            except (ValueError, UnicodeDecodeError):
+                return {}  # a damaged crosswalk: votes keep their source titles
+            if not isinstance(data, dict):
+                return {}
             table: dict[str, str] = {}
             for key in ("map_round1_to_mast14", "map_round2_3_to_mast14"):
                 table.update(data.get(key) or {})
@@ -317,11 +321,14 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                         **{k: rec[k] for k in ("mas_name", "benchmark_name", "trace_id", "round") if k in rec},
                     },
                     label_texts=[t for t in texts if len(t) > 20],
+                    content_key=sha256_text(rec["trace"]),
+                    label_keys=[str(rec.get("trace_id", i))],
                 )
             )
     harnesses = sorted({c.harness for c in cells if c.harness})
+    aux = [rel for rel in paths if rel.endswith("mast_taxonomy_crosswalk.json") and cw]
     return Discovery(
-        cells=cells, skipped=skipped, harness="MAST traces: " + ", ".join(harnesses) if harnesses else None
+        cells=cells, skipped=skipped, harness="MAST traces: " + ", ".join(harnesses) if harnesses else None, aux=aux
     )
 
 
@@ -332,9 +339,27 @@ def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:
     rec = em.doc()[i]
     turns, _, _ = split_trace(rec["trace"])
     base = f"/{i}/trace"
+    chat = [
+        ChatTurn(
+            step=step,
+            actor=t.actor or "",
+            text=t.text,
+            ptr=base,
+            offset=t.first if t.inner in ("", "#/content") else 1,
+            inner=t.inner,
+            executor=t.kind == "tool_result" or None,
+        )
+        for step, (_, t) in enumerate(turns)
+        if t.inner is not None and t.kind in ("message", "tool_result")
+    ]
+    extra, results = derive(em, chat)
     for step, (prefix, t) in enumerate(turns):
         ev = em.event(t.kind, base, actor=t.actor, detail=t.detail, target=t.target, step_index=step, text=t.text)
         ev.json_pointer = f"{base}{prefix}#L{t.first}-L{t.last}"
+        res = results.get(step)
+        if res is not None and t.kind == "message":  # an executor's turn is the result of the code before it
+            ev.kind, ev.detail, ev.call_id = res.kind, res.detail, res.call_id
+            ev.tool_name, ev.result_digest = res.tool_name, sha256_text(t.text)
         if t.kind == "tool_call":
             ev.tool_name = t.tool_name
             ev.args_digest = args_digest(t.args)
@@ -344,6 +369,7 @@ def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:
             if looks_like_error(t.text):
                 ev.kind, ev.detail = "error", "tool_error"
         yield ev
+        yield from extra.get(step, [])
 
 
 ADAPTER = Adapter(

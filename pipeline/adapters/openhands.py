@@ -13,8 +13,9 @@ and becomes an ``error`` event; ``test_result``, ``report``, ``success``, ``metr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pipeline.adapters.base import (
@@ -26,13 +27,17 @@ from pipeline.adapters.base import (
     as_dict,
     as_text,
     flag_label,
+    joined_harnesses,
     load_json,
+    skipped_lines_warning,
     tool_result_event,
 )
 from pipeline.adapters.contract import SourceEvent
+from pipeline.adapters.openhands_v1 import V1_KINDS, event_folders, is_v1_event, is_v1_stream, read_stream, v1_event
 from pipeline.core.canonical import digest, sha256_text
 
 NAME = "openhands"
+_V1_KIND = re.compile(r'"kind":\s*"(?:' + "|".join(sorted(V1_KINDS)) + ')"')
 _MESSAGE_ACTIONS = {"message", "system", "finish", "think", "recall"}
 _NOT_LABELS = {"history", "instruction", "issue", "issue_type", "base_commit"}
 
@@ -42,13 +47,16 @@ def _is_event(e: Any) -> bool:
 
 
 def _is_stream(items: Any) -> bool:
-    return isinstance(items, list) and bool(items) and all(_is_event(e) for e in items)
+    return (isinstance(items, list) and bool(items) and all(_is_event(e) for e in items)) or is_v1_stream(items)
 
 
 def sniff(rel: str, head: str) -> bool:
     """JSON(L) with OpenHands event keys."""
     return rel.endswith((".json", ".jsonl")) and (
-        ('"observation"' in head and '"action"' in head) or '"agent_state' in head or '"tool_call_metadata"' in head
+        ('"observation"' in head and '"action"' in head)
+        or '"agent_state' in head
+        or '"tool_call_metadata"' in head
+        or bool(_V1_KIND.search(head))
     )
 
 
@@ -56,7 +64,16 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
     """One cell per event-stream file or per run record with a ``history`` stream."""
     cells: list[CellSource] = []
     skipped: list[tuple[str, str]] = []
+    warnings: list[tuple[str, str]] = []
+    folders = event_folders(paths)
+    in_folders = {rel for files in folders.values() for _, rel in files}
+    for folder, files in folders.items():
+        cell = _folder_cell(bundle, folder, files, skipped)
+        if cell is not None:
+            cells.append(cell)
     for rel in paths:
+        if rel in in_folders:
+            continue
         if not rel.endswith((".json", ".jsonl")):
             skipped.append((rel, "not JSON"))
             continue
@@ -66,20 +83,32 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
             skipped.append((rel, "not valid JSON"))
             continue
         found = 0
+        other = list(jf.bad_lines)
+        v1_lines = [ln for ln, d in jf.docs if ln is not None and is_v1_event(d)]
+        if jf.jsonl and v1_lines:  # JSON Lines with one V1 event per line: the file is the stream
+            cells.append(_lines_cell(rel, len(v1_lines)))
+            other = sorted(other + [ln or 0 for ln, d in jf.docs if not is_v1_event(d)])
+            if other:
+                warnings.append(skipped_lines_warning(rel, other, "OpenHands events"))
+            continue
         for line, doc in jf.docs:
             records: list[tuple[str, Any]] = []
             if _is_stream(doc):
                 records.append(("", doc))
             elif isinstance(doc, dict) and _is_stream(doc.get("history")):
                 records.append(("/history", doc))
+            elif isinstance(doc, dict) and is_v1_stream(doc.get("items")):
+                records.append(("/items", doc))
+            elif line is not None:
+                other.append(line)
             for hptr, rec in records:
                 found += 1
-                stream = rec if not hptr else rec["history"]
+                stream = rec if not hptr else rec[hptr[1:]]
                 meta = as_dict(rec)
                 metrics = as_dict(meta.get("metrics"))
                 cost = metrics.get("accumulated_cost")
                 success = meta.get("success")
-                labels = {k: v for k, v in meta.items() if k not in _NOT_LABELS}
+                labels = {k: v for k, v in meta.items() if k not in _NOT_LABELS and k != "items"}
                 inst = meta.get("instance_id") or (meta.get("instance") or {}).get("instance_id")
                 stem = rel.rsplit("/", 1)[-1].rsplit(".", 1)[0]
                 run_id = rel.removeprefix("raw/") + (f"#L{line}" if line else "")
@@ -91,7 +120,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                         path=rel,
                         selector={"line": line, "history": hptr},
                         files=[rel],
-                        harness="OpenHands",
+                        harness=_v1_harness(stream),
                         task_summary=as_text(meta.get("instruction"))[:500],
                         step_index_base=0,
                         source_steps=len(stream),
@@ -105,7 +134,60 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                 )
         if not found:
             skipped.append((rel, "no OpenHands event stream"))
-    return Discovery(cells=cells, skipped=skipped, harness="OpenHands")
+        elif other:
+            warnings.append(skipped_lines_warning(rel, sorted(other), "OpenHands run records"))
+    return Discovery(cells=cells, skipped=skipped, harness=joined_harnesses(cells), warnings=warnings)
+
+
+def _v1_harness(stream: list[Any]) -> str:
+    return "OpenHands V1" if stream and is_v1_event(stream[0]) else "OpenHands"
+
+
+def _lines_cell(rel: str, n: int) -> CellSource:
+    stem = rel.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+    return CellSource(
+        run_id=rel.removeprefix("raw/"),
+        task_id=stem,
+        path=rel,
+        selector={"v1_lines": True},
+        files=[rel],
+        harness="OpenHands V1",
+        step_index_base=0,
+        source_steps=n,
+        outcome={"label": None},
+    )
+
+
+def _folder_cell(
+    bundle: Path, folder: str, files: list[tuple[int, str]], skipped: list[tuple[str, str]]
+) -> CellSource | None:
+    """One conversation persisted as one ``event-<n>-<id>.json`` file per event."""
+    kept: list[list[Any]] = []
+    for n, rel in files:
+        try:
+            doc = load_json(bundle / rel, 1).docs[0][1]
+        except (ValueError, UnicodeDecodeError):
+            skipped.append((rel, "not valid JSON"))
+            continue
+        if not is_v1_event(doc):
+            skipped.append((rel, "not an OpenHands V1 event"))
+            continue
+        kept.append([rel, n])
+    if not kept:
+        return None
+    conv = PurePosixPath(folder)
+    conv_id = conv.parent.name if conv.name == "events" else conv.name
+    return CellSource(
+        run_id=f"{conv.parent if conv.name == 'events' else conv}".removeprefix("raw/") or conv_id,
+        task_id=conv_id,
+        path=str(kept[0][0]),
+        selector={"event_files": kept},
+        files=[str(r) for r, _ in kept],
+        harness="OpenHands V1",
+        step_index_base=0,
+        source_steps=len(kept),
+        outcome={"label": None},
+    )
 
 
 def _action_event(em: Emitter, ptr: str, e: dict[str, Any], step: int, line: int | None) -> SourceEvent:
@@ -177,12 +259,27 @@ def _observation_event(em: Emitter, ptr: str, e: dict[str, Any], step: int, line
 
 def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:
     """Events of one stream, in stream order."""
-    em = Emitter(bundle, cell["path"], max_depth=3)
     sel = cell.get("selector") or {}
+    if sel.get("event_files"):
+        for step, (rel, _n) in enumerate(sel["event_files"]):
+            one = Emitter(bundle, rel, max_depth=3)
+            yield v1_event(one, "", one.doc(), step, None)
+        return
+    em = Emitter(bundle, cell["path"], max_depth=3)
+    if sel.get("v1_lines"):
+        events = [(ln, d) for ln, d in em.jf.docs if ln is not None and is_v1_event(d)]
+        for step, (ln, d) in enumerate(events):
+            yield v1_event(em, "", d, step, ln)
+        return
     line = sel.get("line")
     doc = em.doc(line)
     hptr = str(sel.get("history") or "")
-    stream = doc["history"] if hptr else doc
+    stream = doc[hptr[1:]] if hptr else doc
+    if is_v1_stream(stream):
+        yield from read_stream(em, stream, hptr, line)
+        if hptr and isinstance(doc, dict) and doc.get("error"):
+            yield _run_error(em, doc, line, None)
+        return
     last_ts: str | None = None
     for i, e in enumerate(stream):
         ptr = f"{hptr}/{i}"
@@ -193,17 +290,13 @@ def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:
         else:
             yield _observation_event(em, ptr, e, step, line)
     if hptr and doc.get("error"):
-        err = as_text(doc["error"])
-        yield em.event(
-            "error",
-            "/error",
-            line=line,
-            ts=last_ts,
-            actor="harness",
-            detail="run_error",
-            text=err,
-            result_digest=sha256_text(err),
-        )
+        yield _run_error(em, doc, line, last_ts)
+
+
+def _run_error(em: Emitter, doc: dict[str, Any], line: int | None, ts: str | None) -> SourceEvent:
+    err = as_text(doc["error"])
+    fields: dict[str, Any] = {"actor": "harness", "detail": "run_error", "text": err, "result_digest": sha256_text(err)}
+    return em.event("error", "/error", line=line, ts=ts, **fields)
 
 
 ADAPTER = Adapter(

@@ -172,24 +172,33 @@ class JsonFile:
         self.lines = LineIndex(text)
         self.max_depth = max_depth
         self.jsonl = False
+        # JSON Lines lines that do not parse (a truncated last line, log noise): left out of
+        # ``docs`` and listed here so adapters can report them instead of failing the whole file.
+        self.bad_lines: list[int] = []
         self.docs: list[tuple[int | None, Any]] = []
         # Bounded (pipeline.core.limits): a whole document up to LUNASOL_MAX_DOC_BYTES, else JSON Lines
         # of at most LUNASOL_MAX_LINE_BYTES each; too deep is one BundleError naming source and line.
-        whole = len(text) <= limit("LUNASOL_MAX_DOC_BYTES")
-        if whole:
-            try:
-                self.docs = [(None, parse_json(text, source))]
-            except json.JSONDecodeError:
-                whole = False
-        if not whole:
+        try:
+            if len(text) > limit("LUNASOL_MAX_DOC_BYTES"):
+                raise json.JSONDecodeError("over LUNASOL_MAX_DOC_BYTES as one document", text[:0], 0)
+            self.docs = [(None, parse_json(text, source))]
+        except json.JSONDecodeError as exc:
             self.jsonl = True
+            self.docs = []
             lines = text.split("\n")
             if sum(1 for line in lines if line.strip()) <= 1:
                 check_size(len(text), "LUNASOL_MAX_DOC_BYTES", source, "the JSON document")
             check_lines(lines, source)
             for i, line in enumerate(lines, start=1):
-                if line.strip():
+                if not line.strip():
+                    continue
+                try:
                     self.docs.append((i, parse_json(line, f"{source} line {i}")))
+                except json.JSONDecodeError:
+                    self.bad_lines.append(i)
+            # Mostly unparseable lines: a broken (e.g. truncated pretty-printed) document, not JSON Lines.
+            if not any(isinstance(d, dict | list) for _, d in self.docs) or len(self.bad_lines) > len(self.docs):
+                raise ValueError(f"neither JSON nor JSON Lines ({exc.msg} at line {exc.lineno})") from None
         self._spans: dict[int | None, dict[str, tuple[int, int]]] = {}
 
     def _spans_for(self, line: int | None) -> dict[str, tuple[int, int]]:

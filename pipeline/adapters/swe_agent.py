@@ -45,6 +45,10 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
     """One cell per ``.traj`` file."""
     cells: list[CellSource] = []
     skipped: list[tuple[str, str]] = []
+    for rel in paths:
+        if rel.endswith(".traj.json"):
+            skipped.append((rel, "a mini-SWE-agent trajectory: import it with format mini-swe-agent"))
+    paths = [p for p in paths if not p.endswith(".traj.json")]
     for rel, doc in first_docs(bundle, paths, skipped, max_depth=2, suffix=".traj", wrong_suffix="not a .traj file"):
         if not isinstance(doc, dict) or not isinstance(doc.get("history") or doc.get("trajectory"), list):
             skipped.append((rel, "no trajectory or history"))

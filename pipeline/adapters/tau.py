@@ -32,7 +32,7 @@ from pipeline.adapters.base import (
 )
 from pipeline.adapters.contract import SourceEvent
 from pipeline.adapters.spans import pointer
-from pipeline.core.canonical import canonical_json
+from pipeline.core.canonical import canonical_json, digest
 
 NAME = "tau"
 
@@ -93,6 +93,8 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                     source_steps=len(rec["traj"]),
                     outcome={"label": score_label(quality), "quality": quality, **labels},
                     label_texts=label_texts,
+                    content_key=digest([str(rec["task_id"]), rec["traj"]]),
+                    label_keys=[str(rec["task_id"])],
                 )
             )
     return Discovery(cells=cells, skipped=skipped, harness=joined_harnesses(cells))

@@ -25,15 +25,16 @@ from pipeline.adapters.base import (
     first_docs,
     flag_label,
     joined_harnesses,
-    tool_result_event,
 )
+from pipeline.adapters.chat_actions import ChatTurn, derive
 from pipeline.adapters.contract import SourceEvent
 from pipeline.adapters.spans import pointer
+from pipeline.core.canonical import digest
 
 NAME = "who-and-when"
 _NOT_LABELS = {"history", "question", "question_ID", "level", "system_prompt"}
 _ROLE = re.compile(r"^(?P<actor>[^()]+?)\s*\((?P<detail>.*)\)\s*$")
-_TERMINALS = {"computer_terminal", "computerterminal"}
+_MAGENTIC_ROLE = re.compile(r'"role":\s*"(?:Orchestrator|WebSurfer|FileSurfer|Coder|ComputerTerminal)\b')
 
 
 def split_role(role: str) -> tuple[str, str | None, str | None]:
@@ -74,7 +75,11 @@ def sniff(rel: str, head: str) -> bool:
     if start.startswith("{"):
         return '"history"' in start and ('"mistake_' in head or '"question' in head or '"is_correct' in head)
     banned = ('"action"', '"observation"', '"trace"', '"traj"', '"tool_calls"', '"step_id"')
-    return start.startswith("[") and '"content"' in start and '"role"' in start and not any(b in head for b in banned)
+    if not (start.startswith("[") and '"content"' in start and '"role"' in start) or any(b in head for b in banned):
+        return False
+    # A bare message list is a Who&When-style copy only when Magentic-One's team speaks in it; any
+    # other chat transcript is not claimed (auto then asks for --format instead of guessing).
+    return bool(_MAGENTIC_ROLE.search(head))
 
 
 def discover(bundle: Path, paths: list[str]) -> Discovery:
@@ -115,30 +120,41 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                 source_steps=len(items),
                 outcome=outcome,
                 label_texts=label_texts,
+                content_key=digest([task_id, items]),  # one log filed under two questions is two runs
+                label_keys=[rel.rsplit("/", 1)[-1].removesuffix(".json"), task_id],
             )
         )
     return Discovery(cells=cells, skipped=skipped, harness=joined_harnesses(cells))
 
 
 def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:
-    """One event per history entry, in order, step_index = 0-based position."""
+    """One event per history entry, in order (step_index = 0-based position), plus what the text shows.
+
+    Executed code, executor results, browser / file actions, harness tracebacks and an agent's own
+    "I cannot access ..." become tool-call / tool-result / error events inside their message
+    (:mod:`pipeline.adapters.chat_actions`); an executor's reply is its tool result.
+    """
     em = Emitter(bundle, cell["path"], max_depth=2)
     items, base = _history(em.doc())
+    turns: list[ChatTurn] = []
+    for i, h in enumerate(items):
+        content = h.get("content")
+        text = content if isinstance(content, str) else str(content)
+        ptr = base + pointer(i) + ("/content" if isinstance(content, str) else "")
+        turns.append(ChatTurn(step=i, actor=agent_of(h), text=text, ptr=ptr))
+    extra, results = derive(em, turns)
     for i, h in enumerate(items):
         ptr = base + pointer(i)
         role = str(h.get("role", ""))
-        content = h.get("content")
-        text = content if isinstance(content, str) else str(content)
         actor = agent_of(h)
         _, detail, target = split_role(role)
         if "name" in h:  # AG2: role is user/assistant from the group chat's view, name is the agent
             detail = role
-        if actor.replace(" ", "").lower() in _TERMINALS:
-            yield tool_result_event(
-                em, ptr, text, is_error=None, actor=actor, step_index=i, tool_name="code_execution", detail=detail
-            )
+        if i in results:
+            yield results[i]
             continue
-        yield em.event("message", ptr, actor=actor, detail=detail, target=target, step_index=i, text=text)
+        yield em.event("message", ptr, actor=actor, detail=detail, target=target, step_index=i, text=turns[i].text)
+        yield from extra.get(i, [])
 
 
 ADAPTER = Adapter(

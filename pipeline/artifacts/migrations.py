@@ -31,8 +31,15 @@ def _add_version(doc: Doc) -> Doc:
     return {**doc, "schema_version": 1}
 
 
-# Artifact-specific steps, in number order. None yet: every artifact is still at version 1.
-MIGRATIONS: tuple[Migration, ...] = ()
+def _shortlist_plan(doc: Doc) -> Doc:
+    # v2 adds the optional ``plan`` (which Sol call saw which cells); a v1 file simply has none.
+    return dict(doc)
+
+
+# Artifact-specific steps, in number order.
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "weakness-shortlist", 1, 2, _shortlist_plan, "v2 adds plan (Sol's calls and the cells each saw)"),
+)
 
 
 def v0_rule(artifact: str) -> Migration:

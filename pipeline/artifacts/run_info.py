@@ -45,6 +45,7 @@ class ModelInputs(BaseModel):
     max_reasks: int | None = None
     concurrency: int | None = None
     budget_usd: float | None = None
+    context_tokens: int | None = Field(default=None, description="--context-tokens / LUNASOL_CONTEXT_TOKENS")
 
 
 class RunInputs(BaseModel):
@@ -99,6 +100,8 @@ def run_command(run_dir: Path, *, resume: bool = True) -> str:
         parts += ["--api-base", str(models["api_base"])]
     if models.get("mode") in ("replay", "record") and models.get("store"):
         parts += [f"--{models['mode']}", str(models["store"])]
+    if models.get("context_tokens"):
+        parts += ["--context-tokens", str(models["context_tokens"])]
     if resume:
         parts.append("--resume")
     return shlex.join(parts)

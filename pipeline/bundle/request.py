@@ -49,6 +49,18 @@ class Exclusion(_Strict):
     reason: str
 
 
+class Implements(_Strict):
+    """For a next-generation bundle: the harness it derives from and the selected proposal it implements.
+
+    ``lunasol followup`` refuses a child run whose request does not name the parent's harness and
+    the proposal being judged, so a card is never judged on a generation that did not implement it.
+    """
+
+    parent_harness: str = Field(min_length=1)
+    proposal_id: str = Field(min_length=1)
+    parent_run_id: str | None = Field(None, description="the parent analysis run whose gate 2 selected the card")
+
+
 class AnalysisRequest(_Strict):
     """The bundle's request. Cross-field problems raise :class:`BundleError` with one clear line."""
 
@@ -62,6 +74,9 @@ class AnalysisRequest(_Strict):
     allowed_history: list[Any] = Field(default_factory=list)
     format: str = Field("native", description='Log format of the cells: "native" or an adapter name.')
     source: dict[str, Any] | None = Field(None, description="Free metadata about where the bundle came from.")
+    implements: Implements | None = Field(
+        None, description="Next generation only: the parent harness and the selected proposal this batch implements."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> AnalysisRequest:

@@ -13,17 +13,41 @@ import warnings
 from typing import Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperGroup, TyperOption
 from typer.exceptions import TyperException
 
 import pipeline
-from pipeline.cli import bundle, calls, datasets, gates, ir, proposals, review, run, schema
+from pipeline.cli import bundle, calls, config, datasets, followup, gates, ir, proposals, review, run, schema
 from pipeline.core import offline
 from pipeline.core.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, LunasolError
+
+# Verbs in the order of the workflow, under panels that say what each group is for (``lunasol --help``).
+WORKFLOW: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Analyse", ("bundle", "run", "status", "calls", "config")),
+    ("Read before you decide", ("show", "report", "show-ref", "diff")),
+    ("Decide", ("confirm", "propose", "validate", "select", "followup")),
+    ("Data", ("export", "export-tables", "query", "runs", "eval", "schema")),
+)
+_ORDER = [name for _, names in WORKFLOW for name in names]
+_PANEL = {name: panel for panel, names in WORKFLOW for name in names}
+
+
+def _flag_display(self: TyperOption, ctx: Any) -> str | None:
+    # typer 0.29 shows "<bool>" after every flag, as if it took a value; a flag takes none.
+    return None if self.is_flag else _TYPED_DISPLAY(self, ctx)
+
+
+_TYPED_DISPLAY = TyperOption.display_type_rich
+TyperOption.display_type_rich = _flag_display  # type: ignore[method-assign]
 
 
 class LunasolGroup(TyperGroup):
     """A click group whose invoke turns LunasolError into one line and an exit code."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        """Verbs in workflow order (then any verb the table does not know, by name)."""
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), n))
 
     def invoke(self, ctx: Any) -> Any:
         """Invoke the verb; map LunasolError to one line and its exit code."""
@@ -92,7 +116,7 @@ app = typer.Typer(
     help="Root causes and single-lever proposals from frozen bundles of agent-harness runs.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -113,8 +137,13 @@ def _root(
 def _register() -> None:
     # Each module adds its verbs; imports stay cheap (heavy libraries load inside commands).
 
-    for module in (bundle, ir, run, calls, gates, proposals, review, datasets, schema):
+    for module in (bundle, ir, run, calls, gates, proposals, followup, review, datasets, schema, config):
         module.register(app)
+    for command in app.registered_commands:
+        name = command.name or (command.callback.__name__ if command.callback else "")
+        command.rich_help_panel = _PANEL.get(name, "More")
+    for group in app.registered_groups:
+        group.rich_help_panel = _PANEL.get(group.name or "", "More")
 
 
 _register()

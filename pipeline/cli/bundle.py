@@ -19,10 +19,13 @@ bundle_app = typer.Typer(
 
 
 @bundle_app.command("freeze")
-def freeze_cmd(bundle: Path = typer.Argument(..., help="Bundle directory.")) -> None:
+def freeze_cmd(bundle: Path = typer.Argument(..., help="Bundle directory."), as_json: bool = JSON_OPTION) -> None:
     """Write the manifest of a bundle: every file with its sha256 and size."""
     manifest = freeze(bundle)  # refuses an empty directory: a manifest of nothing would verify forever
     total = sum(f.size for f in manifest.files)
+    if as_json:
+        emit_json({"manifest": str(bundle / MANIFEST_FILE), "files": len(manifest.files), "bytes": total})
+        return
     typer.echo(f"froze {len(manifest.files)} files ({total:,} bytes) into {bundle / MANIFEST_FILE}")
 
 

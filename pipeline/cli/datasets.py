@@ -14,8 +14,8 @@ from pipeline.core.errors import BadInput
 from pipeline.eval import evaluate
 
 _FORMAT_HELP = (
-    "Format of the logs, or 'auto' to detect it: who-and-when, mast, swe-agent, openhands, inspect, "
-    "claude-code, atif, tau."
+    "Format of the logs, or 'auto' to detect each file's format: mini-swe-agent, who-and-when, mast, swe-agent, "
+    "openhands, inspect, claude-code, atif, tau."
 )
 
 
@@ -36,28 +36,66 @@ def import_cmd(
                 "cells": result.cells,
                 "files": result.files,
                 "harness": result.harness,
+                "formats": result.formats,
                 "skipped": [{"path": p, "reason": r} for p, r in result.skipped],
+                "warnings": [{"path": p, "warning": w} for p, w in result.warnings],
             }
         )
         return
     if result.detected:
-        typer.echo(f"detected format: {result.format}")
+        shown = f"{result.format} ({', '.join(result.formats)})" if len(result.formats) > 1 else result.format
+        typer.echo(f"detected format: {shown}")
     typer.echo(
         f"imported {result.cells} cells ({result.files} files frozen) as {result.format} "
         f"[{result.harness}] into {result.dest}"
     )
     if result.skipped:
         path, why = result.skipped[0]
-        typer.echo(f"{len(result.skipped)} files hold no run (copied, not read); e.g. {path}: {why}")
+        typer.echo(f"{len(result.skipped)} files not read as runs; e.g. {path}: {why}")
+    for path, warning in result.warnings:
+        typer.echo(f"warning: {path}: {warning}", err=True)
 
 
 def _fmt(v: Any) -> str:
     return "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
 
 
+def _pm(s: dict[str, Any], name: str) -> str:
+    """``0.125±0.052``: a rate and its binomial standard error."""
+    acc, se = s.get(f"{name}_acc"), s.get(f"{name}_se")
+    return _fmt(acc) + ("" if se is None else f"±{se:.3f}")
+
+
+_STEP_METRICS = {
+    "who-and-when": (("exact", "exact"), ("±1", "within_1"), ("±3", "within_3"), ("agent", "agent")),
+    "agentrx": (
+        ("root exact", "root_exact"),
+        ("root ±1", "root_within_1"),
+        ("any-failure exact", "any_exact"),
+        ("any ±1", "any_within_1"),
+        ("agent", "agent"),
+    ),
+}
+
+
+def _print_steps(report: dict[str, Any], labels: str) -> None:
+    metrics = _STEP_METRICS[labels]
+    positional = report.get("positional") or {}
+    for name, s in report["sources"].items():
+        typer.echo(f"\n{name}: {s['status']}")
+        shown = "  ".join(f"{label} {_pm(s, key)}" for label, key in metrics)
+        typer.echo(f"  predicted {s['predicted']}/{s['labelled']} (no prediction: {s['no_prediction']})  {shown}")
+        if name in positional:
+            continue
+        # Beside every other source: what position alone scores on the same labelled cells.
+        for base, p in positional.items():
+            alone = "  ".join(f"{label} {_pm(p, key)}" for label, key in metrics[:1] + metrics[-1:])
+            typer.echo(f"    positional {base.removeprefix('baseline_')} (n={p.get('labelled')}): {alone}")
+
+
 def eval_cmd(
     run: str = typer.Argument(..., help="Run directory (or run id under ./runs)."),
-    labels: str = typer.Option(..., "--labels", help="Label format of the sidecar: who-and-when or mast."),
+    labels: str = typer.Option(..., "--labels", help="Label format of the sidecar: who-and-when, mast or agentrx."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Score the run's findings (weakness cards, probe hits) and deterministic baselines against human labels."""
@@ -75,22 +113,26 @@ def eval_cmd(
     typer.echo(f"{report['run']}: {report['labelled_cells']} labelled cells of {report['cells']} ({labels})")
     checks = ", ".join(f"{k} {v['cells']}" for k, v in report["checks"].items())
     typer.echo(f"deterministic checks (cells): {checks}")
-    for name, s in report["sources"].items():
-        typer.echo(f"\n{name}: {s['status']}")
-        if labels == "who-and-when":
-            typer.echo(
-                f"  predicted {s['predicted']}/{s['labelled']} (no prediction: {s['no_prediction']})  "
-                f"exact {_fmt(s['exact_acc'])}  ±1 {_fmt(s['within_1_acc'])}  ±3 {_fmt(s['within_3_acc'])}  "
-                f"agent {_fmt(s['agent_acc'])}"
-            )
-        elif not s.get("available"):
-            typer.echo("  no failure-mode predictions from this source")
-        else:
-            for mode, m in s["modes"].items():
+    if labels in _STEP_METRICS:
+        _print_steps(report, labels)
+        for name, c in (report.get("categories") or {}).items():
+            typer.echo(f"\ncategories, {name}: {c['status']}")
+            for cat, m in (c.get("categories") or {}).items():
                 typer.echo(
-                    f"  {mode}: precision {_fmt(m['precision'])} recall {_fmt(m['recall'])} "
+                    f"  {cat}: precision {_fmt(m['precision'])} recall {_fmt(m['recall'])} "
                     f"(tp {m['tp']} fp {m['fp']} fn {m['fn']})"
                 )
+        return
+    for name, s in report["sources"].items():
+        typer.echo(f"\n{name}: {s['status']}")
+        if not s.get("available"):
+            typer.echo("  no failure-mode predictions from this source")
+            continue
+        for mode, m in s["modes"].items():
+            typer.echo(
+                f"  {mode}: precision {_fmt(m['precision'])} recall {_fmt(m['recall'])} "
+                f"(tp {m['tp']} fp {m['fp']} fn {m['fn']}, n={report['labelled_cells']})"
+            )
 
 
 def register(app: typer.Typer) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import typer
 
@@ -16,6 +17,18 @@ from pipeline.state import handoff
 def on_terminal() -> bool:
     """Whether a person can be asked (stdin is a terminal)."""
     return sys.stdin.isatty()
+
+
+def receipt_line(gate: str, receipt: gates.Receipt, replayed: bool, run_dir: Path, what: object) -> str:
+    """What a gate verb prints: the outcome, the receipt, and the real revisions (the run may have moved on)."""
+    path = gates.receipt_path(run_dir, receipt.gate, receipt.operation_id)
+    if not replayed:
+        return f"{gate} recorded: {what}; receipt {path} (revision {receipt.base_revision}→{receipt.new_revision})"
+    now = handoff.load(run_dir).revision
+    return (
+        f"{gate} replayed (nothing changed): {what}; receipt {path} was recorded at revision "
+        f"{receipt.base_revision}→{receipt.new_revision}; the run is now at revision {now}"
+    )
 
 
 def register(app: typer.Typer) -> None:
@@ -33,20 +46,27 @@ def register(app: typer.Typer) -> None:
         operation_id: str | None = typer.Option(
             None, "--operation-id", help="Idempotency key: the same id returns the same receipt."
         ),
+        supersede: bool = typer.Option(
+            False, "--supersede", help="Decide again after gate 2 decided (its selection is invalidated)."
+        ),
         as_json: bool = JSON_OPTION,
     ) -> None:
         """Gate 1: confirm, reject, keep unresolved or amend each weakness of the shortlist.
 
-        A compare-and-set on the handoff revision and the shortlist digest: if either changed since
-        you looked, it refuses with needs_rebase (exit 4). Silence is never approval.
+        Read the cards first (lunasol show RUN W-01, lunasol report RUN). --digest is required with
+        --decision: a compare-and-set on the handoff revision and the shortlist digest; if either
+        changed since you looked, it refuses with needs_rebase (exit 4). Without --decision on a
+        terminal it shows every card and asks, binding the digest it showed. Silence is never approval.
         """
         run_dir = resolve_run(run)
         check_digest(digest)
         # What the decider sees now is the base of the compare-and-set.
         base = handoff.load(run_dir)
-        seen_digest = digest or base.shortlist_digest
         decisions = gates.parse_pairs(decision, "--decision")
         notes = gates.parse_pairs(note, "--note")
+        interactive = not decisions
+        # Non-interactive: only the digest the decider names; interactive: the digest of what was shown.
+        seen_digest = digest if not interactive else digest or base.shortlist_digest
         if not decisions:
             if not on_terminal():
                 raise BadInput(
@@ -76,16 +96,20 @@ def register(app: typer.Typer) -> None:
                 expected_digest=seen_digest,
                 expected_revision=base.revision,
                 operation_id=operation_id,
+                require_digest=not interactive,
+                supersede=supersede,
+            )
+        superseded = not replayed and base.proposalSelection in gates.LATER_DECISIONS
+        if superseded:
+            typer.echo(
+                f"warning: this supersedes gate 2's decision ({base.proposalSelection}); its receipt is "
+                "invalidated and proposals must be generated again",
+                err=True,
             )
         if as_json:
-            emit_json({"replayed": replayed, "receipt": receipt.model_dump(mode="json")})
+            emit_json({"replayed": replayed, "superseded": superseded, "receipt": receipt.model_dump(mode="json")})
             return
-        state = receipt.result.get("userRootCauseConfirmation")
-        verb = "replayed (nothing changed)" if replayed else "recorded"
-        typer.echo(
-            f"gate 1 {verb}: {state}; receipt {gates.receipt_path(run_dir, receipt.gate, receipt.operation_id)} "
-            f"(revision {receipt.base_revision}→{receipt.new_revision})"
-        )
+        typer.echo(receipt_line("gate 1", receipt, replayed, run_dir, receipt.result.get("userRootCauseConfirmation")))
         typer.echo(f"next: {handoff.next_command(run_dir)}")
 
     @app.command("status")

@@ -9,7 +9,7 @@ import typer
 from pipeline.cli.common import DEFAULT_RUNS_DIR, JSON_OPTION, check_dir_option, emit_json, resolve_run
 from pipeline.ir.export import export_bundle
 from pipeline.ir.query import query
-from pipeline.ir.refs import redacted, resolve_ref, show_ref
+from pipeline.ir.refs import redacted, resolve_ref, show_ref, show_ref_context
 
 
 def register(app: typer.Typer) -> None:
@@ -43,16 +43,25 @@ def register(app: typer.Typer) -> None:
             help="PATH#Lstart-Lend, PATH relative to the bundle; may end with a JSON pointer like /args/path.",
         ),
         run: str = typer.Option(..., "--run", help="Run directory (or run id under ./runs)."),
+        context: int = typer.Option(
+            0, "--context", "-C", min=0, help="Also N lines before and after, numbered; cited lines marked >."
+        ),
+        pretty: bool = typer.Option(False, "--pretty", help="Also pretty-print each cited JSON line."),
         unredacted: bool = typer.Option(
             False, "--unredacted", help="Show secrets as written (default: [REDACTED:<kind>], as in the IR)."
         ),
         as_json: bool = JSON_OPTION,
     ) -> None:
-        """Print the raw lines behind a ref, after checking the file's hash; secrets redacted unless --unredacted."""
+        """Print the raw lines behind a ref, after checking the file's hash (--context N for more).
+
+        Secrets are shown as [REDACTED:<kind>] unless --unredacted.
+        """
         run_dir = resolve_run(run)
         if as_json:
             view = resolve_ref(run_dir, ref)
             emit_json((view if unredacted else redacted(view)).to_json())
+        elif context or pretty:
+            typer.echo(show_ref_context(run_dir, ref, context, pretty, unredacted=unredacted))
         else:
             typer.echo(show_ref(run_dir, ref, unredacted=unredacted))
 

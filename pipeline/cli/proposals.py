@@ -7,13 +7,14 @@ from pathlib import Path
 import typer
 
 from pipeline.cli.common import JSON_OPTION, check_digest, emit_json, moves_run, resolve_run
+from pipeline.cli.gates import receipt_line
 from pipeline.core.errors import BadInput, Findings
-from pipeline.gates import gate1 as gates
 from pipeline.gates.gate2 import NOT_AUTHORISATION, Choice
 from pipeline.gates.gate2 import select as do_select
 from pipeline.models.store import check_store
 from pipeline.proposals.proposer import propose as do_propose
 from pipeline.proposals.proposer import run_model_settings
+from pipeline.run.status import format_proposals
 from pipeline.state import handoff
 from pipeline.validator import validate_file
 
@@ -50,6 +51,11 @@ def propose(
     record: Path | None = typer.Option(None, "--record", help="Call live and store every exchange here."),
     concurrency: int | None = typer.Option(None, "--concurrency", help="Concurrent model calls."),
     budget_usd: float | None = typer.Option(None, "--budget-usd", help="Stop cleanly past this spend."),
+    context_tokens: int | None = typer.Option(
+        None,
+        "--context-tokens",
+        help="The model's input limit in tokens (env LUNASOL_CONTEXT_TOKENS; default: litellm's model info).",
+    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Proposal cards for every confirmed weakness (0..N each), validated; writes proposals.yaml and validation.json.
@@ -69,6 +75,7 @@ def propose(
         store=replay or record,
         concurrency=concurrency,
         budget_usd=budget_usd,
+        context_tokens=context_tokens,
     )
     check_store(settings)
     with moves_run(run_dir, "propose"):
@@ -77,14 +84,18 @@ def propose(
         emit_json({"proposals_digest": result.proposals_digest, "validation": result.validation})
         return
     typer.echo(f"[propose] {result.summary()}")
+    typer.echo(format_proposals([c.model_dump(mode="json") for c in result.cards], result.validation))
     for w in result.validation["weaknesses"]:
         if w["zero_cards"]:
-            why = f": {w['note']}" if w.get("note") else ""
+            why = f": {' '.join(str(w['note']).split())}" if w.get("note") else ""
             typer.echo(f"  {w['weakness_id']}: no card proposed (an honest zero){why}")
     for c in result.validation["cards"]:
         if c["status"] == "rejected":
             rules = ", ".join(sorted({f["rule"] for f in c["findings"]}))
             typer.echo(f"  {c['proposal_id']} ({c['source_weakness']}) kept out: {rules}")
+    if result.cards:
+        pid = result.cards[0].proposal_id
+        typer.echo(f"read first: lunasol show {run_dir} {pid}   # the whole card; lunasol report {run_dir} for all")
     typer.echo(f"next: {handoff.next_command(run_dir)}")
 
 
@@ -121,19 +132,16 @@ def select(
             by=by,
             proposal_id=proposal,
             note=note,
-            expected_digest=digest or base.proposals_digest,
+            expected_digest=digest,
             expected_revision=base.revision,
             operation_id=operation_id,
+            require_digest=True,
         )
     if json_out:
         emit_json({"replayed": replayed, "receipt": receipt.model_dump(mode="json")})
         return
-    verb = "replayed (nothing changed)" if replayed else "recorded"
     what = f"selected {proposal}" if proposal else "no proposal selected" if none else "redo requested"
-    typer.echo(
-        f"gate 2 {verb}: {what}; receipt {gates.receipt_path(run_dir, receipt.gate, receipt.operation_id)} "
-        f"(revision {receipt.base_revision}→{receipt.new_revision})"
-    )
+    typer.echo(receipt_line("gate 2", receipt, replayed, run_dir, what))
     typer.echo(f"note: {NOT_AUTHORISATION}")
     typer.echo(f"next: {handoff.next_command(run_dir)}")
 

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
 import typer
 
-from pipeline.cli.common import DEFAULT_RUNS_DIR, JSON_OPTION, emit_json
+from pipeline.api import export_tables
+from pipeline.cli.common import DEFAULT_RUNS_DIR, JSON_OPTION, check_dir_option, emit_json, resolve_run
+from pipeline.core.canonical import atomic_write_text
 from pipeline.core.errors import EXIT_FINDINGS, BadInput
-from pipeline.diff import diff_json, diff_run_dirs, render_markdown, render_text
+from pipeline.diff import diff_json, diff_run_dirs, render_html, render_markdown, render_text
 from pipeline.report import write_report
+from pipeline.report.items import find_item, render_item
 from pipeline.run.index import list_runs
 
 
@@ -31,14 +35,21 @@ def register(app: typer.Typer) -> None:
         run_b: str = typer.Argument(..., metavar="RUN_B", help="Second run directory (or run id under ./runs)."),
         as_json: bool = JSON_OPTION,
         markdown: bool = typer.Option(False, "--markdown", help="Print Markdown (for a PR or a review note)."),
+        html: Path | None = typer.Option(None, "--html", help="Also write a side-by-side HTML page to this file."),
     ) -> None:
         """What differs between two runs: inputs, patterns per cell, weaknesses, proposals, gates, calls.
 
+        Changed text is shown as a word diff: [-removed-] {+added+} (Markdown: ~~removed~~ **added**).
         Exit 0 when the outputs are identical, 1 when they differ.
         """
         if as_json and markdown:
             raise BadInput("choose one of --json and --markdown")
+        if html is not None and (html.is_dir() or not html.parent.is_dir()):
+            raise BadInput(f"--html {html}: name a file in an existing directory")
         d = diff_run_dirs(_run_dir(run_a), _run_dir(run_b))
+        if html is not None:
+            atomic_write_text(html, render_html(d))
+            typer.echo(f"wrote {html}", err=True)
         if as_json:
             emit_json(diff_json(d))
         else:
@@ -50,13 +61,57 @@ def register(app: typer.Typer) -> None:
     def report_cmd(
         run: str = typer.Argument(..., metavar="RUN", help="Run directory (or run id under ./runs)."),
         out: Path | None = typer.Option(None, "-o", "--output", help="HTML file (default RUN/report.html)."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
-        """One self-contained HTML file: summary, coverage, groups, weaknesses, proposals, gates, calls."""
+        """One self-contained HTML page to read before deciding: cards, timelines, raw lines beside the text."""
         path, stats = write_report(_run_dir(run), out=out)
+        if as_json:
+            emit_json({"path": str(path), **stats})
+            return
         typer.echo(
             f"wrote {path} ({stats['bytes']} bytes, {stats['refs']} refs embedded, "
             f"{stats['hash_mismatches']} hash mismatches, {stats['unresolved']} unresolved)"
         )
+
+    @app.command("show")
+    def show_cmd(
+        run: str = typer.Argument(..., metavar="RUN", help="Run directory (or run id under ./runs)."),
+        item_id: str = typer.Argument(
+            ..., metavar="ID", help="W-01, P-01, a cell (C004), a pattern, a pattern group (G010), an event or a ref."
+        ),
+        evidence: bool = typer.Option(
+            False, "--evidence", help="Also print the raw lines (with context) of every event and ref it cites."
+        ),
+        context: int = typer.Option(2, "--context", min=0, max=3, help="Context lines around each ref (0-3)."),
+        as_json: bool = JSON_OPTION,
+    ) -> None:
+        """Print one whole weakness, proposal, cell, pattern, pattern group, event or ref: every field, nothing cut.
+
+        Read it before you decide at a gate. Events and refs come with their raw lines and context.
+        """
+        item = find_item(resolve_run(run), item_id, evidence=evidence, context=context)
+        if as_json:
+            emit_json(item.to_json())
+        else:
+            width = shutil.get_terminal_size((100, 24)).columns
+            sys.stdout.write(render_item(item, width=max(60, min(width, 120))))
+
+    @app.command("export-tables")
+    def export_tables_cmd(
+        run: str = typer.Argument(..., metavar="RUN", help="Run directory (or run id under ./runs)."),
+        parquet: Path = typer.Option(..., "--parquet", help="Directory for one <table>.parquet per table."),
+        as_json: bool = JSON_OPTION,
+    ) -> None:
+        """Every table of a run as Parquet: cells, events, probe hits, patterns, groups, weaknesses, proposals, calls.
+
+        The same tables as the Python data API (pipeline.api, docs/api.md), for pandas, polars or DuckDB.
+        """
+        check_dir_option(parquet, "--parquet")
+        written = export_tables(resolve_run(run), parquet)
+        if as_json:
+            emit_json({"tables": {p.stem: str(p) for p in written}})
+            return
+        typer.echo(f"wrote {len(written)} tables to {parquet}: {', '.join(p.stem for p in written)}")
 
     @app.command("runs")
     def runs_cmd(
@@ -82,7 +137,7 @@ def register(app: typer.Typer) -> None:
             return "-" if v is None else str(v)
 
         for r in rows:
-            cost = "-" if r.cost_usd is None else f"{r.cost_usd:.4f}"
+            cost = "-" if r.calls is None else "unknown" if r.cost_usd is None else f"{r.cost_usd:.4f}"
             state = r.state if not r.error else f"{r.state} ({r.error})"
             table.add_row(
                 r.run_id,

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from pipeline.cli.common import check_dir_option
+from pipeline.cli.common import JSON_OPTION, check_dir_option, emit_json
 from pipeline.core.context import RunOptions
 from pipeline.core.errors import BadInput
 from pipeline.core.settings import ModelSettings
 from pipeline.models.store import check_store
 from pipeline.run.runner import run
-from pipeline.run.status import gate_report
+from pipeline.run.status import gate_report, status
 
 
 def register(app: typer.Typer) -> None:
@@ -31,6 +33,12 @@ def register(app: typer.Typer) -> None:
         concurrency: int | None = typer.Option(None, "--concurrency", help="Concurrent model calls (default 8)."),
         budget_usd: float | None = typer.Option(None, "--budget-usd", help="Stop cleanly past this spend."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Estimate calls, tokens and cost; call nothing."),
+        context_tokens: int | None = typer.Option(
+            None,
+            "--context-tokens",
+            help="The model's input limit in tokens (env LUNASOL_CONTEXT_TOKENS; default: litellm's model info).",
+        ),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """Export the IR, find patterns, mine root causes, and stop at gate 1.
 
@@ -48,11 +56,22 @@ def register(app: typer.Typer) -> None:
             store=replay or record,
             concurrency=concurrency,
             budget_usd=budget_usd,
+            context_tokens=context_tokens,
         )
         check_store(settings)
         opts = RunOptions(
             bundle=bundle, run_id=run_id, runs_dir=runs_dir, resume=resume, dry_run=dry_run, models=settings
         )
-        result = run(opts, log=typer.echo)
+        # With --json the stage lines go to stderr, so stdout is one JSON document.
+        result = run(opts, log=(lambda m: typer.echo(m, err=True)) if as_json else typer.echo)
+        if as_json:
+            out: dict[str, Any] = {"run_dir": str(result.ctx.run_dir), "ran": result.ran, "reused": result.reused}
+            if dry_run:
+                est = result.estimate
+                out["estimate"] = asdict(est) if is_dataclass(est) and not isinstance(est, type) else None
+            else:
+                out["status"] = status(result.ctx.run_dir)
+            emit_json(out)
+            return
         if not dry_run:
             typer.echo(gate_report(result.ctx.run_dir))

@@ -1,13 +1,16 @@
-"""Run and model settings: flags override env vars (LUNASOL_*), which override defaults."""
+"""Run and model settings: flags override env vars (LUNASOL_*), which override config files, then defaults.
+
+Config files: see :mod:`pipeline.core.config` (``lunasol.toml``, ``[tool.lunasol]`` in ``pyproject.toml``).
+"""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pipeline.core import config
 from pipeline.core.errors import BadInput
 
 Mode = Literal["live", "record", "replay"]
@@ -25,6 +28,9 @@ class ModelSettings(BaseModel):
     concurrency: int = Field(default=8, ge=1)
     budget_usd: float | None = Field(default=None, ge=0)
     budget_tokens: int | None = Field(default=None, ge=0)
+    context_tokens: int | None = Field(
+        default=None, gt=0, description="the model's input limit in tokens (local / unknown models); default: litellm's"
+    )
     temperature: float = 0.0
     max_reasks: int = Field(default=2, ge=0, description="validation re-asks after the first answer")
     transport_retries: int = Field(default=4, ge=0, description="retries of rate limits, timeouts, 5xx")
@@ -32,30 +38,31 @@ class ModelSettings(BaseModel):
 
     @classmethod
     def from_env(cls, **overrides: object) -> ModelSettings:
-        """Build settings from LUNASOL_* env vars, then non-None overrides (flags)."""
-        env: dict[str, object] = {}
-        for field, var in (
-            ("model", "LUNASOL_MODEL"),
-            ("api_base", "LUNASOL_API_BASE"),
-            ("concurrency", "LUNASOL_CONCURRENCY"),
-            ("budget_usd", "LUNASOL_BUDGET_USD"),
-            ("budget_tokens", "LUNASOL_BUDGET_TOKENS"),
-        ):
-            if os.environ.get(var):
-                env[field] = os.environ[var]
+        """Build settings from the config files, then LUNASOL_* env vars, then non-None overrides (flags)."""
+        return cls.resolve(None, **overrides)[0]
+
+    @classmethod
+    def resolve(cls, cwd: Path | None = None, **overrides: object) -> tuple[ModelSettings, dict[str, str]]:
+        """The effective settings and, per field, where its value came from (flag, env var, file, default)."""
+        fields = set(cls.model_fields)
+        merged, source = config.file_values(fields, cwd)
+        env, env_source = config.env_values(fields)
+        merged.update(env)
+        source.update(env_source)
         given = {k: v for k, v in overrides.items() if v is not None}
-        source = {k: f"LUNASOL_{k.upper()}" for k in env}
+        merged.update(given)
         source.update({k: "--" + k.replace("_", "-") for k in given})
-        env.update(given)
         try:
-            settings = cls.model_validate(env)
+            settings = cls.model_validate(merged)
         except ValidationError as exc:
-            # A flag or env var out of range is bad input: one line naming it, never a traceback.
+            # A flag, env var or file value out of range is bad input: one line naming it, never a traceback.
             e = exc.errors()[0]
             field = str(e["loc"][0]) if e.get("loc") else "settings"
-            raise BadInput(f"invalid {source.get(field, field)}: {e['msg']} (got {e.get('input')!r})") from None
+            where = source.get(field, field)
+            what = f"{field} in {where}" if where.endswith(("toml", "]")) else where
+            raise BadInput(f"invalid {what}: {e['msg']} (got {e.get('input')!r})") from None
         _check_consistent(settings, source)
-        return settings
+        return settings, {f: source.get(f, "default") for f in sorted(fields)}
 
     def effective_mode(self) -> Mode:
         """Live when a model is given and no mode was chosen."""

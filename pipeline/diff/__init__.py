@@ -1,7 +1,7 @@
 """Semantic diff between two analysis runs (``lunasol diff``).
 
 Public API: :func:`diff_run_dirs`, :func:`load_run`, :func:`diff_runs`, :class:`RunDiff`,
-:func:`render_text`, :func:`render_markdown`, :func:`diff_json`.
+:func:`render_text`, :func:`render_markdown`, :func:`render_html`, :func:`diff_json`.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pipeline.diff.artifacts import RunArtifacts, load_run
 from pipeline.diff.compare import RunDiff, diff_runs
+from pipeline.diff.html import render_html
 from pipeline.diff.render import diff_json, render_markdown, render_text
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "diff_run_dirs",
     "diff_runs",
     "load_run",
+    "render_html",
     "render_markdown",
     "render_text",
 ]

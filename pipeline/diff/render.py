@@ -7,6 +7,7 @@ from typing import Any
 
 from pipeline.diff.compare import CallTotals, Item, RunDiff, Section
 from pipeline.diff.match import FieldChange
+from pipeline.diff.words import Style, inline
 
 MAX_VALUE = 160  # characters of one value shown inline; --json has everything
 
@@ -17,8 +18,12 @@ def _short(v: Any) -> str:
     return s if len(s) <= MAX_VALUE else s[: MAX_VALUE - 1] + "…"
 
 
-def change_line(c: FieldChange) -> str:
-    """One field change as ``path: a -> b`` or ``path: +[added] -[removed]``."""
+def _as_text(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, sort_keys=True)
+
+
+def change_line(c: FieldChange, style: Style = "text") -> str:
+    """One field change: ``path: a -> b`` for short values, a word diff for longer text, ``+[added] -[removed]``."""
     if c.added is not None or c.removed is not None:
         parts = []
         if c.added:
@@ -32,17 +37,23 @@ def change_line(c: FieldChange) -> str:
         return f"{c.path}: only in B" if isinstance(c.b, dict) else f"{c.path}: (absent) -> {_short(c.b)}"
     if c.b is None:
         return f"{c.path}: only in A" if isinstance(c.a, dict) else f"{c.path}: {_short(c.a)} -> (absent)"
-    return f"{c.path}: {_short(c.a)} -> {_short(c.b)}"
+    a, b = _as_text(c.a), _as_text(c.b)
+    if len(a) + len(b) <= 80 and "\n" not in a + b:
+        return f"{c.path}: {_short(c.a)} -> {_short(c.b)}"
+    # Long text: the words that changed, with context (both sides cut to one prefix would hide them).
+    return f"{c.path}: {inline(a, b, style)}"
 
 
-def _item_head(it: Item) -> str:
+def _item_head(it: Item, md: bool = False) -> str:
     kind = f" [{it.kind}]" if it.kind else ""
+    # In Markdown a leading "-" or "+" after the list bullet would render as a second bullet ("- - W-01").
+    mark = {"added": "added", "removed": "removed", "changed": "changed"} if md else {"added": "+", "removed": "-"}
     if it.status == "added":
-        return f"+ {it.b_id}{kind} only in B"
+        return f"{mark['added']} {it.b_id}{kind} only in B"
     if it.status == "removed":
-        return f"- {it.a_id}{kind} only in A"
+        return f"{mark['removed']} {it.a_id}{kind} only in A"
     ids = it.a_id if it.a_id == it.b_id else f"{it.a_id} ↔ {it.b_id}"
-    return f"~ {ids}{kind} (match {it.score})"
+    return f"{mark.get('changed', '~')} {ids}{kind} (match {it.score})"
 
 
 def _presence(name: str, s: Section) -> str | None:
@@ -65,6 +76,7 @@ def _calls_line(t: CallTotals) -> str:
 
 def _lines(d: RunDiff, md: bool) -> list[str]:
     h = (lambda s: f"## {s}") if md else (lambda s: s.upper())
+    style: Style = "markdown" if md else "text"
     bullet = "- " if md else "  "
     sub = "  - " if md else "      "
     subsub = "    - " if md else "        "
@@ -80,7 +92,7 @@ def _lines(d: RunDiff, md: bool) -> list[str]:
     def section(name: str, changes: list[FieldChange]) -> None:
         out.append("")
         out.append(h(name) + ("" if changes else (" — no differences" if md else ": no differences")))
-        out.extend(bullet + change_line(c) for c in changes)
+        out.extend(bullet + change_line(c, style) for c in changes)
 
     def items_section(name: str, s: Section, extra: list[str] | None = None) -> None:
         out.append("")
@@ -89,8 +101,8 @@ def _lines(d: RunDiff, md: bool) -> list[str]:
         out.append(h(name) + (" — " if md else ": ") + (pres or counts))
         out.extend(extra or [])
         for it in s.items:
-            out.append(bullet + _item_head(it))
-            out.extend(sub + change_line(c) for c in it.changes)
+            out.append(bullet + _item_head(it, md))
+            out.extend(sub + change_line(c, style) for c in it.changes)
 
     section("inputs (run.json)", d.inputs)
     out.append("")
@@ -103,10 +115,10 @@ def _lines(d: RunDiff, md: bool) -> list[str]:
     )
     for cell in d.cells:
         out.append(bullet + f"cell {cell.cell_id}")
-        out.extend(sub + "coverage " + change_line(c) for c in cell.coverage)
+        out.extend(sub + "coverage " + change_line(c, style) for c in cell.coverage)
         for it in cell.items:
-            out.append(sub + _item_head(it))
-            out.extend(subsub + change_line(c) for c in it.changes)
+            out.append(sub + _item_head(it, md))
+            out.extend(subsub + change_line(c, style) for c in it.changes)
     items_section("pattern groups", d.groups)
     renum = [f"{bullet}renumbered {a} -> {b}" for a, b in sorted(d.weakness_map.items()) if a != b]
     items_section("weaknesses", d.weaknesses, renum)
@@ -117,7 +129,7 @@ def _lines(d: RunDiff, md: bool) -> list[str]:
     out.append(h("model calls") + ("" if d.calls else " — no differences" if md else ": no differences"))
     out.append(bullet + "A: " + _calls_line(d.calls_a))
     out.append(bullet + "B: " + _calls_line(d.calls_b))
-    out.extend(bullet + change_line(c) for c in d.calls)
+    out.extend(bullet + change_line(c, style) for c in d.calls)
     return out
 
 

@@ -14,7 +14,6 @@ Every report also carries ``checks``: the foreign-data deterministic checks of
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,9 @@ import duckdb
 
 from pipeline.adapters import cell_block
 from pipeline.core.errors import BadInput
+from pipeline.eval import agentrx
 from pipeline.eval.checks import run_checks, summarise
+from pipeline.eval.events import Event
 from pipeline.eval.predict import (
     PROBE_MODES,
     Prediction,
@@ -34,11 +35,16 @@ from pipeline.eval.predict import (
     from_weakness_cards,
     load_events,
     mode_checks,
+    normalise_agent,
     read_json_field,
 )
+from pipeline.eval.stats import binomial_se, with_rates
 from pipeline.ir.export import run_bundle
 
-LABEL_FORMATS = ("who-and-when", "mast")
+LABEL_FORMATS = ("who-and-when", "mast", "agentrx")
+# Where a step label lies by position alone: printed beside every source so that nobody takes a
+# positional effect (the last step is often the decisive one) for analysis.
+POSITIONAL = ("baseline_first_step", "baseline_last_step")
 # Deterministic step pickers every label source is scored against (report keys, in report order).
 BASELINES = {
     "baseline_first_error": baseline_first_error,
@@ -47,14 +53,6 @@ BASELINES = {
     "baseline_last_step": baseline_last_step,
 }
 __all__ = ["LABEL_FORMATS", "evaluate", "normalise_agent", "score_steps"]
-
-
-def normalise_agent(name: str | None) -> str:
-    """Agent names compare without role suffixes, case, spaces or underscores ("Orchestrator (thought)")."""
-    if not name:
-        return ""
-    base = re.sub(r"\s*\(.*\)\s*$", "", name)
-    return re.sub(r"[\s_-]+", "", base).lower()
 
 
 def score_steps(labels: dict[str, tuple[int, str]], preds: dict[str, Prediction], offset: int = 0) -> dict[str, Any]:
@@ -78,23 +76,15 @@ def score_steps(labels: dict[str, tuple[int, str]], preds: dict[str, Prediction]
         within1 += d <= 1
         within3 += d <= 3
 
-    def rate(k: int) -> float | None:
-        return round(k / n, 4) if n else None
-
+    counts = {"exact": exact, "within_1": within1, "within_3": within3, "agent": agent_ok}
     return {
         "labelled": n,
         "predicted": n - len(missing),
         "no_prediction": len(missing),
         "no_prediction_cells": missing,
         "prediction_without_step": no_step,
-        "exact": exact,
-        "within_1": within1,
-        "within_3": within3,
-        "agent": agent_ok,
-        "exact_acc": rate(exact),
-        "within_1_acc": rate(within1),
-        "within_3_acc": rate(within3),
-        "agent_acc": rate(agent_ok),
+        **counts,
+        **with_rates(counts, n),
     }
 
 
@@ -113,9 +103,75 @@ def score_modes(labels: dict[str, set[str]], preds: dict[str, set[str]] | None) 
             "fp": fp,
             "fn": fn,
             "precision": round(tp / (tp + fp), 4) if tp + fp else None,
+            "precision_se": binomial_se(tp, tp + fp),
             "recall": round(tp / (tp + fn), 4) if tp + fn else None,
+            "recall_se": binomial_se(tp, tp + fn),
         }
     return {"available": True, "cells_with_prediction": sum(1 for c in labels if preds.get(c)), "modes": per}
+
+
+def _positional(sources: dict[str, Any], metrics: tuple[str, ...]) -> dict[str, Any]:
+    """The positional baselines' rates (with n and standard error), to print beside every source."""
+    out: dict[str, Any] = {}
+    for name in POSITIONAL:
+        s = sources.get(name) or {}
+        out[name] = {"labelled": s.get("labelled")} | {
+            f"{m}_{k}": s.get(f"{m}_{k}") for m in metrics for k in ("acc", "se")
+        }
+    return out
+
+
+def _int_or_zero(value: Any) -> int:
+    return value if isinstance(value, int) else 0
+
+
+def _agentrx(
+    con: duckdb.DuckDBPyConnection,
+    eligible: set[str],
+    outcomes: dict[str, dict[str, Any]],
+    events: dict[str, list[Event]],
+    cards: dict[str, Prediction],
+    cards_status: str,
+    probes: dict[str, Prediction],
+    probe_status: str,
+) -> dict[str, Any]:
+    """Report parts for AgentRx labels (see :mod:`pipeline.eval.agentrx`)."""
+    gold = {c: g for c in sorted(eligible) if (g := agentrx.gold_of(outcomes.get(c, {}))) is not None}
+    bases = dict(con.execute("SELECT cell_id, step_index_base FROM cells").fetchall())
+    # Per cell: a mixed bundle holds 0-based (message position) and 1-based (tau index) cells.
+    offsets = {c: _int_or_zero(bases.get(c)) - agentrx.LABEL_BASE for c in gold}
+    sources: dict[str, tuple[dict[str, Prediction], str]] = {
+        "weakness_cards": (cards, cards_status),
+        "probe_hits": (probes, probe_status),
+        **{
+            name: ({c: p for c in gold if (p := baseline(events.get(c, [])))}, "deterministic")
+            for name, baseline in BASELINES.items()
+        },
+    }
+    categories: dict[str, dict[str, str | None] | None] = {
+        "weakness_cards": None,
+        "probe_hits": None,
+        "baseline_error_category": {c: agentrx.baseline_error_category(events.get(c, [])) for c in gold},
+    }
+    scored = {
+        name: {"status": status, **agentrx.score(gold, preds, offsets)} for name, (preds, status) in sources.items()
+    }
+    metrics = ("root_exact", "root_within_1", "any_exact", "any_within_1", "agent")
+    return {
+        "labelled_cells": len(gold),
+        "label_step_base": agentrx.LABEL_BASE,
+        "sources": scored,
+        "positional": _positional(scored, metrics),
+        "categories": {
+            name: {
+                "status": "deterministic (first error: tool error -> Invalid Invocation, harness -> System Failure)"
+                if preds is not None
+                else "carries no AgentRx category",
+                **agentrx.score_categories(gold, preds),
+            }
+            for name, preds in categories.items()
+        },
+    }
 
 
 def _offset(con: duckdb.DuckDBPyConnection, run_dir: Path, label_base: int) -> int:
@@ -176,6 +232,9 @@ def evaluate(run_dir: Path, labels: str) -> dict[str, Any]:
                 name: {"status": status, **score_steps(gold, preds, offset)}
                 for name, (preds, status) in sources.items()
             }
+            report["positional"] = _positional(report["sources"], ("exact", "within_1", "within_3", "agent"))
+        elif labels == "agentrx":
+            report.update(_agentrx(con, eligible, outcomes, events, cards, cards_status, probes, probe_status))
         else:
             gold_modes: dict[str, set[str]] = {}
             for cell in sorted(eligible):

@@ -23,3 +23,4 @@ class Event:
     source_path: str
     line_start: int
     line_end: int
+    detail: str | None = None  # the source's sub-kind (tool_error, api_retry, harness_traceback, ...)

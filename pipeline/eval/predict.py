@@ -43,11 +43,19 @@ class Prediction:
     event_id: str
 
 
+def normalise_agent(name: str | None) -> str:
+    """Agent names compare without role suffixes, case, spaces or underscores ("Orchestrator (thought)")."""
+    if not name:
+        return ""
+    base = re.sub(r"\s*\(.*\)\s*$", "", name)
+    return re.sub(r"[\s_-]+", "", base).lower()
+
+
 def load_events(con: duckdb.DuckDBPyConnection) -> dict[str, list[Event]]:
     """Events per cell, in seq order."""
     rows = con.execute(
         "SELECT event_id, cell_id, seq, kind, actor, step_index, coalesce(text, ''), tool_name, args_digest, "
-        "source_path, line_start, line_end FROM events ORDER BY cell_id, seq"
+        "source_path, line_start, line_end, detail FROM events ORDER BY cell_id, seq"
     ).fetchall()
     out: dict[str, list[Event]] = {}
     for r in rows:
@@ -167,6 +175,7 @@ PROBE_MODES = {
     "repeat_call_same_state": STEP_REPETITION,
     "check_rerun_unchanged_source": STEP_REPETITION,
     "identical_result": STEP_REPETITION,
+    "repeated_failure": STEP_REPETITION,
 }
 
 

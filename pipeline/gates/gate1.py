@@ -208,6 +208,7 @@ def invalidate_gate(run_dir: Path, gate: str, reason: str) -> None:
 Decision = Literal["confirm", "reject", "unresolved", "amend"]
 DECISIONS: tuple[str, ...] = ("confirm", "reject", "unresolved", "amend")
 GATE1 = "gate1"
+LATER_DECISIONS = ("selected", "none", "redo")  # gate-2 states a new gate-1 decision would supersede
 SHORTLIST = "weakness-shortlist.json"
 
 
@@ -255,8 +256,15 @@ def confirm(
     expected_digest: str | None = None,
     expected_revision: int | None = None,
     operation_id: str | None = None,
+    require_digest: bool = False,
+    supersede: bool = False,
 ) -> tuple[Receipt, bool]:
-    """Gate 1: record a decision on every weakness of the shortlist as a receipt (see :func:`commit`)."""
+    """Gate 1: record a decision on every weakness of the shortlist as a receipt (see :func:`commit`).
+
+    ``require_digest``: refuse without ``expected_digest`` (a non-interactive decision must name the
+    shortlist it was made on: compare-and-set is not opt-in). A new decision after gate 2 decided is
+    refused unless ``supersede`` is set; superseding invalidates the gate-2 receipt.
+    """
     notes = dict(notes or {})
     ids = handoff.weakness_ids(run_dir)
     if not (run_dir / SHORTLIST).is_file():
@@ -286,10 +294,17 @@ def confirm(
     for wid, d in decisions.items():
         if d == "amend" and not notes.get(wid, "").strip():
             raise BadInput(f'amending {wid} needs --note {wid}="the amended statement"')
+    if require_digest and expected_digest is None:
+        raise BadInput(
+            "--digest is required: it binds your decision to the shortlist you read (compare-and-set). "
+            f"`lunasol status {run_dir}` prints the shortlist digest with every statement; read each card "
+            f"first: lunasol show {run_dir} {ids[0]}"
+        )
     request = {
         "decisions": {w: {"decision": decisions[w], "note": notes.get(w) or None} for w in ids},
     }
     outcome = gate1_outcome(decisions)
+    superseded: list[str] = []
 
     def apply(h: handoff.Handoff) -> dict[str, Any]:
         if h.phase != "rootCausesMined":
@@ -298,13 +313,20 @@ def confirm(
                 reason="missing_data",
                 unblock=run_command(run_dir),
             )
+        if h.proposalSelection in LATER_DECISIONS:
+            if not supersede:
+                raise BadInput(
+                    f"gate 2 already decided ({h.proposalSelection}, {h.receipts.get('gate2', 'receipt')}); a new "
+                    "gate-1 decision would supersede it and the proposals it was made on: add --supersede to do so"
+                )
+            superseded.append(h.proposalSelection)
         result: dict[str, Any] = {"userRootCauseConfirmation": outcome}
         if outcome in ("confirmed", "partially_confirmed"):
             result["proposalGeneration"] = "not_started"
             result["proposalSelection"] = "not_started"
         return result
 
-    return commit(
+    receipt, replayed = commit(
         run_dir,
         gate=GATE1,
         artifact=SHORTLIST,
@@ -316,6 +338,9 @@ def confirm(
         operation_id=operation_id,
         subject_digest=lambda: shortlist_digest(run_dir),
     )
+    if superseded:
+        invalidate_gate(run_dir, "gate2", f"superseded by gate-1 decision {receipt.operation_id}")
+    return receipt, replayed
 
 
 def confirmed_weaknesses(run_dir: Path) -> dict[str, dict[str, Any]]:

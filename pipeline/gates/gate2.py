@@ -48,8 +48,12 @@ def select(
     expected_digest: str | None = None,
     expected_revision: int | None = None,
     operation_id: str | None = None,
+    require_digest: bool = False,
 ) -> tuple[Any, bool]:
-    """Gate 2: commit the selection as a receipt; return (receipt, replayed)."""
+    """Gate 2: commit the selection as a receipt; return (receipt, replayed).
+
+    ``require_digest``: refuse without ``expected_digest`` (compare-and-set is not opt-in).
+    """
     if (choice == "proposal") != (proposal_id is not None):
         raise BadInput("choose exactly one of --proposal P-.., --none or --redo")
     if not (run_dir / PROPOSALS_FILE).is_file():
@@ -62,6 +66,12 @@ def select(
     ids = proposal_ids(run_dir)
     if proposal_id is not None and proposal_id not in ids:
         raise BadInput(f"no proposal {proposal_id} in {run_dir / PROPOSALS_FILE} (it has {', '.join(ids) or 'none'})")
+    if require_digest and expected_digest is None:
+        raise BadInput(
+            "--digest is required: it binds your selection to the proposals you read (compare-and-set). "
+            f"`lunasol status {run_dir}` prints the proposals digest; read each card first: "
+            f"lunasol show {run_dir} {ids[0] if ids else 'P-01'}"
+        )
     request = {
         "choice": choice,
         "proposal_id": proposal_id,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import pipeline
-from pipeline.adapters import reader_for, step_index_base
+from pipeline.adapters import cell_harness, reader_for, step_index_base
 from pipeline.adapters.native import iter_lines
 from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION
 from pipeline.artifacts.schemas import load_document
@@ -350,6 +350,13 @@ def _parallel_batches(
             results.close()
 
 
+def _harnesses(bundle: Path, request: AnalysisRequest) -> list[str | None]:
+    # Imported cells keep their own harness (a mixed import holds several systems); native: the request's.
+    if request.format == "native":
+        return [request.parent_harness for _ in request.cells]
+    return [cell_harness(bundle, c.cell_id, request.parent_harness) for c in request.cells]
+
+
 def _step_bases(bundle: Path, request: AnalysisRequest) -> list[int | None]:
     if request.format == "native":
         return [None for _ in request.cells]
@@ -417,7 +424,7 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
                     "run_id": [c.run_id for c in request.cells],
                     "eligibility": [c.eligibility for c in request.cells],
                     "exclusion_reason": [excluded.get(i) for i in ids],
-                    "harness": [request.parent_harness for _ in ids],
+                    "harness": _harnesses(bundle, request),
                     "step_index_base": pa.array(_step_bases(bundle, request), type=pa.int32()),
                 }
             ),

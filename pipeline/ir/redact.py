@@ -6,8 +6,8 @@ and replay keys), a reviewer (report.html) or a query (ir.duckdb) is made from t
 text, so redacting there, before the text is trimmed, covers them all. Both export paths make
 one call, :func:`redact_column`, on each cell's ``text`` and ``target`` columns
 (``pipeline.ir.events.cell_rows`` and ``pipeline.ir.fast.ColumnBuilder.add``); the report,
-``show-ref`` and Luna's task summaries use :func:`redact` on what they print. The frozen bundle is never touched: refs still point at, and
-hash-check against, the raw bytes.
+``show-ref`` and Luna's task summaries use :func:`redact` on what they print. The frozen bundle is
+never touched: refs still point at, and hash-check against, the raw bytes.
 
 A secret becomes ``[REDACTED:<kind>]``; the kinds are the keys of :data:`KINDS`. What is kept
 around it (``Bearer``, ``api_key=``) stays, so the text still reads as what happened.

@@ -6,6 +6,7 @@ the whole raw file and checks it against the manifest, so what is shown is the f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import zipfile
@@ -146,6 +147,31 @@ def show_ref(run_dir: Path, ref: str, unredacted: bool = False) -> str:
     return f"{view.lines}\n# {view.ref.json_pointer}\n{view.element}"
 
 
+def show_ref_context(run_dir: Path, ref: str, context: int, pretty: bool = False, unredacted: bool = False) -> str:
+    """The raw lines behind ``ref`` numbered, cited ones marked ``>``, with ``context`` lines either side.
+
+    ``pretty`` adds each cited line pretty-printed when it is JSON (the raw line stays as logged).
+    Secrets are redacted as in :func:`show_ref` unless ``unredacted``.
+    """
+    parsed = parse_ref(ref)
+    reader = RefReader(run_dir)
+    view = reader.view(parsed)
+    if parsed.json_pointer:  # lines of one document or member: no file context to add
+        return show_ref(run_dir, ref, unredacted=unredacted)
+    lines = reader.file_lines(parsed.path)
+    if not unredacted:
+        lines = [redact(line)[0] for line in lines]
+    lo, hi = max(1, parsed.line_start - context), min(len(lines), parsed.line_end + context)
+    out = [f"# {view.ref} sha256 {view.sha256}"]
+    for n in range(lo, hi + 1):
+        cited = parsed.line_start <= n <= parsed.line_end
+        out.append(f"{'>' if cited else ' '}{n:>6}  {lines[n - 1]}")
+        if cited and pretty:
+            with contextlib.suppress(json.JSONDecodeError):  # a line that is not JSON is shown raw only
+                out.append(json.dumps(json.loads(lines[n - 1]), ensure_ascii=False, indent=2, sort_keys=True))
+    return "\n".join(out)
+
+
 def read_refs(run_dir: Path, refs: list[str]) -> dict[str, str]:
     """Many refs at once (each raw file hash-checked once): ref -> its raw lines. Any bad ref raises."""
     bundle, manifest = _frozen_bundle(run_dir)
@@ -157,3 +183,59 @@ def read_refs(run_dir: Path, refs: list[str]) -> dict[str, str]:
             files[ref.path] = read_frozen(bundle, ref.path, manifest)
         out[text] = _ref_text(files[ref.path], ref)
     return out
+
+
+class RefReader:
+    """Resolve many refs of one run: the manifest is read once, each raw file read and hashed once.
+
+    Unlike :func:`read_refs` a bad ref or a changed file is not fatal: :meth:`view` raises a
+    one-line LunasolError for that ref only, and the file's error is remembered. Only the file last
+    asked for is kept in memory, so callers that go file by file (sorted refs) stay at one file's
+    bytes however large the bundle.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.bundle, self.manifest = _frozen_bundle(run_dir)
+        self._path: str | None = None
+        self._raw: bytes | BundleError = b""
+        self._lines: list[str] | None = None
+
+    def _file(self, rel: str) -> bytes:
+        if rel != self._path:
+            self._path, self._lines = rel, None
+            try:
+                self._raw = read_frozen(self.bundle, rel, self.manifest)
+            except BundleError as exc:
+                self._raw = exc
+        if isinstance(self._raw, BundleError):
+            raise self._raw
+        return self._raw
+
+    def file_lines(self, rel: str) -> list[str]:
+        """Every line of a frozen file (decoded once per file), for context around a ref."""
+        raw = self._file(rel)
+        if self._lines is None:
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise BundleError(f"invalid UTF-8 in {rel}") from None
+            lines = text.split("\n")
+            self._lines = lines[:-1] if text.endswith("\n") else lines
+        return self._lines
+
+    def view(self, ref: str | Ref) -> RefView:
+        """What one ref points at (hash checked), as :func:`resolve_ref` returns it."""
+        parsed = parse_ref(ref) if isinstance(ref, str) else ref
+        raw = self._file(parsed.path)
+        if parsed.json_pointer:
+            text = _ref_text(raw, parsed)
+            element: str | None = _pointer_element(raw, parsed)
+        else:
+            lines = self.file_lines(parsed.path)
+            if parsed.line_end > len(lines):
+                raise BadInput(
+                    f"ref {parsed} does not resolve: lines {parsed.line_start}-{parsed.line_end} are past the end "
+                    f"of the file ({len(lines)} lines)"
+                )
+            text, element = "\n".join(lines[parsed.line_start - 1 : parsed.line_end]), None
+        return RefView(parsed, text, element, self.manifest.get(parsed.path).sha256)

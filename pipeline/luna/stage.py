@@ -18,11 +18,13 @@ import duckdb
 from pipeline.bundle.request import load_request
 from pipeline.core.canonical import digest, write_jsonl
 from pipeline.core.errors import BadInput
+from pipeline.core.settings import ModelSettings
 from pipeline.ir.redact import redact
 from pipeline.luna.merge import CellPatterns, Conflict, Verdict, merge_cell
 from pipeline.luna.patterns import PATTERN_ROW_SCHEMA_VERSION, LunaAnswer, Pattern, check_answer
 from pipeline.luna.render import CellIR, Part, context_budget, estimate_tokens, load_cells, render_cell, split_parts
 from pipeline.models import ModelClient, PlannedCall, template_hash
+from pipeline.models.budget import role_budget
 from pipeline.probes import run_probes, write_probe_hits
 from pipeline.state.ledger import CellResults, cell_key, ir_cell_digests
 
@@ -31,6 +33,8 @@ if TYPE_CHECKING:
     from pipeline.models import CallOutcome, ModelClient, PlannedCall
 
 PATTERNS_FILE = "patterns.jsonl"
+ROLE = "luna"
+PROMPT_OVERHEAD_TOKENS = 6_000  # Luna's instructions, probe candidates and output schema, around the IR
 
 TABLES_DDL = """
 CREATE OR REPLACE TABLE patterns (
@@ -131,19 +135,28 @@ def _ensure_hits(con: duckdb.DuckDBPyConnection) -> None:
         write_probe_hits(con, run_probes(con))
 
 
-def _prepared_cells(ir_path: Path) -> list[tuple[CellIR, list[Part], int]]:
+def part_budget(settings: ModelSettings) -> int:
+    """Rendered-IR tokens per Luna call: the configured part size, smaller when the model's context is."""
+    # The whole request (instructions, candidates, output schema, framing) must fit the role's budget
+    # (pipeline.models.budget); the rest of the prompt takes about PROMPT_OVERHEAD_TOKENS, and the IR's
+    # chars/4 estimate may under-count a real tokenizer, hence the margin.
+    room = role_budget(settings, ROLE).input_tokens - PROMPT_OVERHEAD_TOKENS
+    return max(min(context_budget(), int(room * 0.6)), 500)
+
+
+def _prepared_cells(ir_path: Path, budget: int) -> list[tuple[CellIR, list[Part], int]]:
     """:func:`prepare` on the run's IR, after running the probes if the IR has no hits yet."""
     con = duckdb.connect(str(ir_path))
     try:
         _ensure_hits(con)
-        return prepare(con)
+        return prepare(con, budget)
     finally:
         con.close()
 
 
 def plan(ctx: RunContext) -> list[PlannedCall]:
     """Every Luna call this run would make (for ``--dry-run``); calls nothing."""
-    prepared = _prepared_cells(ctx.ir_path)
+    prepared = _prepared_cells(ctx.ir_path, part_budget(ctx.options.models))
     summaries = _task_summaries(ctx.bundle)
     return [
         PlannedCall(
@@ -176,7 +189,7 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
     Each cell's answers are persisted (``runs/<id>/luna/<cell>.json``) as soon as its calls finish,
     so a crash or a block keeps every finished cell and ``--resume`` never asks it again.
     """
-    prepared = _prepared_cells(ctx.ir_path)
+    prepared = _prepared_cells(ctx.ir_path, part_budget(ctx.options.models))
     summaries = _task_summaries(ctx.bundle)
     cell_digests = ir_cell_digests(ctx.ir_path)
     client = ModelClient(ctx.options.models, ctx.run_dir, log=ctx.log)
@@ -187,7 +200,9 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
         run = CellRun(cell.cell_id, "split" if len(parts) > 1 else "ok", len(parts), size)
         if len(parts) > 1:
             run.reason = (
-                f"rendered IR ~{size} tokens > budget {context_budget()}; split by segment into {len(parts)} parts"
+                f"rendered IR ~{size} tokens > budget {part_budget(ctx.options.models)}; "
+                f"rendered IR ~{size} tokens > budget {part_budget(ctx.options.models)}; "
+                f"split by segment into {len(parts)} parts"
             )
         if not cell.seq_of:
             run.reason = "no events in the IR: nothing to analyse, no call made"

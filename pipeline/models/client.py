@@ -31,6 +31,7 @@ from pydantic import BaseModel
 from pipeline.core import offline
 from pipeline.core.errors import BadInput, LunasolError
 from pipeline.core.settings import ModelSettings
+from pipeline.models.budget import check_fits, context_error
 from pipeline.models.calllog import CallLog
 from pipeline.models.errors import BudgetExceeded, ModelUnavailable, ReplayMiss
 from pipeline.models.progress import gather_bounded
@@ -40,6 +41,7 @@ from pipeline.models.transport import (
     describe as _describe,
 )
 from pipeline.models.transport import (
+    is_context_error,
     load_litellm,
     quiet_instructor,
 )
@@ -206,6 +208,8 @@ class ModelClient:
         outcome = "ok"
         try:
             self._check_budget()
+            # Whole-request token budget (pipeline.models.budget): a request that cannot fit is never sent.
+            check_fits(self.settings, role, cell_id, messages, response_model)
             for round_no in range(self.settings.max_reasks + 1):
                 parsed, errors = await self._ask(messages, response_model)
                 if parsed is None:
@@ -282,7 +286,8 @@ class ModelClient:
         """Run many calls under ``settings.concurrency`` with a progress bar (on a TTY) showing spend."""
         # Twice the HTTP bound: the next calls render and prepare while others wait on the network,
         # so a freed slot is used at once; the HTTP concurrency itself stays at settings.concurrency.
-        return await gather_bounded(coros, 2 * self.settings.concurrency, label=label, usage=self.usage)
+        budget = (self.settings.budget_usd, self.settings.budget_tokens)
+        return await gather_bounded(coros, 2 * self.settings.concurrency, label=label, usage=self.usage, budget=budget)
 
     # ------------------------------------------------------------------ internals
     def _template(self, role: str) -> str:
@@ -541,6 +546,8 @@ class ModelClient:
         except LunasolError:
             raise
         except Exception as exc:
+            if is_context_error(exc):  # not transient: never retried; the unblock lowers --context-tokens
+                raise context_error(exc, self.settings, state.role, state.cell_id) from exc
             tried = [{"action": "transport retries", "outcome": f"{state.transport_retries} retries, then failed"}]
             raise ModelUnavailable(
                 f"model {self.model} unavailable for role={state.role} cell={state.cell_id or '-'} after "

@@ -76,3 +76,18 @@ class ModelUnavailable(Blocked):
     """
 
     kind = "model_unavailable"
+
+
+class ContextExceeded(Blocked):
+    """A request is larger than the model's context: not transient, never retried.
+
+    The unblock names ``--context-tokens``: a provider's refusal lowers the budget so the stage plans
+    smaller requests (Sol splits into map/reduce calls); repeating the same request would fail the
+    same way, so a bare ``--resume`` is never the answer.
+    """
+
+    kind = "context_exceeded"
+
+    def __init__(self, message: str, *, unblock: str, suggested_tokens: int, **data: Any) -> None:
+        super().__init__(message, reason="external_system", unblock=unblock, suggested_tokens=suggested_tokens, **data)
+        self.suggested_tokens = suggested_tokens

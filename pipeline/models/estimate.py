@@ -6,6 +6,7 @@ completion function that captures its kwargs and stops (no network, no model).
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,12 +15,10 @@ from pydantic import BaseModel
 
 from pipeline.core import offline
 from pipeline.core.settings import ModelSettings
+from pipeline.models.budget import ASSUMED_MODEL, ESTIMATE_FACTOR, model_limits, role_budget
 from pipeline.models.client import INSTRUCTOR_MODES
 from pipeline.models.prompts import render
 from pipeline.models.transport import load_litellm, quiet_instructor
-
-ASSUMED_MODEL = "openai/gpt-4o-mini"
-"""Model used to count and price a dry run when none is given (said so in the table)."""
 
 DEFAULT_OUTPUT_TOKENS = 800
 """Assumed completion size per call when a role does not say (stated in the table)."""
@@ -34,6 +33,7 @@ class PlannedCall:
     context: dict[str, Any]
     response_model: type[BaseModel]
     expected_output_tokens: int = DEFAULT_OUTPUT_TOKENS
+    note: str = ""  # how the role planned this call (e.g. Sol's map/reduce plan), shown by the dry run
 
 
 @dataclass
@@ -46,6 +46,10 @@ class RoleEstimate:
     completion_tokens: int = 0  # assumed, see PlannedCall.expected_output_tokens
     cost_usd: float | None = 0.0
     template_hash: str = ""
+    largest_request: int = 0  # tokens of the largest request, as the budget counts them
+    budget_tokens: int = 0  # whole-request budget of this role
+    over_budget: int = 0  # requests larger than the budget
+    notes: list[str] = field(default_factory=list)  # how the role planned its calls
 
 
 @dataclass
@@ -57,6 +61,7 @@ class Estimate:
     price_known: bool = True
     counted_with: str = "litellm.token_counter"
     model_assumed: bool = False  # no --model given: priced as ASSUMED_MODEL
+    context: str = ""  # the model's context and how tokens are counted (pipeline.models.budget)
 
     @property
     def calls(self) -> int:
@@ -85,6 +90,7 @@ class Estimate:
         return {
             "model": self.model,
             "model_assumed": self.model_assumed,
+            "context": self.context,
             "price_known": self.price_known,
             "counted_with": self.counted_with,
             "calls": self.calls,
@@ -99,6 +105,10 @@ class Estimate:
                     "completion_tokens_assumed": r.completion_tokens,
                     "cost_usd": r.cost_usd,
                     "template_hash": r.template_hash,
+                    "largest_request_tokens": r.largest_request,
+                    "budget_tokens": r.budget_tokens,
+                    "over_budget": r.over_budget,
+                    "notes": r.notes,
                 }
                 for r in self.roles
             ],
@@ -157,16 +167,27 @@ def _price(model: str, prompt_tokens: int, completion_tokens: int) -> float | No
 def estimate(planned: list[PlannedCall], settings: ModelSettings) -> Estimate:
     """Render and count every planned call; price from litellm's bundled map (offline)."""
     model = settings.model or ASSUMED_MODEL
-    est = Estimate(model=model, model_assumed=settings.model is None)
+    limits = model_limits(settings)
+    est = Estimate(model=model, model_assumed=settings.model is None, context=limits.describe())
     by_role: dict[str, RoleEstimate] = {}
     for call in planned:
         rendered = render(call.role, call.context)
         request = instructor_request(rendered.messages, call.response_model)
         prompt_tokens = _count(model, request)
-        r = by_role.setdefault(call.role, RoleEstimate(role=call.role, template_hash=rendered.template_hash))
+        r = by_role.get(call.role)
+        if r is None:
+            budget = role_budget(settings, call.role)
+            r = RoleEstimate(role=call.role, template_hash=rendered.template_hash, budget_tokens=budget.input_tokens)
+            by_role[call.role] = r
         r.calls += 1
         r.prompt_tokens += prompt_tokens
         r.completion_tokens += call.expected_output_tokens
+        # sized as the client's budget check sizes it (a conservative estimate without the model's tokenizer)
+        sized = prompt_tokens if limits.exact else math.ceil(prompt_tokens * ESTIMATE_FACTOR)
+        r.largest_request = max(r.largest_request, sized)
+        r.over_budget += sized > r.budget_tokens
+        if call.note and call.note not in r.notes:
+            r.notes.append(call.note)
     for r in by_role.values():
         r.cost_usd = _price(model, r.prompt_tokens, r.completion_tokens)
         if r.cost_usd is None:
@@ -179,14 +200,20 @@ def format_estimate(est: Estimate) -> str:
     """Plain-text table of an :class:`Estimate`, stating assumptions and unknown prices."""
     assumed = " (assumed: no --model given)" if est.model_assumed else ""
     lines = [f"dry run: model {est.model}{assumed} (nothing was called)"]
-    lines.append(f"{'role':<10} {'calls':>6} {'prompt tok':>11} {'output tok*':>12} {'est. cost':>12}")
+    if est.context:
+        lines.append(est.context)
+    lines.append(
+        f"{'role':<10} {'calls':>6} {'prompt tok':>11} {'output tok*':>12} {'est. cost':>12} "
+        f"{'largest req':>12} {'budget':>9}"
+    )
 
     def money(v: float | None) -> str:
         return "unknown" if v is None else f"${v:.4f}"
 
     for r in est.roles:
         lines.append(
-            f"{r.role:<10} {r.calls:>6} {r.prompt_tokens:>11} {r.completion_tokens:>12} {money(r.cost_usd):>12}"
+            f"{r.role:<10} {r.calls:>6} {r.prompt_tokens:>11} {r.completion_tokens:>12} {money(r.cost_usd):>12} "
+            f"{r.largest_request:>12} {r.budget_tokens:>9}"
         )
     lines.append(
         f"{'total':<10} {est.calls:>6} {est.prompt_tokens:>11} {est.completion_tokens:>12} {money(est.cost_usd):>12}"
@@ -197,4 +224,13 @@ def format_estimate(est: Estimate) -> str:
     )
     if not est.price_known:
         lines.append(f"price unknown: {est.model} is not in litellm's bundled price map")
+    for r in est.roles:
+        lines += [f"plan {r.role}: {n}" for n in r.notes]
+    for r in est.roles:
+        if r.over_budget:
+            lines.append(
+                f"WARNING: {r.over_budget} {r.role} request(s) exceed the budget of {r.budget_tokens:,} tokens "
+                f"(largest {r.largest_request:,}); the provider would refuse them (give the model's real "
+                "--context-tokens, or use --model with a larger context)"
+            )
     return "\n".join(lines)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from typing import Any
 
 from pipeline.core import offline
@@ -92,3 +93,24 @@ def describe(exc: BaseException) -> str:
     """One line: exception type and message (folded, cut at 300 characters)."""
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:300]}"
+
+
+_CONTEXT_MARKERS = ("context_length_exceeded", "maximum context length", "context window", "too many tokens")
+_MAX_CONTEXT = re.compile(r"maximum context length is (\d[\d,]*)")
+
+
+def is_context_error(exc: BaseException) -> bool:
+    """True when the provider refused a request for its size (OpenAI ``context_length_exceeded``)."""
+    litellm = load_litellm()
+    kind = getattr(litellm, "ContextWindowExceededError", None)
+    if isinstance(kind, type) and isinstance(exc, kind):
+        return True
+    code = getattr(exc, "code", None)
+    text = f"{code} {exc}".lower()
+    return any(m in text for m in _CONTEXT_MARKERS)
+
+
+def stated_context(exc: BaseException) -> int | None:
+    """The context size a provider's error message states ("maximum context length is N"), if any."""
+    m = _MAX_CONTEXT.search(str(exc))
+    return int(m.group(1).replace(",", "")) if m else None

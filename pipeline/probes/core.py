@@ -49,6 +49,12 @@ PROBES: tuple[Probe, ...] = (
         "same actor, same stage, same tool call, byte-identical result, nothing changed in between",
     ),
     Probe(
+        "repeated_failure",
+        "zero_information_gain",
+        True,
+        "same actor, same tool call, the same failure again, nothing changed in between",
+    ),
+    Probe(
         "obligation_unclosed",
         "omission",
         False,

@@ -3,7 +3,8 @@
 Flow of :func:`propose`:
 
 1. Gate 1 must have a valid receipt on the current shortlist (silence is never approval):
-   otherwise ``Blocked`` (exit 3) with the exact ``lunasol confirm`` command, and a block receipt.
+   otherwise a usage error (exit 2, no block receipt: it is an ordering mistake) with the exact
+   ``lunasol confirm`` command.
 2. For each confirmed (or amended) weakness, in shortlist order: one call of ``prompts/proposer.j2``
    with the weakness card, its support, the cells of the run and the pattern groups it cites.
    The answer (:class:`ProposalList`) is checked by the deterministic validator with the run's
@@ -32,7 +33,9 @@ from pipeline.core.canonical import pretty_json, read_json, sha256_file, write_j
 from pipeline.core.errors import BadInput, Blocked
 from pipeline.core.settings import ModelSettings
 from pipeline.gates.gate1 import confirmed_weaknesses
-from pipeline.models import ModelClient, template_hash
+from pipeline.models import ModelClient, render, template_hash
+from pipeline.models.budget import request_tokens, role_budget
+from pipeline.models.errors import ContextExceeded
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 from pipeline.state import handoff
 from pipeline.state.blocking import write_block_receipt
@@ -44,6 +47,7 @@ PROPOSALS_FILE = "proposals.yaml"
 VALIDATION_FILE = "validation.json"
 VALIDATION_SCHEMA_VERSION = VERSIONS["validation"]
 GROUPS_FILE = "pattern-groups.json"
+OCCURRENCE_SAMPLE = 8  # occurrences of a cited group shown with refs when the full view does not fit
 
 
 class ValidatedCard(BaseModel):
@@ -196,6 +200,47 @@ def build_context(
     }
 
 
+def compact_groups(cited: list[dict[str, Any]]) -> str:
+    """Cited pattern groups in a bounded form: a header each, a sample of occurrences with refs, the rest by id."""
+    out: list[str] = []
+    for g in cited:
+        occ = [o for o in g.get("occurrences") or [] if isinstance(o, dict)]
+        support = g.get("support") or {}
+        out.append(
+            f"{g.get('group_id')} {g.get('type')} concerns={g.get('concerns')!r}: {len(occ)} occurrence(s) in "
+            f"{support.get('n_cells', '?')} cell(s), tasks {', '.join(support.get('tasks') or [])}"
+        )
+        for o in occ[:OCCURRENCE_SAMPLE]:
+            refs = ", ".join(list(o.get("refs") or [])[:2])
+            events = ", ".join(list(o.get("events") or [])[:4])
+            out.append(f"  {o.get('occurrence_id')} {o.get('cell_id')}: events {events}; refs {refs}")
+        if len(occ) > OCCURRENCE_SAMPLE:
+            rest = ", ".join(str(o.get("occurrence_id")) for o in occ[OCCURRENCE_SAMPLE:])
+            out.append(f"  {len(occ) - OCCURRENCE_SAMPLE} more occurrence(s), by id: {rest}")
+    return "\n".join(out) or "none cited"
+
+
+def fit_context(
+    context: dict[str, Any], weakness: Any, groups: dict[str, Any], settings: ModelSettings
+) -> dict[str, Any]:
+    """The proposer's context within its whole-request budget: groups compact first, then only the cited cells."""
+    budget = role_budget(settings, ROLE)
+
+    def fits(ctx: dict[str, Any]) -> bool:
+        return budget.fits(request_tokens(budget, render(ROLE, ctx).messages, ProposalList))
+
+    if fits(context):
+        return context  # the full view, as always for a batch that fits
+    cited = [groups[g] for g in weakness.support.pattern_groups if g in groups]
+    smaller = {**context, "pattern_groups_json": compact_groups(cited)}
+    if fits(smaller):
+        return smaller
+    named = sorted({*weakness.support.cells, *(i.cell for i in weakness.counter_evidence.items)})
+    others = len(context["cells"]) - len(named)
+    smallest = {**smaller, "cells": [*named, f"(and {others} other cells of the run, not cited by this weakness)"]}
+    return smallest  # if even this does not fit, the client refuses it before sending (ContextExceeded)
+
+
 # -- the calls ------------------------------------------------------------------------------------
 
 
@@ -239,7 +284,9 @@ async def _propose_all(
         client.call(
             role=ROLE,
             cell_id=w.weakness_id,
-            context=build_context(run_dir, w, confirmed[w.weakness_id], facts, groups),
+            context=fit_context(
+                build_context(run_dir, w, confirmed[w.weakness_id], facts, groups), w, groups, settings
+            ),
             response_model=ProposalList,
             check=check,
         )
@@ -351,11 +398,11 @@ def assemble(
     return final, validation
 
 
-def _blocked_without_gate1(run_dir: Path, exc: Blocked) -> Blocked:
-
-    unblock = exc.unblock
-    write_block_receipt(run_dir, exc, stage="propose", unblock=unblock, command=f"lunasol propose {run_dir}")
-    return Blocked(f"{exc.one_line()}; run: {unblock}", reason=exc.reason, unblock=unblock)
+def _without_gate1(run_dir: Path, exc: Blocked) -> BadInput:
+    # An ordering mistake, not a blocked run: no block receipt (status and runs would then show BLOCKED).
+    ids = handoff.weakness_ids(run_dir)
+    read = f"lunasol show {run_dir} {ids[0]}" if ids else f"lunasol report {run_dir}"
+    return BadInput(f"{exc.one_line()}; read the cards first ({read}), then decide: {exc.unblock}")
 
 
 def propose(run_dir: Path, settings: ModelSettings, log: Callable[[str], None] = print) -> ProposeResult:
@@ -372,12 +419,16 @@ def propose(run_dir: Path, settings: ModelSettings, log: Callable[[str], None] =
     try:
         confirmed = confirmed_weaknesses(run_dir)
     except Blocked as exc:
-        raise _blocked_without_gate1(run_dir, exc) from None
+        raise _without_gate1(run_dir, exc) from None
     facts = load_run_facts(run_dir)
     try:
         results = asyncio.run(_propose_all(run_dir, settings, facts, confirmed, log))
     except Blocked as exc:
-        write_block_receipt(run_dir, exc, stage="propose", unblock=exc.unblock, command=f"lunasol propose {run_dir}")
+        unblock = exc.unblock
+        if isinstance(exc, ContextExceeded):  # the same budget flag, on this verb
+            unblock = f"lunasol propose {run_dir} --context-tokens {exc.suggested_tokens}"
+            exc.unblock = unblock
+        write_block_receipt(run_dir, exc, stage="propose", unblock=unblock, command=f"lunasol propose {run_dir}")
         raise
     cards, validation = assemble(run_dir, results, facts)
     path = run_dir / PROPOSALS_FILE

@@ -1,18 +1,25 @@
-"""Gather one run's artifacts and render them into a single self-contained HTML page.
+"""Gather one run's artifacts and render them into a single self-contained HTML page to read before deciding.
 
 The page needs nothing but itself: CSS and JS are inline, a Content-Security-Policy forbids
-every network fetch, and the raw lines of every cited event id or ref are embedded (read
-from the frozen bundle, hash checked). All text goes through jinja2 autoescaping: log text
-is untrusted. The output is deterministic (no timestamps), so a rerun gives the same bytes.
+every network fetch. Cards are rendered server-side (readable without clicking anything); the
+per-cell timelines and the raw lines of every cited event id or ref (read from the frozen bundle,
+hash checked, with context lines) travel as compressed per-cell chunks that the page inflates only
+when a cell, a ref or a search needs them — so a 1,000-cell run stays a page a browser opens at once.
+All text goes through jinja2 autoescaping: log text is untrusted. The output is deterministic (no
+timestamps, fixed compression level), so a rerun gives the same bytes.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import re
+import zlib
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import jinja2
 from markupsafe import Markup, escape
 
 from pipeline.core.canonical import atomic_write_text
@@ -21,51 +28,60 @@ from pipeline.diff.artifacts import Row, RunArtifacts, load_run
 from pipeline.diff.compare import call_totals, validation_by_id, validation_summary
 from pipeline.diff.match import EVENT_ID_RE, REF_RE, cited_ids
 from pipeline.models.calllog import summarise
-from pipeline.report.evidence import EvidenceReader, Snippet
+from pipeline.report import data
+from pipeline.report.chart import prevalence_svg
+from pipeline.report.evidence import Evidence, EvidenceReader, Snippet
+from pipeline.report.labels import PATTERN_ORDER, PROPOSAL_ORDER, WEAKNESS_ORDER, label, ordered
 from pipeline.run.index import run_state
 
 TEMPLATE = "report.html.j2"
+SHARED_CHUNK = "_"  # lines of files that belong to no cell
+GROUPS_CHUNK = "_groups"  # the pattern groups' occurrences
 _TOKEN = re.compile(f"(?:{REF_RE.pattern})|(?:{EVENT_ID_RE.pattern})")
+_DATA_BLOCK = re.compile(r'<script type="application/json" id="lunasol-data">(.*?)</script>', re.S)
 
 
-def _ir_rows(arts: RunArtifacts, sql: str) -> list[Row]:
-    """Rows of a read-only query on the run's IR; [] when the IR or a table is absent."""
-    if not arts.ir_path.is_file():
-        return []
-    import duckdb
-
-    try:
-        con = duckdb.connect(str(arts.ir_path), read_only=True)
-    except duckdb.Error:
-        return []
-    try:
-        cur = con.execute(sql)
-        cols = [d[0] for d in cur.description]
-        return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
-    except duckdb.Error:  # a table a partial run never wrote
-        return []
-    finally:
-        con.close()
+def _dict(value: Any) -> dict[str, Any]:
+    """A mapping field read defensively: anything else is empty."""
+    return value if isinstance(value, dict) else {}
 
 
-def _coverage(arts: RunArtifacts) -> list[Row]:
-    rows = _ir_rows(
-        arts,
-        "SELECT c.cell_id, c.task_id, c.run_id, c.eligibility, c.exclusion_reason, "
-        "cov.status, cov.reason, cov.events, o.label "
-        "FROM cells c LEFT JOIN coverage cov USING (cell_id) LEFT JOIN outcomes o USING (cell_id) "
-        "ORDER BY c.cell_id",
-    )
-    if not rows:
-        rows = _ir_rows(arts, "SELECT cell_id, task_id, run_id, eligibility, exclusion_reason FROM cells ORDER BY 1")
-    hits = {r["cell_id"]: r["n"] for r in _ir_rows(arts, "SELECT cell_id, count(*) AS n FROM probe_hits GROUP BY 1")}
-    pats: dict[str, int] = {}
-    for p in arts.patterns or []:
-        pats[str(p.get("cell_id"))] = pats.get(str(p.get("cell_id")), 0) + 1
-    for r in rows:
-        r["patterns"] = pats.get(r["cell_id"], 0) if arts.patterns is not None else None
-        r["probe_hits"] = hits.get(r["cell_id"], 0) if hits else None
-    return rows
+def _gate_receipts(arts: RunArtifacts) -> list[dict[str, Any]]:
+    """Every receipt as something to read: who, when, on what, which decisions, which state it set."""
+    out = []
+    for name, r in sorted(arts.gates.items()):
+        gate = str(r.get("gate") or name)
+        req = _dict(r.get("request"))
+        decisions = _dict(req.get("decisions"))
+        rows = []
+        for wid, d in sorted(decisions.items()):
+            if isinstance(d, dict):
+                rows.append({"id": wid, "decision": d.get("decision"), "note": d.get("note")})
+            else:
+                rows.append({"id": wid, "decision": d, "note": None})
+        if not rows and req:  # gate 2: one choice
+            choice = req.get("choice") or req.get("selection")
+            rows.append({"id": req.get("proposal_id") or "—", "decision": choice, "note": req.get("note")})
+        subject = _dict(r.get("subject"))
+        out.append(
+            {
+                "name": name,
+                "title": "Gate 1 — root causes"
+                if gate.startswith("gate1")
+                else "Gate 2 — proposal selection"
+                if gate.startswith("gate2")
+                else gate,
+                "by": r.get("by"),
+                "at": r.get("decided_at"),
+                "revisions": (r.get("base_revision"), r.get("new_revision")),
+                "subject": subject,
+                "decisions": rows,
+                "result": sorted((label(k), v) for k, v in (r.get("result") or {}).items()),
+                "operation_id": r.get("operation_id"),
+                "raw": json.dumps(r, indent=2, sort_keys=True, ensure_ascii=False),
+            }
+        )
+    return out
 
 
 def _gate1_decisions(arts: RunArtifacts) -> dict[str, Any]:
@@ -80,7 +96,9 @@ def _gate1_decisions(arts: RunArtifacts) -> dict[str, Any]:
         return {}
     req = latest[1].get("request")
     decisions = req.get("decisions") if isinstance(req, dict) else latest[1].get("decisions")
-    return dict(decisions) if isinstance(decisions, dict) else {}
+    if not isinstance(decisions, dict):
+        return {}
+    return {k: (v.get("decision") if isinstance(v, dict) else v) for k, v in decisions.items()}
 
 
 CALL_COLUMNS = (
@@ -113,28 +131,30 @@ def _calls_summary(arts: RunArtifacts) -> dict[str, Any] | None:
     return summary
 
 
-def _internal_anchors(arts: RunArtifacts) -> dict[str, str]:
-    """Ids of this run's own items (patterns, groups, weaknesses, proposals) -> their anchors in the page."""
-    out: dict[str, str] = {}
+def _internal_anchors(arts: RunArtifacts, cell_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """The run's own ids -> (kind, target): groups, weaknesses, proposals in the page; cells, patterns in the viewer."""
+    out: dict[str, tuple[str, str]] = {c: ("cell", c) for c in cell_ids}
+    for p in arts.patterns or []:
+        if isinstance(p.get("pattern_id"), str) and p["pattern_id"]:
+            out[p["pattern_id"]] = ("pattern", str(p.get("cell_id")))
     for rows, key, prefix in (
-        (arts.patterns, "pattern_id", "pattern"),
         (arts.groups, "group_id", "group"),
         (arts.weaknesses, "weakness_id", "weakness"),
         (arts.proposals, "proposal_id", "proposal"),
     ):
         for row in rows or []:
             if isinstance(row.get(key), str) and row[key]:
-                out[row[key]] = f"{prefix}-{row[key]}"
+                out[row[key]] = ("anchor", f"{prefix}-{row[key]}")
     return out
 
 
-def _linkifier(snippets: dict[str, Snippet], internal: dict[str, str]) -> Any:
-    # One pass over the text: refs and event ids (raw lines), then the run's own ids (in-page anchors).
+def _linkifier(snippets: dict[str, Snippet], internal: dict[str, tuple[str, str]]) -> Any:
+    # One pass over the text: refs and event ids (raw lines), then the run's own ids.
     names = "|".join(re.escape(k) for k in sorted(internal, key=len, reverse=True))
     token = re.compile(_TOKEN.pattern + (rf"|(?<![\w-])(?:{names})(?![\w-])" if names else ""))
 
     def linkify(value: Any) -> Markup:
-        """Escape text; turn every known event id / ref into a link to its raw lines, own ids into anchors."""
+        """Escape text; turn every known event id / ref into a link to its raw lines, own ids into links."""
         text = str(value)
         out: list[str] = []
         pos = 0
@@ -145,7 +165,12 @@ def _linkifier(snippets: dict[str, Snippet], internal: dict[str, str]) -> Any:
                 cls = "ref" if snip.status == "verified" else "ref bad"
                 link = f'<a class="{cls}" href="#{snip.anchor}" data-ref="{snip.anchor}">{escape(word)}</a>'
             elif word in internal:
-                link = f'<a class="internal" href="#{escape(internal[word])}">{escape(word)}</a>'
+                kind, target = internal[word]
+                if kind == "anchor":
+                    link = f'<a class="internal" href="#{escape(target)}">{escape(word)}</a>'
+                else:
+                    extra = f' data-pattern="{escape(word)}"' if kind == "pattern" else ""
+                    link = f'<a class="cell" href="#cells" data-cell="{escape(target)}"{extra}>{escape(word)}</a>'
             else:
                 continue
             out.append(str(escape(text[pos : m.start()])))
@@ -157,9 +182,7 @@ def _linkifier(snippets: dict[str, Snippet], internal: dict[str, str]) -> Any:
     return linkify
 
 
-def _environment(snippets: dict[str, Snippet], internal: dict[str, str]) -> Any:
-    import jinja2
-
+def _environment(snippets: dict[str, Snippet], internal: dict[str, tuple[str, str]]) -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(resources.files("pipeline.report") / "templates")),
         autoescape=True,  # every file here is HTML; log text is untrusted
@@ -170,73 +193,262 @@ def _environment(snippets: dict[str, Snippet], internal: dict[str, str]) -> Any:
         lstrip_blocks=True,
     )
     env.filters["linkify"] = _linkifier(snippets, internal)
+    env.filters["label"] = label
+    env.globals["ordered"] = ordered
     return env
 
 
-def context(arts: RunArtifacts) -> tuple[dict[str, Any], dict[str, Snippet]]:
-    """Everything the template shows, and the resolved snippets of every cited key."""
+def _pack(obj: Any) -> str:
+    """Deflate + base64 (the page inflates it with the browser's DecompressionStream)."""
+    raw = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode("utf-8")
+    return base64.b64encode(zlib.compress(raw, 6)).decode("ascii")
+
+
+def _script_json(obj: Any) -> Markup:
+    """JSON safe inside a <script> data block (no '<' can close it)."""
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    return Markup(text.replace("<", "\\u003c").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def read_page_data(html: str) -> dict[str, Any]:
+    """The page's data block with every chunk inflated (for tests and benchmarks)."""
+    m = _DATA_BLOCK.search(html)
+    if m is None:
+        raise BadInput("not a lunasol report: no data block")
+    doc: dict[str, Any] = json.loads(m.group(1))
+    doc["chunks"] = {
+        k: json.loads(zlib.decompress(base64.b64decode(v)).decode("utf-8")) for k, v in doc["chunks"].items()
+    }
+    return doc
+
+
+def _weakness_roles(weaknesses: list[Row]) -> dict[str, dict[str, str]]:
+    """Cell -> weakness id -> "support" / "counter"."""
+    out: dict[str, dict[str, str]] = {}
+    for w in weaknesses:
+        wid = str(w.get("weakness_id"))
+        support = _dict(w.get("support"))
+        for c in support.get("cells") or []:
+            out.setdefault(str(c), {})[wid] = "support"
+        counter = _dict(w.get("counter_evidence"))
+        for item in counter.get("items") or []:
+            if isinstance(item, dict) and item.get("cell"):
+                out.setdefault(str(item["cell"]), {}).setdefault(wid, "counter")
+    return out
+
+
+def _compare(ir: data.IR, w: Row, outcome: dict[str, str], snippets: dict[str, Snippet]) -> dict[str, Any] | None:
+    """A failed supporting cell next to a counter-evidence cell, each around the event where it turns."""
+    support = _dict(w.get("support"))
+    fd = _dict(w.get("first_divergence"))
+    cells = [str(c) for c in support.get("cells") or []]
+    failed = next((c for c in cells if outcome.get(c) == "failed"), cells[0] if cells else None)
+    counter = _dict(w.get("counter_evidence"))
+    item = next((i for i in counter.get("items") or [] if isinstance(i, dict) and i.get("cell")), None)
+    if failed is None or item is None:
+        return None
+
+    def anchor_event(cell: str, ids: list[Any]) -> str | None:
+        for key in ids:
+            s = snippets.get(str(key))
+            if s is not None and s.event.get("cell_id") == cell:
+                return str(key)
+            if str(key).startswith(f"{cell}-e"):
+                return str(key)
+        return None
+
+    left_at = anchor_event(failed, list(fd.get("event_refs") or []) + list(support.get("event_refs") or []))
+    right_cell = str(item["cell"])
+    right_at = anchor_event(right_cell, list(item.get("refs") or []))
+    if left_at is None or right_at is None:
+        return None
+    cited = {str(x) for x in (fd.get("event_refs") or [])} | {str(x) for x in (support.get("event_refs") or [])}
+    cited |= {str(x) for x in item.get("refs") or []}
+    return {
+        "left": {
+            "cell": failed,
+            "outcome": outcome.get(failed),
+            "at": left_at,
+            "rows": data.window(ir, failed, left_at),
+        },
+        "right": {
+            "cell": right_cell,
+            "outcome": outcome.get(right_cell),
+            "at": right_at,
+            "rows": data.window(ir, right_cell, right_at),
+            "note": item.get("note"),
+        },
+        "cited": cited,
+    }
+
+
+def _chunks(
+    timelines: dict[str, list[list[Any]]],
+    evidence: Evidence,
+    patterns_by_cell: dict[str, list[Row]],
+) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Per-cell compressed chunks (timeline, patterns, cited keys, raw lines) and the small index of every cited key.
+
+    The index maps an anchor to ``[key, chunk, status]``; the chunk holds the key's full entry under ``refs``.
+    """
+    path_cell: dict[str, str] = {}
+    for cell, rows in timelines.items():
+        for r in rows:
+            path_cell.setdefault(r[8], cell)
+    ranges: dict[tuple[str, int, int], str] = {}
+    for rows in timelines.values():
+        for r in rows:
+            ranges.setdefault((r[8], r[9], r[10]), r[0])
+    content: dict[str, dict[str, Any]] = {}
+    index: dict[str, list[str]] = {}
+    cited: dict[str, set[str]] = {}
+
+    def chunk_of(name: str) -> dict[str, Any]:
+        return content.setdefault(name, {"lines": {}, "refs": {}})
+
+    for snip in evidence.snippets.values():
+        cell = snip.event.get("cell_id") or path_cell.get(snip.path or "") or SHARED_CHUNK
+        index[snip.anchor] = [snip.key, cell, snip.status]  # small and uncompressed: links need only this
+        chunk = chunk_of(cell)
+        chunk["refs"][snip.anchor] = snip.to_json()
+        ev = snip.key if snip.event else ranges.get((snip.path or "", snip.line_start or 0, snip.line_end or 0))
+        if ev is not None and snip.status == "verified":
+            cited.setdefault(cell, set()).add(ev)
+        key = snip.lines_key
+        if key is not None and key in evidence.lines:
+            chunk["lines"].setdefault(key, {str(n): t for n, t in sorted(evidence.lines[key].items())})
+    for cell, rows in timelines.items():
+        chunk = chunk_of(cell)
+        chunk["events"] = rows
+        chunk["patterns"] = patterns_by_cell.get(cell, [])
+        chunk["cited"] = sorted(cited.get(cell, set()))
+    for cell, pats in patterns_by_cell.items():
+        chunk_of(cell).setdefault("patterns", pats)
+    return {k: _pack(v) for k, v in sorted(content.items())}, index
+
+
+def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
+    """Everything the template shows, and the evidence (snippets and lines) of every cited key."""
     cited: set[str] = set()
-    for part in (arts.patterns, arts.groups, arts.shortlist, arts.proposals, arts.validation, arts.block):
+    followup = _followup(arts)
+    for part in (arts.patterns, arts.groups, arts.shortlist, arts.proposals, arts.validation, arts.block, followup):
         if part is not None:
             cited |= cited_ids(part)
-    snippets = EvidenceReader(arts.path).resolve(cited)
-    by_cell: dict[str, list[Row]] = {}
-    for p in arts.patterns or []:
-        by_cell.setdefault(str(p.get("cell_id")), []).append(p)
+    evidence = EvidenceReader(arts.path).resolve(cited)
+    snippets = evidence.snippets
+    ir = data.IR(arts.ir_path)
+    try:
+        cells = data.cells(ir)
+        timelines = data.timelines(ir)
+        by_cell: dict[str, list[Row]] = {}
+        for p in arts.patterns or []:
+            by_cell.setdefault(str(p.get("cell_id")), []).append(p)
+        weaknesses = arts.weaknesses or []
+        roles = _weakness_roles(weaknesses)
+        outcome = {str(r["cell_id"]): str(r.get("outcome")) for r in cells}
+        for r in cells:
+            cid = str(r["cell_id"])
+            r["patterns"] = len(by_cell.get(cid, [])) if arts.patterns is not None else None
+            r["types"] = sorted({str(p.get("type")) for p in by_cell.get(cid, [])})
+            r["weaknesses"] = roles.get(cid, {})
+        decisions = _gate1_decisions(arts)
+        cards = [
+            {
+                "w": w,
+                "decision": decisions.get(str(w.get("weakness_id"))),
+                "compare": _compare(ir, w, outcome, snippets),
+                "other": [k for k in sorted(w) if k not in (*WEAKNESS_ORDER, "weakness_id", "confidence")],
+            }
+            for w in weaknesses
+        ]
+    finally:
+        ir.close()
+    chunks, index = _chunks(timelines, evidence, by_cell)
+    # Occurrence tables are built in the page when a group is opened: at 1,000 cells they are most of the DOM.
+    chunks[GROUPS_CHUNK] = _pack(
+        {str(g.get("group_id")): g.get("occurrences") or [] for g in arts.groups or [] if isinstance(g, dict)}
+    )
     vals = validation_by_id(arts.validation)
     proposals = [
         {"card": p, "validation": vals.get(str(p.get("proposal_id"))), "summary": None} for p in arts.proposals or []
     ]
     for entry in proposals:
         entry["summary"] = validation_summary(entry["validation"])
-    coverage = _coverage(arts)
-    calls = _calls_summary(arts)
     statuses: dict[str, int] = {}
     for s in snippets.values():
         statuses[s.status] = statuses.get(s.status, 0) + 1
+    eligible = [r for r in cells if r.get("eligibility") == "valid_behavior"]
+    outcomes_count: dict[str, int] = {}
+    for r in eligible:
+        outcomes_count[str(r.get("outcome"))] = outcomes_count.get(str(r.get("outcome")), 0) + 1
+    page = {
+        "run_id": arts.run_id,
+        "index": index,
+        "chunks": chunks,
+        "show_ref": f"lunasol show-ref REF --run {arts.path}",
+    }
     ctx = {
         "run_id": arts.run_id,
         "run": arts.run,
         "state": run_state(arts),
         "handoff": arts.handoff,
         "block": arts.block,
-        "coverage": coverage,
-        "included": sum(1 for r in coverage if r.get("eligibility") == "valid_behavior"),
-        "excluded": sum(1 for r in coverage if r.get("eligibility") != "valid_behavior"),
-        "events": sum(int(r.get("events") or 0) for r in coverage),
+        "coverage": cells,
+        "included": len(eligible),
+        "excluded": len(cells) - len(eligible),
+        "outcomes": dict(sorted(outcomes_count.items())),
+        "tasks": sorted({str(r.get("task_id")) for r in eligible}),
+        "types": sorted({str(p.get("type")) for p in arts.patterns or []}),
+        "events": sum(int(r.get("events") or 0) for r in cells) or sum(len(v) for v in timelines.values()),
         # secrets replaced in the IR's text (run.json records the count only when there were any)
         "redactions": int(((arts.run or {}).get("export") or {}).get("redactions") or 0),
         "patterns": arts.patterns,
-        "patterns_by_cell": sorted(by_cell.items()),
         "groups": arts.groups,
         "weaknesses": arts.weaknesses,
+        "cards": cards,
         "dropped": arts.dropped_weaknesses,
         "shortlist_digest": arts.shortlist.get("digest") if isinstance(arts.shortlist, dict) else None,
-        "gate1": _gate1_decisions(arts),
+        "gate1": decisions,
         "proposals": proposals if arts.proposals is not None else None,
+        "proposal_order": PROPOSAL_ORDER,
+        "pattern_order": PATTERN_ORDER,
         "validation": arts.validation,
         # Per weakness: the proposer's outcome (accepted / rejected cards, an honest zero and its note).
         "proposer_outcomes": [w for w in (arts.validation.get("weaknesses") or []) if isinstance(w, dict)]
         if isinstance(arts.validation, dict) and isinstance(arts.validation.get("weaknesses"), list)
         else [],
-        "gates": sorted(arts.gates.items()),
-        "calls": calls,
-        "snippets": [snippets[k] for k in sorted(snippets)],
+        "receipts": _gate_receipts(arts),
+        "followup": followup,
+        "calls": _calls_summary(arts),
+        "chart": prevalence_svg(eligible, by_cell),
+        "problems": [snippets[k] for k in sorted(snippets) if snippets[k].status != "verified"],
         "snippet_statuses": dict(sorted(statuses.items())),
+        "page_data": _script_json(page),
     }
-    return ctx, snippets
+    return ctx, evidence
+
+
+# ---------------------------------------------------------------- follow-up (lunasol followup)
+def _followup(arts: RunArtifacts) -> dict[str, Any] | None:
+    """The run's followup.json (a child run judged for its parent's proposal), validated, or None."""
+    from pipeline.followup import read_followup  # startup cost: followup imports the runner and its model client
+
+    doc = read_followup(arts.path)
+    return None if doc is None else doc.model_dump(mode="json")
 
 
 def render_report(run_dir: Path) -> tuple[str, dict[str, int]]:
     """The report's HTML and its figures (refs embedded, hash mismatches, unresolved ids)."""
     arts = load_run(run_dir)
-    ctx, snippets = context(arts)
-    html = _environment(snippets, _internal_anchors(arts)).get_template(TEMPLATE).render(**ctx)
+    ctx, evidence = context(arts)
+    internal = _internal_anchors(arts, [str(r["cell_id"]) for r in ctx["coverage"]])
+    html = _environment(evidence.snippets, internal).get_template(TEMPLATE).render(**ctx)
+    snippets = evidence.snippets.values()
     stats = {
         "bytes": len(html.encode("utf-8")),
-        "refs": sum(1 for s in snippets.values() if s.status == "verified"),
-        "hash_mismatches": sum(1 for s in snippets.values() if s.status == "hash_mismatch"),
-        "unresolved": sum(1 for s in snippets.values() if s.status not in ("verified", "hash_mismatch")),
+        "refs": sum(1 for s in snippets if s.status == "verified"),
+        "hash_mismatches": sum(1 for s in snippets if s.status == "hash_mismatch"),
+        "unresolved": sum(1 for s in snippets if s.status not in ("verified", "hash_mismatch")),
     }
     return html, stats
 

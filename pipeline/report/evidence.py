@@ -1,8 +1,10 @@
 """The raw lines behind every event id and ref a run's artifacts cite, read from the frozen bundle.
 
-Lines are read through :func:`pipeline.ir.refs.resolve_ref`, which re-hashes the file against
-the manifest; the digest is also compared with the one the IR recorded. A mismatch is shown as
-such and its lines are not embedded: a report never shows bytes that are not the frozen ones.
+One batched pass (:class:`pipeline.ir.refs.RefReader`): the manifest is read once and each raw
+file is read and hashed once, however many refs point into it. The digest is also compared with
+the one the IR recorded. A mismatch is shown as such and its lines are not embedded: a report
+never shows bytes that are not the frozen ones. Besides the cited lines, ``CONTEXT_LINES`` lines
+either side are kept, so a reader sees what came just before and after.
 """
 
 from __future__ import annotations
@@ -12,19 +14,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 from pipeline.core.canonical import sha256_text
 from pipeline.core.errors import LunasolError
 from pipeline.ir.redact import redact
-from pipeline.ir.refs import resolve_ref
+from pipeline.ir.refs import RefReader
 
-SNIPPET_LIMIT = 64_000  # characters of raw text embedded per ref; the rest is cut with a marker
+SNIPPET_LIMIT = 64_000  # characters of raw text embedded per line; the rest is cut with a marker
+CONTEXT_LINES = 3  # lines shown before and after a ref's own lines
 
 _REF_PARTS = re.compile(r"^(?P<path>[^#]+)#L(?P<start>\d+)(?:-L(?P<end>\d+))?(?P<pointer>/.*)?$")
+_EVENT_COLUMNS = (
+    "event_id",
+    "cell_id",
+    "kind",
+    "actor",
+    "stage",
+    "source_path",
+    "line_start",
+    "line_end",
+    "source_sha256",
+    "json_pointer",
+)
 
 
 @dataclass
 class Snippet:
-    """One cited event id or ref and the raw lines it points to."""
+    """One cited event id or ref and where its raw lines are (the lines live in :class:`Evidence`)."""
 
     key: str
     anchor: str
@@ -35,7 +52,6 @@ class Snippet:
     expected_sha256: str | None = None  # the digest the IR recorded for an event's source file
     status: str = "unresolved"  # verified | hash_mismatch | unreadable | not_in_ir | bad_ref
     event: dict[str, Any] = field(default_factory=dict)  # cell, kind, actor, stage of an IR event
-    lines: list[tuple[int, str]] = field(default_factory=list)
     pointer: str | None = None
     element: str | None = None  # the JSON-pointer element, pretty-printed, when the ref has one
     note: str | None = None
@@ -47,44 +63,68 @@ class Snippet:
             return None
         return f"{self.path}#L{self.line_start}-L{self.line_end}" + (self.pointer or "")
 
+    @property
+    def lines_key(self) -> str | None:
+        """Where its lines are kept: per file, or per ref when a pointer names one document's (or member's) lines."""
+        return self.ref if self.pointer else self.path
+
+    def to_json(self) -> dict[str, Any]:
+        """What the page's viewer needs to show this key."""
+        return {
+            "key": self.key,
+            "status": self.status,
+            "path": self.path,
+            "start": self.line_start,
+            "end": self.line_end,
+            "ref": self.ref,
+            "lines": self.lines_key,
+            "sha256": self.sha256 or self.expected_sha256,
+            "event": self.event or None,
+            "element": self.element,
+            "note": self.note,
+        }
+
+
+@dataclass
+class Evidence:
+    """Every cited key's snippet, and the frozen lines (cited ones and their context) per file."""
+
+    snippets: dict[str, Snippet]
+    lines: dict[str, dict[int, str]]  # Snippet.lines_key -> line number -> text
+
+    def cited_lines(self, snip: Snippet) -> list[tuple[int, str]]:
+        """The snippet's own lines (empty when they were not embedded)."""
+        if snip.status != "verified" or snip.lines_key is None or snip.line_start is None or snip.line_end is None:
+            return []
+        have = self.lines.get(snip.lines_key, {})
+        return [(n, have[n]) for n in range(snip.line_start, snip.line_end + 1) if n in have]
+
 
 def anchor_for(key: str) -> str:
     """A DOM-safe, stable anchor id for a cited key."""
     return "raw-" + sha256_text(key).removeprefix("sha256:")[:16]
 
 
+def _cut(text: str) -> str:
+    if len(text) <= SNIPPET_LIMIT:
+        return text
+    return text[:SNIPPET_LIMIT] + f" [... report cut {len(text) - SNIPPET_LIMIT} chars; see lunasol show-ref]"
+
+
 class EvidenceReader:
-    """Resolve cited keys against a run's IR and its frozen bundle (each distinct ref resolved once)."""
+    """Resolve cited keys against a run's IR and its frozen bundle, in one pass over the files."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.ir_path = run_dir / "ir.duckdb"
-        self._cache: dict[str, Any] = {}
 
     def _events(self, ids: list[str]) -> dict[str, dict[str, Any]]:
         if not ids or not self.ir_path.is_file():
             return {}
-        import duckdb
-
         con = duckdb.connect(str(self.ir_path), read_only=True)
         try:
-            cols = [r[0] for r in con.execute("DESCRIBE events").fetchall()]
-            want = [
-                c
-                for c in (
-                    "event_id",
-                    "cell_id",
-                    "kind",
-                    "actor",
-                    "stage",
-                    "source_path",
-                    "line_start",
-                    "line_end",
-                    "source_sha256",
-                    "json_pointer",
-                )
-                if c in cols
-            ]
+            cols = {r[0] for r in con.execute("DESCRIBE events").fetchall()}
+            want = [c for c in _EVENT_COLUMNS if c in cols]
             rows = con.execute(
                 f"SELECT {', '.join(want)} FROM events WHERE event_id IN (SELECT unnest(?))", [ids]
             ).fetchall()
@@ -92,67 +132,77 @@ class EvidenceReader:
             con.close()
         return {r[0]: dict(zip(want, r, strict=True)) for r in rows}
 
-    def _fill(self, snip: Snippet) -> None:
-        """Embed the frozen lines through :func:`pipeline.ir.refs.resolve_ref` (hash checked there)."""
-        ref = snip.ref
-        assert ref is not None
-        if ref in self._cache:
-            view_or_error = self._cache[ref]
-        else:
-            try:
-                view_or_error = resolve_ref(self.run_dir, ref)
-            except LunasolError as exc:
-                view_or_error = exc.one_line()
-            self._cache[ref] = view_or_error
-        if isinstance(view_or_error, str):
-            snip.status = "hash_mismatch" if "changed" in view_or_error or "digest" in view_or_error else "unreadable"
-            snip.note = view_or_error + " — lines not embedded"
-            return
-        view = view_or_error
-        snip.sha256 = view.sha256
-        if snip.expected_sha256 and view.sha256 != snip.expected_sha256:
-            snip.status = "hash_mismatch"
-            snip.note = f"the IR recorded {snip.expected_sha256} but the bundle's file is {view.sha256}"
-            return
-        used = 0
-        assert snip.line_start is not None
-        # A report is shared: the raw lines it embeds are redacted like the IR (newlines kept, so
-        # line numbers still match the raw file; show-ref --unredacted shows the bytes themselves).
-        lines, _ = redact(view.lines)
-        for n, text in enumerate(lines.split("\n"), start=snip.line_start):
-            if used + len(text) > SNIPPET_LIMIT:
-                keep = max(SNIPPET_LIMIT - used, 0)
-                text = text[:keep] + f" [... report cut {len(text) - keep} chars; see lunasol show-ref]"
-            used += len(text)
-            snip.lines.append((n, text))
-        snip.element = redact(view.element)[0][:SNIPPET_LIMIT] if view.element else None
-        snip.status = "verified"
-
-    def resolve(self, keys: set[str]) -> dict[str, Snippet]:
-        """Snippets for every key (event ids through the IR, refs directly), in key order."""
-        event_keys = sorted(k for k in keys if "#L" not in k)
-        events = self._events(event_keys)
+    def _place(self, keys: set[str]) -> dict[str, Snippet]:
+        """Every key's snippet with its path and lines known (or why not), nothing read yet."""
+        events = self._events(sorted(k for k in keys if "#L" not in k))
         out: dict[str, Snippet] = {}
         for key in sorted(keys):
             snip = Snippet(key=key, anchor=anchor_for(key))
+            out[key] = snip
             if "#L" in key:
                 m = _REF_PARTS.match(key)
                 if not m:
                     snip.status, snip.note = "bad_ref", "not a PATH#Lstart-Lend ref"
-                    out[key] = snip
                     continue
                 snip.path, snip.pointer = m.group("path"), m.group("pointer")
                 snip.line_start = int(m.group("start"))
                 snip.line_end = int(m.group("end") or m.group("start"))
-                self._fill(snip)
             elif key in events:
                 ev = events[key]
                 snip.event = {k: ev.get(k) for k in ("cell_id", "kind", "actor", "stage")}
                 snip.path, snip.pointer = ev.get("source_path"), ev.get("json_pointer")
                 snip.line_start, snip.line_end = ev.get("line_start"), ev.get("line_end")
                 snip.expected_sha256 = ev.get("source_sha256")
-                self._fill(snip)
             else:
                 snip.status, snip.note = "not_in_ir", "no such event in this run's IR"
-            out[key] = snip
         return out
+
+    def resolve(self, keys: set[str]) -> Evidence:
+        """Snippets for every key (event ids through the IR, refs directly) and the lines they show."""
+        snippets = self._place(keys)
+        todo = sorted(
+            (s for s in snippets.values() if s.path is not None and s.status == "unresolved"),
+            key=lambda s: (s.path or "", s.line_start or 0, s.key),
+        )
+        lines: dict[str, dict[int, str]] = {}
+        try:
+            reader: RefReader | None = RefReader(self.run_dir)
+            opened = ""
+        except LunasolError as exc:
+            reader, opened = None, exc.one_line()
+        for snip in todo:  # sorted by path: the reader keeps one file at a time
+            if reader is None:
+                snip.status, snip.note = "unreadable", opened + " — lines not embedded"
+                continue
+            ref = snip.ref
+            assert ref is not None and snip.path is not None
+            try:
+                view = reader.view(ref)
+                file_lines = reader.file_lines(snip.path) if not snip.pointer else None
+            except LunasolError as exc:
+                msg = exc.one_line()
+                snip.status = "hash_mismatch" if "changed" in msg or "digest" in msg else "unreadable"
+                snip.note = msg + " — lines not embedded"
+                continue
+            snip.sha256 = view.sha256
+            if snip.expected_sha256 and view.sha256 != snip.expected_sha256:
+                snip.status = "hash_mismatch"
+                snip.note = f"the IR recorded {snip.expected_sha256} but the bundle's file is {view.sha256}"
+                continue
+            assert snip.line_start is not None and snip.line_end is not None
+            have = lines.setdefault(snip.lines_key or snip.path, {})
+            # A report is shared: the raw lines it embeds are redacted like the IR, the window as one
+            # text (a multi-line key block is found whole; its line breaks are kept, so numbers match).
+            if file_lines is not None:
+                lo = max(1, snip.line_start - CONTEXT_LINES)
+                hi = min(len(file_lines), snip.line_end + CONTEXT_LINES)
+                window = redact("\n".join(file_lines[lo - 1 : hi]))[0].split("\n")
+                for n in range(lo, hi + 1):
+                    if n not in have:
+                        have[n] = _cut(window[n - lo])
+            else:  # a pointer into one document (or a zip member): its own lines only, no context
+                for n, text in enumerate(redact(view.lines)[0].split("\n"), start=snip.line_start):
+                    have.setdefault(n, _cut(text))
+            snip.element = redact(view.element)[0][:SNIPPET_LIMIT] if view.element else None
+            snip.status = "verified"
+        return Evidence(snippets, lines)

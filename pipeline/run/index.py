@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ from pipeline.core.errors import BadInput, LunasolError
 from pipeline.diff.artifacts import IR_DB, RUN_JSON, RunArtifacts, load_run
 from pipeline.diff.compare import call_totals
 from pipeline.run.status import missing_outputs
+from pipeline.state.ledger import Ledger
 
 
 class RunSummary(BaseModel):
@@ -27,7 +30,7 @@ class RunSummary(BaseModel):
     weaknesses: int | None = None
     proposals: int | None = None
     calls: int | None = None
-    cost_usd: float | None = None
+    cost_usd: float | None = None  # None with calls: no price known for the model (shown as "unknown")
     error: str | None = None  # an artifact that could not be read (the run is still listed)
 
 
@@ -123,6 +126,34 @@ def _ir_cells(arts: RunArtifacts) -> int | None:
     return int(row[0]) if row else None
 
 
+RUN_LOCK = ".run.lock"  # held by `lunasol run` while it works on a run directory (pipeline.run.runner)
+
+
+def _lock_held(path: Path) -> bool:
+    if not path.is_file():
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases the shared lock we may have taken
+    return False
+
+
+def activity(path: Path) -> str | None:
+    """What a run is doing: "running: STAGE" while one works on it, "interrupted during STAGE" after a Ctrl-C."""
+    try:
+        entries = Ledger(path).data.entries
+    except LunasolError:
+        return None
+    pending = sorted(name for name, e in entries.items() if e.state == "pending" and "/" not in name)
+    if not pending:
+        return None
+    return f"running: {pending[0]}" if _lock_held(path / RUN_LOCK) else f"interrupted during {pending[0]}"
+
+
 def summarise_run(path: Path) -> RunSummary:
     """Key figures of one run directory (never raises for a broken artifact: it is named in ``error``)."""
     try:
@@ -131,10 +162,13 @@ def summarise_run(path: Path) -> RunSummary:
         return RunSummary(run_id=path.name, path=str(path), state="unreadable", error=exc.one_line())
     bundle, bundle_digest = _bundle(arts.run)
     totals = call_totals(arts.calls) if arts.calls is not None else None
+    state = run_state(arts)
+    if arts.block is None:
+        state = activity(path) or state  # a run stopped by Ctrl-C is not "exported"
     return RunSummary(
         run_id=arts.run_id,
         path=str(path),
-        state=run_state(arts),
+        state=state,
         bundle=bundle,
         bundle_digest=bundle_digest,
         model=_model(arts.run),
@@ -143,7 +177,7 @@ def summarise_run(path: Path) -> RunSummary:
         weaknesses=len(arts.weaknesses) if arts.weaknesses is not None else None,
         proposals=len(arts.proposals) if arts.proposals is not None else None,
         calls=totals.calls if totals else None,
-        cost_usd=totals.cost_usd if totals else None,
+        cost_usd=totals.cost_usd if totals and totals.cost_known else None,  # None: unknown, as `calls` says
         error=_missing(path),
     )
 

@@ -30,6 +30,7 @@ from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION, run_command
 from pipeline.artifacts.schemas import load_document
 from pipeline.bundle.manifest import read_manifest, verify
 from pipeline.bundle.request import load_request
+from pipeline.coordinator.probe_estimate import estimate_groups
 from pipeline.core.canonical import digest, read_json, sha256_file, write_json
 from pipeline.core.context import RunContext, RunOptions
 from pipeline.core.errors import BadInput, Blocked, BundleError
@@ -40,6 +41,7 @@ from pipeline.luna.stage import plan as luna_plan
 from pipeline.luna.stage import stage as luna_run
 from pipeline.models import ROLES, PlannedCall, estimate, format_estimate, template_hash
 from pipeline.models.store import resolve_settings
+from pipeline.run.index import RUN_LOCK  # the lock file `lunasol runs` checks to tell running from interrupted
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 from pipeline.sol.stage import plan as sol_plan
 from pipeline.sol.stage import stage as sol_run
@@ -73,13 +75,15 @@ STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
     "sol": ("weakness-shortlist.json",),
 }
 
+# Templates a model stage may also render (Sol's map and reduce calls when the batch does not fit one).
+STAGE_EXTRA_TEMPLATES: dict[str, tuple[str, ...]] = {"sol": ("sol_map", "sol_reduce")}
+
 # Stages that call a model: their inputs include the role's template hash and the model.
 STAGE_ROLES: dict[str, str] = {"luna": "luna", "sol": "sol"}
 
 MANIFEST = "manifest.json"
 REQUEST = "analysis-request.json"
 SUPERSEDED_DIR = "superseded"
-RUN_LOCK = ".run.lock"
 
 
 @dataclass
@@ -140,6 +144,7 @@ def model_inputs(settings: ModelSettings) -> dict[str, Any]:
         "max_reasks": settings.max_reasks,
         "concurrency": settings.concurrency,
         "budget_usd": settings.budget_usd,
+        "context_tokens": settings.context_tokens,
     }
 
 
@@ -174,6 +179,11 @@ def stage_inputs(name: str, ctx: RunContext, bdigest: str, upstream: tuple[str, 
     if role:
         inputs["template"] = _template_hash(role) or "missing"
         inputs["model"] = ctx.options.models.model or "default"
+        for extra in STAGE_EXTRA_TEMPLATES.get(name, ()):
+            inputs[f"template:{extra}"] = _template_hash(extra) or "missing"
+        if ctx.options.models.context_tokens:
+            # another budget plans other requests (Luna's parts, Sol's map/reduce partitions)
+            inputs["context_tokens"] = str(ctx.options.models.context_tokens)
     return inputs
 
 
@@ -257,7 +267,7 @@ def _unblock_command(ctx: RunContext, exc: Blocked) -> str:
         # the model layer does not know the bundle or run; give the exact command for this run
         extra = hint.split("lunasol run BUNDLE", 1)[1].split("(")[0].split()
         base = resume.split()
-        drop = {"--model"} & set(extra)
+        drop = {"--model", "--context-tokens"} & set(extra)
         if {"--record", "--replay"} & set(extra):
             drop |= {"--record", "--replay"}  # one store mode only
         for flag in drop:
@@ -508,6 +518,13 @@ def dry_run(ctx: RunContext) -> RunResult:
                     notes.append(f"{name}: nothing to plan yet")
             elif not model_stage_seen:
                 target.run(tctx)  # deterministic stage: needed to render real prompts
+            elif name == "coordinator":
+                # Luna has not run: group the probe hits as stand-ins, so Sol is sized with realistic groups
+                hits = estimate_groups(tctx.ir_path, tctx.run_dir)
+                notes.append(
+                    f"coordinator: {hits} probe hit(s) grouped as stand-ins for Luna's patterns (Luna has not run); "
+                    "Sol's request sizes are an estimate"
+                )
             else:
                 notes.append(f"{name}: deterministic, runs after the model stages (no model call)")
         est = estimate(planned, ctx.options.models)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,7 @@ def status(run_dir: Path) -> dict[str, Any]:
         "block_receipt": block,
         "selection": _selection(run_dir),
         "missing_outputs": missing,
+        "read_first": read_first(run_dir),
         "next_command": nxt,
     }
 
@@ -89,38 +92,85 @@ def _selection(run_dir: Path) -> dict[str, Any] | None:
     return selection_status(run_dir)
 
 
-def _trim(text: str, n: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= n else text[: n - 1] + "…"
+def _wrapped(head: str, text: str, width: int = 100) -> list[str]:
+    # Whole statements, wrapped with a hanging indent: a gate is decided on what was read, not on a prefix.
+    return textwrap.wrap(
+        " ".join(text.split()),
+        width,
+        initial_indent=head,
+        subsequent_indent=" " * len(head),
+        break_on_hyphens=False,
+        break_long_words=False,
+    ) or [head.rstrip()]
 
 
 def format_shortlist(rows: list[dict[str, Any]], dropped: list[dict[str, Any]]) -> str:
-    """The shortlist as a plain-text table (and the dropped weaknesses with their reasons)."""
+    """The shortlist: a table of figures, then every statement in full (and dropped weaknesses with reasons)."""
     if not rows and not dropped:
         return "no weakness in the shortlist"
-    lines = [f"{'id':<6} {'conf':<7} {'cells':>5} {'tasks':>5} {'runs':>5} {'groups':>6} {'counter':>7}  statement"]
+    lines = [f"{'id':<6} {'conf':<7} {'cells':>5} {'tasks':>5} {'runs':>5} {'groups':>6} {'counter':>7}"]
     for r in rows:
         lines.append(
             f"{r['weakness_id']:<6} {r['confidence']:<7} {r['cells']:>5} {r['tasks']:>5} {r['runs']:>5} "
-            f"{r['pattern_groups']:>6} {r['counter_evidence']:>7}  {_trim(r['statement'], 90)}"
+            f"{r['pattern_groups']:>6} {r['counter_evidence']:>7}"
         )
+    for r in rows:
+        lines.append("")
+        lines.extend(_wrapped(f"{r['weakness_id']}: ", r["statement"]))
     for d in dropped:
-        reasons = d["reasons"]
-        more = f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else ""
-        lines.append(f"dropped {d['weakness_id']}: {_trim(reasons[0], 110) if reasons else 'no reason'}{more}")
+        reasons = d["reasons"] or ["no reason"]
+        lines.append("")
+        lines.extend(_wrapped(f"dropped {d['weakness_id']}: ", "; ".join(reasons)))
     return "\n".join(lines)
 
 
+def format_proposals(cards: list[dict[str, Any]], validation: dict[str, Any]) -> str:
+    """The proposal cards as a table (id, source weakness, validation) with each proposed change in full."""
+    status = {str(c.get("proposal_id")): c for c in validation.get("cards", []) if isinstance(c, dict)}
+    if not cards and not status:
+        return "no proposal card"
+    lines = [f"{'id':<6} {'from':<6} {'validation':<11} rules"]
+    ids = [str(c.get("proposal_id")) for c in cards] + sorted(set(status) - {str(c.get("proposal_id")) for c in cards})
+    by_id = {str(c.get("proposal_id")): c for c in cards}
+    for pid in ids:
+        v = status.get(pid, {})
+        rules = ", ".join(sorted({str(f.get("rule")) for f in v.get("findings", []) if isinstance(f, dict)})) or "-"
+        src = by_id.get(pid, {}).get("source_weakness") or v.get("source_weakness") or "?"
+        lines.append(f"{pid:<6} {src!s:<6} {v.get('status', 'unvalidated')!s:<11} {rules}")
+    for c in cards:
+        change = c.get("strategy_change")
+        text = change.get("proposed_strategy") if isinstance(change, dict) else None
+        if isinstance(text, str):
+            lines.append("")
+            lines.extend(_wrapped(f"{c.get('proposal_id')}: ", text))
+    return "\n".join(lines)
+
+
+def read_first(run_dir: Path) -> list[str]:
+    """What to read before deciding at gate 1: the whole cards, then the page with their evidence."""
+    ids = handoff.weakness_ids(run_dir)
+    if not ids:
+        return []
+    run = shlex.quote(str(run_dir))
+    others = f" (then {', '.join(ids[1:])})" if len(ids) > 1 else ""
+    return [
+        f"lunasol show {run} {ids[0]}{others}   # every field of the card; --evidence adds the raw lines",
+        f"lunasol report {run}   # {run_dir / 'report.html'}: cards, timelines, raw lines beside the text",
+    ]
+
+
 def gate_report(run_dir: Path) -> str:
-    """What a run prints when it stops: the shortlist table and the exact next command."""
+    """What a run prints when it stops: the shortlist, what to read, and the exact next command."""
     s = status(run_dir)
     h = s["handoff"]
     out = []
     if h["phase"] == "rootCausesMined":
         out.append(f"weakness shortlist {s['shortlist']['digest']}:")
         out.append(format_shortlist(s["shortlist"]["weaknesses"], s["shortlist"]["dropped"]))
+        out.append("")
         if h["userRootCauseConfirmation"] == "pending":
             out.append("gate 1: waiting for your decision on each weakness (silence is never approval)")
+            out.extend(f"read first: {line}" for line in read_first(run_dir))
         else:
             out.append(f"gate 1: {h['userRootCauseConfirmation']}")
     out.append(f"next: {s['next_command']}")
@@ -138,6 +188,8 @@ def format_status(s: dict[str, Any]) -> str:
     ]
     if h.get("shortlist_digest"):
         lines.append(f"  shortlist digest:          {h['shortlist_digest']}")
+    if h.get("proposals_digest"):
+        lines.append(f"  proposals digest:          {h['proposals_digest']}")
     for gate, rel in sorted((h.get("receipts") or {}).items()):
         lines.append(f"  receipt {gate}: {rel}")
     sel = s.get("selection")
@@ -164,12 +216,14 @@ def format_status(s: dict[str, Any]) -> str:
     rows, dropped = s["shortlist"]["weaknesses"], s["shortlist"]["dropped"]
     if rows or dropped:
         lines.append("shortlist:")
-        lines.extend("  " + ln for ln in format_shortlist(rows, dropped).splitlines())
+        lines.extend("  " + ln if ln else "" for ln in format_shortlist(rows, dropped).splitlines())
     if s.get("missing_outputs"):
         lines.append(f"MISSING (deleted or moved outside lunasol): {', '.join(s['missing_outputs'])}")
     br = s.get("block_receipt")
     if br:
         lines.append(f"BLOCKED at {br.get('stage')}: {br.get('blocking_constraint')}")
         lines.append(f"  unblock: {br.get('requested_unblock')}")
+    if h["phase"] == "rootCausesMined" and h["userRootCauseConfirmation"] == "pending":
+        lines.extend(f"read first: {line}" for line in s.get("read_first") or [])
     lines.append(f"next: {s['next_command']}")
     return "\n".join(lines)

@@ -125,3 +125,55 @@ class Dropped(_Strict):
     weakness_id: str
     statement: str
     reasons: list[str]
+
+
+# -- map / reduce (batches that do not fit one call) -------------------------------------------------
+
+
+class MergedWeakness(_Strict):
+    """One weakness of the reduce step: drafts of the map calls merged, reasoned over the whole batch.
+
+    Its support is not written here: it is the union of the merged drafts' checked support (the
+    cells and refs the map calls cited and that resolved), so it is never the model's count.
+    """
+
+    weakness_id: str = Field(pattern=r"^W-\d{2,}$")
+    merges: list[str] = Field(description="ids of the drafts this weakness merges (e.g. M01/W-02)")
+    statement: str
+    first_divergence: FirstDivergence
+    harness_attribution: HarnessAttribution
+    alternative_explanations: list[str]
+    counter_evidence: CounterEvidence
+    counterfactual_prediction: str = Field(description="falsifiable: what would be observed if this is wrong")
+    confidence: Confidence
+
+
+class ReduceAnswer(_Strict):
+    """The reduce step's answer: the merged weaknesses of the whole batch."""
+
+    weaknesses: list[MergedWeakness]
+
+
+class SolCall(_Strict):
+    """One Sol model call and what it saw: which cells, which drafts it made or merged."""
+
+    call_id: str
+    role: str
+    tasks: list[str] = Field(default_factory=list)
+    cells: list[str] = Field(default_factory=list, description="cells whose evidence this call was shown")
+    inputs: list[str] = Field(default_factory=list, description="draft ids a reduce call merged")
+    outputs: list[str] = Field(default_factory=list, description="draft or weakness ids it answered")
+    request_tokens: int = 0
+    ok: bool = True
+    attempts: int = 0
+    key: str | None = None
+    errors: list[str] = Field(default_factory=list)
+
+
+class SolPlan(_Strict):
+    """How Sol covered the batch: one call, or map calls over partitions and reduce calls over drafts."""
+
+    mode: Literal["single", "map_reduce"]
+    budget_tokens: int = Field(description="whole-request token budget of one Sol call")
+    context: str = Field(description="the model's context, where it comes from, how tokens are counted")
+    calls: list[SolCall] = Field(default_factory=list)

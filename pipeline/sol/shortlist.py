@@ -16,7 +16,7 @@ from pipeline.artifacts.schemas import read_document, upgrade
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.canonical import digest, write_json
 from pipeline.core.errors import BadInput
-from pipeline.sol.cards import Dropped, WeaknessCard
+from pipeline.sol.cards import Dropped, SolPlan, WeaknessCard
 
 SHORTLIST_FILE = "weakness-shortlist.json"
 SHORTLIST_SCHEMA_VERSION = VERSIONS["weakness-shortlist"]
@@ -44,6 +44,7 @@ class Shortlist(BaseModel):
     dropped: list[Dropped] = Field(default_factory=list)
     made_from: dict[str, str | None] = Field(default_factory=dict, description="input name -> digest")
     call: dict[str, Any] = Field(default_factory=dict, description="the Sol call: ok, attempts, errors")
+    plan: SolPlan | None = Field(default=None, description="which Sol call saw which cells (none in a v1 file)")
     digest: str = ""
 
     def content_digest(self) -> str:

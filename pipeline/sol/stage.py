@@ -10,187 +10,71 @@ dropped with its reasons in the shortlist's ``dropped`` list, never silently.
 from __future__ import annotations
 
 import asyncio
-import os
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.core.canonical import digest, pretty_json, read_json, sha256_file
+from pipeline.core.canonical import digest, pretty_json, sha256_file
 from pipeline.core.errors import Blocked
-from pipeline.models import ModelClient, PlannedCall, template_hash
-from pipeline.sol.cards import Dropped, SolAnswer, WeaknessDraft
-from pipeline.sol.checks import EvidenceIndex, answer_errors, check_answer, load_index
+from pipeline.models import CallOutcome, ModelClient, PlannedCall, template_hash
+from pipeline.sol.batch import (
+    GROUPS_FILE,
+    TIMELINE_BUDGET_CHARS,
+    Batch,
+    group_cells,
+    group_id,
+    load_batch,
+    read_groups,
+    timeline_budget,
+)
+from pipeline.sol.cards import Dropped, ReduceAnswer, SolAnswer, SolCall, SolPlan, WeaknessCard, WeaknessDraft
+from pipeline.sol.checks import EvidenceIndex, answer_errors, check_answer
+from pipeline.sol.plan import MAP_ROLE, REDUCE_ROLE, ROLE, SolPlanDraft, plan_sol, reduce_budget, reduce_tokens
+from pipeline.sol.reduce import Draft, assemble, draft_blocks, reduce_context, reduce_errors
 from pipeline.sol.shortlist import SHORTLIST_FILE, Denominator, Shortlist, write_shortlist
+from pipeline.sol.timeline import TIMELINE_KINDS, fit_timelines
 from pipeline.state.ledger import ir_digest
 
 if TYPE_CHECKING:
     from pipeline.core.context import RunContext
-    from pipeline.models import PlannedCall
 
-ROLE = "sol"
-GROUPS_FILE = "pattern-groups.json"
-TIMELINE_KINDS = ("stage", "state_change", "handoff", "obligation", "artifact", "error")
-# Messages of checkers and the operator (findings, decisions, new information) and permission requests.
-TIMELINE_ACTORS = ("operator", "reviewer", "validator")
-TIMELINE_TOOLS = ("request_permission",)
-TIMELINE_TEXT = 200
-TIMELINE_BUDGET_CHARS = 400_000  # ~100K tokens; larger batches are trimmed visibly (fit_timelines)
-LOW_VALUE = frozenset({"stage_started", "handoff", "artifact_written"})
-_DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 OUTPUT_TOKENS = 3000
+MAP_OUTPUT_TOKENS = 2500
+REDUCE_OUTPUT_TOKENS = 3000
+DRAFTS_PER_MAP_ESTIMATE = 3  # dry run: drafts assumed per map call to size the reduce request
+__all__ = [
+    "GROUPS_FILE",
+    "TIMELINE_BUDGET_CHARS",
+    "TIMELINE_KINDS",
+    "build_context",
+    "fit_timelines",
+    "group_cells",
+    "group_id",
+    "make_shortlist",
+    "mine",
+    "plan",
+    "read_groups",
+    "single_context",
+    "stage",
+]
 
 
-# -- reading the batch ------------------------------------------------------------------------------
+# -- the single call -------------------------------------------------------------------------------
 
 
-def _group_list(raw: Any) -> list[dict[str, Any]]:
-    if isinstance(raw, dict):
-        for key in ("pattern_groups", "groups"):
-            if isinstance(raw.get(key), list):
-                raw = raw[key]
-                break
-    return [g for g in raw if isinstance(g, dict)] if isinstance(raw, list) else []
-
-
-def group_id(group: dict[str, Any]) -> str | None:
-    """The id of a pattern group (the Coordinator's field name, with tolerant fallbacks)."""
-    for key in ("group_id", "pattern_group_id", "id"):
-        if isinstance(group.get(key), str):
-            return str(group[key])
-    return None
-
-
-def group_cells(group: dict[str, Any]) -> set[str]:
-    """The cells a pattern group's occurrences come from."""
-    cells = group.get("cells")
-    if isinstance(cells, list):
-        return {str(c) for c in cells}
-    out: set[str] = set()
-    for key in ("occurrences", "members", "patterns"):
-        for item in group.get(key) or []:
-            if isinstance(item, dict) and item.get("cell_id"):
-                out.add(str(item["cell_id"]))
-    return out
-
-
-def read_groups(run_dir: Path) -> list[dict[str, Any]]:
-    """The Coordinator's pattern groups (empty when the file is absent)."""
-    path = run_dir / GROUPS_FILE
-    return _group_list(read_json(path)) if path.is_file() else []
-
-
-def _rows(con: Any, sql: str) -> list[dict[str, Any]]:
-    cur = con.execute(sql)
-    names = [d[0] for d in cur.description]
-    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
-
-
-def _has_table(con: Any, name: str) -> bool:
-    return bool(
-        con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchone()[0]
-    )
-
-
-def timeline_budget() -> int:
-    """Characters the timelines may take in Sol's prompt (env ``LUNASOL_SOL_TIMELINE_CHARS``)."""
-    return int(os.environ.get("LUNASOL_SOL_TIMELINE_CHARS", TIMELINE_BUDGET_CHARS))
-
-
-def fit_timelines(lines: dict[str, list[tuple[str, str]]], budget: int) -> tuple[dict[str, list[str]], int]:
-    """Fit per-cell timelines into ``budget`` characters, never silently.
-
-    First the low-value lines (stage started, handoffs, artifacts written) go; then each cell keeps
-    its first and last lines with a marker saying how many were left out in between. Returns the
-    timelines and the number of events omitted.
-    """
-
-    def size(t: dict[str, list[str]]) -> int:
-        return sum(len(x) + 1 for v in t.values() for x in v)
-
-    full = {c: [ln for _, ln in v] for c, v in lines.items()}
-    if size(full) <= budget:
-        return full, 0
-    kept = {c: [ln for d, ln in v if d not in LOW_VALUE] for c, v in lines.items()}
-    omitted = sum(len(v) for v in lines.values()) - sum(len(v) for v in kept.values())
-    if size(kept) > budget and kept:
-        per_cell = max(budget // len(kept), 200)
-        for c, v in kept.items():
-            if sum(len(x) + 1 for x in v) <= per_cell:
-                continue
-            head: list[str] = []
-            tail: list[str] = []
-            used = 0
-            i, j = 0, len(v) - 1
-            while i <= j:  # alternate from both ends: the start and the end of a cell matter most
-                nxt = v[i] if len(head) <= len(tail) else v[j]
-                if used + len(nxt) + 1 > per_cell:
-                    break
-                used += len(nxt) + 1
-                if len(head) <= len(tail):
-                    head.append(nxt)
-                    i += 1
-                else:
-                    tail.insert(0, nxt)
-                    j -= 1
-            cut = len(v) - len(head) - len(tail)
-            omitted += cut
-            kept[c] = [*head, f"[... {cut} events omitted here to fit the prompt ...]", *tail]
-    if omitted:
-        for c in kept:
-            dropped_low = sum(1 for d, _ in lines[c] if d in LOW_VALUE)
-            if dropped_low:
-                kept[c].insert(0, f"[{dropped_low} stage-start / handoff / artifact lines omitted in this cell]")
-    return kept, omitted
-
-
-def build_context(run_dir: Path, ir_path: Path) -> tuple[dict[str, Any], EvidenceIndex]:
-    """The template context for Sol and the evidence index its answer is checked against."""
-    import duckdb
-
-    groups = read_groups(run_dir)
-    index_groups = {gid: group_cells(g) for g in groups if (gid := group_id(g))}
-    index = load_index(ir_path, index_groups)
-    con = duckdb.connect(str(ir_path), read_only=True)
-    try:
-        cells = _rows(
-            con,
-            "SELECT c.cell_id, c.task_id, c.run_id, c.harness, c.eligibility, c.exclusion_reason, "
-            "o.label AS outcome, o.quality, o.completion, o.cost, o.stability "
-            "FROM cells c LEFT JOIN outcomes o USING (cell_id) ORDER BY c.cell_id",
-        )
-        coverage = _rows(con, "SELECT * FROM coverage ORDER BY cell_id") if _has_table(con, "coverage") else []
-        doc = read_json(run_dir / GROUPS_FILE) if (run_dir / GROUPS_FILE).is_file() else {}
-        if isinstance(doc, dict) and isinstance(doc.get("coverage"), list):
-            coverage = doc["coverage"]  # the Coordinator's coverage carries pattern counts per cell
-        kinds = ", ".join(f"'{k}'" for k in TIMELINE_KINDS)
-        actors = ", ".join(f"'{a}'" for a in TIMELINE_ACTORS)
-        tools = ", ".join(f"'{t}'" for t in TIMELINE_TOOLS)
-        events = _rows(
-            con,
-            "SELECT e.event_id, e.cell_id, e.stage, e.actor, e.kind, e.detail, "
-            f"substr(coalesce(e.text, ''), 1, {TIMELINE_TEXT}) AS text FROM events e JOIN cells c USING (cell_id) "
-            f"WHERE c.eligibility = 'valid_behavior' AND (e.kind IN ({kinds}) OR (e.kind = 'message' AND "
-            f"e.actor IN ({actors})) OR e.tool_name IN ({tools})) ORDER BY e.cell_id, e.seq",
-        )
-    finally:
-        con.close()
-    eligible = [c for c in cells if c["eligibility"] == "valid_behavior"]
-    raw_lines: dict[str, list[tuple[str, str]]] = {}
-    for e in events:
-        # one compact line per event; digests shortened (8 hex digits are enough to see "unchanged")
-        text = _DIGEST.sub(lambda m: m.group(1)[:8], " ".join(str(e["text"] or "").split()))
-        line = f"{e['event_id']} {e['stage'] or '-'}/{e['actor'] or '-'} {e['detail'] or e['kind']}: {text}"
-        raw_lines.setdefault(e["cell_id"], []).append((str(e["detail"] or e["kind"]), line))
+def single_context(batch: Batch) -> dict[str, Any]:
+    """The template context of the one call over the whole batch (the batch fits the model)."""
+    eligible = batch.eligible
+    raw_lines = batch.timeline
     timelines, omitted = fit_timelines(raw_lines, timeline_budget())
     context: dict[str, Any] = {
-        "run_id": run_dir.name,
-        "harnesses": sorted({str(c["harness"]) for c in eligible if c["harness"]}),
+        "run_id": batch.run_id,
+        "harnesses": batch.harnesses,
         "eligible_count": len(eligible),
         "cells": eligible,
-        "excluded": [{"cell_id": c["cell_id"], "reason": c["exclusion_reason"]} for c in cells if c not in eligible],
-        "negatives": [c["cell_id"] for c in eligible if c["outcome"] == "completed"],
-        "coverage": coverage,
-        "pattern_groups": groups,
+        "excluded": batch.excluded,
+        "negatives": batch.negatives,
+        "coverage": batch.coverage,
+        "pattern_groups": batch.groups,
         "timelines": timelines,
         "timelines_note": (
             "complete"
@@ -206,22 +90,29 @@ def build_context(run_dir: Path, ir_path: Path) -> tuple[dict[str, Any], Evidenc
     context["timelines_text"] = "\n\n".join(
         f"### {cell} ({outcome.get(cell, '')})\n" + "\n".join(lines) for cell, lines in sorted(timelines.items())
     )
-    return context, index
+    return context
+
+
+def build_context(run_dir: Path, ir_path: Path) -> tuple[dict[str, Any], EvidenceIndex]:
+    """The single call's template context and the evidence index its answer is checked against."""
+    batch = load_batch(run_dir, ir_path)
+    return single_context(batch), batch.index
 
 
 # -- the stage --------------------------------------------------------------------------------------
 
 
-def _made_from(ctx: RunContext, context: dict[str, Any]) -> dict[str, str | None]:
-
+def _made_from(ctx: RunContext, context: dict[str, Any], extra: dict[str, str] | None = None) -> dict[str, str | None]:
     groups = ctx.run_dir / GROUPS_FILE
-    return {
+    made: dict[str, str | None] = {
         "ir": ir_digest(ctx.ir_path),
         "pattern_groups": sha256_file(groups) if groups.is_file() else None,
         "context": digest({k: v for k, v in context.items() if not k.endswith("_json")}),
         "template": template_hash(ROLE),
         "model": ctx.options.models.model,
     }
+    made.update(extra or {})
+    return made
 
 
 def make_shortlist(
@@ -231,6 +122,8 @@ def make_shortlist(
     *,
     made_from: dict[str, str | None],
     call: dict[str, Any],
+    plan: SolPlan | None = None,
+    dropped_before: list[Dropped] | None = None,
 ) -> Shortlist:
     """Check the drafts and assemble the shortlist (cards that pass, the rest dropped with reasons)."""
     cards, failed = check_answer(drafts, index)
@@ -247,18 +140,44 @@ def make_shortlist(
         run_id=run_id,
         denominator=Denominator(eligible_cells=len(index.denominator), cells=index.denominator, excluded=excluded),
         weaknesses=cards,
-        dropped=dropped,
+        dropped=[*(dropped_before or []), *dropped],
         made_from=made_from,
         call=call,
+        plan=plan,
     )
 
 
-def mine(ctx: RunContext) -> Shortlist:
-    """Ask Sol once over the whole batch, check its answer, and write ``weakness-shortlist.json``."""
-    context, index = build_context(ctx.run_dir, ctx.ir_path)
-    if not index.denominator:
-        raise Blocked("no eligible cell in this run: Sol has nothing to explain", reason="missing_data")
-    client = ModelClient(ctx.options.models, ctx.run_dir, log=ctx.log)
+def _no_answer(outcome: CallOutcome[Any], what: str) -> Blocked:
+    return Blocked(
+        f"{what} gave no answer that parses after {outcome.attempts} attempts: {'; '.join(outcome.errors)[:300]}",
+        reason="external_system",
+        unblock="lunasol run BUNDLE --model OTHER_MODEL --resume  (this model's answers do not parse)",
+        tried=[
+            {
+                "ladder_step": "alt_path",
+                "action": f"re-asked {what} {max(outcome.attempts - 1, 0)} times with the validation errors",
+                "outcome": "; ".join(outcome.errors)[:500] or "no parseable answer",
+            },
+        ],
+    )
+
+
+def _record(call_id: str, role: str, outcome: CallOutcome[Any], tokens: int, **what: Any) -> SolCall:
+    return SolCall(
+        call_id=call_id,
+        role=role,
+        request_tokens=tokens,
+        ok=outcome.ok,
+        attempts=outcome.attempts,
+        key=outcome.key,
+        errors=list(outcome.errors),
+        **what,
+    )
+
+
+def _mine_single(ctx: RunContext, batch: Batch, decision: SolPlanDraft, client: ModelClient) -> Shortlist:
+    index = batch.index
+    context = decision.single_context or {}
 
     def check(answer: SolAnswer) -> list[str]:
         return answer_errors(answer.weaknesses, index)
@@ -269,20 +188,239 @@ def mine(ctx: RunContext) -> Shortlist:
     elif outcome.last_answer is not None:
         drafts = SolAnswer.model_validate(outcome.last_answer).weaknesses  # failing cards get dropped below
     else:
-        raise Blocked(
-            f"Sol gave no answer that parses after {outcome.attempts} attempts: {'; '.join(outcome.errors)[:300]}",
-            reason="external_system",
-            unblock="lunasol run BUNDLE --model OTHER_MODEL --resume  (this model's answers do not parse)",
-            tried=[
-                {
-                    "ladder_step": "alt_path",
-                    "action": f"re-asked Sol {max(outcome.attempts - 1, 0)} times with the validation errors",
-                    "outcome": "; ".join(outcome.errors)[:500] or "no parseable answer",
-                },
-            ],
-        )
+        raise _no_answer(outcome, "Sol")
     call = {"ok": outcome.ok, "attempts": outcome.attempts, "errors": list(outcome.errors), "key": outcome.key}
-    shortlist = make_shortlist(ctx.run_dir.name, index, drafts, made_from=_made_from(ctx, context), call=call)
+    plan = SolPlan(
+        mode="single",
+        budget_tokens=decision.budget.input_tokens,
+        context=decision.budget.limits.describe(),
+        calls=[
+            _record(
+                "sol",
+                ROLE,
+                outcome,
+                decision.single_tokens,
+                cells=index.denominator,
+                outputs=[d.weakness_id for d in drafts],
+            )
+        ],
+    )
+    return make_shortlist(batch.run_id, index, drafts, made_from=_made_from(ctx, context), call=call, plan=plan)
+
+
+def _outside(answer: SolAnswer, seen: set[str]) -> list[str]:
+    """Errors for cells a map answer cites outside the partition its call was shown."""
+    errs: list[str] = []
+    for d in answer.weaknesses:
+        cited = [("support.cells", d.support.cells), ("first_divergence.cells", d.first_divergence.cells)]
+        cited.append(("counter_evidence.items", [i.cell for i in d.counter_evidence.items]))
+        for path, cells in cited:
+            errs += [
+                f"{d.weakness_id}: {path}[{i}]: {c} is not one of the cells this call was shown"
+                for i, c in enumerate(cells)
+                if c not in seen
+            ]
+    return errs
+
+
+async def _run_maps(
+    client: ModelClient, batch: Batch, decision: SolPlanDraft
+) -> tuple[list[Draft], list[SolCall], list[Dropped]]:
+    async def one(m: Any) -> CallOutcome[SolAnswer]:
+        seen = set(m.chunk.cells)
+
+        def check(answer: SolAnswer) -> list[str]:
+            return _outside(answer, seen) + answer_errors(answer.weaknesses, batch.index)
+
+        return await client.call(
+            role=MAP_ROLE, cell_id=m.chunk.call_id, context=m.context, response_model=SolAnswer, check=check
+        )
+
+    outcomes = await client.gather([one(m) for m in decision.maps], label="sol map")
+    drafts: list[Draft] = []
+    calls: list[SolCall] = []
+    dropped: list[Dropped] = []
+    for m, out in zip(decision.maps, outcomes, strict=True):
+        cid = m.chunk.call_id
+        answer = out.value if out.ok else (SolAnswer.model_validate(out.last_answer) if out.last_answer else None)
+        made: list[str] = []
+        if answer is not None:
+            cards, failed = check_answer(answer.weaknesses, batch.index)
+            outside = _outside(answer, set(m.chunk.cells))
+            for card in cards:
+                bad = [e for e in outside if e.startswith(f"{card.weakness_id}:")]
+                if bad:
+                    failed[card.weakness_id] = bad
+                    continue
+                drafts.append(Draft(f"{cid}/{card.weakness_id}", cid, card, list(m.chunk.cells)))
+                made.append(f"{cid}/{card.weakness_id}")
+            by_id = {d.weakness_id: d for d in answer.weaknesses}
+            dropped += [
+                Dropped(weakness_id=f"{cid}/{wid}", statement=by_id[wid].statement, reasons=reasons)
+                for wid, reasons in sorted(failed.items())
+                if wid in by_id
+            ]
+        calls.append(_record(cid, MAP_ROLE, out, m.tokens, tasks=m.chunk.tasks, cells=m.chunk.cells, outputs=made))
+    if all(not c.ok and not c.outputs for c in calls) and not any(o.last_answer for o in outcomes):
+        raise _no_answer(outcomes[0], "Sol (every map call)")
+    return drafts, calls, dropped
+
+
+def _pack(drafts: list[Draft], blocks: dict[str, str], room_chars: int) -> list[list[Draft]]:
+    # Drafts citing the same first pattern group sit together: they are the likely merges.
+    order = sorted(drafts, key=lambda d: (min(d.card.support.pattern_groups, default="~"), d.draft_id))
+    packs: list[list[Draft]] = [[]]
+    used = 0
+    for d in order:
+        size = len(blocks[d.draft_id]) + 2
+        if packs[-1] and used + size > room_chars:
+            packs.append([])
+            used = 0
+        packs[-1].append(d)
+        used += size
+    return packs
+
+
+async def _reduce(
+    client: ModelClient,
+    batch: Batch,
+    settings: Any,
+    drafts: list[Draft],
+    map_calls: list[SolCall],
+    cpt: float,
+) -> tuple[list[WeaknessDraft], list[SolCall], list[Dropped]]:
+    """Reduce rounds until one call holds every remaining draft; returns the final weakness drafts."""
+    budget = reduce_budget(settings)
+    summaries = [c.model_dump() for c in map_calls]
+    calls: list[SolCall] = []
+    dropped: list[Dropped] = []
+    round_no = 0
+    while True:
+        round_no += 1
+        blocks = draft_blocks(batch, drafts)
+        fixed = reduce_tokens(budget, reduce_context(batch, [], {}, "R00", summaries))
+        room = int((budget.input_tokens - fixed) * cpt * 0.9)
+        packs = _pack(drafts, blocks, max(room, 1))
+        final = len(packs) == 1
+        outs: list[tuple[str, list[Draft], Any, int]] = []
+        coros = []
+        for i, pack in enumerate(packs, 1):
+            cid = "R" if final and round_no == 1 else f"R{round_no}-{i:02d}"
+            rctx = reduce_context(batch, pack, blocks, cid, summaries)
+            tokens = reduce_tokens(budget, rctx)
+            by_id = {d.draft_id: d for d in pack}
+
+            def check(answer: ReduceAnswer, by_id: dict[str, Draft] = by_id) -> list[str]:
+                return reduce_errors(answer.weaknesses, by_id, batch)
+
+            coros.append(
+                client.call(role=REDUCE_ROLE, cell_id=cid, context=rctx, response_model=ReduceAnswer, check=check)
+            )
+            outs.append((cid, pack, None, tokens))
+        results = await client.gather(coros, label="sol reduce")
+        merged_drafts: list[tuple[str, list[Draft], list[WeaknessDraft]]] = []
+        for (cid, pack, _, tokens), out in zip(outs, results, strict=True):
+            answer = (
+                out.value if out.ok else (ReduceAnswer.model_validate(out.last_answer) if out.last_answer else None)
+            )
+            if answer is None:
+                raise _no_answer(out, f"Sol reduce {cid}")
+            by_id = {d.draft_id: d for d in pack}
+            used = {did for w in answer.weaknesses for did in w.merges}
+            dropped += [
+                Dropped(
+                    weakness_id=d.draft_id,
+                    statement=d.card.statement,
+                    reasons=[f"{d.draft_id}: not merged into any weakness by the reduce call {cid}"],
+                )
+                for d in pack
+                if d.draft_id not in used
+            ]
+            seen = sorted({c for d in pack for c in d.seen_cells})
+            calls.append(
+                _record(
+                    cid,
+                    REDUCE_ROLE,
+                    out,
+                    tokens,
+                    cells=seen,
+                    inputs=[d.draft_id for d in pack],
+                    outputs=[w.weakness_id for w in answer.weaknesses],
+                )
+            )
+            merged_drafts.append((cid, pack, [assemble(w, by_id) for w in answer.weaknesses]))
+        if final:
+            return merged_drafts[0][2], calls, dropped
+        # Not the last round: every pack's checked weaknesses become drafts of the next round.
+        nxt: list[Draft] = []
+        for cid, pack, weaknesses in merged_drafts:
+            cards, failed = check_answer(weaknesses, batch.index)
+            seen = sorted({c for d in pack for c in d.seen_cells})
+            nxt += [Draft(f"{cid}/{c.weakness_id}", cid, c, seen) for c in cards]
+            dropped += [
+                Dropped(weakness_id=f"{cid}/{wid}", statement="", reasons=reasons)
+                for wid, reasons in sorted(failed.items())
+            ]
+        if len(nxt) >= len(drafts):
+            raise Blocked(
+                f"Sol's reduce does not converge: {len(drafts)} drafts became {len(nxt)} weaknesses "
+                f"in round {round_no}",
+                reason="external_system",
+                unblock="lunasol run BUNDLE --model MODEL_WITH_A_LARGER_CONTEXT --resume",
+            )
+        drafts = nxt
+
+
+def _mine_map_reduce(ctx: RunContext, batch: Batch, decision: SolPlanDraft, client: ModelClient) -> Shortlist:
+    async def go() -> tuple[list[WeaknessDraft], list[SolCall], list[Dropped]]:
+        drafts, map_calls, dropped = await _run_maps(client, batch, decision)
+        if not drafts:
+            return [], map_calls, dropped
+        final, reduce_calls, more = await _reduce(
+            client, batch, ctx.options.models, drafts, map_calls, decision.chars_per_token
+        )
+        return final, map_calls + reduce_calls, dropped + more
+
+    final, calls, dropped = asyncio.run(go())
+    plan = SolPlan(
+        mode="map_reduce",
+        budget_tokens=decision.budget.input_tokens,
+        context=decision.budget.limits.describe(),
+        calls=calls,
+    )
+    last = calls[-1]
+    call = {
+        "ok": all(c.ok for c in calls),
+        "attempts": sum(c.attempts for c in calls),
+        "errors": [f"{c.call_id}: {e}" for c in calls for e in c.errors],
+        "key": last.key,
+    }
+    extra = {f"template:{r}": template_hash(r) for r in (MAP_ROLE, REDUCE_ROLE)}
+    context = {"maps": [m.context for m in decision.maps]}
+    return make_shortlist(
+        batch.run_id,
+        batch.index,
+        final,
+        made_from=_made_from(ctx, context, extra),
+        call=call,
+        plan=plan,
+        dropped_before=dropped,
+    )
+
+
+def mine(ctx: RunContext) -> Shortlist:
+    """Mine the batch's weaknesses (one call, or map/reduce when it does not fit) and write the shortlist."""
+    batch = load_batch(ctx.run_dir, ctx.ir_path)
+    if not batch.index.denominator:
+        raise Blocked("no eligible cell in this run: Sol has nothing to explain", reason="missing_data")
+    decision = plan_sol(batch, ctx.options.models, single_context(batch))
+    if decision.mode == "map_reduce":
+        ctx.log(f"[sol] {decision.describe()}")
+    client = ModelClient(ctx.options.models, ctx.run_dir, log=ctx.log)
+    if decision.mode == "single":
+        shortlist = _mine_single(ctx, batch, decision, client)
+    else:
+        shortlist = _mine_map_reduce(ctx, batch, decision, client)
     return write_shortlist(ctx.run_dir / SHORTLIST_FILE, shortlist)
 
 
@@ -290,19 +428,105 @@ def stage(ctx: RunContext) -> str:
     """Runner stage: mine root causes; one-line summary."""
     sl = mine(ctx)
     kept = ", ".join(w.weakness_id for w in sl.weaknesses) or "none"
+    how = ""
+    if sl.plan is not None and sl.plan.mode == "map_reduce":
+        maps = sum(1 for c in sl.plan.calls if c.role == MAP_ROLE)
+        reds = sum(1 for c in sl.plan.calls if c.role == REDUCE_ROLE)
+        how = f" via {maps} map + {reds} reduce call(s)"
     return (
-        f"{len(sl.weaknesses)} weakness(es) kept ({kept}), {len(sl.dropped)} dropped with reasons; "
+        f"{len(sl.weaknesses)} weakness(es) kept ({kept}){how}, {len(sl.dropped)} dropped with reasons; "
         f"shortlist {sl.digest[:19]}"
     )
 
 
+def _dry_drafts(batch: Batch, decision: SolPlanDraft) -> list[Draft]:
+    """Stand-in drafts to size the reduce request in a dry run (labelled an estimate by the caller)."""
+    out: list[Draft] = []
+    groups = [gid for g in batch.groups if (gid := group_id(g))]
+    for m in decision.maps:
+        cells = m.chunk.cells
+        for k in range(DRAFTS_PER_MAP_ESTIMATE):
+            cited = groups[k::DRAFTS_PER_MAP_ESTIMATE][:3]
+            card = WeaknessCard.model_validate(
+                {
+                    "weakness_id": f"W-{k + 1:02d}",
+                    "statement": "x" * 300,
+                    "first_divergence": {
+                        "where": {"stage": "-", "actor": "-", "what": "x" * 200},
+                        "cells": cells[:3],
+                        "event_refs": [],
+                    },
+                    "harness_attribution": {"attributed": True, "why": "x" * 200},
+                    "support": {
+                        "cells": cells,
+                        "tasks": sorted({batch.by_cell[c]["task_id"] for c in cells}),
+                        "runs": [],
+                        "pattern_groups": cited,
+                        "event_refs": [],
+                        "counts": {"cells": len(cells), "tasks": 0, "runs": 0, "pattern_groups": len(cited)},
+                    },
+                    "alternative_explanations": ["x" * 150, "x" * 150],
+                    "counter_evidence": {"items": [], "none_reason": "x" * 100},
+                    "counterfactual_prediction": "x" * 250,
+                    "confidence": "medium",
+                }
+            )
+            out.append(Draft(f"{m.chunk.call_id}/{card.weakness_id}", m.chunk.call_id, card, cells))
+    return out
+
+
 def plan(ctx: RunContext) -> list[PlannedCall]:
-    """For ``--dry-run``: the one Sol call (pattern groups as far as they exist)."""
+    """For ``--dry-run``: the calls Sol would make over the pattern groups that exist (or the probe-based estimate)."""
     if not ctx.ir_path.is_file():
         return []
-    context, _ = build_context(ctx.run_dir, ctx.ir_path)
-    return [
+    batch = load_batch(ctx.run_dir, ctx.ir_path)
+    if not batch.index.denominator:
+        return []
+    decision = plan_sol(batch, ctx.options.models, single_context(batch))
+    note = decision.describe()
+    if decision.mode == "single":
+        return [
+            PlannedCall(
+                role=ROLE,
+                cell_id=None,
+                context=decision.single_context or {},
+                response_model=SolAnswer,
+                expected_output_tokens=OUTPUT_TOKENS,
+                note=note,
+            )
+        ]
+    calls = [
         PlannedCall(
-            role=ROLE, cell_id=None, context=context, response_model=SolAnswer, expected_output_tokens=OUTPUT_TOKENS
+            role=MAP_ROLE,
+            cell_id=m.chunk.call_id,
+            context=m.context,
+            response_model=SolAnswer,
+            expected_output_tokens=MAP_OUTPUT_TOKENS,
+            note=note,
         )
+        for m in decision.maps
     ]
+    drafts = _dry_drafts(batch, decision)
+    summaries = [
+        {"call_id": m.chunk.call_id, "tasks": m.chunk.tasks, "cells": m.chunk.cells, "outputs": []}
+        for m in decision.maps
+    ]
+    blocks = draft_blocks(batch, drafts)
+    budget = reduce_budget(ctx.options.models)
+    fixed = reduce_tokens(budget, reduce_context(batch, [], {}, "R00", summaries))
+    room = int((budget.input_tokens - fixed) * decision.chars_per_token * 0.9)
+    packs = _pack(drafts, blocks, max(room, 1))
+    for i, pack in enumerate(packs, 1):
+        cid = "R" if len(packs) == 1 else f"R1-{i:02d}"
+        calls.append(
+            PlannedCall(
+                role=REDUCE_ROLE,
+                cell_id=cid,
+                context=reduce_context(batch, pack, blocks, cid, summaries),
+                response_model=ReduceAnswer,
+                expected_output_tokens=REDUCE_OUTPUT_TOKENS,
+                note=f"estimate: {DRAFTS_PER_MAP_ESTIMATE} drafts assumed per map call"
+                + ("" if len(packs) == 1 else f"; {len(packs)} first-round reduce calls, then a final one"),
+            )
+        )
+    return calls

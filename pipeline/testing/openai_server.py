@@ -3,7 +3,9 @@
 ``FakeOpenAI`` answers ``POST /v1/chat/completions`` on 127.0.0.1 (an ephemeral port by default)
 from a queue of scripted replies, then from a handler. Replies can inject faults: a status with
 headers (429 + Retry-After, 500), a delay (timeouts), a dropped connection, a non-JSON body, or
-a schema-invalid answer. It counts requests in flight and records every request body.
+a schema-invalid answer. It counts requests in flight and records every request body. With
+``context_tokens`` it declares a context and refuses larger requests (counted by
+:func:`request_tokens`) with OpenAI's ``context_length_exceeded`` error body.
 
 ``serve_recordings(DIR)`` answers from a lunasol recording directory instead, proving a recording
 is servable by any OpenAI-compatible server. Command line::
@@ -110,6 +112,27 @@ def server_error(status: int = 500) -> Reply:
     return Reply(status=status, body={"error": {"message": f"fake server error {status}", "type": "server_error"}})
 
 
+def request_tokens(request: dict[str, Any]) -> int:
+    """The server's token count of a request: ~4 characters per token of its messages and tools."""
+    return max(1, len(canonical_json([request.get("messages", []), request.get("tools") or []])) // 4)
+
+
+def context_exceeded(limit: int, tokens: int) -> Reply:
+    """OpenAI's 400 ``context_length_exceeded`` error, worded as OpenAI words it."""
+    return Reply(
+        status=400,
+        body={
+            "error": {
+                "message": f"This model's maximum context length is {limit} tokens. However, your messages "
+                f"resulted in {tokens} tokens. Please reduce the length of the messages.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        },
+    )
+
+
 def _example(schema: dict[str, Any], defs: dict[str, Any]) -> Any:
     # The smallest instance of a JSON schema: enough for a default, schema-valid answer.
     if "$ref" in schema:
@@ -173,9 +196,14 @@ def recordings_handler(store_dir: Path) -> Handler:
 class FakeOpenAI:
     """A threaded local server speaking OpenAI chat completions; use as a context manager."""
 
-    def __init__(self, handler: Handler | None = None, *, port: int = 0, delay_s: float = 0.0) -> None:
+    def __init__(
+        self, handler: Handler | None = None, *, port: int = 0, delay_s: float = 0.0, context_tokens: int | None = None
+    ) -> None:
         self.handler = handler
         self.delay_s = delay_s  # added to every reply (benchmarks)
+        # A declared context: larger requests get OpenAI's context_length_exceeded (request_tokens counts).
+        self.context_tokens = context_tokens
+        self.refused_for_size = 0
         self.script: list[ScriptItem] = []
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
@@ -221,6 +249,8 @@ class FakeOpenAI:
             self.max_in_flight = self.in_flight
             self.handler = None
             self.delay_s = 0.0
+            self.context_tokens = None
+            self.refused_for_size = 0
 
     # serving ---------------------------------------------------------------
     def _serve(self, h: BaseHTTPRequestHandler) -> None:
@@ -230,10 +260,16 @@ class FakeOpenAI:
             request = json.loads(raw or b"{}")
         except ValueError:
             request = {}
+        size = request_tokens(request) if self.context_tokens else 0
         with self.lock:
             self.requests.append(request)
             self.headers.append({k.lower(): v for k, v in h.headers.items()})
-            item = self.script.pop(0) if self.script else None
+            too_large = bool(self.context_tokens) and size > int(self.context_tokens or 0)
+            if too_large:
+                self.refused_for_size += 1
+            item: ScriptItem | None = context_exceeded(int(self.context_tokens or 0), size) if too_large else None
+            if item is None and self.script:
+                item = self.script.pop(0)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             handler = self.handler
@@ -311,9 +347,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--recordings", type=Path, default=None, help="answer from this lunasol recording directory")
     ap.add_argument("--delay-ms", type=float, default=0.0, help="added latency per reply")
+    ap.add_argument(
+        "--context-tokens", type=int, default=None, help="refuse larger requests with context_length_exceeded"
+    )
     args = ap.parse_args(argv)
     handler = recordings_handler(args.recordings) if args.recordings else auto_answer
-    server = FakeOpenAI(handler, port=args.port, delay_s=args.delay_ms / 1000)
+    server = FakeOpenAI(handler, port=args.port, delay_s=args.delay_ms / 1000, context_tokens=args.context_tokens)
     print(f"serving OpenAI chat completions on {server.base_url}", flush=True)
     try:
         server.httpd.serve_forever()

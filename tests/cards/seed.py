@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from conftest import SHARED_SEEDS
+from tests.conftest import SHARED_SEEDS
 
 SEED = SHARED_SEEDS / "000_c348cb21ec53c04e.txt"
 _YAML_BLOCK = re.compile(r"```yaml\n(.*?)```", re.DOTALL)

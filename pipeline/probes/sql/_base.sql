@@ -11,7 +11,7 @@ CREATE OR REPLACE TEMP MACRO lunasol_tool_class(t) AS CASE
         THEN 'mutating'
     WHEN regexp_matches(lower(t), '(test|pytest|lint|check|validate|verify|typecheck|mypy|ruff|clippy|build|compile|vet)')
         THEN 'check'
-    WHEN regexp_matches(lower(t), '(read|cat|grep|rg|search|find|list|ls|view|open|get|show|glob|head|tail|stat|diff|inspect|query|fetch|status|log|blame|tree)')
+    WHEN regexp_matches(lower(t), '(read|cat|grep|rg|search|find|list|ls|view|open|get|show|glob|head|tail|stat|diff|inspect|query|fetch|status|log|blame|tree|scroll)')
         THEN 'read'
     ELSE 'unknown'
 END;
@@ -25,9 +25,19 @@ CREATE OR REPLACE TEMP MACRO lunasol_is_report(target, stage) AS
 -- Two controller states are the same only when both are known and equal.
 CREATE OR REPLACE TEMP MACRO lunasol_same_state(a, b) AS coalesce(a = b, FALSE);
 
+-- Cells whose log carries controller state at all (a state line, or a digest on any event). In a
+-- cell without any (most foreign formats: the adapter knows no controller state), "same state"
+-- means "no state change observed": its events get the state 'none-observed', so repeat chains
+-- can form there, and any state line that does appear still breaks them.
+CREATE OR REPLACE TEMP VIEW probe_stateful_cells AS
+SELECT DISTINCT cell_id FROM events WHERE kind = 'state_change' OR state_digest IS NOT NULL;
+
 CREATE OR REPLACE TEMP VIEW probe_events AS
 SELECT
-    e.*,
+    e.* REPLACE (
+        CASE WHEN e.state_digest IS NULL AND e.cell_id NOT IN (SELECT cell_id FROM probe_stateful_cells)
+             THEN 'none-observed' ELSE e.state_digest END AS state_digest
+    ),
     lunasol_tool_class(e.tool_name) AS tool_class,
     -- a duplicate line of one controller incident (same ts, same content as an earlier line)
     (e.actor = 'controller' AND EXISTS (

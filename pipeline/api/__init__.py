@@ -1,0 +1,184 @@
+"""The data API: a run's tables as Arrow, for pandas, polars or DuckDB (``import pipeline.api``).
+
+::
+
+    from pipeline import api
+
+    run = api.load_run("runs/h0-demo-20260809-a")
+    run.table("weaknesses")              # pyarrow.Table
+    run.table("cells").to_pandas()       # a pandas DataFrame, when pandas is installed
+    polars.from_arrow(run.table("events"))
+    runs = api.load_runs(["runs/a", "runs/b"])   # every table of several runs, with a run_id column
+    runs.table("patterns")
+
+Tables (:data:`TABLES`): ``cells`` (with outcome label and class), ``events``, ``segments``,
+``probe_hits``, ``patterns``, ``groups`` (one row per pattern group), ``occurrences`` (one row per
+group occurrence), ``weaknesses``, ``proposals``, ``validation`` (one row per card) and ``calls``.
+IR tables come straight from the run's DuckDB; artifact tables are flattened one level: scalar
+fields stay typed, nested fields are canonical JSON strings (``json.loads`` them, or DuckDB's
+``->>``). ``lunasol export-tables RUN --parquet DIR`` writes every table as Parquet.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.core.errors import BadInput
+from pipeline.diff.artifacts import RunArtifacts
+from pipeline.diff.artifacts import load_run as load_artifacts
+from pipeline.diff.compare import validation_by_id
+
+__all__ = ["TABLES", "Run", "Runs", "export_tables", "load_run", "load_runs"]
+
+_SUCCESS = "lower(o.label) IN ('completed', 'success', 'succeeded', 'resolved', 'passed')"  # = lunasol_successful
+IR_TABLES: dict[str, str] = {
+    "cells": "SELECT c.*, o.label AS outcome_label, o.quality, o.completion, o.cost, o.stability, "
+    "CASE WHEN c.eligibility <> 'valid_behavior' THEN 'excluded' WHEN o.label IS NULL THEN 'unknown' "
+    f"WHEN {_SUCCESS} THEN 'successful' ELSE 'failed' END AS outcome "
+    "FROM cells c LEFT JOIN outcomes o USING (cell_id) ORDER BY c.cell_id",
+    "events": "SELECT * FROM events ORDER BY cell_id, seq",
+    "segments": "SELECT * FROM segments ORDER BY cell_id, seq",
+    "probe_hits": "SELECT * FROM probe_hits ORDER BY ALL",
+}
+ARTIFACT_TABLES = ("patterns", "groups", "occurrences", "weaknesses", "proposals", "validation", "calls")
+TABLES: tuple[str, ...] = (*IR_TABLES, *ARTIFACT_TABLES)
+
+
+def _flat(row: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        if isinstance(v, dict | list):
+            out[k] = json.dumps(v, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+        else:
+            out[k] = v
+    return out
+
+
+def _rows_table(rows: list[dict[str, Any]]) -> pa.Table:
+    flat = [_flat(r) for r in rows]
+    names = sorted({k for r in flat for k in r})
+    columns = {}
+    for name in names:
+        values = [r.get(name) for r in flat]
+        kinds = {type(v) for v in values if v is not None}
+        if len(kinds) > 1 and not kinds <= {int, float}:  # mixed kinds across producers: keep them as text
+            values = [None if v is None else str(v) for v in values]
+        columns[name] = values
+    return pa.table(columns) if names else pa.table({})
+
+
+@dataclass
+class Run:
+    """One run's tables, read on demand (nothing is loaded until a table is asked for)."""
+
+    path: Path
+    _arts: RunArtifacts | None = field(default=None, repr=False)
+
+    @property
+    def arts(self) -> RunArtifacts:
+        """The run's artifacts, read once."""
+        if self._arts is None:
+            self._arts = load_artifacts(self.path)
+        return self._arts
+
+    @property
+    def run_id(self) -> str:
+        """The run's id."""
+        return self.arts.run_id
+
+    def _ir(self, sql: str) -> pa.Table:
+        ir = self.path / "ir.duckdb"
+        if not ir.is_file():
+            return pa.table({})
+        con = duckdb.connect(str(ir), read_only=True)
+        try:
+            return con.sql(sql).to_arrow_table()
+        except duckdb.CatalogException:  # a table a partial run never wrote
+            return pa.table({})
+        finally:
+            con.close()
+
+    def _artifact_rows(self, name: str) -> list[dict[str, Any]]:
+        a = self.arts
+        if name == "patterns":
+            return list(a.patterns or [])
+        if name == "groups":
+            return [{k: v for k, v in g.items() if k != "occurrences"} for g in a.groups or []]
+        if name == "occurrences":
+            return [{"group_id": g.get("group_id"), **o} for g in a.groups or [] for o in g.get("occurrences") or []]
+        if name == "weaknesses":
+            return list(a.weaknesses or [])
+        if name == "proposals":
+            return list(a.proposals or [])
+        if name == "validation":
+            return list(validation_by_id(a.validation).values())
+        return list(a.calls or [])
+
+    def table(self, name: str) -> pa.Table:
+        """One table as a ``pyarrow.Table`` (empty when the run has not produced it)."""
+        if name in IR_TABLES:
+            return self._ir(IR_TABLES[name])
+        if name in ARTIFACT_TABLES:
+            return _rows_table(self._artifact_rows(name))
+        raise BadInput(f"no table {name!r}; tables: {', '.join(TABLES)}")
+
+    def tables(self) -> dict[str, pa.Table]:
+        """Every table by name."""
+        return {name: self.table(name) for name in TABLES}
+
+
+@dataclass
+class Runs:
+    """Several runs: each table concatenated across them, with a ``run_id`` column first."""
+
+    runs: list[Run]
+
+    def table(self, name: str) -> pa.Table:
+        """The table of every run, stacked (columns a run lacks are null)."""
+        parts = []
+        for run in self.runs:
+            t = run.table(name)
+            if t.num_columns:
+                if "run_id" in t.column_names:
+                    t = t.rename_columns(["source_run_id" if c == "run_id" else c for c in t.column_names])
+                parts.append(t.add_column(0, "run_id", pa.array([run.run_id] * t.num_rows, pa.string())))
+        if not parts:
+            return pa.table({})
+        return pa.concat_tables(parts, promote_options="permissive")
+
+
+def load_run(path: str | Path) -> Run:
+    """A run directory (``runs/<id>``); BadInput when it is not one."""
+    p = Path(path)
+    run = Run(p)
+    run.arts  # noqa: B018 - read now, so a wrong path fails here with one clear line
+    return run
+
+
+def load_runs(paths: Iterable[str | Path]) -> Runs:
+    """Several run directories at once (for SQL or dataframes across generations)."""
+    return Runs([load_run(p) for p in paths])
+
+
+def export_tables(run_dir: Path, out_dir: Path) -> list[Path]:
+    """Write every table of a run as ``OUT/<table>.parquet`` (atomically, one file per table)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise BadInput(f"--parquet {out_dir} is a file; it must be a directory (new or existing)")
+    run = load_run(run_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, table in run.tables().items():
+        path = out_dir / f"{name}.parquet"
+        tmp = path.with_suffix(".parquet.tmp")
+        pq.write_table(table, tmp)
+        tmp.replace(path)
+        written.append(path)
+    return written

@@ -1,0 +1,147 @@
+"""What Sol reads of a run, loaded once: cells with outcomes, coverage, pattern groups, timelines, the evidence index.
+
+Sol may see outcomes (Luna never does). Both the single call and the map/reduce calls render from
+one :class:`Batch`, so they show the same facts.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from pipeline.core.canonical import read_json
+from pipeline.sol.checks import EvidenceIndex, load_index
+from pipeline.sol.timeline import timeline_lines, timeline_sql
+
+GROUPS_FILE = "pattern-groups.json"
+TIMELINE_BUDGET_CHARS = 400_000  # ~100K tokens; larger batches are trimmed visibly (fit_timelines)
+
+
+def _group_list(raw: Any) -> list[dict[str, Any]]:
+    if isinstance(raw, dict):
+        for key in ("pattern_groups", "groups"):
+            if isinstance(raw.get(key), list):
+                raw = raw[key]
+                break
+    return [g for g in raw if isinstance(g, dict)] if isinstance(raw, list) else []
+
+
+def group_id(group: dict[str, Any]) -> str | None:
+    """The id of a pattern group (the Coordinator's field name, with tolerant fallbacks)."""
+    for key in ("group_id", "pattern_group_id", "id"):
+        if isinstance(group.get(key), str):
+            return str(group[key])
+    return None
+
+
+def group_cells(group: dict[str, Any]) -> set[str]:
+    """The cells a pattern group's occurrences come from."""
+    cells = group.get("cells")
+    if isinstance(cells, list):
+        return {str(c) for c in cells}
+    out: set[str] = set()
+    for key in ("occurrences", "members", "patterns"):
+        for item in group.get(key) or []:
+            if isinstance(item, dict) and item.get("cell_id"):
+                out.add(str(item["cell_id"]))
+    return out
+
+
+def read_groups(run_dir: Path) -> list[dict[str, Any]]:
+    """The Coordinator's pattern groups (empty when the file is absent)."""
+    path = run_dir / GROUPS_FILE
+    return _group_list(read_json(path)) if path.is_file() else []
+
+
+def rows(con: Any, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
+    """Rows of a query as dicts."""
+    cur = con.execute(sql, params or [])
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+def has_table(con: Any, name: str) -> bool:
+    """True when the IR has this table."""
+    row = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchone()
+    return bool(row and row[0])
+
+
+def timeline_budget() -> int:
+    """Characters the timelines may take in Sol's single prompt (env ``LUNASOL_SOL_TIMELINE_CHARS``)."""
+    return int(os.environ.get("LUNASOL_SOL_TIMELINE_CHARS", TIMELINE_BUDGET_CHARS))
+
+
+@dataclass
+class Batch:
+    """Everything Sol is shown, for the whole batch."""
+
+    run_id: str
+    ir_path: Path
+    cells: list[dict[str, Any]]  # every cell of the run, with its outcome
+    coverage: list[dict[str, Any]]
+    groups: list[dict[str, Any]]
+    timeline: dict[str, list[tuple[str, str]]]  # cell -> (detail, line), unfitted
+    index: EvidenceIndex
+    eligible: list[dict[str, Any]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.eligible = [c for c in self.cells if c["eligibility"] == "valid_behavior"]
+
+    @property
+    def by_cell(self) -> dict[str, dict[str, Any]]:
+        """Eligible cells by id."""
+        return {c["cell_id"]: c for c in self.eligible}
+
+    @property
+    def harnesses(self) -> list[str]:
+        """Harnesses of the eligible cells."""
+        return sorted({str(c["harness"]) for c in self.eligible if c["harness"]})
+
+    @property
+    def negatives(self) -> list[str]:
+        """Successful eligible cells (counter-evidence candidates)."""
+        return [c["cell_id"] for c in self.eligible if c["outcome"] == "completed"]
+
+    @property
+    def excluded(self) -> list[dict[str, Any]]:
+        """Cells outside the denominator, with the reason."""
+        return [
+            {"cell_id": c["cell_id"], "reason": c["exclusion_reason"]}
+            for c in self.cells
+            if c["eligibility"] != "valid_behavior"
+        ]
+
+
+def load_batch(run_dir: Path, ir_path: Path) -> Batch:
+    """Read the run's IR and pattern groups once."""
+    groups = read_groups(run_dir)
+    index_groups = {gid: group_cells(g) for g in groups if (gid := group_id(g))}
+    index = load_index(ir_path, index_groups)
+    con = duckdb.connect(str(ir_path), read_only=True)
+    try:
+        cells = rows(
+            con,
+            "SELECT c.cell_id, c.task_id, c.run_id, c.harness, c.eligibility, c.exclusion_reason, "
+            "o.label AS outcome, o.quality, o.completion, o.cost, o.stability "
+            "FROM cells c LEFT JOIN outcomes o USING (cell_id) ORDER BY c.cell_id",
+        )
+        coverage = rows(con, "SELECT * FROM coverage ORDER BY cell_id") if has_table(con, "coverage") else []
+        doc = read_json(run_dir / GROUPS_FILE) if (run_dir / GROUPS_FILE).is_file() else {}
+        if isinstance(doc, dict) and isinstance(doc.get("coverage"), list):
+            coverage = doc["coverage"]  # the Coordinator's coverage carries pattern counts per cell
+        events = rows(con, timeline_sql())
+    finally:
+        con.close()
+    return Batch(
+        run_id=run_dir.name,
+        ir_path=ir_path,
+        cells=cells,
+        coverage=coverage,
+        groups=groups,
+        timeline=timeline_lines(events),
+        index=index,
+    )

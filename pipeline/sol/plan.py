@@ -1,0 +1,143 @@
+"""Sol's plan: one call when the whole batch fits the model's budget, else map calls over partitions + reduce.
+
+The single call's request is rendered and counted whole (messages and output schema) against the
+``sol`` budget (:mod:`pipeline.models.budget`). When it does not fit, the batch is partitioned
+(:mod:`pipeline.sol.partition`) so that every map request fits the ``sol_map`` budget; each map
+request is rendered and counted, and a partition that still overflows is halved. Reduce calls are
+packed the same way over the drafts (:mod:`pipeline.sol.reduce`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.core.errors import Blocked
+from pipeline.core.settings import ModelSettings
+from pipeline.models import render
+from pipeline.models.budget import RoleBudget, chars_per_token, request_tokens, role_budget
+from pipeline.sol.batch import Batch
+from pipeline.sol.cards import ReduceAnswer, SolAnswer
+from pipeline.sol.partition import Chunk, Renderer, map_context, partition, split
+
+ROLE = "sol"
+MAP_ROLE = "sol_map"
+REDUCE_ROLE = "sol_reduce"
+SAFETY = 0.9  # plan pieces at 90% of the room: sizes are measured in characters, then counted
+SAMPLE_CHARS = 60_000
+
+
+@dataclass
+class MapCall:
+    """One planned map call: its partition, its context and its counted size."""
+
+    chunk: Chunk
+    context: dict[str, Any]
+    tokens: int
+
+
+@dataclass
+class SolPlanDraft:
+    """What Sol will do: the single call, or the map calls (reduce calls depend on their answers)."""
+
+    mode: str  # "single" | "map_reduce"
+    budget: RoleBudget
+    single_tokens: int
+    single_context: dict[str, Any] | None = None
+    maps: list[MapCall] = field(default_factory=list)
+    renderer: Renderer | None = None
+    chars_per_token: float = 4.0
+
+    def describe(self) -> str:
+        """One line for output: the plan and its sizes."""
+        if self.mode == "single":
+            return f"one call over the batch ({self.single_tokens:,} tokens; budget {self.budget.input_tokens:,})"
+        tasks = {t for m in self.maps for t in m.chunk.tasks}
+        biggest = max((m.tokens for m in self.maps), default=0)
+        return (
+            f"map/reduce: the single call would be {self.single_tokens:,} tokens (budget "
+            f"{self.budget.input_tokens:,}); {len(self.maps)} map call(s) over {len(tasks)} task family(ies) "
+            f"(largest {biggest:,} tokens), then reduce call(s) over their drafts"
+        )
+
+
+def count(budget: RoleBudget, role: str, context: dict[str, Any], response_model: type[Any]) -> int:
+    """Tokens of the whole request ``role`` would send with ``context``."""
+    return request_tokens(budget, render(role, context).messages, response_model)
+
+
+def _fixed_tokens(budget: RoleBudget, renderer: Renderer) -> int:
+    empty = map_context(renderer, Chunk(call_id="M00", tasks=[], cells=[]), 0)
+    return count(budget, MAP_ROLE, empty, SolAnswer)
+
+
+def plan_maps(renderer: Renderer, settings: ModelSettings, cpt: float) -> list[MapCall]:
+    """Partition the batch so that every map request fits; each request rendered and counted."""
+    budget = role_budget(settings, MAP_ROLE)
+    fixed = _fixed_tokens(budget, renderer)
+    room_tokens = budget.input_tokens - fixed
+    if room_tokens <= 0:
+        raise Blocked(
+            f"the Sol map prompt alone ({fixed:,} tokens) exceeds the budget {budget.input_tokens:,} "
+            f"({budget.limits.describe()})",
+            reason="external_system",
+            unblock="lunasol run BUNDLE --model MODEL_WITH_A_LARGER_CONTEXT --resume",
+        )
+    room_chars = int(room_tokens * cpt * SAFETY)
+    out: list[MapCall] = []
+    todo = partition(renderer, room_chars)
+    while todo:
+        chunk = todo.pop(0)
+        ctx = map_context(renderer, chunk, room_chars)
+        used = len(ctx["cells_text"]) + len(ctx["groups_text"])
+        ctx = map_context(renderer, chunk, max(room_chars - used, 400))  # timelines get what is left
+        tokens = count(budget, MAP_ROLE, ctx, SolAnswer)
+        if budget.fits(tokens):
+            out.append(MapCall(chunk=chunk, context=ctx, tokens=tokens))
+        elif len(chunk.cells) > 1:
+            todo[:0] = split(chunk)
+        else:
+            raise Blocked(
+                f"cell {chunk.cells[0]} alone needs {tokens:,} tokens in a Sol map request, over the budget "
+                f"{budget.input_tokens:,} ({budget.limits.describe()})",
+                reason="external_system",
+                unblock="lunasol run BUNDLE --model MODEL_WITH_A_LARGER_CONTEXT --resume",
+            )
+    # stable, readable ids in partition order (halved chunks renumbered)
+    for i, m in enumerate(out, 1):
+        m.chunk.call_id = f"M{i:02d}"
+        m.context["call_id"] = m.chunk.call_id
+        m.context["request_id"] = f"sol/map/{m.chunk.call_id}"
+    return out
+
+
+def plan_sol(batch: Batch, settings: ModelSettings, single: dict[str, Any]) -> SolPlanDraft:
+    """Decide: the single call (it fits) or map/reduce (with every map request planned)."""
+    budget = role_budget(settings, ROLE)
+    rendered = render(ROLE, single)
+    tokens = request_tokens(budget, rendered.messages, SolAnswer)
+    if budget.fits(tokens):
+        return SolPlanDraft(mode="single", budget=budget, single_tokens=tokens, single_context=single)
+    text = "\n".join(str(m["content"]) for m in rendered.messages)
+    # characters per token of this batch's text, from a sample of the prompt (sizes are planned in characters)
+    cpt = chars_per_token(budget.limits, text[len(text) // 2 : len(text) // 2 + SAMPLE_CHARS])
+    renderer = Renderer(batch)
+    maps = plan_maps(renderer, settings, cpt)
+    return SolPlanDraft(
+        mode="map_reduce",
+        budget=budget,
+        single_tokens=tokens,
+        maps=maps,
+        renderer=renderer,
+        chars_per_token=cpt,
+    )
+
+
+def reduce_budget(settings: ModelSettings) -> RoleBudget:
+    """The budget of one reduce request."""
+    return role_budget(settings, REDUCE_ROLE)
+
+
+def reduce_tokens(budget: RoleBudget, context: dict[str, Any]) -> int:
+    """Tokens of one reduce request."""
+    return count(budget, REDUCE_ROLE, context, ReduceAnswer)

@@ -1,0 +1,116 @@
+"""Sol's controller-level timeline per cell: chosen by event kind and by role, from the bundle itself.
+
+Which events count as controller-level does not depend on one harness's vocabulary:
+
+* every event of a controller-level kind (stage boundaries, state changes, handoffs, obligations,
+  artifacts, errors), whoever wrote it;
+* every event of the harness itself (actors the adapters name ``controller``, ``harness`` or
+  ``system``) except raw tool output;
+* permission and approval requests (a tool or event detail naming permission, approval or consent);
+* messages of every role other than the cell's main worker. The main worker is the actor with the
+  most tool calls in the cell (the agent doing the task); the others are the roles around it that
+  the bundle declares through its logs: operators, checkers, users, other agents. Tool and
+  environment output is never a role's message.
+
+Each event is one compact line with its id (citable), and digests shortened to 8 hex digits.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+TIMELINE_KINDS = ("stage", "state_change", "handoff", "obligation", "artifact", "error")
+CONTROLLER_ACTORS = ("controller", "harness", "system")
+NOT_ROLES = ("tool", "environment")  # actors whose "messages" are output, not a role speaking
+PERMISSION_RE = "permission|approv|consent"
+TIMELINE_TEXT = 200
+LOW_VALUE = frozenset({"stage_started", "handoff", "artifact_written"})
+_DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
+
+
+def _quoted(values: tuple[str, ...]) -> str:
+    return ", ".join(f"'{v}'" for v in values)
+
+
+def timeline_sql(where_cells: str = "TRUE") -> str:
+    """The SQL selecting every eligible cell's controller-level events (``where_cells`` narrows cells)."""
+    return f"""
+WITH tool_actors AS (
+    SELECT cell_id, actor, count(*) AS n FROM events
+    WHERE kind = 'tool_call' AND actor IS NOT NULL GROUP BY cell_id, actor
+), main_worker AS (
+    SELECT cell_id, actor FROM (
+        SELECT cell_id, actor, row_number() OVER (PARTITION BY cell_id ORDER BY n DESC, actor) AS r FROM tool_actors
+    ) WHERE r = 1
+)
+SELECT e.event_id, e.cell_id, e.stage, e.actor, e.kind, e.detail,
+       substr(coalesce(e.text, ''), 1, {TIMELINE_TEXT}) AS text
+FROM events e JOIN cells c USING (cell_id) LEFT JOIN main_worker w USING (cell_id)
+WHERE c.eligibility = 'valid_behavior' AND ({where_cells}) AND (
+    e.kind IN ({_quoted(TIMELINE_KINDS)})
+    OR (lower(coalesce(e.actor, '')) IN ({_quoted(CONTROLLER_ACTORS)}) AND e.kind <> 'tool_result')
+    OR regexp_matches(lower(coalesce(e.tool_name, '') || ' ' || coalesce(e.detail, '')), '{PERMISSION_RE}')
+    OR (e.kind = 'message' AND e.actor IS NOT NULL AND e.actor IS DISTINCT FROM w.actor
+        AND lower(e.actor) NOT IN ({_quoted(NOT_ROLES)}))
+)
+ORDER BY e.cell_id, e.seq
+"""
+
+
+def timeline_lines(events: list[dict[str, Any]]) -> dict[str, list[tuple[str, str]]]:
+    """Per cell, (detail or kind, one compact line) for each selected event, in order."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for e in events:
+        # one compact line per event; digests shortened (8 hex digits are enough to see "unchanged")
+        text = _DIGEST.sub(lambda m: m.group(1)[:8], " ".join(str(e["text"] or "").split()))
+        line = f"{e['event_id']} {e['stage'] or '-'}/{e['actor'] or '-'} {e['detail'] or e['kind']}: {text}"
+        out.setdefault(e["cell_id"], []).append((str(e["detail"] or e["kind"]), line))
+    return out
+
+
+def fit_timelines(lines: dict[str, list[tuple[str, str]]], budget: int) -> tuple[dict[str, list[str]], int]:
+    """Fit per-cell timelines into ``budget`` characters, never silently.
+
+    First the low-value lines (stage started, handoffs, artifacts written) go; then each cell keeps
+    its first and last lines with a marker saying how many were left out in between. Returns the
+    timelines and the number of events omitted. Markers count against the budget too.
+    """
+
+    def size(t: dict[str, list[str]]) -> int:
+        return sum(len(x) + 1 for v in t.values() for x in v)
+
+    full = {c: [ln for _, ln in v] for c, v in lines.items()}
+    if size(full) <= budget:
+        return full, 0
+    kept = {c: [ln for d, ln in v if d not in LOW_VALUE] for c, v in lines.items()}
+    omitted = sum(len(v) for v in lines.values()) - sum(len(v) for v in kept.values())
+    if size(kept) > budget and kept:
+        per_cell = max(budget // len(kept) - 120, 200)  # room for the two marker lines of a cell
+        for c, v in kept.items():
+            if sum(len(x) + 1 for x in v) <= per_cell:
+                continue
+            head: list[str] = []
+            tail: list[str] = []
+            used = 0
+            i, j = 0, len(v) - 1
+            while i <= j:  # alternate from both ends: the start and the end of a cell matter most
+                nxt = v[i] if len(head) <= len(tail) else v[j]
+                if used + len(nxt) + 1 > per_cell:
+                    break
+                used += len(nxt) + 1
+                if len(head) <= len(tail):
+                    head.append(nxt)
+                    i += 1
+                else:
+                    tail.insert(0, nxt)
+                    j -= 1
+            cut = len(v) - len(head) - len(tail)
+            omitted += cut
+            kept[c] = [*head, f"[... {cut} events omitted here to fit the prompt ...]", *tail]
+    if omitted:
+        for c in kept:
+            dropped_low = sum(1 for d, _ in lines[c] if d in LOW_VALUE)
+            if dropped_low:
+                kept[c].insert(0, f"[{dropped_low} stage-start / handoff / artifact lines omitted in this cell]")
+    return kept, omitted

@@ -1,0 +1,260 @@
+"""lunasol report: one self-contained, escaped HTML page whose every cited id shows its frozen raw lines.
+
+The runs are built synthetically (see tests/test_diff.py: a generated bundle with one hostile log
+line, exported to a real IR, plus small hand-written artifacts).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.cli.app import app
+from pipeline.report import render_report, write_report
+from pipeline.report.build import read_page_data
+from pipeline.report.evidence import CONTEXT_LINES
+from tests.diff.test_diff import CONTROLLER_REF, HOSTILE, build_run, hostile_event  # the synthetic run builder
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_run(tmp_path_factory.mktemp("report"))
+
+
+def bundle_lines(run_dir: Path, ref: str) -> list[str]:
+    """The raw lines of a ref, read straight from the bundle's bytes (independently of the report)."""
+    m = re.fullmatch(r"(?P<path>[^#]+)#L(?P<a>\d+)-L(?P<b>\d+)", ref)
+    assert m, ref
+    bundle = (run_dir / json.loads((run_dir / "run.json").read_text())["bundle"]).resolve()
+    raw = (bundle / m["path"]).read_bytes().decode("utf-8").split("\n")
+    return raw[int(m["a"]) - 1 : int(m["b"])]
+
+
+def manifest_sha(run_dir: Path, rel: str) -> str:
+    bundle = (run_dir / json.loads((run_dir / "run.json").read_text())["bundle"]).resolve()
+    files = json.loads((bundle / "manifest.json").read_text())["files"]
+    return next(f["sha256"] for f in files if f["path"] == rel)
+
+
+class _Collect(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[tuple[str, str, str]] = []
+        self.tags: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        for name, value in attrs:
+            if name in ("src", "href", "action", "srcset", "poster", "data") and value is not None:
+                self.urls.append((tag, name, value))
+
+
+def test_report_is_self_contained_and_escaped(run_dir: Path) -> None:
+    html, stats = render_report(run_dir)
+    parser = _Collect()
+    parser.feed(html)
+    # No network or file assets: only in-page anchors and data: URLs.
+    assert all(v.startswith("#") or v.startswith("data:") for _, _, v in parser.urls), parser.urls
+    assert parser.tags.count("script") == 2 and "link" in parser.tags  # the code, the data block; data: favicon
+    assert html.count('<script type="application/json" id="lunasol-data">') == 1
+    assert "default-src 'none'" in html
+    # The hostile log line is text, not markup: in the statement it is escaped, in the data block it is
+    # JSON inside a compressed chunk (and a '<' can never close the data block).
+    assert "<script>window.__pwned" not in html and "<img src=x" not in html
+    assert "<b>bold?</b>" not in html and "&lt;b&gt;bold?&lt;/b&gt;" in html
+    block = re.search(r'id="lunasol-data">(.*?)</script>', html, re.S).group(1)
+    assert "<" not in block
+    data = read_page_data(html)
+    lines = [t for ch in data["chunks"].values() for f in ch.get("lines", {}).values() for t in f.values()]
+    assert any(json.loads(t).get("content") == HOSTILE for t in lines if t.startswith("{"))
+    assert stats["refs"] == 7 and stats["hash_mismatches"] == 0 and stats["unresolved"] == 0
+
+
+def test_report_sections_and_embedded_lines_match_the_bundle(run_dir: Path) -> None:
+    html, _ = render_report(run_dir)
+    for section in ("summary", "weaknesses", "proposals", "prevalence", "cells", "groups", "gates", "calls", "raw"):
+        assert f'<section id="{section}">' in html
+    # Summary first, then the weakness cards; human labels, not field names.
+    assert (
+        html.index('<section id="summary">')
+        < html.index('<section id="weaknesses">')
+        < html.index('<section id="cells">')
+    )
+    assert "gate 1: confirm" in html and "gate 1: reject" in html
+    assert "First divergence" in html and "Attributed to the harness?" in html
+    assert ">first_divergence<" not in html and "harness_attribution" not in html
+    # Each embedded key: its own lines are exactly the bundle's lines of its ref, with context around.
+    data = read_page_data(html)
+    assert len(data["index"]) == 7
+    for anchor, (key, chunk, status) in data["index"].items():
+        entry = data["chunks"][chunk]["refs"][anchor]
+        assert entry["key"] == key and status == "verified"
+        lines = data["chunks"][chunk]["lines"][entry["lines"]]
+        own = [lines[str(n)] for n in range(entry["start"], entry["end"] + 1)]
+        assert own == bundle_lines(run_dir, entry["ref"])
+        lo, hi = max(1, entry["start"] - CONTEXT_LINES), entry["end"] + CONTEXT_LINES
+        everything = bundle_lines(run_dir, f"{entry['path']}#L1-L10000")
+        everything = everything[:-1] if everything and everything[-1] == "" else everything  # the final newline
+        for n in range(lo, min(hi, len(everything)) + 1):
+            assert lines[str(n)] == everything[n - 1]  # context lines are the frozen ones too
+    # Every cell has a timeline in its chunk; cited events are marked.
+    c1 = data["chunks"]["C001"]
+    assert c1["events"] and c1["events"][0][0].startswith("C001-e")
+    assert set(c1["cited"]) <= {r[0] for r in c1["events"]} and c1["cited"]
+
+
+def test_report_reads_the_manifest_once(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One batched pass over refs: the manifest is read once and each raw file once, whatever the ref count.
+    import pipeline.bundle.manifest as manifest_mod
+    import pipeline.ir.refs as refs_mod
+
+    reads: list[str] = []
+    frozen: list[str] = []
+    real_manifest, real_frozen = refs_mod.read_manifest, refs_mod.read_frozen
+    monkeypatch.setattr(refs_mod, "read_manifest", lambda b: reads.append(str(b)) or real_manifest(b))
+    monkeypatch.setattr(refs_mod, "read_frozen", lambda b, r, m: frozen.append(r) or real_frozen(b, r, m))
+    assert manifest_mod is not None
+    _, stats = render_report(run_dir)
+    assert stats["refs"] == 7
+    assert len(reads) == 1
+    assert len(frozen) == len(set(frozen))
+
+
+def test_report_is_deterministic_and_written_atomically(run_dir: Path, tmp_path: Path) -> None:
+    path, stats = write_report(run_dir)
+    assert path == run_dir / "report.html"
+    first = path.read_bytes()
+    assert write_report(run_dir)[0].read_bytes() == first
+    assert stats["bytes"] == len(first)
+    assert not [p for p in run_dir.iterdir() if p.name.endswith(".tmp")]
+    res = CliRunner().invoke(app, ["report", str(run_dir), "-o", str(tmp_path / "r.html")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "r.html").read_bytes() == first
+    assert "7 refs embedded, 0 hash mismatches" in res.output
+
+
+def test_partial_run_renders(run_dir: Path) -> None:
+    partial = run_dir.parent / "partial-report"
+    shutil.copytree(run_dir, partial, ignore=shutil.ignore_patterns("*.json*", "*.yaml", "gates", "report.html"))
+    shutil.copy(run_dir / "run.json", partial / "run.json")
+    html, stats = render_report(partial)
+    assert "No patterns.jsonl" in html and "No weakness shortlist" in html and "No proposals yet" in html
+    assert stats["refs"] == 0
+
+
+def test_blocked_run_shows_the_receipt_and_the_unblock_command(run_dir: Path) -> None:
+    blocked = run_dir.parent / "blocked-report"
+    shutil.copytree(run_dir, blocked, ignore=shutil.ignore_patterns("weakness-shortlist.json", "proposals.yaml"))
+    receipt = {"stage": "sol", "constraint_class": "missing_data", "blocking_constraint": "no recording for <sol>",
+               "requested_unblock": "lunasol run B --record DIR && echo '<x>'", "tried_actions": []}  # fmt: skip
+    (blocked / "block-receipt.json").write_text(json.dumps(receipt))
+    html, _ = render_report(blocked)
+    assert "Blocked at sol" in html and "missing_data" in html
+    assert "lunasol run B --record DIR &amp;&amp; echo &#39;&lt;x&gt;&#39;" in html
+    assert "No weakness shortlist" in html
+
+
+def test_changed_bundle_bytes_are_not_embedded(tmp_path: Path) -> None:
+    run = build_run(tmp_path)
+    target = tmp_path / "bundle" / "cells/C001/controller.jsonl"
+    target.write_bytes(target.read_bytes().replace(b"stage", b"STAGE", 1))
+    html, stats = render_report(run)
+    assert stats["hash_mismatches"] >= 1
+    data = read_page_data(html)
+    _, chunk, status = next(v for v in data["index"].values() if v[0] == "cells/C001/controller.jsonl#L1-L2")
+    assert status == "hash_mismatch"
+    assert "cells/C001/controller.jsonl" not in data["chunks"][chunk]["lines"]
+    assert 'data-key="cells/C001/controller.jsonl#L1-L2" data-status="hash_mismatch"' in html
+
+
+def test_report_bad_run_is_exit_2(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "nope")])
+    assert res.exit_code == 2 and "run directory not found" in res.output
+
+
+@pytest.mark.browser
+def test_report_in_headless_chromium(run_dir: Path, tmp_path: Path) -> None:
+    if not CHROMIUM.exists():
+        pytest.fail("Debian chromium is required: apt-get install -y chromium (.ci/run does it)")
+    from playwright.sync_api import sync_playwright
+
+    page_path, _ = write_report(run_dir, out=tmp_path / "report.html")
+    hostile = hostile_event(run_dir)
+    errors: list[str] = []
+    dialogs: list[str] = []
+    requests: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 900})
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+            page.on("request", lambda r: requests.append(r.url))
+            page.goto(page_path.as_uri())
+            page.wait_for_load_state("load")
+            assert page.title() == f"lunasol report — {run_dir.name}"
+            # Click a ref: its lines and their context are shown beside the text, not over it.
+            for key in (hostile, CONTROLLER_REF):
+                page.locator(f'#weaknesses a.ref:text-is("{key}")').first.click()
+                page.wait_for_selector("#viewer:not([hidden]) .lines")
+                viewer = page.locator("#viewer-body")
+                ref = viewer.locator("code.ref-text").inner_text()
+                cited = viewer.locator(".line.hit .txt").all_inner_texts()
+                assert cited == bundle_lines(run_dir, ref), key
+                numbers = [int(n) for n in viewer.locator(".line .ln").all_inner_texts()]
+                start, end = (int(x) for x in re.findall(r"#L(\d+)-L(\d+)", ref)[0])
+                assert numbers[0] == max(1, start - CONTEXT_LINES) and numbers[-1] >= end  # context before
+                assert viewer.locator(".badge").first.inner_text() == "verified"
+                assert viewer.locator("code.sha").inner_text() == manifest_sha(run_dir, ref.split("#")[0])
+                if key == hostile:  # the hostile line is shown as text, exactly as logged
+                    assert json.loads(cited[0])["content"] == HOSTILE
+            main_box = page.locator("main").bounding_box()
+            side_box = page.locator("#viewer").bounding_box()
+            assert main_box and side_box and main_box["x"] + main_box["width"] <= side_box["x"] + 1  # side by side
+            # A filter changes the visible count.
+            count = page.locator("#cells-count")
+            total = page.locator("#cells-table tbody tr").count()
+            assert count.inner_text() == f"{total} of {total} cells"
+            page.select_option("#f-outcome", "failed")
+            shown = page.locator("#cells-table tbody tr:visible").count()
+            assert 0 < shown < total and count.inner_text() == f"{shown} of {total} cells"
+            page.select_option("#f-outcome", "")
+            # Search finds an event by its text; its result opens the cell's timeline at that event.
+            page.fill("#search", "__pwned = 1")
+            page.locator("#search-status", has_text="match").wait_for()
+            hit = page.locator("#search-results a.cell").first
+            event_id = hit.inner_text()
+            assert event_id == hostile
+            hit.click()
+            page.wait_for_selector(f'#viewer .tl .ev.focus[data-event="{event_id}"]')
+            assert page.locator("#viewer .cellview h3").inner_text().startswith("Cell ")
+            # An in-page link to a pattern group opens its (collapsed) card and builds its occurrences.
+            page.keyboard.press("Escape")
+            page.locator('#weaknesses a.internal:text-is("G-01")').first.click()
+            page.wait_for_selector("#group-G-01[open] table.occ")
+            page.screenshot(path=str(tmp_path / "report.png"), full_page=False)
+            assert page.evaluate("typeof window.__pwned") == "undefined"
+            assert page.locator("#viewer").is_hidden()
+        finally:
+            browser.close()
+    assert errors == [] and dialogs == []
+    assert all(u.startswith(("file:", "data:")) for u in requests), requests
+    assert (tmp_path / "report.png").stat().st_size > 10_000

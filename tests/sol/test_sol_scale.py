@@ -1,0 +1,248 @@
+"""Sol at 10x the demo: a 300-cell synthetic batch, a small declared context, map/reduce through the local server.
+
+The model is a scripted handler of the local OpenAI-compatible server that answers from the prompt's
+content (deterministic): a map call drafts one weakness from the planted pattern group when its
+partition shows failed cells of it; the reduce call merges every draft of that group into one
+weakness and cites the first batch-wide counter-evidence sample it is shown. What is tested is the
+plumbing around the model: every request fits, partitions and drafts, batch-wide counter-evidence,
+the merged support and the plan. A context error is tested through the CLI: no retry, exit 3, and
+an unblock naming ``--context-tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.bundle.synth import write_bundle
+from pipeline.cli.app import app
+from pipeline.coordinator.core import run_coordinator
+from pipeline.core.canonical import read_json
+from pipeline.core.context import RunContext, RunOptions
+from pipeline.ir.export import export
+from pipeline.ir.refs import read_refs
+from pipeline.luna.stage import TABLES_DDL
+from pipeline.models import read_calls
+from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
+from pipeline.sol.stage import mine
+from pipeline.testing.openai_server import FakeOpenAI, Reply, completion_body, request_tokens
+from tests.sol.sol_helpers import make_bundle
+
+CELLS = 300
+CONTEXT = 20_000  # tokens: the whole batch is ~4x that, so Sol must map/reduce
+PLANTED = "obligation:review-gate"
+FAILED_A, FAILED_B = "C005", "C250"  # planted in two task families (two partitions)
+
+
+def _user(request: dict[str, Any]) -> str:
+    return next(m["content"] for m in request["messages"] if m["role"] == "user")
+
+
+def _card(wid: str, cells: list[str], refs: dict[str, str], groups: list[str]) -> dict[str, Any]:
+    return {
+        "weakness_id": wid,
+        "statement": "A review gate obligation is left open when the reviewer finds a blocker upstream.",
+        "first_divergence": {
+            "where": {"stage": "review", "actor": "reviewer", "what": "the blocker is reported, the gate stays open"},
+            "cells": cells[:1],
+            "event_refs": [refs[cells[0]]],
+        },
+        "harness_attribution": {"attributed": True, "why": "only the controller can move work back upstream"},
+        "support": {"cells": cells, "pattern_groups": groups, "event_refs": [refs[c] for c in cells]},
+        "alternative_explanations": ["the task itself is ambiguous about the gate"],
+        "counter_evidence": {"items": [], "none_reason": "none visible in this partition"},
+        "counterfactual_prediction": "runs whose blocker goes back upstream close the gate; if not, this is wrong",
+        "confidence": "medium",
+    }
+
+
+OCC = re.compile(
+    r"^  (?P<occ>\S+-O\d+) (?P<cell>C\d+) \((?P<task>[^,]+), (?P<outcome>[^)]+)\): events (?P<ev>C\d+-e\d+)"
+)
+
+
+def map_answer(text: str) -> dict[str, Any]:
+    """Draft the planted weakness when this partition shows failed cells of the planted group."""
+    lines = text.splitlines()
+    out: list[dict[str, Any]] = []
+    for i, line in enumerate(lines):
+        if f"concerns={PLANTED!r}" not in line:
+            continue
+        gid = line.split()[0]
+        refs: dict[str, str] = {}
+        for occ in lines[i + 1 :]:
+            m = OCC.match(occ)
+            if not m:
+                break
+            if m["outcome"] != "completed":
+                refs[m["cell"]] = m["ev"]
+        if refs:
+            out.append(_card("W-01", sorted(refs), refs, [gid]))
+    return {"weaknesses": out}
+
+
+SAMPLE = re.compile(r"^  \S+-O\d+ (?P<cell>C\d+) \([^)]+\): events (?P<ev>C\d+-e\d+)")
+
+
+def reduce_answer(text: str) -> dict[str, Any]:
+    """Merge every draft into W-01 and cite the first batch-wide counter-evidence sample shown."""
+    drafts = re.findall(r"^### (M\d+\S*/W-\d+) ", text, re.M)
+    if not drafts:
+        return {"weaknesses": []}
+    sample = next((m for line in text.splitlines() if (m := SAMPLE.match(line))), None)
+    assert sample is not None, "the reduce prompt shows no batch-wide counter-evidence sample"
+    div = re.search(r"first divergence: .* - cells (C\d+)[^;]*; refs (C\d+-e\d+)", text)
+    assert div is not None
+    card = _card("W-01", [div[1]], {div[1]: div[2]}, [])
+    del card["support"]
+    card["merges"] = drafts
+    card["counter_evidence"] = {
+        "items": [{"cell": sample["cell"], "refs": [sample["ev"]], "note": "same open gate, yet the run completed"}],
+        "none_reason": None,
+    }
+    return {"weaknesses": [card]}
+
+
+def handler(request: dict[str, Any]) -> Reply:
+    text = _user(request)
+    rid = re.search(r"^request-id: (\S+)", text, re.M)
+    data = reduce_answer(text) if rid and rid[1].startswith("sol/reduce/") else map_answer(text)
+    return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
+
+
+def _outcomes(bundle: Path) -> dict[str, str]:
+    rows = [json.loads(x) for x in (bundle / "sidecar" / "outcomes.jsonl").read_text().splitlines()]
+    return {r["cell_id"]: r["label"] for r in rows}
+
+
+def _plant(bundle: Path, ir: Path) -> str:
+    """Luna's output, written directly (300 Luna calls would only slow the test): noise plus the planted group."""
+    outcomes = _outcomes(bundle)
+    success = next(c for c in sorted(outcomes) if outcomes[c] == "completed" and c > "C100" and c < "C200")
+    for c in (FAILED_A, FAILED_B):
+        outcomes[c] = "workflow_failed"
+    con = duckdb.connect(str(ir))
+    try:
+        for c in (FAILED_A, FAILED_B):
+            con.execute("UPDATE outcomes SET label = 'workflow_failed' WHERE cell_id = ?", [c])
+        con.execute(TABLES_DDL)
+        rng = random.Random(3)
+        events = dict(
+            con.execute("SELECT cell_id, list(event_id ORDER BY seq) FROM events GROUP BY cell_id").fetchall()
+        )
+        rows = []
+        for cell in sorted(events):
+            ev = events[cell]
+            kinds = [(f"target:src/mod{rng.randrange(12)}.py", "repeated_exploration") for _ in range(3)]
+            if cell in (FAILED_A, FAILED_B, success):
+                kinds.append((PLANTED, "omission"))
+            for n, (concerns, ptype) in enumerate(kinds, 1):
+                k = rng.randrange(len(ev) - 2)
+                rows.append([f"{cell}-P{n:02d}", cell, ptype, concerns, "observed", "fits", ev[k : k + 2], "medium",
+                             False, [], "luna", False])  # fmt: skip
+        con.executemany("INSERT INTO patterns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        con.executemany(
+            "INSERT INTO luna_cells VALUES (?, 'ok', 1, 100, 1, ?, NULL, FALSE)",
+            [[c, sum(1 for r in rows if r[1] == c)] for c in events],
+        )
+    finally:
+        con.close()
+    return success
+
+
+@pytest.fixture(scope="module")
+def scaled(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunContext, str]:
+    root = tmp_path_factory.mktemp("scale")
+    bundle = root / "bundle"
+    write_bundle(bundle, cells=CELLS, events_per_cell=16, excluded=2, seed=11, output_chars=40)
+    opts = RunOptions(bundle=bundle, run_id="big", runs_dir=root / "runs")
+    ctx = RunContext(options=opts, run_dir=root / "runs" / "big", log=lambda _m: None)
+    ctx.run_dir.mkdir(parents=True)
+    export(bundle, ctx.run_dir)
+    success = _plant(bundle, ctx.ir_path)
+    run_coordinator(ctx.ir_path, ctx.run_dir)
+    return ctx, success
+
+
+def test_300_cells_map_reduce_under_a_small_context(
+    scaled: tuple[RunContext, str], fake_llm: FakeOpenAI, model_settings: Any
+) -> None:
+    ctx, success = scaled
+    fake_llm.handler = handler
+    fake_llm.context_tokens = CONTEXT
+    ctx.options.models = model_settings(context_tokens=CONTEXT)
+    sl = mine(ctx)
+    # every request fit the declared context: the server refused none
+    assert fake_llm.refused_for_size == 0 and fake_llm.requests
+    assert max(request_tokens(r) for r in fake_llm.requests) <= CONTEXT
+    assert sl.plan is not None and sl.plan.mode == "map_reduce"
+    maps = [c for c in sl.plan.calls if c.role == "sol_map"]
+    reduces = [c for c in sl.plan.calls if c.role == "sol_reduce"]
+    assert len(maps) >= 3 and len(reduces) == 1
+    # which call saw which cells: the map partitions cover the denominator exactly once
+    seen = [c for m in maps for c in m.cells]
+    assert sorted(seen) == sl.denominator.cells and len(sl.denominator.cells) == CELLS
+    part = {c: m.call_id for m in maps for c in m.cells}
+    assert part[FAILED_A] != part[FAILED_B] != part[success] != part[FAILED_A]
+    # the weakness seen in two partitions is found once, with the support of both
+    assert [w.weakness_id for w in sl.weaknesses] == ["W-01"]
+    w = sl.weaknesses[0]
+    assert {FAILED_A, FAILED_B} <= set(w.support.cells)
+    assert sorted(reduces[0].inputs) == sorted(d for m in maps for d in m.outputs) and len(reduces[0].inputs) >= 2
+    # counter-evidence from a successful cell of another partition, found by the batch-wide query
+    cited = [i.cell for i in w.counter_evidence.items]
+    assert cited == [success]
+    assert part[success] not in {part[c] for c in w.support.cells}
+    # every ref of the shortlist resolves to the frozen bytes
+    refs = [
+        *w.support.event_refs,
+        *w.first_divergence.event_refs,
+        *(r for i in w.counter_evidence.items for r in i.refs),
+    ]
+    con = duckdb.connect(str(ctx.ir_path), read_only=True)
+    try:
+        spans = dict(
+            (r[0], f"{r[1]}#L{r[2]}-L{r[3]}")
+            for r in con.execute("SELECT event_id, source_path, line_start, line_end FROM events").fetchall()
+        )
+    finally:
+        con.close()
+    resolved = read_refs(ctx.run_dir, [spans[r] for r in refs])
+    assert len(resolved) == len(set(spans[r] for r in refs))
+    assert read_shortlist(ctx.run_dir / SHORTLIST_FILE).digest == sl.digest
+    assert {c["role"] for c in read_calls(ctx.run_dir)} == {"sol_map", "sol_reduce"}
+
+
+def test_a_context_error_is_not_retried_and_names_the_budget_flag(
+    tmp_path: Path, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = make_bundle(tmp_path)
+
+    def answer(request: dict[str, Any]) -> Reply:
+        sol = request["tools"][0]["function"]["name"] == "SolAnswer"
+        data = {"weaknesses": []} if sol else {"patterns": [], "rejected_candidates": []}
+        return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
+
+    fake_llm.handler = answer
+    fake_llm.context_tokens = 2_500  # Luna's small cells fit; Sol's whole-batch request does not
+    monkeypatch.delenv("LUNASOL_CONTEXT_TOKENS", raising=False)
+    runs = tmp_path / "runs"
+    args = ["run", str(bundle), "--runs-dir", str(runs), "--run-id", "r1", "--model", "openai/test-model"]
+    result = CliRunner().invoke(app, [*args, "--api-base", fake_llm.base_url])
+    assert result.exit_code == 3, result.output
+    sol = [r for r in fake_llm.requests if "request-id: sol" in _user(r)]
+    assert len(sol) == 1 and fake_llm.refused_for_size == 1  # refused once, never retried
+    receipt = read_json(runs / "r1" / "block-receipt.json")
+    unblock = receipt["requested_unblock"]
+    assert "--context-tokens" in unblock and "--context-tokens 2500" in unblock
+    assert unblock.startswith("lunasol run ") and unblock.count("--context-tokens") == 1
+    assert "--context-tokens" in result.output
+    calls = [c for c in read_calls(runs / "r1") if c["role"] == "sol"]
+    assert calls[-1]["outcome"] == "context_exceeded" and calls[-1]["transport_retries"] == 0

@@ -1,0 +1,321 @@
+"""The run ledger: reuse, invalidation cascades, zero-call reruns, one-changed-cell reruns, resume, block receipts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.cli.app import app
+from pipeline.core.canonical import read_json
+from pipeline.core.context import RunOptions
+from pipeline.core.errors import Blocked, NeedsRebase
+from pipeline.core.settings import ModelSettings
+from pipeline.gates import gate1 as gates
+from pipeline.models import read_calls
+from pipeline.run.runner import run
+from pipeline.state import handoff
+from pipeline.state.ledger import CellResults, Ledger, cell_key
+from pipeline.testing.openai_server import FakeOpenAI, Reply, completion_body, server_error
+from tests.sol.sol_helpers import change_cell, make_bundle
+
+# -- unit ----------------------------------------------------------------------------------------------
+
+
+def test_ledger_states_history_and_reasons(tmp_path: Path) -> None:
+    led = Ledger(tmp_path)
+    (tmp_path / "out.json").write_text("{}", encoding="utf-8")
+    assert led.check("a", {"x": "1"}) == (False, "never made")
+    led.mark_pending("a", "a", {"x": "1"})
+    assert led.check("a", {"x": "1"})[0] is False
+    led.mark_verified("a", "a", {"x": "1"}, led.output_digests(["out.json"]))
+    assert led.check("a", {"x": "1"}, ["out.json"]) == (True, "verified")
+    ok, why = led.check("a", {"x": "2"}, ["out.json"])
+    assert not ok and why.startswith("inputs changed: x")
+    (tmp_path / "out.json").write_text('{"edited": 1}', encoding="utf-8")
+    assert led.check("a", {"x": "1"}, ["out.json"]) == (False, "an output was modified outside lunasol")
+    led.invalidate("a", "because I said so")
+    again = Ledger(tmp_path).get("a")  # persisted
+    assert again is not None and again.state == "invalidated" and again.reason == "because I said so"
+    assert again.history[-1].state == "verified"  # the earlier state is kept, not deleted
+
+
+def test_cell_results_are_keyed(tmp_path: Path) -> None:
+    store = CellResults(tmp_path, "luna")
+    k1 = cell_key(cell="sha256:a", template="t", model="m")
+    store.put("C001", k1, {"answers": [1]})
+    assert store.get("C001", k1) == {"answers": [1]}
+    assert store.get("C001", cell_key(cell="sha256:b", template="t", model="m")) is None
+    assert store.get("C002", k1) is None
+
+
+# -- the runner end to end on a tiny bundle, through the local OpenAI-compatible server ----------------
+
+
+def sol_answer() -> dict[str, Any]:
+    return {
+        "weaknesses": [
+            {
+                "weakness_id": "W-01",
+                "statement": "After a reviewer reports a blocker in design, the run re-checks the same source.",
+                "first_divergence": {
+                    "where": {"stage": "review", "actor": "reviewer", "what": "blocker reported"},
+                    "cells": ["C001"],
+                    "event_refs": ["C001-e0002"],
+                },
+                "harness_attribution": {"attributed": True, "why": "the controller offers no route back to design"},
+                "support": {
+                    "cells": ["C001", "C002", "C003"],
+                    "pattern_groups": [],
+                    "event_refs": ["C001-e0002", "C002-e0002", "C003-e0002"],
+                },
+                "alternative_explanations": ["the reviewer model is weak"],
+                "counter_evidence": {"items": [{"cell": "C004", "refs": ["C004-e0002"], "note": "completed"}]},
+                "counterfactual_prediction": "A new run re-checks an unchanged source after a blocker; a source change "
+                "before the re-check refutes it.",
+                "confidence": "medium",
+            }
+        ]
+    }
+
+
+def handler(request: dict[str, Any]) -> Reply:
+    name = request["tools"][0]["function"]["name"] if request.get("tools") else ""
+    data = sol_answer() if name == "SolAnswer" else {"patterns": [], "rejected_candidates": []}
+    return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
+
+
+def calls(run_dir: Path, role: str) -> int:
+    return sum(1 for c in read_calls(run_dir) if c["role"] == role)
+
+
+@pytest.fixture
+def setup(tmp_path: Path, runs_dir: Path, fake_llm: FakeOpenAI, model_settings: Any) -> dict[str, Any]:
+    fake_llm.handler = handler
+    bundle = make_bundle(tmp_path)
+    opts = RunOptions(bundle=bundle, run_id="r1", runs_dir=runs_dir, models=model_settings())
+    return {"bundle": bundle, "opts": opts, "run_dir": runs_dir / "r1", "fake": fake_llm}
+
+
+@pytest.fixture(scope="module")
+def _first_run(tmp_path_factory: pytest.TempPathFactory, _fake_llm_server: FakeOpenAI) -> Path:
+    """One first run (bundle + run r1) for the module; ``ran`` copies it instead of running again."""
+    root = tmp_path_factory.mktemp("ledger-first")
+    _fake_llm_server.reset()
+    _fake_llm_server.handler = handler
+    settings = ModelSettings(model="openai/test-model", api_base=_fake_llm_server.base_url, timeout_s=5.0)
+    run(RunOptions(bundle=make_bundle(root), run_id="r1", runs_dir=root / "runs", models=settings), log=lambda _m: None)
+    _fake_llm_server.reset()
+    return root
+
+
+@pytest.fixture
+def ran(setup: dict[str, Any], _first_run: Path, tmp_path: Path) -> dict[str, Any]:
+    """``setup`` after its first run (a copy of the module's; same depth, so run.json's relative bundle path holds)."""
+    shutil.rmtree(setup["bundle"])
+    shutil.copytree(_first_run, tmp_path, dirs_exist_ok=True)
+    return setup
+
+
+def test_first_run_stops_at_gate_1(setup: dict[str, Any]) -> None:
+    res = run(setup["opts"], log=lambda _m: None)
+    d = setup["run_dir"]
+    assert res.ran == ["export", "probes", "luna", "coordinator", "sol"]
+    assert (calls(d, "luna"), calls(d, "sol")) == (5, 1)
+    h = handoff.load(d)
+    assert h.phase == "rootCausesMined" and h.userRootCauseConfirmation == "pending"
+    led = Ledger(d)
+    assert all(led.get(n).state == "verified" for n, _ in [("export", 0), ("luna", 0), ("sol", 0)])  # type: ignore[union-attr]
+    assert led.get("luna/C003") is not None and led.get("ir/C003") is not None
+    rj = read_json(d / "run.json")
+    assert rj["inputs"]["bundle_digest"].startswith("sha256:") and rj["inputs"]["templates"]["sol"]
+    assert rj["inputs"]["models"]["model"] == "openai/test-model"
+    assert "export" in rj  # what the export stage wrote is kept
+
+
+def test_unchanged_rerun_makes_zero_model_calls(ran: dict[str, Any]) -> None:
+    d = ran["run_dir"]
+    before = (d / "weakness-shortlist.json").read_bytes()
+    n_requests = len(ran["fake"].requests)
+    res = run(ran["opts"], log=lambda _m: None)
+    assert res.ran == [] and res.reused == ["export", "probes", "luna", "coordinator", "sol"]
+    assert len(ran["fake"].requests) == n_requests
+    assert (calls(d, "luna"), calls(d, "sol")) == (5, 1)
+    assert (d / "weakness-shortlist.json").read_bytes() == before
+
+
+def test_one_changed_cell_costs_one_luna_call_and_invalidates_downstream(ran: dict[str, Any]) -> None:
+    d = ran["run_dir"]
+    gates.confirm(d, {"W-01": "confirm"}, by="ana", expected_digest=None, expected_revision=None)
+    old_receipt = d / handoff.load(d).receipts["gate1"]
+    old_digest = handoff.load(d).shortlist_digest
+    change_cell(ran["bundle"], "C002")
+    logs: list[str] = []
+    res = run(ran["opts"], log=logs.append)
+    assert res.ran == ["export", "probes", "luna", "coordinator", "sol"]
+    assert (calls(d, "luna"), calls(d, "sol")) == (6, 2)  # exactly one more Luna call, one more Sol call
+    new_luna = [c for c in read_calls(d) if c["role"] == "luna"][-1]
+    assert new_luna["cell_id"] == "C002"
+    led = Ledger(d)
+    ir2 = led.get("ir/C002")
+    assert ir2 is not None and any(h.reason == "cell C002 IR changed" for h in ir2.history)
+    assert led.get("ir/C001").history == []  # type: ignore[union-attr]  # untouched cells stay as they were
+    luna2 = led.get("luna/C002")
+    assert luna2 is not None and luna2.state == "verified" and luna2.history[-1].state == "invalidated"
+    # the gate-1 decision was made on the old shortlist: invalidated (receipt kept), gate reopened
+    g = led.get("gate1")
+    assert g is not None and g.state == "invalidated" and "upstream export recomputed" in (g.reason or "")
+    assert old_receipt.is_file()
+    assert handoff.load(d).userRootCauseConfirmation == "pending"
+    assert any("invalidated downstream" in line for line in logs)
+    # deciding on the old shortlist now: needs_rebase, saying what changed
+    with pytest.raises(NeedsRebase, match="same weaknesses; other fields changed"):
+        gates.confirm(d, {"W-01": "confirm"}, by="bo", expected_digest=old_digest, expected_revision=None)
+    assert (d / "superseded").is_dir()  # the outputs it replaced are kept
+
+
+def test_blocked_sol_writes_receipt_and_resume_repeats_no_finished_call(setup: dict[str, Any]) -> None:
+    d = setup["run_dir"]
+
+    def sol_down(request: dict[str, Any]) -> Reply:
+        name = request["tools"][0]["function"]["name"] if request.get("tools") else ""
+        return server_error(503) if name == "SolAnswer" else handler(request)
+
+    setup["fake"].handler = sol_down
+    with pytest.raises(Blocked) as exc:
+        run(setup["opts"], log=lambda _m: None)
+    assert "block-receipt.json" in exc.value.one_line() and "--resume" in exc.value.unblock
+    receipt = read_json(d / "block-receipt.json")
+    assert receipt["stage"] == "sol" and receipt["requested_unblock"].endswith("--resume")
+    assert "luna" in receipt["work_kept"]
+    assert Ledger(d).get("sol").state == "pending"  # type: ignore[union-attr]
+    assert "BLOCKED at sol" in CliRunner().invoke(app, ["status", str(d)]).output
+    setup["fake"].handler = handler
+    luna_before = calls(d, "luna")
+    setup["opts"].resume = True
+    res = run(setup["opts"], log=lambda _m: None)
+    assert res.ran == ["sol"]
+    assert calls(d, "luna") == luna_before
+    assert not (d / "block-receipt.json").exists() and list((d / "block-receipts").glob("*.json"))
+
+
+def test_resume_after_a_crash_inside_luna_keeps_finished_cells(setup: dict[str, Any]) -> None:
+    d = setup["run_dir"]
+
+    def c003_down(request: dict[str, Any]) -> Reply:
+        luna = "LunaAnswer" in json.dumps(request.get("tools"))
+        return server_error(503) if luna and "C003" in json.dumps(request.get("messages")) else handler(request)
+
+    setup["fake"].handler = c003_down
+    with pytest.raises(Blocked):
+        run(setup["opts"], log=lambda _m: None)
+    finished = set(CellResults(d, "luna").stored())
+    assert finished == {"C001", "C002", "C004", "C005"}  # every call that finished before the block is kept
+    ok_before = calls(d, "luna")
+    setup["fake"].handler = handler
+    setup["opts"].resume = True
+    run(setup["opts"], log=lambda _m: None)
+    assert calls(d, "luna") == ok_before + 1  # only C003 is asked again
+    assert [c["cell_id"] for c in read_calls(d) if c["role"] == "luna"][-1] == "C003"
+
+
+def test_cli_run_blocked_exits_3_with_one_line(setup: dict[str, Any], tmp_path: Path) -> None:
+    empty = tmp_path / "store"
+    empty.mkdir()
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            str(setup["bundle"]),
+            "--run-id",
+            "r2",
+            "--runs-dir",
+            str(setup["run_dir"].parent),
+            "--replay",
+            str(empty),
+            "--model",
+            "openai/test-model",
+        ],
+    )
+    assert res.exit_code == 3, res.output
+    assert "Traceback" not in res.output
+    receipt = read_json(setup["run_dir"].parent / "r2" / "block-receipt.json")
+    assert "--record" in receipt["requested_unblock"] and "--run-id r2" in receipt["requested_unblock"]
+
+
+def test_cli_dry_run_calls_nothing(setup: dict[str, Any]) -> None:
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            str(setup["bundle"]),
+            "--run-id",
+            "r3",
+            "--runs-dir",
+            str(setup["run_dir"].parent),
+            "--dry-run",
+            "--model",
+            "openai/gpt-4o-mini",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    assert "luna" in res.output and "sol" in res.output and "nothing was called" in res.output
+    assert setup["fake"].requests == []
+    assert not (setup["run_dir"].parent / "r3").exists()
+
+
+def test_resume_refuses_a_changed_bundle(ran: dict[str, Any]) -> None:
+    change_cell(ran["bundle"], "C001")
+    ran["opts"].resume = True
+    from pipeline.core.errors import BadInput
+
+    with pytest.raises(BadInput, match="bundle changed"):
+        run(ran["opts"], log=lambda _m: None)
+    shutil.rmtree(ran["run_dir"])
+
+
+def test_bad_bundle_leaves_no_run_directory(setup: dict[str, Any]) -> None:
+    from pipeline.core.errors import BundleError
+
+    (setup["bundle"] / "cells" / "C001" / "controller.jsonl").write_text("changed\n", encoding="utf-8")  # not re-frozen
+    with pytest.raises(BundleError):
+        run(setup["opts"], log=lambda _m: None)
+    assert not setup["run_dir"].exists()
+
+
+def test_a_second_concurrent_run_is_refused(setup: dict[str, Any]) -> None:
+    from pipeline.core.errors import BadInput
+    from pipeline.run.runner import _exclusive_run
+
+    d = setup["run_dir"]
+    d.mkdir(parents=True)
+    with _exclusive_run(d), pytest.raises(BadInput, match="another lunasol run is working"):
+        run(setup["opts"], log=lambda _m: None)
+
+
+def test_sol_without_a_parseable_answer_blocks_with_what_was_tried(setup: dict[str, Any]) -> None:
+    from pipeline.testing.openai_server import raw_answer
+
+    d = setup["run_dir"]
+
+    def garbage_for_sol(request: dict[str, Any]) -> Reply:
+        name = request["tools"][0]["function"]["name"] if request.get("tools") else ""
+        return raw_answer('{"weaknesses": "not a list"}')(request) if name == "SolAnswer" else handler(request)
+
+    setup["fake"].handler = garbage_for_sol
+    for attempt in (1, 2):
+        res = CliRunner().invoke(app, ["run", str(setup["bundle"]), "--run-id", "r1", "--runs-dir",
+                                       str(d.parent), "--model", "openai/test-model", "--api-base",
+                                       setup["fake"].base_url])  # fmt: skip
+        assert res.exit_code == 3, res.output
+        assert "blocked at sol" in res.output and "Traceback" not in res.output
+        receipt = read_json(d / "block-receipt.json")
+        assert receipt["tried_actions"] and receipt["tried_actions"][0]["outcome"]
+        assert receipt.get("repeats", 1) == attempt  # the same wall twice is called out
+        assert "--model OTHER_MODEL --resume" in receipt["requested_unblock"]
+        assert "--run-id r1" in receipt["requested_unblock"]
+    assert not (d / "weakness-shortlist.json").exists()  # nothing partial kept
