@@ -91,7 +91,8 @@ async def concurrency_bench(
             base = stack.enter_context(server_process(delay_s * 1000))
         run = stack.enter_context(tempfile.TemporaryDirectory())
         client = ModelClient(
-            ModelSettings(model="openai/test-model", api_base=base, concurrency=concurrency), Path(run)
+            ModelSettings(model="openai/test-model", api_base=base, concurrency=concurrency, instructor_mode="tools"),
+            Path(run),
         )
         await _calls(client, concurrency, "warm")  # first calls pay litellm/instructor setup and connections
         walls = []
@@ -121,7 +122,13 @@ async def replay_bench(n: int = 200) -> dict[str, float]:
         store = Path(tmp) / "store"
         with FakeOpenAI(auto_answer) as srv:
             rec = ModelClient(
-                ModelSettings(model="openai/test-model", api_base=srv.base_url, mode="record", store=store),
+                ModelSettings(
+                    model="openai/test-model",
+                    api_base=srv.base_url,
+                    mode="record",
+                    store=store,
+                    instructor_mode="tools",
+                ),
                 Path(tmp) / "rec",
             )
             await _calls(rec, n)

@@ -90,14 +90,18 @@ def run_scaled(work: Path, cells: int, *, log: Any = print) -> Path:
     def handle(request: dict[str, Any]) -> Reply:
         name = answer_name(request)
         if name is None:
-            return Reply(status=400, body={"error": {"message": "no request-id line"}})
+            return Reply(status=400, body={"error": {"message": "no router matched this request"}})
         return Reply(body=completion_body(request, tool_arguments=json.dumps(_answer_for(source, name))))
 
     with FakeOpenAI(handle) as server:
         # One Sol call over the whole batch, answered with the demo's hand-written shortlist: these runs
         # measure what comes after Sol (the report); Sol's map/reduce has its own benchmark (bench/sol_sizes.py).
         settings = ModelSettings.from_env(
-            model=MODEL, api_base=server.base_url, concurrency=8, context_tokens=SINGLE_CALL_CONTEXT
+            model=MODEL,
+            api_base=server.base_url,
+            concurrency=8,
+            context_tokens=SINGLE_CALL_CONTEXT,
+            instructor_mode="tools",
         )
         opts = RunOptions(bundle=bundle, run_id=f"scale-{cells}", runs_dir=work / "runs", models=settings)
         result = run(opts, log=log)

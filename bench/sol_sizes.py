@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from fixtures.record_demo import answer_name  # noqa: E402
 from pipeline.bundle.manifest import freeze  # noqa: E402
 from pipeline.core.canonical import read_json, write_json  # noqa: E402
 from pipeline.core.context import RunOptions  # noqa: E402
@@ -33,7 +33,6 @@ from pipeline.testing.openai_server import FakeOpenAI, Reply, completion_body, r
 
 DEMO = ROOT / "fixtures" / "bundles" / "h0-demo"
 ANSWERS = ROOT / "fixtures" / "answers" / "h0-demo" / "luna"
-RID = re.compile(r"^request-id: (\S+)", re.M)
 
 
 def clone(dest: Path, n: int) -> dict[str, str]:
@@ -64,9 +63,8 @@ def clone(dest: Path, n: int) -> dict[str, str]:
 
 
 def _rid(request: dict[str, Any]) -> str:
-    user = next((m["content"] for m in request["messages"] if m["role"] == "user"), "") or ""
-    found = RID.search(user)
-    return found[1] if found else ""
+    # routed by what the prompt names (fixtures/record_demo.py), never by a line added for routing
+    return answer_name(request) or ""
 
 
 def handler(origin: dict[str, str]) -> Any:
@@ -77,7 +75,11 @@ def handler(origin: dict[str, str]) -> Any:
             cell, _, part = name[5:].partition(".")
             orig = origin[cell]
             path = ANSWERS / (f"{orig}.{part}.json" if part else f"{orig}.json")
-            text = path.read_text(encoding="utf-8") if path.is_file() else '{"patterns": [], "rejected_candidates": []}'
+            text = (
+                path.read_text(encoding="utf-8")
+                if path.is_file()
+                else '{"patterns": [], "rejected_candidates": [], "none_reason": "none"}'
+            )
             data = json.loads(text.replace(f"{orig}-", f"{cell}-"))
         return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
 
@@ -89,7 +91,9 @@ def measure(n: int, context: int, work: Path) -> dict[str, Any]:
     bundle = work / f"b{n}"
     origin = clone(bundle, n)
     with FakeOpenAI(handler(origin), context_tokens=context) as server:
-        settings = ModelSettings(model="openai/fixture-model", api_base=server.base_url, context_tokens=context)
+        settings = ModelSettings(
+            model="openai/fixture-model", api_base=server.base_url, context_tokens=context, instructor_mode="tools"
+        )
         opts = RunOptions(bundle=bundle, run_id=f"r{n}", runs_dir=work / "runs", models=settings)
         started = time.process_time()
         run(opts, log=lambda _m: None)

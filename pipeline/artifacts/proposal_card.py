@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 # Non-empty text: whitespace-only counts as empty. Strict: YAML numbers are not text.
 Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, strict=True)]
@@ -86,15 +86,25 @@ class ProposalCard(_Strict):
 
 
 class ProposalList(BaseModel):
-    """What the proposer returns for one weakness: zero or more cards."""
+    """What the proposer returns for one weakness: zero or more cards.
+
+    ``proposals`` is required and zero cards need a ``note``, so an empty answer (``{}``) is invalid
+    and "no card" is always an explicit, reasoned answer.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    proposals: list[ProposalCard] = Field(default_factory=list)
+    proposals: list[ProposalCard] = Field(description="0..N cards; [] only with a note saying why")
     note: str | None = Field(
         default=None,
-        description="when no card is proposed: why no clear single-lever strategy follows from the evidence",
+        description="required when no card is proposed: why no clear single-lever strategy follows from the evidence",
     )
+
+    @model_validator(mode="after")
+    def _no_card_is_explained(self) -> ProposalList:
+        if not self.proposals and not (self.note or "").strip():
+            raise ValueError("proposals is empty but note is missing: say why no single-lever strategy follows")
+        return self
 
 
 def card_json_schema() -> dict[str, Any]:

@@ -45,6 +45,8 @@ class ModelInputs(BaseModel):
     max_reasks: int | None = None
     concurrency: int | None = None
     budget_usd: float | None = None
+    instructor_mode: str | None = Field(default=None, description="tools, json_schema, json, md_json (None: auto)")
+    max_tokens: int | None = Field(default=None, description="answer bound for every role (None: per-role default)")
     context_tokens: int | None = Field(default=None, description="--context-tokens / LUNASOL_CONTEXT_TOKENS")
 
 
@@ -105,3 +107,16 @@ def run_command(run_dir: Path, *, resume: bool = True) -> str:
     if resume:
         parts.append("--resume")
     return shlex.join(parts)
+
+
+def analysis_run_id(run_dir: Path) -> str:
+    """The analysis run id frozen in the bundle's request (run.json ``analysis_run_id``, written by export).
+
+    Prompts and artifacts name this id, never the run directory: the folder is the user's choice
+    (``--run-id``, ``--runs-dir``) and must not change a replay key or an artifact's bytes. A run
+    without one (an IR made elsewhere) falls back to the directory name.
+    """
+    path = Path(run_dir) / "run.json"
+    raw = read_json(path) if path.is_file() else None
+    value = raw.get("analysis_run_id") if isinstance(raw, dict) else None
+    return value if isinstance(value, str) and value else Path(run_dir).name

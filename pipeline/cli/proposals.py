@@ -51,6 +51,15 @@ def propose(
     record: Path | None = typer.Option(None, "--record", help="Call live and store every exchange here."),
     concurrency: int | None = typer.Option(None, "--concurrency", help="Concurrent model calls."),
     budget_usd: float | None = typer.Option(None, "--budget-usd", help="Stop cleanly past this spend."),
+    timeout: float | None = typer.Option(
+        None, "--timeout", help="Seconds per HTTP request (default 120; env LUNASOL_TIMEOUT_S)."
+    ),
+    max_tokens: int | None = typer.Option(
+        None, "--max-tokens", help="Answer bound for every role (0: send none; env LUNASOL_MAX_TOKENS)."
+    ),
+    instructor_mode: str | None = typer.Option(
+        None, "--mode", help="tools | json_schema | json | md_json (default: from the provider's capabilities)."
+    ),
     context_tokens: int | None = typer.Option(
         None,
         "--context-tokens",
@@ -75,6 +84,9 @@ def propose(
         store=replay or record,
         concurrency=concurrency,
         budget_usd=budget_usd,
+        timeout_s=timeout,
+        max_tokens=max_tokens,
+        instructor_mode=instructor_mode,
         context_tokens=context_tokens,
     )
     check_store(settings)

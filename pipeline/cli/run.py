@@ -33,6 +33,15 @@ def register(app: typer.Typer) -> None:
         concurrency: int | None = typer.Option(None, "--concurrency", help="Concurrent model calls (default 8)."),
         budget_usd: float | None = typer.Option(None, "--budget-usd", help="Stop cleanly past this spend."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Estimate calls, tokens and cost; call nothing."),
+        timeout: float | None = typer.Option(
+            None, "--timeout", help="Seconds per HTTP request (default 120; env LUNASOL_TIMEOUT_S)."
+        ),
+        max_tokens: int | None = typer.Option(
+            None, "--max-tokens", help="Answer bound for every role (0: send none; env LUNASOL_MAX_TOKENS)."
+        ),
+        instructor_mode: str | None = typer.Option(
+            None, "--mode", help="tools | json_schema | json | md_json (default: from the provider's capabilities)."
+        ),
         context_tokens: int | None = typer.Option(
             None,
             "--context-tokens",
@@ -56,6 +65,9 @@ def register(app: typer.Typer) -> None:
             store=replay or record,
             concurrency=concurrency,
             budget_usd=budget_usd,
+            timeout_s=timeout,
+            max_tokens=max_tokens,
+            instructor_mode=instructor_mode,
             context_tokens=context_tokens,
         )
         check_store(settings)

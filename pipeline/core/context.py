@@ -32,6 +32,8 @@ class RunContext:
     options: RunOptions
     run_dir: Path
     log: Callable[[str], None] = print
+    incomplete: list[str] = field(default_factory=list)
+    """Why the running stage cannot be verified yet (e.g. cells that failed): the runner leaves it pending."""
 
     @property
     def bundle(self) -> Path:

@@ -14,6 +14,12 @@ from pipeline.core import config
 from pipeline.core.errors import BadInput
 
 Mode = Literal["live", "record", "replay"]
+InstructorMode = Literal["tools", "json_schema", "json", "md_json"]
+
+ROLE_MAX_TOKENS: dict[str, int] = {"luna": 4096, "sol": 8192, "proposer": 4096}
+"""Default ``max_tokens`` per role: a bound a CPU server can finish (never unbounded); ``--max-tokens`` overrides."""
+DEFAULT_MAX_TOKENS = 2048  # any other role (tests, new roles)
+FLAGS = {"timeout_s": "--timeout", "instructor_mode": "--mode"}  # fields whose flag is not --<field>
 
 
 class ModelSettings(BaseModel):
@@ -34,7 +40,16 @@ class ModelSettings(BaseModel):
     temperature: float = 0.0
     max_reasks: int = Field(default=2, ge=0, description="validation re-asks after the first answer")
     transport_retries: int = Field(default=4, ge=0, description="retries of rate limits, timeouts, 5xx")
-    timeout_s: float = Field(default=120.0, gt=0)
+    timeout_s: float = Field(default=120.0, gt=0, description="per HTTP request (--timeout, LUNASOL_TIMEOUT_S)")
+    max_tokens: int | None = Field(
+        default=None, ge=0, description="answer bound for every role (None: per-role default; 0: send none)"
+    )
+    instructor_mode: InstructorMode | None = Field(
+        default=None, description="how the answer is asked for; None: from the provider's capabilities (or the store)"
+    )
+    max_consecutive_failures: int = Field(
+        default=3, ge=1, description="cells failing on transport in a row before the run blocks (provider down)"
+    )
 
     @classmethod
     def from_env(cls, **overrides: object) -> ModelSettings:
@@ -51,7 +66,7 @@ class ModelSettings(BaseModel):
         source.update(env_source)
         given = {k: v for k, v in overrides.items() if v is not None}
         merged.update(given)
-        source.update({k: "--" + k.replace("_", "-") for k in given})
+        source.update({k: FLAGS.get(k, "--" + k.replace("_", "-")) for k in given})
         try:
             settings = cls.model_validate(merged)
         except ValidationError as exc:
@@ -67,6 +82,12 @@ class ModelSettings(BaseModel):
     def effective_mode(self) -> Mode:
         """Live when a model is given and no mode was chosen."""
         return self.mode or "live"
+
+    def max_tokens_for(self, role: str) -> int | None:
+        """``max_tokens`` sent for a role (None: send none)."""
+        if self.max_tokens is not None:
+            return self.max_tokens or None
+        return ROLE_MAX_TOKENS.get(role, DEFAULT_MAX_TOKENS)
 
 
 def _check_consistent(settings: ModelSettings, source: dict[str, str]) -> None:

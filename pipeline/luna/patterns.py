@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.probes.core import PatternType, ProbeHit, normalise_key
@@ -58,12 +58,31 @@ class CandidateRejection(BaseModel):
 
 
 class LunaAnswer(BaseModel):
-    """Luna's whole answer for one cell (or one part of a split cell)."""
+    """Luna's whole answer for one cell (or one part of a split cell).
+
+    Every field that says something is required, so an answer like ``{}`` is invalid (re-asked), and
+    "nothing found" is an explicit statement: an empty ``patterns`` list needs a ``none_reason``.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    patterns: list[LunaPattern] = Field(default_factory=list)
-    rejected_candidates: list[CandidateRejection] = Field(default_factory=list)
+    patterns: list[LunaPattern] = Field(description="the patterns this log shows; [] only with a none_reason")
+    rejected_candidates: list[CandidateRejection] = Field(
+        description="every probe candidate not confirmed by a pattern, with what you observed; [] when none"
+    )
+    none_reason: str | None = Field(
+        default=None,
+        description="required when patterns is empty: what in the log shows none of the three patterns",
+    )
+
+    @model_validator(mode="after")
+    def _nothing_found_is_said(self) -> LunaAnswer:
+        if not self.patterns and not (self.none_reason or "").strip():
+            raise ValueError(
+                "patterns is empty but none_reason is missing: say what in the log shows none of the three "
+                "patterns, or report the patterns you see"
+            )
+        return self
 
 
 class Pattern(BaseModel):

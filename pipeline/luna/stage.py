@@ -106,9 +106,7 @@ def _task_summaries(bundle: Path) -> dict[str, str]:
 
 def part_context(cell: CellIR, part: Part, task_summary: str) -> dict[str, Any]:
     """The template context of one Luna call (pure data; the outcome is never part of it)."""
-    name = cell.cell_id if part.total == 1 else f"{cell.cell_id}.part{part.index}of{part.total}"
     return {
-        "answer_name": name,
         "cell_id": cell.cell_id,
         "task_id": cell.task_id,
         "task_summary": task_summary,
@@ -180,6 +178,7 @@ async def _call_part(client: ModelClient, cell: CellIR, part: Part, context: dic
         context=context,
         response_model=LunaAnswer,
         check=check,
+        soft_fail=True,  # one cell's timeouts or empty answers fail that cell, not the run
     )
 
 
@@ -301,6 +300,8 @@ def stage(ctx: RunContext) -> str:
     overruled = sum(len(r.merged.conflicts) for r in results)
     for r in failed:
         ctx.log(f"[luna] cell {r.cell_id} FAILED after {r.attempts} attempts: {r.reason}")
+    if failed:
+        ctx.incomplete.append(f"{len(failed)} cell(s) failed ({', '.join(r.cell_id for r in failed)})")
     bits = [f"{len(patterns)} patterns from {len(results) - len(failed)}/{len(results)} cells"]
     if split:
         bits.append(f"{len(split)} split ({', '.join(r.cell_id for r in split)})")

@@ -11,8 +11,9 @@ Heavy libraries (litellm, instructor) are imported inside functions, so importin
 package stays cheap and never touches the network.
 """
 
+from pipeline.models.accounting import Usage
 from pipeline.models.calllog import CallLog, format_summary, read_calls, summarise
-from pipeline.models.client import CallOutcome, ModelClient, Usage
+from pipeline.models.client import CallOutcome, ModelClient
 from pipeline.models.errors import BudgetExceeded, ModelUnavailable, PromptError, ReplayMiss
 from pipeline.models.estimate import Estimate, PlannedCall, estimate, format_estimate
 from pipeline.models.progress import gather_bounded

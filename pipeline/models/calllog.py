@@ -36,7 +36,10 @@ class CallRow(BaseModel):
     latency_ms: float
     attempts: int
     transport_retries: int
-    outcome: str = Field(description="ok, invalid, check_failed, cancelled, error, or the error's kind")
+    outcome: str = Field(
+        description="ok, invalid, check_failed, cancelled, interrupted, error, or the error's kind "
+        "(replay_miss, budget_exceeded, model_unavailable, model_refused)"
+    )
     errors: list[Any] = Field(default_factory=list, description="what went wrong, per attempt")
 
 

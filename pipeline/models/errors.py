@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.core.errors import BadInput, Blocked
+from pipeline.core.errors import BadInput, Blocked, LunasolError
 
 
 class PromptError(BadInput):
@@ -76,6 +76,29 @@ class ModelUnavailable(Blocked):
     """
 
     kind = "model_unavailable"
+
+
+class ModelRefused(BadInput):
+    """The provider refused the request for a reason retrying cannot fix: key, model name, request shape.
+
+    Exit 2 (a configuration error), never retried; ``reason`` is ``credential``, ``not_found`` or
+    ``bad_request``. The message says what to change, not to repeat the same command.
+    """
+
+    kind = "model_refused"
+
+    def __init__(self, message: str, *, reason: str, **data: Any) -> None:
+        super().__init__(message, reason=reason, **data)
+        self.reason = reason
+
+
+class EmptyAnswer(LunasolError):
+    """A 200 that says nothing: no choices, or a message with neither a tool call nor content.
+
+    Transient: retried like a 5xx (real proxies and overloaded local servers send these).
+    """
+
+    kind = "empty_answer"
 
 
 class ContextExceeded(Blocked):

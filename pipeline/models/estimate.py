@@ -7,7 +7,6 @@ completion function that captures its kwargs and stops (no network, no model).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,8 +15,9 @@ from pydantic import BaseModel
 from pipeline.core import offline
 from pipeline.core.settings import ModelSettings
 from pipeline.models.budget import ASSUMED_MODEL, ESTIMATE_FACTOR, model_limits, role_budget
-from pipeline.models.client import INSTRUCTOR_MODES
+from pipeline.models.modes import INSTRUCTOR_MODES, resolve_mode
 from pipeline.models.prompts import render
+from pipeline.models.store import RecordingStore
 from pipeline.models.transport import load_litellm, quiet_instructor
 
 DEFAULT_OUTPUT_TOKENS = 800
@@ -125,14 +125,15 @@ def _capture(**kwargs: Any) -> Any:
     raise _Captured(kwargs)
 
 
-def instructor_request(messages: list[dict[str, Any]], response_model: type[BaseModel]) -> dict[str, Any]:
+def instructor_request(
+    messages: list[dict[str, Any]], response_model: type[BaseModel], imode: str = "tools"
+) -> dict[str, Any]:
     """The kwargs instructor would hand to litellm for these messages (schema, tools, system text added)."""
     offline.apply()  # instructor may import litellm: switches first
     import instructor
 
     quiet_instructor()  # the deliberate stop below would be logged as a failed attempt
 
-    imode = os.environ.get("LUNASOL_INSTRUCTOR_MODE", "tools").lower()
     client: Any = instructor.from_litellm(_capture, mode=getattr(instructor.Mode, INSTRUCTOR_MODES.get(imode, "TOOLS")))
     try:
         client.chat.completions.create(response_model=response_model, messages=messages, max_retries=0)
@@ -170,9 +171,11 @@ def estimate(planned: list[PlannedCall], settings: ModelSettings) -> Estimate:
     limits = model_limits(settings)
     est = Estimate(model=model, model_assumed=settings.model is None, context=limits.describe())
     by_role: dict[str, RoleEstimate] = {}
+    store = RecordingStore(settings.store, "replay") if settings.store and settings.mode == "replay" else None
+    imode = resolve_mode(settings, model, store)
     for call in planned:
         rendered = render(call.role, call.context)
-        request = instructor_request(rendered.messages, call.response_model)
+        request = instructor_request(rendered.messages, call.response_model, imode)
         prompt_tokens = _count(model, request)
         r = by_role.get(call.role)
         if r is None:

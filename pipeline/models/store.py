@@ -103,11 +103,16 @@ class RecordingStore:
         self._lock = threading.Lock()
         self.written: set[str] = set()  # keys recorded by this store object (this run)
         self.served: set[str] = set()  # keys answered from disk
+        self._scanned: tuple[frozenset[str], frozenset[str]] | None = None
 
     def path_for(self, key: str) -> Path:
         """File of one exchange."""
         hexpart = key.split(":", 1)[-1]
         return self.root / hexpart[:2] / f"{hexpart}.json"
+
+    def has(self, key: str) -> bool:
+        """Whether an exchange for ``key`` is on disk (recorded by this run or an earlier one)."""
+        return self.path_for(key).is_file()
 
     def load(self, key: str) -> dict[str, Any] | None:
         """The stored exchange for ``key``, or None."""
@@ -139,12 +144,28 @@ class RecordingStore:
 
     def models(self) -> set[str]:
         """Model strings found in the recordings."""
-        out = set()
-        for key in self.keys():
-            rec = read_json(self.path_for(key))
-            if isinstance(rec, dict) and rec.get("model"):
-                out.add(str(rec["model"]))
-        return out
+        return set(self._summary()[0])
+
+    def instructor_modes(self) -> set[str]:
+        """Instructor modes found in the recordings' requests."""
+        return set(self._summary()[1])
+
+    def _summary(self) -> tuple[frozenset[str], frozenset[str]]:
+        # One pass over the files, kept: a replay asks for both before its first call.
+        if self._scanned is None:
+            models: set[str] = set()
+            modes: set[str] = set()
+            for key in self.keys():
+                rec = read_json(self.path_for(key))
+                if not isinstance(rec, dict):
+                    continue
+                if rec.get("model"):
+                    models.add(str(rec["model"]))
+                mode = (rec.get("request") or {}).get("instructor_mode")
+                if isinstance(mode, str):
+                    modes.add(mode)
+            self._scanned = (frozenset(models), frozenset(modes))
+        return self._scanned
 
 
 def make_record(
@@ -186,20 +207,27 @@ def check_record(record: Any, path: Path) -> dict[str, Any]:
 
 
 def resolve_settings(settings: Any) -> Any:
-    """Settings with ``model`` filled from a replay store when none was given (one model recorded).
+    """Settings with ``model`` (and the instructor mode) filled from a replay store when not given.
 
     Call it once before the stages run, so every artifact that names the model names the same one
     in a recording run and in its replay (``--replay DIR`` alone is then enough).
     """
-    if settings.model or settings.effective_mode() != "replay" or settings.store is None:
+    if (settings.model and settings.instructor_mode) or settings.effective_mode() != "replay" or not settings.store:
         return settings
     store = RecordingStore(Path(settings.store), "replay")
     if not store.root.is_dir():
         raise BadInput(f"replay store not found: {settings.store}")
+    update: dict[str, Any] = {}
     models = store.models()
-    if len(models) > 1:
-        raise BadInput(f"replay store holds several models ({', '.join(sorted(models))}); pass --model")
-    return settings.model_copy(update={"model": next(iter(models))}) if models else settings
+    if not settings.model:
+        if len(models) > 1:
+            raise BadInput(f"replay store holds several models ({', '.join(sorted(models))}); pass --model")
+        if models:
+            update["model"] = next(iter(models))
+    modes = store.instructor_modes()
+    if not settings.instructor_mode and len(modes) == 1:
+        update["instructor_mode"] = next(iter(modes))
+    return settings.model_copy(update=update) if update else settings
 
 
 def check_store(settings: ModelSettings) -> None:

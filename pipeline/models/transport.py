@@ -9,6 +9,7 @@ from typing import Any
 
 from pipeline.core import offline
 from pipeline.core.errors import LunasolError
+from pipeline.models.errors import ModelRefused
 
 
 def load_litellm() -> Any:
@@ -87,6 +88,41 @@ def reason_for(exc: BaseException) -> str:
         if isinstance(t, type)
     )
     return "credential" if refused and isinstance(exc, refused) else "external_system"
+
+
+def _types(litellm: Any, *names: str) -> tuple[type[BaseException], ...]:
+    return tuple(t for n in names if isinstance(t := getattr(litellm, n, None), type))
+
+
+def refusal(exc: BaseException, model: str, api_base: str | None) -> ModelRefused | None:
+    """A provider error that retrying cannot fix, as one actionable line (None for anything else).
+
+    Authentication and permission (401/403), an unknown model (404) and a bad request (400) are
+    configuration errors; a context-window overflow is not one of them (the prompt is too long for
+    this model, which the context budget handles).
+    """
+    litellm = load_litellm()
+    if isinstance(exc, _types(litellm, "ContextWindowExceededError")):
+        return None
+    where = f" at {api_base}" if api_base else ""
+    if isinstance(exc, _types(litellm, "AuthenticationError", "PermissionDeniedError")):
+        return ModelRefused(
+            f"the provider refused the key for {model}{where} ({describe(exc)}); set a valid key in the provider's "
+            "env var (e.g. OPENAI_API_KEY), or point --api-base at a server that needs none",
+            reason="credential",
+        )
+    if isinstance(exc, _types(litellm, "NotFoundError")):
+        return ModelRefused(
+            f"model {model} was not found{where} ({describe(exc)}); pass a --model the provider serves",
+            reason="not_found",
+        )
+    if isinstance(exc, _types(litellm, "BadRequestError", "UnprocessableEntityError", "UnsupportedParamsError")):
+        return ModelRefused(
+            f"the provider rejected the request for {model}{where} as invalid ({describe(exc)}); a server without "
+            "tool calls or JSON schemas needs --mode json, one without max_tokens --max-tokens 0",
+            reason="bad_request",
+        )
+    return None
 
 
 def describe(exc: BaseException) -> str:

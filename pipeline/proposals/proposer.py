@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.artifacts.proposal_card import ProposalCard, ProposalList
 from pipeline.artifacts.proposals_file import write_cards
+from pipeline.artifacts.run_info import analysis_run_id
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.canonical import pretty_json, read_json, sha256_file, write_json
 from pipeline.core.errors import BadInput, Blocked
@@ -36,6 +37,7 @@ from pipeline.gates.gate1 import confirmed_weaknesses
 from pipeline.models import ModelClient, render, template_hash
 from pipeline.models.budget import request_tokens, role_budget
 from pipeline.models.errors import ContextExceeded
+from pipeline.models.preflight import preflight
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 from pipeline.state import handoff
 from pipeline.state.blocking import write_block_receipt
@@ -184,8 +186,7 @@ def build_context(
     card = weakness.model_dump(mode="json")
     cited = [groups[g] for g in weakness.support.pattern_groups if g in groups]
     return {
-        "request_id": f"{ROLE}/{weakness.weakness_id}",
-        "run_id": run_dir.name,
+        "run_id": analysis_run_id(run_dir),
         "parent_harness": facts.parent_harness or "unknown",
         "weakness_id": weakness.weakness_id,
         "decision": str(decision.get("decision")),
@@ -385,7 +386,7 @@ def assemble(
         )
     validation = {
         "schema_version": VALIDATION_SCHEMA_VERSION,
-        "run_id": run_dir.name,
+        "run_id": analysis_run_id(run_dir),
         "shortlist_digest": facts.shortlist_digest,
         "weaknesses": weaknesses_out,
         "cards": cards_out,
@@ -421,6 +422,7 @@ def propose(run_dir: Path, settings: ModelSettings, log: Callable[[str], None] =
     except Blocked as exc:
         raise _without_gate1(run_dir, exc) from None
     facts = load_run_facts(run_dir)
+    preflight(settings)  # a missing key or unknown model: one line, exit 2, before any call
     try:
         results = asyncio.run(_propose_all(run_dir, settings, facts, confirmed, log))
     except Blocked as exc:

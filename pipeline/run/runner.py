@@ -40,6 +40,7 @@ from pipeline.ir.schema import IR_SCHEMA_VERSION
 from pipeline.luna.stage import plan as luna_plan
 from pipeline.luna.stage import stage as luna_run
 from pipeline.models import ROLES, PlannedCall, estimate, format_estimate, template_hash
+from pipeline.models.preflight import preflight
 from pipeline.models.store import resolve_settings
 from pipeline.run.index import RUN_LOCK  # the lock file `lunasol runs` checks to tell running from interrupted
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
@@ -81,6 +82,7 @@ STAGE_EXTRA_TEMPLATES: dict[str, tuple[str, ...]] = {"sol": ("sol_map", "sol_red
 # Stages that call a model: their inputs include the role's template hash and the model.
 STAGE_ROLES: dict[str, str] = {"luna": "luna", "sol": "sol"}
 
+INCOMPLETE = "incomplete: "  # ledger reason of a stage that finished with failed items
 MANIFEST = "manifest.json"
 REQUEST = "analysis-request.json"
 SUPERSEDED_DIR = "superseded"
@@ -94,6 +96,7 @@ class RunResult:
     ran: list[str] = field(default_factory=list)
     reused: list[str] = field(default_factory=list)
     estimate: Any = None
+    pending: list[str] = field(default_factory=list)  # stages left pending, with why (failed cells)
 
 
 # -- inputs and fingerprints ---------------------------------------------------------------------
@@ -144,6 +147,8 @@ def model_inputs(settings: ModelSettings) -> dict[str, Any]:
         "max_reasks": settings.max_reasks,
         "concurrency": settings.concurrency,
         "budget_usd": settings.budget_usd,
+        "instructor_mode": settings.instructor_mode,
+        "max_tokens": settings.max_tokens,
         "context_tokens": settings.context_tokens,
     }
 
@@ -334,6 +339,8 @@ def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
         # Known before any work: failing at the first model stage would leave a half-made run and,
         # on a rerun, invalidate everything made with the model the run used.
         raise BadInput(_no_model_message(ctx))
+    if not options.dry_run and any(n in STAGE_ROLES for n, _ in STAGES):
+        preflight(options.models)  # a missing key or unknown model: one line, exit 2, before any work
     bdigest = bundle_digest(options.bundle)
     if options.dry_run:
         return dry_run(ctx)
@@ -387,6 +394,7 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
     ledger = Ledger(ctx.run_dir)
     result = RunResult(ctx=ctx)
     upstream: tuple[str, str] | None = None
+    left_pending: list[str] = []
     for i, (name, target) in enumerate(STAGES):
         inputs = stage_inputs(name, ctx, bdigest, upstream)
         ok, why = ledger.check(name, inputs, STAGE_OUTPUTS.get(name, ()))
@@ -404,7 +412,9 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
             upstream = (name, fingerprint(inputs, outputs))
             continue
         entry = ledger.get(name)
-        if entry is not None and entry.state == "pending":
+        if entry is not None and entry.state == "pending" and (entry.reason or "").startswith(INCOMPLETE):
+            why = entry.reason or INCOMPLETE
+        elif entry is not None and entry.state == "pending":
             why = "did not finish last time (interrupted or blocked)"
         elif entry is not None and entry.state == "invalidated":
             why = entry.reason or "invalidated"
@@ -421,6 +431,7 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
             # the run is back before this stage until it is recomputed
             _set_phase(ctx, handoff.PHASES[handoff.PHASES.index(phase) - 1], f"{name} recomputed: {why}")
         ledger.mark_pending(name, name, inputs, reason=f"running: {why}")
+        ctx.incomplete.clear()
         try:
             summary = target.run(ctx)
         except Blocked as exc:
@@ -434,7 +445,12 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
         outputs = stage_outputs(name, ctx)
         if outputs is None:
             raise BadInput(f"stage {name} finished but its output is missing: {STAGE_OUTPUTS.get(name)}")
-        ledger.mark_verified(name, name, inputs, outputs)
+        if ctx.incomplete:
+            # The run goes on with what finished; the stage stays pending, so a rerun retries the rest.
+            left_pending.append(f"{name}: {'; '.join(ctx.incomplete)}")
+            ledger.mark_pending(name, name, inputs, reason=f"{INCOMPLETE}{'; '.join(ctx.incomplete)}")
+        else:
+            ledger.mark_verified(name, name, inputs, outputs)
         if name == "export":
             _record_ir_cells(ctx, ledger)
         if role:
@@ -450,6 +466,9 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
     resolve_block_receipt(ctx.run_dir)
     if any(n == "sol" for n, _ in STAGES):
         _after_sol(ctx, ledger)
+    for line in left_pending:
+        log(f"NOT verified: {line}; retry exactly those with: {run_command(ctx.run_dir)}")
+    result.pending = left_pending
     return result
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import duckdb
 
+from pipeline.artifacts.run_info import analysis_run_id
 from pipeline.core.canonical import read_json
 from pipeline.sol.checks import EvidenceIndex, load_index
 from pipeline.sol.timeline import timeline_lines, timeline_sql
@@ -137,7 +138,7 @@ def load_batch(run_dir: Path, ir_path: Path) -> Batch:
     finally:
         con.close()
     return Batch(
-        run_id=run_dir.name,
+        run_id=analysis_run_id(run_dir),  # the request's id, never the folder (replay under any --run-id)
         ir_path=ir_path,
         cells=cells,
         coverage=coverage,

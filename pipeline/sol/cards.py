@@ -8,11 +8,13 @@ add its own counts is re-asked.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Confidence = Literal["high", "medium", "low"]
+_WEAKNESS_ID = re.compile(r"W-\d{2,}")
 
 
 class _Strict(BaseModel):
@@ -68,7 +70,9 @@ class CounterEvidence(_Strict):
 class WeaknessDraft(_Strict):
     """One weakness as Sol proposes it. Sol explains why; it never prescribes a change."""
 
-    weakness_id: str = Field(pattern=r"^W-\d{2,}$")
+    # Checked after parsing, not as a JSON-schema "pattern": llama.cpp and other local servers
+    # cannot compile regex patterns into a grammar (the server dies or answers 500).
+    weakness_id: str = Field(description="W- and at least two digits: W-01, W-02, ...")
     statement: str
     first_divergence: FirstDivergence
     harness_attribution: HarnessAttribution
@@ -77,6 +81,13 @@ class WeaknessDraft(_Strict):
     counter_evidence: CounterEvidence
     counterfactual_prediction: str = Field(description="falsifiable: what would be observed if this is wrong")
     confidence: Confidence
+
+    @field_validator("weakness_id")
+    @classmethod
+    def _weakness_id(cls, v: str) -> str:
+        if not _WEAKNESS_ID.fullmatch(v):
+            raise ValueError(f"weakness_id {v!r} must be W- and at least two digits (W-01)")
+        return v
 
 
 class SolAnswer(_Strict):

@@ -189,7 +189,6 @@ def map_context(renderer: Renderer, chunk: Chunk, timeline_chars: int) -> dict[s
     outcome = {c["cell_id"]: f"{c['task_id']}, {outcome_of(c)}" for c in cells}
     negatives = [c["cell_id"] for c in cells if c.get("outcome") == "completed"]
     return {
-        "request_id": f"sol/map/{chunk.call_id}",
         "call_id": chunk.call_id,
         "run_id": batch.run_id,
         "harnesses": batch.harnesses,

@@ -107,7 +107,6 @@ def plan_maps(renderer: Renderer, settings: ModelSettings, cpt: float) -> list[M
     for i, m in enumerate(out, 1):
         m.chunk.call_id = f"M{i:02d}"
         m.context["call_id"] = m.chunk.call_id
-        m.context["request_id"] = f"sol/map/{m.chunk.call_id}"
     return out
 
 

@@ -181,7 +181,6 @@ def reduce_context(
     if len(excluded) > EXCLUDED_SHOWN:
         shown += f", and {len(excluded) - EXCLUDED_SHOWN} more (see the shortlist's denominator)"
     return {
-        "request_id": f"sol/reduce/{call_id}",
         "call_id": call_id,
         "run_id": batch.run_id,
         "harnesses": batch.harnesses,

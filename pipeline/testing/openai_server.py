@@ -2,8 +2,10 @@
 
 ``FakeOpenAI`` answers ``POST /v1/chat/completions`` on 127.0.0.1 (an ephemeral port by default)
 from a queue of scripted replies, then from a handler. Replies can inject faults: a status with
-headers (429 + Retry-After, 500), a delay (timeouts), a dropped connection, a non-JSON body, or
-a schema-invalid answer. It counts requests in flight and records every request body. With
+headers (429 + Retry-After, 500, 401), a delay (timeouts, slow servers), a dropped connection, a
+non-JSON body, a schema-invalid answer, a 200 without choices or content (:func:`empty_choices`,
+:func:`flaky_empty`), or no ``usage`` (:func:`without_usage`), as real proxies and local servers
+send them. It counts requests in flight and records every request body. With
 ``context_tokens`` it declares a context and refuses larger requests (counted by
 :func:`request_tokens`) with OpenAI's ``context_length_exceeded`` error body.
 
@@ -11,6 +13,7 @@ a schema-invalid answer. It counts requests in flight and records every request 
 is servable by any OpenAI-compatible server. Command line::
 
     python -m pipeline.testing.openai_server --port 8099 [--recordings DIR] [--delay-ms 200]
+        [--empty-rate 0.3] [--no-usage] [--require-key KEY]
 """
 
 from __future__ import annotations
@@ -112,6 +115,68 @@ def server_error(status: int = 500) -> Reply:
     return Reply(status=status, body={"error": {"message": f"fake server error {status}", "type": "server_error"}})
 
 
+def unauthorized() -> Reply:
+    """401 with OpenAI's invalid-key error body."""
+    return Reply(
+        status=401,
+        body={"error": {"message": "Incorrect API key provided (fake)", "type": "invalid_request_error",
+                        "code": "invalid_api_key"}},
+    )  # fmt: skip
+
+
+def empty_choices(request: dict[str, Any], *, content: bool = False) -> Reply:
+    """A 200 that says nothing: ``"choices": []``, or (``content=True``) one choice with empty content."""
+    body = completion_body(request, content="")
+    if not content:
+        body["choices"] = []
+    return Reply(body=body)
+
+
+def without_usage(handler: Handler) -> Handler:
+    """``handler``'s answers with the ``usage`` object removed (llama.cpp and some proxies omit it)."""
+
+    def handle(request: dict[str, Any]) -> Reply:
+        reply = handler(request)
+        body = reply.body if isinstance(reply.body, dict) else auto_answer(request).body
+        if isinstance(body, dict):
+            body = {k: v for k, v in body.items() if k != "usage"}
+        return Reply(status=reply.status, body=body, headers=reply.headers, delay_s=reply.delay_s, drop=reply.drop)
+
+    return handle
+
+
+def flaky_empty(handler: Handler, rate: float, *, content: bool = False) -> Handler:
+    """``handler``, but the first attempt of about ``rate`` of the distinct requests gets an empty 200.
+
+    Which requests is a pure function of the request (its digest), so a run is reproducible; a retry
+    of the same request is answered by ``handler``.
+    """
+    seen: set[str] = set()
+    lock = threading.Lock()
+
+    def handle(request: dict[str, Any]) -> Reply:
+        key = _match_key(request)
+        with lock:
+            first = key not in seen
+            seen.add(key)
+        if first and int(key.split(":", 1)[-1][:8], 16) / 0xFFFFFFFF < rate:
+            return empty_choices(request, content=content)
+        return handler(request)
+
+    return handle
+
+
+def requiring_key(handler: Handler, key: str, headers: Callable[[], dict[str, str]]) -> Handler:
+    """``handler`` behind a bearer key: 401 unless ``Authorization: Bearer <key>`` (``headers()``: this request's)."""
+
+    def handle(request: dict[str, Any]) -> Reply:
+        if headers().get("authorization") != f"Bearer {key}":
+            return unauthorized()
+        return handler(request)
+
+    return handle
+
+
 def request_tokens(request: dict[str, Any]) -> int:
     """The server's token count of a request: ~4 characters per token of its messages and tools."""
     return max(1, len(canonical_json([request.get("messages", []), request.get("tools") or []])) // 4)
@@ -210,6 +275,7 @@ class FakeOpenAI:
         self.lock = threading.Lock()
         self.in_flight = 0
         self.max_in_flight = 0
+        self._local = threading.local()
         outer = self
 
         class _H(BaseHTTPRequestHandler):
@@ -228,6 +294,10 @@ class FakeOpenAI:
         self.port = int(self.httpd.server_address[1])
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="fake-openai", daemon=True)
+
+    def last_headers(self) -> dict[str, str]:
+        """Headers of the request being served by this thread (lower-case names)."""
+        return dict(getattr(self._local, "headers", {}))
 
     # scripting -------------------------------------------------------------
     def push(self, *items: ScriptItem) -> FakeOpenAI:
@@ -261,9 +331,11 @@ class FakeOpenAI:
         except ValueError:
             request = {}
         size = request_tokens(request) if self.context_tokens else 0
+        headers = {k.lower(): v for k, v in h.headers.items()}
+        self._local.headers = headers
         with self.lock:
             self.requests.append(request)
-            self.headers.append({k.lower(): v for k, v in h.headers.items()})
+            self.headers.append(headers)
             too_large = bool(self.context_tokens) and size > int(self.context_tokens or 0)
             if too_large:
                 self.refused_for_size += 1
@@ -347,12 +419,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--recordings", type=Path, default=None, help="answer from this lunasol recording directory")
     ap.add_argument("--delay-ms", type=float, default=0.0, help="added latency per reply")
+    ap.add_argument("--empty-rate", type=float, default=0.0, help="share of first attempts answered with no choices")
+    ap.add_argument("--no-usage", action="store_true", help="answers carry no usage object")
+    ap.add_argument("--require-key", default=None, help="401 unless Authorization: Bearer KEY")
     ap.add_argument(
         "--context-tokens", type=int, default=None, help="refuse larger requests with context_length_exceeded"
     )
     args = ap.parse_args(argv)
-    handler = recordings_handler(args.recordings) if args.recordings else auto_answer
-    server = FakeOpenAI(handler, port=args.port, delay_s=args.delay_ms / 1000, context_tokens=args.context_tokens)
+    handler: Handler = recordings_handler(args.recordings) if args.recordings else auto_answer
+    if args.empty_rate:
+        handler = flaky_empty(handler, args.empty_rate)
+    if args.no_usage:
+        handler = without_usage(handler)
+    server = FakeOpenAI(None, port=args.port, delay_s=args.delay_ms / 1000, context_tokens=args.context_tokens)
+    if args.require_key:
+        handler = requiring_key(handler, args.require_key, server.last_headers)
+    server.handler = handler
     print(f"serving OpenAI chat completions on {server.base_url}", flush=True)
     try:
         server.httpd.serve_forever()

@@ -45,6 +45,8 @@ def model_settings(fake_llm: FakeOpenAI) -> Callable[..., ModelSettings]:
             "timeout_s": 5.0,
             "transport_retries": 4,
             "max_reasks": 2,
+            # tests script tool calls; the automatic choice (json for a model litellm does not know) has its own tests
+            "instructor_mode": "tools",
         }
         base.update(overrides)
         return ModelSettings(**base)

@@ -153,16 +153,16 @@ class Script:
         elif name == "ProposalList":
             data = self.proposer()
         else:
-            m = re.search(r"request-id: luna/(\S+)", text)
+            m = re.search(r"^Cell (\S+) · task ", text, re.M)  # the cell the Luna prompt names
             assert m, name
-            data = self.luna(m.group(1).split("/")[0], text)
+            data = self.luna(m.group(1), text)
         return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
 
     def luna(self, cell: str, text: str) -> dict[str, Any]:
         candidates = _ids(text, cell, "H")
         events = _ids(text, cell, "e")
         if cell not in self.planted_cells:
-            return {"patterns": [], "rejected_candidates": [
+            return {"patterns": [], "none_reason": "no step repeats on the same state", "rejected_candidates": [
                 {"candidate": c, "observation": "the step is not repeated", "state_changed": False}
                 for c in candidates]}  # fmt: skip
         # The restart of review: sent back, started again, same state digest (events 5..7 by seq).

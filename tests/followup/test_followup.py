@@ -145,7 +145,9 @@ def world(tmp_path_factory: pytest.TempPathFactory, _fake_llm_server: FakeOpenAI
     server.reset()
     script = Script(runs)
     server.handler = script
-    settings = ModelSettings(model="openai/test-model", api_base=server.base_url, timeout_s=5.0, max_reasks=2)
+    settings = ModelSettings(
+        model="openai/test-model", api_base=server.base_url, timeout_s=5.0, max_reasks=2, instructor_mode="tools"
+    )
 
     def cells(planted: Any, runs_: int = RUNS, fams: list[str] = FAMILIES) -> set[str]:
         out, n = set(), 0

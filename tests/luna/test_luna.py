@@ -71,14 +71,15 @@ def pattern(evidence: list[str], **kw: Any) -> dict[str, Any]:
 
 
 GOOD_C001 = {"patterns": [pattern(["C001-e0001", "C001-e0003"])], "rejected_candidates": []}
-EMPTY = {"patterns": [], "rejected_candidates": []}
+EMPTY = {"patterns": [], "rejected_candidates": [], "none_reason": "no repeat, omission or zero-gain step in this log"}
 
 
 def cell_of(request: dict[str, Any]) -> str:
     text = "\n".join(m.get("content") or "" for m in request["messages"])
-    m = re.search(r"request-id: luna/(\S+)", text)
-    assert m, "every Luna request names its cell"
-    return m.group(1)
+    m = re.search(r"^Cell (\S+) · task .* · part (\d+)/(\d+)$", text, re.M)
+    assert m, "every Luna request names its cell and part"
+    cell, k, n = m.groups()
+    return cell if n == "1" else f"{cell}.part{k}of{n}"
 
 
 def scripted(answers: dict[str, list[dict[str, Any]]]) -> Callable[[dict[str, Any]], Reply]:
@@ -259,6 +260,7 @@ def test_probe_overrules_a_rejection_that_claims_a_change(
 ) -> None:
     reject = {
         "patterns": [],
+        "none_reason": "the only candidate is rejected below",
         "rejected_candidates": [
             {"candidate": "C001-H01", "observation": "the file was edited between the reads", "state_changed": True}
         ],
@@ -297,6 +299,7 @@ def test_a_rejection_without_a_change_claim_stands(
 ) -> None:
     reject = {
         "patterns": [],
+        "none_reason": "the only candidate is rejected below",
         "rejected_candidates": [
             {
                 "candidate": "C001-H01",

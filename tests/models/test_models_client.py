@@ -15,7 +15,8 @@ from pydantic import BaseModel
 from pipeline.core.canonical import canonical_json
 from pipeline.core.settings import ModelSettings
 from pipeline.models import BudgetExceeded, ModelClient, ModelUnavailable, ReplayMiss, read_calls
-from pipeline.testing.openai_server import FakeOpenAI, Reply, rate_limited, raw_answer, server_error
+from pipeline.models.errors import ModelRefused
+from pipeline.testing.openai_server import FakeOpenAI, Reply, rate_limited, raw_answer, server_error, unauthorized
 
 pytestmark = pytest.mark.usefixtures("tiny_prompts")
 
@@ -191,9 +192,12 @@ async def test_client_error_is_not_retried(
     tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
 ) -> None:
     fake_llm.push(Reply(status=400, body={"error": {"message": "bad request"}}))
-    with pytest.raises(ModelUnavailable):
+    with pytest.raises(ModelRefused) as err:
         await one(ModelClient(model_settings(), tmp_path / "r"))
     assert len(fake_llm.requests) == 1
+    # a configuration error: exit 2, and the line says what to change instead of "--resume"
+    assert err.value.exit_code == 2 and err.value.reason == "bad_request"
+    assert "--mode json" in err.value.one_line() and "--resume" not in err.value.one_line()
 
 
 async def test_retry_after_is_honoured(
@@ -368,14 +372,24 @@ async def test_no_model_is_bad_input(tmp_path: Path) -> None:
         await one(ModelClient(ModelSettings(), tmp_path))
 
 
-async def test_auth_error_is_a_credential_block(
+async def test_auth_error_is_a_credential_refusal_never_retried(
     tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
 ) -> None:
-    fake_llm.push(Reply(status=401, body={"error": {"message": "invalid api key", "type": "invalid_request_error"}}))
-    with pytest.raises(ModelUnavailable) as err:
+    fake_llm.push(unauthorized())
+    with pytest.raises(ModelRefused) as err:
+        await one(ModelClient(model_settings(), tmp_path / "r"), soft_fail=True)  # not a per-cell failure either
+    assert err.value.reason == "credential" and err.value.exit_code == 2 and len(fake_llm.requests) == 1
+    assert "OPENAI_API_KEY" in err.value.one_line() and "--resume" not in err.value.one_line()
+    assert read_calls(tmp_path / "r")[0]["outcome"] == "model_refused"
+
+
+async def test_unknown_model_404_is_not_retried(
+    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+) -> None:
+    fake_llm.push(Reply(status=404, body={"error": {"message": "model 'nope' not found", "type": "not_found"}}))
+    with pytest.raises(ModelRefused) as err:
         await one(ModelClient(model_settings(), tmp_path / "r"))
-    assert err.value.reason == "credential" and len(fake_llm.requests) == 1
-    assert read_calls(tmp_path / "r")[0]["outcome"] == "model_unavailable"
+    assert err.value.reason == "not_found" and len(fake_llm.requests) == 1 and "--model" in err.value.one_line()
 
 
 async def test_concurrent_record_keeps_each_raw_body_with_its_request(

@@ -97,7 +97,8 @@ async def test_recordings_are_servable_by_an_openai_compatible_server(
 
     # A plain live client against a server that only knows the recordings: same answers, same keys.
     with serve_recordings(tmp_path / "s") as server:
-        live = ModelClient(ModelSettings(model="openai/test-model", api_base=server.base_url), tmp_path / "r2")
+        live_settings = ModelSettings(model="openai/test-model", api_base=server.base_url, instructor_mode="tools")
+        live = ModelClient(live_settings, tmp_path / "r2")
         served = [await live.call(role="t", cell_id=c["cell_id"], context=c, response_model=Verdict) for c in contexts]
         assert len(server.requests) == 3
     assert [o.value for o in served] == [o.value for o in recorded]
@@ -121,13 +122,15 @@ async def test_server_command_line_serves_recordings(
     try:
         assert proc.stdout is not None
         base = proc.stdout.readline().split()[-1]
-        live = ModelClient(ModelSettings(model="openai/test-model", api_base=base), tmp_path / "r2")
+        live = ModelClient(
+            ModelSettings(model="openai/test-model", api_base=base, instructor_mode="tools"), tmp_path / "r2"
+        )
         out = await live.call(role="t", cell_id="C1", context=ctx, response_model=Verdict)
         assert out.value == Verdict(label="cli", score=7)
-        # a request that was never recorded gets a 404, which is not retried: the call blocks
-        from pipeline.models import ModelUnavailable
+        # a request that was never recorded gets a 404, which is not retried: one configuration error
+        from pipeline.models.errors import ModelRefused
 
-        with pytest.raises(ModelUnavailable, match="no recording matches"):
+        with pytest.raises(ModelRefused, match="no recording matches"):
             await live.call(role="t", cell_id="C2", context={"cell_id": "C2", "text": "y"}, response_model=Verdict)
     finally:
         proc.terminate()

@@ -1,6 +1,6 @@
 """The proposer through the real model client and a local OpenAI-compatible server, and gate 2.
 
-Answers are hand-written fixtures (cards from tests/cards/valid), served by request-id.
+Answers are hand-written fixtures (cards from tests/cards/valid), routed by the weakness id the prompt names.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pipeline.validator import validate_file
 from tests.cards.fixture_run import make_run
 
 VALID = Path(__file__).resolve().parents[1] / "cards" / "valid"
-REQUEST_ID = re.compile(r"^request-id: (\S+)\s*$", re.M)
+WEAKNESS_HEAD = re.compile(r"^## The confirmed weakness (W-\d+) ", re.M)
 
 
 def card(name: str) -> dict[str, Any]:
@@ -40,14 +40,14 @@ def card(name: str) -> dict[str, Any]:
 def request_id(request: dict[str, Any]) -> str:
     for m in request.get("messages", []):
         if m.get("role") == "user" and isinstance(m.get("content"), str):
-            found = REQUEST_ID.search(m["content"])
+            found = WEAKNESS_HEAD.search(m["content"])
             if found:
-                return found.group(1)
+                return f"proposer/{found.group(1)}"
     return ""
 
 
 def serve(fake: FakeOpenAI, answers: dict[str, list[list[dict[str, Any]]]]) -> None:
-    """Route by request-id; each weakness gets its scripted answers in order (the last one repeats)."""
+    """Route by weakness id; each weakness gets its scripted answers in order (the last one repeats)."""
     served: dict[str, int] = {}
 
     def handle(request: dict[str, Any]) -> Reply:

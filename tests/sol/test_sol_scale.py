@@ -112,8 +112,8 @@ def reduce_answer(text: str) -> dict[str, Any]:
 
 def handler(request: dict[str, Any]) -> Reply:
     text = _user(request)
-    rid = re.search(r"^request-id: (\S+)", text, re.M)
-    data = reduce_answer(text) if rid and rid[1].startswith("sol/reduce/") else map_answer(text)
+    # a reduce prompt lists the map calls; a map prompt names its partition ("This call (M01) sees")
+    data = reduce_answer(text) if re.search(r"^## Map calls", text, re.M) else map_answer(text)
     return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
 
 
@@ -227,7 +227,7 @@ def test_a_context_error_is_not_retried_and_names_the_budget_flag(
 
     def answer(request: dict[str, Any]) -> Reply:
         sol = request["tools"][0]["function"]["name"] == "SolAnswer"
-        data = {"weaknesses": []} if sol else {"patterns": [], "rejected_candidates": []}
+        data = {"weaknesses": []} if sol else {"patterns": [], "rejected_candidates": [], "none_reason": "none"}
         return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
 
     fake_llm.handler = answer
@@ -235,9 +235,9 @@ def test_a_context_error_is_not_retried_and_names_the_budget_flag(
     monkeypatch.delenv("LUNASOL_CONTEXT_TOKENS", raising=False)
     runs = tmp_path / "runs"
     args = ["run", str(bundle), "--runs-dir", str(runs), "--run-id", "r1", "--model", "openai/test-model"]
-    result = CliRunner().invoke(app, [*args, "--api-base", fake_llm.base_url])
+    result = CliRunner().invoke(app, [*args, "--api-base", fake_llm.base_url, "--mode", "tools"])
     assert result.exit_code == 3, result.output
-    sol = [r for r in fake_llm.requests if "request-id: sol" in _user(r)]
+    sol = [r for r in fake_llm.requests if re.search(r"^Analysis run \S+; harness\(es\)", _user(r), re.M)]
     assert len(sol) == 1 and fake_llm.refused_for_size == 1  # refused once, never retried
     receipt = read_json(runs / "r1" / "block-receipt.json")
     unblock = receipt["requested_unblock"]

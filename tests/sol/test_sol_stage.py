@@ -35,7 +35,7 @@ def scripted(sol_replies: list[dict[str, Any]]) -> Any:
             seen.append(request)
             data = sol_replies[min(len(seen), len(sol_replies)) - 1]
         else:
-            data = {"patterns": [], "rejected_candidates": []}
+            data = {"patterns": [], "rejected_candidates": [], "none_reason": "nothing repeats or is left open"}
         return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
 
     handle.seen = seen  # type: ignore[attr-defined]

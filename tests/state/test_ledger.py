@@ -85,7 +85,11 @@ def sol_answer() -> dict[str, Any]:
 
 def handler(request: dict[str, Any]) -> Reply:
     name = request["tools"][0]["function"]["name"] if request.get("tools") else ""
-    data = sol_answer() if name == "SolAnswer" else {"patterns": [], "rejected_candidates": []}
+    data = (
+        sol_answer()
+        if name == "SolAnswer"
+        else {"patterns": [], "rejected_candidates": [], "none_reason": "nothing repeats or is left open"}
+    )
     return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
 
 
@@ -107,7 +111,9 @@ def _first_run(tmp_path_factory: pytest.TempPathFactory, _fake_llm_server: FakeO
     root = tmp_path_factory.mktemp("ledger-first")
     _fake_llm_server.reset()
     _fake_llm_server.handler = handler
-    settings = ModelSettings(model="openai/test-model", api_base=_fake_llm_server.base_url, timeout_s=5.0)
+    settings = ModelSettings(
+        model="openai/test-model", api_base=_fake_llm_server.base_url, timeout_s=5.0, instructor_mode="tools"
+    )
     run(RunOptions(bundle=make_bundle(root), run_id="r1", runs_dir=root / "runs", models=settings), log=lambda _m: None)
     _fake_llm_server.reset()
     return root
@@ -203,7 +209,9 @@ def test_blocked_sol_writes_receipt_and_resume_repeats_no_finished_call(setup: d
     assert not (d / "block-receipt.json").exists() and list((d / "block-receipts").glob("*.json"))
 
 
-def test_resume_after_a_crash_inside_luna_keeps_finished_cells(setup: dict[str, Any]) -> None:
+def test_a_cell_failing_on_transport_leaves_luna_pending_and_resume_retries_exactly_it(
+    setup: dict[str, Any],
+) -> None:
     d = setup["run_dir"]
 
     def c003_down(request: dict[str, Any]) -> Reply:
@@ -211,16 +219,27 @@ def test_resume_after_a_crash_inside_luna_keeps_finished_cells(setup: dict[str, 
         return server_error(503) if luna and "C003" in json.dumps(request.get("messages")) else handler(request)
 
     setup["fake"].handler = c003_down
-    with pytest.raises(Blocked):
-        run(setup["opts"], log=lambda _m: None)
-    finished = set(CellResults(d, "luna").stored())
-    assert finished == {"C001", "C002", "C004", "C005"}  # every call that finished before the block is kept
+    lines: list[str] = []
+    result = run(setup["opts"], log=lines.append)  # one cell down does not block the run
+    assert result.pending and "C003" in result.pending[0]
+    assert any(line.startswith("NOT verified: luna: 1 cell(s) failed (C003)") and "--resume" in line for line in lines)
+    entry = Ledger(d).get("luna")
+    assert entry is not None and entry.state == "pending" and "C003" in (entry.reason or "")
+    assert set(CellResults(d, "luna").stored()) == {"C001", "C002", "C004", "C005"}
     ok_before = calls(d, "luna")
     setup["fake"].handler = handler
     setup["opts"].resume = True
     run(setup["opts"], log=lambda _m: None)
     assert calls(d, "luna") == ok_before + 1  # only C003 is asked again
     assert [c["cell_id"] for c in read_calls(d) if c["role"] == "luna"][-1] == "C003"
+    entry = Ledger(d).get("luna")
+    assert entry is not None and entry.state == "verified"
+
+
+def test_provider_down_for_everyone_blocks(setup: dict[str, Any]) -> None:
+    setup["fake"].handler = lambda _r: server_error(503)
+    with pytest.raises(Blocked, match="in a row failed"):
+        run(setup["opts"], log=lambda _m: None)
 
 
 def test_cli_run_blocked_exits_3_with_one_line(setup: dict[str, Any], tmp_path: Path) -> None:

@@ -1,0 +1,320 @@
+"""The exchange layer of the model client: one HTTP request and its answer, keyed, recorded or replayed.
+
+:class:`Exchange` is the function instructor calls instead of ``litellm.acompletion``. For every
+request (re-asks included) it computes the replay key, then answers from the store (replay, or a
+key already recorded) or calls live: ``litellm.acompletion`` under the concurrency bound, with
+tenacity retries on transport faults and the raw HTTP body captured by an httpx hook.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.core.errors import LunasolError
+from pipeline.core.settings import ModelSettings
+from pipeline.models.accounting import Accounting, Booked
+from pipeline.models.budget import context_error
+from pipeline.models.errors import EmptyAnswer, ModelUnavailable, ReplayMiss
+from pipeline.models.store import RecordingStore, canonical_request, check_record, make_record, request_key
+from pipeline.models.transport import (
+    describe,
+    is_context_error,
+    load_litellm,
+    no_wait,
+    reason_for,
+    refusal,
+    retry_after,
+    retryable_types,
+)
+
+DUMMY_API_KEY = "sk-lunasol-no-key"  # a bare OpenAI-compatible --api-base needs *some* key string
+
+
+@dataclass
+class CallState:
+    """Per logical call, carried through instructor into :class:`Exchange` by a context variable."""
+
+    role: str
+    cell_id: str | None
+    template_hash: str
+    keys: list[str] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = 0.0
+    transport_retries: int = 0
+
+    def add(self, booked: Booked) -> None:
+        """Add one exchange's tokens and cost (cost stays None once any exchange had no price)."""
+        self.prompt_tokens += booked.prompt_tokens
+        self.completion_tokens += booked.completion_tokens
+        cost = booked.cost_usd
+        self.cost_usd = None if cost is None or self.cost_usd is None else self.cost_usd + cost
+
+
+CALL_STATE: contextvars.ContextVar[CallState] = contextvars.ContextVar("lunasol_call_state")
+_CAPTURE: contextvars.ContextVar[list[bytes] | None] = contextvars.ContextVar("lunasol_capture", default=None)
+
+
+class Exchange:
+    """Stand-in for ``litellm.acompletion``: key, then replay / record / call live (with retries)."""
+
+    def __init__(
+        self,
+        settings: ModelSettings,
+        *,
+        model: str | None,
+        store: RecordingStore | None,
+        instructor_mode: str,
+        accounting: Accounting,
+        log: Callable[[str], None],
+        consumed: frozenset[str] = frozenset(),
+    ) -> None:
+        self.settings = settings
+        self.consumed = consumed  # keys whose answers earlier finished calls of this run already used
+        self.model = model
+        self.store = store
+        self.instructor_mode = instructor_mode
+        self.accounting = accounting
+        self.log = log
+        self._sem: asyncio.Semaphore | None = None
+        self._openai_clients: dict[int, Any] = {}
+
+    async def complete(self, **kwargs: Any) -> Any:
+        """One exchange for the current call (:data:`CALL_STATE`); a coroutine function, as instructor needs.
+
+        Answers from the store when it holds a usable answer for the key: always in replay; in record
+        mode and in the run's own exchange store when this process recorded it (a repeated request
+        gets the answer replay will give) or an earlier process received it but no finished call used
+        it (killed between receipt and parse). Else calls live, and stores the raw answer *before*
+        anything parses it, so a resume never pays for an answer it already received, while a
+        deliberate new ask of a finished call (a redo) is asked again.
+        """
+        state = CALL_STATE.get()
+        # instructor does not pass the model through; the key must still name it (DESIGN: model is in the key).
+        request = canonical_request({**kwargs, "model": self.model}, self.instructor_mode)
+        key = request_key(request)
+        attempt = len(state.keys)
+        state.keys.append(key)
+        store = self.store
+        body: dict[str, Any] | None = None
+        if store is not None:
+            served = store.mode == "replay" or key in store.written or (key not in self.consumed and store.has(key))
+            record = store.load(key) if served else None
+            if record is not None:
+                body = _response_body(check_record(record, store.path_for(key)))
+                if store.mode != "replay" and unusable(body) is not None:
+                    body = None  # a stored empty answer is never served where a live retry is possible
+            elif store.mode == "replay":
+                raise ReplayMiss(
+                    role=state.role,
+                    cell_id=state.cell_id,
+                    template_hash=state.template_hash,
+                    key=key,
+                    model=self.model,
+                    store=str(store.root),
+                )
+        if body is not None:
+            response = response_from(body)
+            state.add(self.accounting.book(response))
+            why = unusable(body)
+            if why is not None:  # replay of an answer that was empty when recorded: the same failure
+                raise ModelUnavailable(
+                    f"model {self.model} gave no usable answer for role={state.role} cell={state.cell_id or '-'} "
+                    f"(recorded): {why}",
+                    reason="external_system",
+                    unblock="re-record this call: lunasol run BUNDLE --record DIR",
+                )
+            return response
+
+        def persist(answer: dict[str, Any], source: str) -> None:
+            if store is not None:
+                store.save(
+                    make_record(
+                        key=key,
+                        request=request,
+                        response=answer,
+                        response_source=source,
+                        role=state.role,
+                        cell_id=state.cell_id,
+                        template_hash=state.template_hash,
+                        model=str(self.model),
+                        attempt=attempt,
+                    )
+                )
+
+        body = await self._live(kwargs, persist)
+        # Built from the stored body, so a live answer and its replay are the same object.
+        return response_from(body)
+
+    # ------------------------------------------------------------------ live
+    def _semaphore(self) -> asyncio.Semaphore:
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self.settings.concurrency)
+        return self._sem
+
+    def _transport_kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"timeout": self.settings.timeout_s, "num_retries": 0, "max_retries": 0}
+        if self.settings.api_base:
+            kw["api_base"] = self.settings.api_base
+            if self._is_openai() and not os.environ.get("OPENAI_API_KEY"):
+                kw["api_key"] = DUMMY_API_KEY
+        return kw
+
+    def _is_openai(self) -> bool:
+        return bool(self.model) and str(self.model).startswith("openai/")
+
+    def _openai_client(self) -> Any:
+        """An AsyncOpenAI (one per event loop) whose httpx hook captures the raw response body."""
+        loop_id = id(asyncio.get_running_loop())
+        client = self._openai_clients.get(loop_id)
+        if client is None:
+            # openai and httpx load only for a live call (replay and --help never need them).
+            import httpx
+            from openai import AsyncOpenAI
+
+            async def capture(response: httpx.Response) -> None:
+                slot = _CAPTURE.get()
+                if slot is not None and response.request.method == "POST":
+                    await response.aread()
+                    slot.append(response.content)
+
+            base = self.settings.api_base or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
+            http_client: Any = httpx.AsyncClient(event_hooks={"response": [capture]}, timeout=self.settings.timeout_s)
+            client = AsyncOpenAI(
+                api_key=os.environ.get("OPENAI_API_KEY") or DUMMY_API_KEY,
+                base_url=base,
+                max_retries=0,
+                timeout=self.settings.timeout_s,
+                http_client=http_client,
+            )
+            self._openai_clients[loop_id] = client
+        return client
+
+    async def _live(self, kwargs: dict[str, Any], persist: Callable[[dict[str, Any], str], None]) -> dict[str, Any]:
+        """``litellm.acompletion`` with tenacity retries on transport faults and empty answers.
+
+        Returns the answer's body (the raw HTTP JSON when captured), already persisted.
+        """
+        litellm = load_litellm()
+        # tenacity loads only for a live call (startup cost of replay).
+        from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+        state = CALL_STATE.get()
+        fallback = wait_random_exponential(multiplier=0.5, max=20)
+
+        def wait(retry_state: Any) -> float:
+            if no_wait():
+                return 0.0
+            exc = retry_state.outcome.exception() if retry_state.outcome else None
+            after = retry_after(exc) if exc is not None else None
+            return after if after is not None else float(fallback(retry_state))
+
+        def before_sleep(retry_state: Any) -> None:
+            state.transport_retries += 1
+            exc = retry_state.outcome.exception() if retry_state.outcome else None
+            self.log(
+                f"retry {retry_state.attempt_number}/{self.settings.transport_retries} {state.role}"
+                f"{'/' + state.cell_id if state.cell_id else ''}: "
+                f"{describe(exc) if exc else '?'}"
+            )
+
+        call_kwargs = {**kwargs, **self._transport_kwargs(), "model": self.model}
+        use_capture = self._is_openai()
+        if use_capture:
+            call_kwargs["client"] = self._openai_client()
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type((*retryable_types(), EmptyAnswer)),
+            stop=stop_after_attempt(self.settings.transport_retries + 1),
+            wait=wait,
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    slot: list[bytes] = []
+                    tok = _CAPTURE.set(slot if use_capture else None)
+                    try:
+                        async with self._semaphore():
+                            # Budget checked and spend booked while holding the slot, so calls queued
+                            # behind the bound never start on a budget that is already spent.
+                            self.accounting.check_budget()
+                            response = await litellm.acompletion(**call_kwargs)
+                            state.add(self.accounting.book(response))
+                    finally:
+                        _CAPTURE.reset(tok)
+                    raw = _json_object(slot[-1]) if slot else None
+                    body, source = (
+                        (raw, "http_body") if raw is not None else (response.model_dump(mode="json"), "litellm")
+                    )
+                    persist(body, source)  # before any parsing: a kill from here on never pays again
+                    why = unusable(body)
+                    if why is not None:
+                        raise EmptyAnswer(why)
+                    return body
+        except EmptyAnswer as exc:
+            raise ModelUnavailable(
+                f"model {self.model} gave no usable answer for role={state.role} cell={state.cell_id or '-'} after "
+                f"{state.transport_retries} retries: {exc.one_line()}",
+                reason="external_system",
+                tried=[{"action": "retries", "outcome": f"{state.transport_retries} retries, every answer empty"}],
+                unblock="check the provider / --api-base, then: lunasol run BUNDLE --resume",
+            ) from None
+        except LunasolError:
+            raise
+        except Exception as exc:
+            if is_context_error(exc):  # not transient: never retried; the unblock lowers --context-tokens
+                raise context_error(exc, self.settings, state.role, state.cell_id) from exc
+            refused = refusal(exc, str(self.model), self.settings.api_base)
+            if refused is not None:
+                raise refused from None
+            tried = [{"action": "transport retries", "outcome": f"{state.transport_retries} retries, then failed"}]
+            raise ModelUnavailable(
+                f"model {self.model} unavailable for role={state.role} cell={state.cell_id or '-'} after "
+                f"{state.transport_retries} retries: {describe(exc)}",
+                reason=reason_for(exc),
+                tried=tried,
+                unblock="check the provider / --api-base and key, then: lunasol run BUNDLE --resume",
+            ) from exc
+        raise AssertionError("unreachable")  # pragma: no cover - tenacity returns or raises
+
+
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _response_body(record: dict[str, Any]) -> dict[str, Any]:
+    body = record.get("response_openai", record["response"])
+    return body if isinstance(body, dict) else {}
+
+
+def unusable(body: dict[str, Any]) -> str | None:
+    """Why an answer body says nothing (no choices; neither a tool call nor content), or None when usable."""
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return "the answer has no choices"
+    message = choices[0].get("message") or {}
+    if not isinstance(message, dict):
+        return "the answer's message is not an object"
+    if message.get("tool_calls") or message.get("function_call"):
+        return None
+    content = message.get("content")
+    if isinstance(content, str) and content.strip():
+        return None
+    return "the answer has neither a tool call nor any content"
+
+
+def response_from(body: dict[str, Any]) -> Any:
+    """The response object instructor parses, built from a stored body (live and replay alike)."""
+    litellm = load_litellm()
+    return litellm.ModelResponse(**body)
