@@ -15,7 +15,6 @@ A log without samples (e.g. cancelled before any ran) is listed as skipped.
 
 from __future__ import annotations
 
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from pipeline.adapters.contract import SourceEvent
 from pipeline.adapters.spans import JsonFile
 from pipeline.core.canonical import canonical_json, sha256_text
 from pipeline.core.limits import parse_json, read_member
+from pipeline.core.zips import ZIP_ERRORS, open_zip
 
 NAME = "inspect"
 _LABEL_KEYS = (
@@ -65,7 +65,7 @@ class _MemberEmitter(Emitter):
     def __init__(self, bundle: Path, rel: str, member: str) -> None:
         self.rel = rel
         self.member = member
-        with zipfile.ZipFile(bundle / rel) as zf:
+        with open_zip(bundle / rel) as zf:
             where = f"{rel} member {member}"
             self.jf = JsonFile(read_member(zf, member, rel).decode("utf-8"), max_depth=5, source=where)
 
@@ -74,27 +74,84 @@ class _MemberEmitter(Emitter):
         return f"/{self.member}!{ptr}"
 
 
+# Inspect's score value constants (inspect_ai.scorer: CORRECT, INCORRECT, PARTIAL, NOANSWER) and the
+# words its value_to_float accepts; any other string is a label without a number (kept, quality None).
+_SCORE_WORDS = {"C": 1.0, "I": 0.0, "P": 0.5, "N": 0.0, "yes": 1.0, "no": 0.0, "true": 1.0, "false": 0.0}
+
+
+def score_value(value: Any) -> float | None:
+    """A scorer's value as a number, as Inspect's ``value_to_float`` reads it (None when it is no number)."""
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        word = value.strip()
+        if word in _SCORE_WORDS or word.lower() in _SCORE_WORDS:
+            return _SCORE_WORDS.get(word, _SCORE_WORDS.get(word.lower()))
+        try:
+            return float(word)
+        except ValueError:
+            return None
+    return None
+
+
+def _scorers(scores: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every scorer: its value as written and as a number (a dict value: one number per key)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, s in scores.items():
+        if not isinstance(s, dict):
+            continue
+        value = s.get("value")
+        if isinstance(value, dict):
+            number: Any = {k: score_value(v) for k, v in value.items()}
+        elif isinstance(value, list):
+            number = [score_value(v) for v in value]
+        else:
+            number = score_value(value)
+        out[str(name)] = {"value": value, "quality": number}
+    return out
+
+
+def sample_limit(sample: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """(pointer, limit record) of the limit that stopped the sample, if one did.
+
+    The ``sample_limit`` event (with its message) when the log has events, else the sample's
+    ``limit`` field (``{"type": "message", "limit": 10}``).
+    """
+    for k, ev in enumerate(sample.get("events") or []):
+        if isinstance(ev, dict) and ev.get("event") == "sample_limit":
+            return f"/events/{k}", ev
+    limit = sample.get("limit")
+    return ("/limit", limit) if isinstance(limit, dict) else None
+
+
 def _sample_outcome(sample: dict[str, Any], log_status: str | None) -> tuple[dict[str, Any], list[str]]:
     labels = {k: sample[k] for k in _LABEL_KEYS if k in sample}
     scores = as_dict(sample.get("scores"))
-    quality = None
-    values = [s.get("value") for s in scores.values() if isinstance(s, dict)]
-    if values:
-        v = values[0]
-        quality = (
-            1.0
-            if v in ("C", True, 1, 1.0)
-            else (0.0 if v in ("I", False, 0, 0.0) else (float(v) if isinstance(v, int | float) else None))
-        )
+    scorers = _scorers(scores)
+    # quality: the first scorer's number (Inspect lists the task's main scorer first)
+    first = next(iter(scorers.values()), {}).get("quality")
+    quality = first if isinstance(first, float) else None
+    label = score_label(quality)
+    error = sample.get("error")
+    if error:
+        label = "workflow_failed"  # the sample did not finish: a failed run, whatever was scored
+    limit = sample_limit(sample)
     # The serialised scorer output must never reach events (its explanation may quote the answer,
     # and a correct answer contains the target, so those alone are no leak test).
     texts = [canonical_json(scores)] if scores else []
     out = {
-        "label": score_label(quality),
+        "label": label,
         "quality": quality,
         "log_status": log_status,
         **labels,
+        "scorers": scorers,
     }
+    if error:
+        out["error"] = as_dict(error).get("message") or as_text(error)
+    if limit is not None:
+        out["limit"] = {"type": limit[1].get("type"), "limit": limit[1].get("limit")}
     return out, texts
 
 
@@ -102,11 +159,12 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
     """One cell per sample of every log."""
     cells: list[CellSource] = []
     skipped: list[tuple[str, str]] = []
+    task_names: set[str] = set()  # kept apart: a sample id may hold "-" (task_id is "<task>-<id>")
     for rel in paths:
         samples: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (selector, sample)
         if rel.endswith(".eval"):
             try:
-                with zipfile.ZipFile(bundle / rel) as zf:
+                with open_zip(bundle / rel) as zf:
                     names = zf.namelist()
                     # Streamed and bounded (a zip bomb is refused at the limit), too deep is one clear line.
                     header = {}
@@ -115,7 +173,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                     for name in sorted(n for n in names if n.startswith("samples/") and n.endswith(".json")):
                         sample = parse_json(read_member(zf, name, rel), f"{rel} member {name}")
                         samples.append(({"member": name}, sample))
-            except (zipfile.BadZipFile, KeyError, ValueError) as exc:
+            except (*ZIP_ERRORS, KeyError, ValueError) as exc:
                 skipped.append((rel, f"unreadable .eval zip ({exc})"))
                 continue
         elif rel.endswith(".json"):
@@ -136,6 +194,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
             skipped.append((rel, f"log has no samples (status {header.get('status')})"))
             continue
         task = str(ev.get("task") or "inspect-task")
+        task_names.add(task)
         harness = f"inspect {task} ({ev.get('model')})"
         for sel, sample in samples:
             sid = f"{sample.get('id')}-epoch{sample.get('epoch', 1)}"
@@ -155,7 +214,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                     label_texts=texts,
                 )
             )
-    tasks = sorted({c.task_id.rsplit("-", 1)[0] for c in cells})
+    tasks = sorted(task_names)
     shown = ", ".join(tasks[:4]) + (f" and {len(tasks) - 4} more" if len(tasks) > 4 else "")
     return Discovery(cells=cells, skipped=skipped, harness=f"Inspect AI ({shown})" if cells else None)
 
@@ -209,8 +268,20 @@ def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:
                 args_digest=args_digest(args),
                 text=f"{name}({json_text(args)})",
             )
+    limit = sample_limit(sample)
+    if limit is not None:
+        # What stopped the sample (message / token / time / working / cost limit): an event, so the
+        # step-cap check and Luna see it; the sample_limit event's own message when there is one.
+        ptr, rec = limit
+        kind = as_text(rec.get("type")) or "unknown"
+        text = as_text(rec.get("message") or rec.get("reason")) or f"{kind} limit reached ({rec.get('limit')})"
+        yield em.event(
+            "error", f"{base}{ptr}", actor="harness", detail=f"{kind}_limit", text=text, result_digest=sha256_text(text)
+        )
     if sample.get("error"):
-        err = as_text(sample["error"])
+        error = sample["error"]
+        # the message, not Inspect's traceback (tens of kB of the harness's own frames)
+        err = as_text(error.get("message") or error) if isinstance(error, dict) else as_text(error)
         yield em.event(
             "error", f"{base}/error", actor="harness", detail="sample_error", text=err, result_digest=sha256_text(err)
         )

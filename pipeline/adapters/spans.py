@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.core.limits import check_lines, check_size, limit, parse_json, read_member
+from pipeline.core.zips import open_zip
 
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\],:]', re.DOTALL)
 _NONSPACE = re.compile(r"\S")
@@ -212,6 +213,16 @@ class JsonFile:
                 self._spans[line] = {k: (a + off, b + off) for k, v in local.items() for a, b in [v]}
         return self._spans[line]
 
+    def char_span(self, ptr: str, line: int | None = None) -> tuple[int, int]:
+        """Character span ``[start, end)`` in the text of the element at ``ptr`` (or its deepest recorded ancestor)."""
+        spans = self._spans_for(line)
+        probe = ptr
+        while probe not in spans:
+            if not probe:
+                raise KeyError(ptr)
+            probe = probe.rsplit("/", 1)[0]
+        return spans[probe]
+
     def locate(self, ptr: str, line: int | None = None) -> Located:
         """Line span of the element at ``ptr`` (in the document on ``line`` for JSON Lines).
 
@@ -252,11 +263,8 @@ def _member(raw: bytes, json_pointer: str | None) -> tuple[bytes, str | None]:
     """(bytes the lines count in, pointer within them): a zip member's when the pointer names one."""
     if json_pointer and "!" in json_pointer.split("#", 1)[0]:
         # A member of a zip container (Inspect .eval): "/<member>!<pointer>", lines are the member's.
-        import io
-        import zipfile
-
         member, _, rest = json_pointer.partition("!")
-        with zipfile.ZipFile(io.BytesIO(raw)) as zf:
+        with open_zip(raw) as zf:
             return read_member(zf, member.removeprefix("/"), "the zip"), rest
     return raw, json_pointer
 
@@ -281,6 +289,17 @@ def resolve_element(raw: bytes, line_start: int, line_end: int, json_pointer: st
     selected lines for a ``#L`` suffix), after checking that the element's own span lies within
     ``line_start..line_end``.
     """
+    return resolve_element_at(raw, line_start, line_end, json_pointer)[0]
+
+
+def resolve_element_at(raw: bytes, line_start: int, line_end: int, json_pointer: str | None) -> tuple[str, str | None]:
+    """:func:`resolve_element` and where the element sits (None without a pointer).
+
+    ``line 3, characters 120-980`` or ``lines 3-9``, then ``of member M`` for a zip member and
+    any string suffix.
+    """
+    zipped = json_pointer is not None and "!" in json_pointer.split("#", 1)[0]
+    member = json_pointer.partition("!")[0].removeprefix("/") if json_pointer and zipped else None
     raw, json_pointer = _member(raw, json_pointer)
     text = raw.decode("utf-8")
     lines = text.split("\n")
@@ -289,7 +308,7 @@ def resolve_element(raw: bytes, line_start: int, line_end: int, json_pointer: st
     if not (1 <= line_start <= line_end <= len(lines)):
         raise ValueError(f"lines {line_start}-{line_end} outside the file ({len(lines)} lines)")
     if not json_pointer:
-        return "\n".join(lines[line_start - 1 : line_end])
+        return "\n".join(lines[line_start - 1 : line_end]), None
     ptr, *subs = json_pointer.split("#")
     jf = _cached_file(raw, text, len(split_pointer(ptr)))
     doc_line = None if not jf.jsonl else line_start
@@ -298,6 +317,14 @@ def resolve_element(raw: bytes, line_start: int, line_end: int, json_pointer: st
     loc = jf.locate(ptr, doc_line)
     if not (line_start <= loc.line_start and loc.line_end <= line_end):
         raise ValueError(f"{ptr} spans lines {loc.line_start}-{loc.line_end}, not within {line_start}-{line_end}")
+    a, b = jf.char_span(ptr, doc_line)
+    if loc.line_start == loc.line_end:
+        col = jf.lines.line_start_offset(loc.line_start)
+        place = f"line {loc.line_start}, characters {a - col + 1}-{b - col}"
+    else:
+        place = f"lines {loc.line_start}-{loc.line_end}"
+    place += f" of member {member}" if member else ""
+    place += "".join(f", string {sub}" for sub in subs)
     for sub in subs:  # inside a string value: "/ptr" parses it as JSON, "La-Lb" takes lines of it
         if not isinstance(element, str):
             raise ValueError(f"suffix #{sub} needs a string value")
@@ -313,5 +340,5 @@ def resolve_element(raw: bytes, line_start: int, line_end: int, json_pointer: st
         else:
             raise ValueError(f"bad suffix #{sub}")
     if isinstance(element, str):
-        return element
-    return json.dumps(element, ensure_ascii=False, indent=2, sort_keys=True)
+        return element, place
+    return json.dumps(element, ensure_ascii=False, indent=2, sort_keys=True), place

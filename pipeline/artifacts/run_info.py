@@ -60,6 +60,10 @@ class RunInputs(BaseModel):
     models: ModelInputs | None = None
     templates: dict[str, str | None] = Field(default_factory=dict, description="role -> template hash")
     versions: dict[str, str] = Field(default_factory=dict, description="library -> version")
+    probes_dir: str | None = Field(default=None, description="--probes: the folder of the user's probes")
+    probes: list[dict[str, str]] | None = Field(
+        default=None, description="the user's probes (--probes): probe_id, path and sha256 of each file"
+    )
 
 
 class RunInfo(BaseModel):
@@ -82,6 +86,7 @@ def run_command(run_dir: Path, *, resume: bool = True) -> str:
     """The exact ``lunasol run`` command that continues this run (from run.json)."""
     bundle = "BUNDLE"
     models: dict[str, Any] = {}
+    inputs: dict[str, Any] = {}
     run_json = run_dir / "run.json"
     if run_json.is_file():
         raw = read_json(run_json)
@@ -102,6 +107,8 @@ def run_command(run_dir: Path, *, resume: bool = True) -> str:
         parts += ["--api-base", str(models["api_base"])]
     if models.get("mode") in ("replay", "record") and models.get("store"):
         parts += [f"--{models['mode']}", str(models["store"])]
+    if inputs.get("probes_dir"):
+        parts += ["--probes", str(inputs["probes_dir"])]
     if models.get("context_tokens"):
         parts += ["--context-tokens", str(models["context_tokens"])]
     if resume:

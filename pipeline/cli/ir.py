@@ -47,23 +47,26 @@ def register(app: typer.Typer) -> None:
             0, "--context", "-C", min=0, help="Also N lines before and after, numbered; cited lines marked >."
         ),
         pretty: bool = typer.Option(False, "--pretty", help="Also pretty-print each cited JSON line."),
+        line: bool = typer.Option(
+            False, "--line", help="With a JSON pointer: print the whole raw line(s), not the element."
+        ),
         unredacted: bool = typer.Option(
             False, "--unredacted", help="Show secrets as written (default: [REDACTED:<kind>], as in the IR)."
         ),
         as_json: bool = JSON_OPTION,
     ) -> None:
-        """Print the raw lines behind a ref, after checking the file's hash (--context N for more).
+        """Print what a ref names, hash-checked: its raw lines (--context N for more), or its pointer's element.
 
         Secrets are shown as [REDACTED:<kind>] unless --unredacted.
         """
         run_dir = resolve_run(run)
         if as_json:
             view = resolve_ref(run_dir, ref)
-            emit_json((view if unredacted else redacted(view)).to_json())
+            emit_json((view if unredacted else redacted(view)).to_json(lines=line))
         elif context or pretty:
             typer.echo(show_ref_context(run_dir, ref, context, pretty, unredacted=unredacted))
         else:
-            typer.echo(show_ref(run_dir, ref, unredacted=unredacted))
+            typer.echo(show_ref(run_dir, ref, line=line, unredacted=unredacted))
 
     @app.command("query")
     def query_cmd(

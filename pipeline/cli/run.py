@@ -13,6 +13,7 @@ from pipeline.core.context import RunOptions
 from pipeline.core.errors import BadInput
 from pipeline.core.settings import ModelSettings
 from pipeline.models.store import check_store
+from pipeline.probes import user_probes
 from pipeline.run.runner import run
 from pipeline.run.status import gate_report, status
 
@@ -47,6 +48,11 @@ def register(app: typer.Typer) -> None:
             "--context-tokens",
             help="The model's input limit in tokens (env LUNASOL_CONTEXT_TOKENS; default: litellm's model info).",
         ),
+        probes_dir: Path | None = typer.Option(
+            None,
+            "--probes",
+            help="A folder of your own probe files (<id>.sql, docs/patterns.md), run beside the shipped.",
+        ),
         as_json: bool = JSON_OPTION,
     ) -> None:
         """Export the IR, find patterns, mine root causes, and stop at gate 1.
@@ -71,8 +77,15 @@ def register(app: typer.Typer) -> None:
             context_tokens=context_tokens,
         )
         check_store(settings)
+        user_probes(probes_dir)  # a bad probe file is one line before anything is written
         opts = RunOptions(
-            bundle=bundle, run_id=run_id, runs_dir=runs_dir, resume=resume, dry_run=dry_run, models=settings
+            bundle=bundle,
+            run_id=run_id,
+            runs_dir=runs_dir,
+            resume=resume,
+            dry_run=dry_run,
+            models=settings,
+            probes_dir=probes_dir,
         )
         # With --json the stage lines go to stderr, so stdout is one JSON document.
         result = run(opts, log=(lambda m: typer.echo(m, err=True)) if as_json else typer.echo)

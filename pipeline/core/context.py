@@ -23,6 +23,7 @@ class RunOptions:
     resume: bool = False
     dry_run: bool = False
     models: ModelSettings = field(default_factory=ModelSettings)
+    probes_dir: Path | None = None  # --probes: a folder of the user's own probe files, run beside the shipped
 
 
 @dataclass

@@ -24,7 +24,8 @@ from pipeline.eval.events import USER_ACTORS, Event
 CHECKS = ("repeated_tool_call", "repeated_message", "error_result", "step_cap", "success_claim_failing_verifier")
 STEP_CAP = re.compile(
     r"maximum iteration|max(?:imum)?[ _]?(?:turns|steps|iterations) (?:reached|exceeded)|reached the maximum|"
-    r"Executing step (\d+)/\1\b|exit_cost|step limit",
+    r"Executing step (\d+)/\1\b|exit_cost|step limit|"
+    r"(?:message|token|turn|time|working|cost) limit (?:exceeded|reached)",  # Inspect's sample limits
     re.IGNORECASE,
 )
 _SUCCESS = re.compile(

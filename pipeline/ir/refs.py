@@ -9,16 +9,16 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pipeline.adapters.spans import ref_lines, resolve_element
+from pipeline.adapters.spans import ref_lines, resolve_element_at
 from pipeline.bundle.manifest import MANIFEST_FILE, read_frozen, read_manifest
 from pipeline.bundle.request import check_relative
 from pipeline.core.canonical import sha256_bytes
 from pipeline.core.errors import BadInput, BundleError
+from pipeline.core.zips import ZIP_ERRORS
 from pipeline.ir.export import read_run_json, run_bundle
 from pipeline.ir.redact import redact
 
@@ -46,10 +46,14 @@ class RefView:
     lines: str
     element: str | None = None
     sha256: str = ""
+    position: str | None = None  # where the element sits: "line 3, characters 120-980 of member M"
 
-    def to_json(self) -> dict[str, Any]:
-        """Machine-readable form."""
-        return {"ref": str(self.ref), "lines": self.lines, "element": self.element, "sha256": self.sha256}
+    def to_json(self, lines: bool = True) -> dict[str, Any]:
+        """Machine-readable form (``lines`` False: a pointer ref's element only, not its whole line)."""
+        out: dict[str, Any] = {"ref": str(self.ref), "element": self.element, "position": self.position}
+        if lines or self.element is None:
+            out["lines"] = self.lines
+        return {**out, "sha256": self.sha256}
 
 
 def parse_ref(text: str) -> Ref:
@@ -70,17 +74,17 @@ def ref_of(source_path: str, line_start: int, line_end: int, json_pointer: str |
     return str(Ref(source_path, line_start, line_end, json_pointer))
 
 
-def _pointer_element(raw: bytes, ref: Ref) -> str:
+def _pointer_element(raw: bytes, ref: Ref) -> tuple[str, str | None]:
     pointer = ref.json_pointer or ""
     try:
         # the span locator also checks that the element lies within the ref's lines
-        element = resolve_element(raw, ref.line_start, ref.line_end, pointer)
+        element, place = resolve_element_at(raw, ref.line_start, ref.line_end, pointer)
     except (ValueError, KeyError, IndexError, json.JSONDecodeError) as exc:
         raise BundleError(f"ref {ref} does not resolve: {exc}") from None
     try:
-        return json.dumps(json.loads(element), ensure_ascii=False, indent=2, sort_keys=True)
+        return json.dumps(json.loads(element), ensure_ascii=False, indent=2, sort_keys=True), place
     except json.JSONDecodeError:
-        return element  # a string element (or its selected lines) is shown as text
+        return element, place  # a string element (or its selected lines) is shown as text
 
 
 def _plain_pointer(raw: bytes, ref: Ref) -> str:
@@ -112,7 +116,7 @@ def _ref_text(raw: bytes, ref: Ref) -> str:
         return ref_lines(raw, ref.line_start, ref.line_end, ref.json_pointer)
     except UnicodeDecodeError:
         raise BundleError(f"invalid UTF-8 in {ref.path} lines {ref.line_start}-{ref.line_end}") from None
-    except (ValueError, KeyError, zipfile.BadZipFile) as exc:
+    except (ValueError, KeyError, *ZIP_ERRORS) as exc:
         raise BadInput(f"ref {ref} does not resolve: {exc}") from None
 
 
@@ -122,29 +126,31 @@ def resolve_ref(run_dir: Path, ref: str | Ref) -> RefView:
     bundle, manifest = _frozen_bundle(run_dir)
     raw = read_frozen(bundle, parsed.path, manifest)
     text = _ref_text(raw, parsed)
-    element = _pointer_element(raw, parsed) if parsed.json_pointer else None
-    return RefView(parsed, text, element, manifest.get(parsed.path).sha256)
+    element, place = _pointer_element(raw, parsed) if parsed.json_pointer else (None, None)
+    return RefView(parsed, text, element, manifest.get(parsed.path).sha256, place)
 
 
 def redacted(view: RefView) -> RefView:
     """The view with secrets replaced as in the IR (:mod:`pipeline.ir.redact`); refs and hashes unchanged."""
-    lines, _ = redact(view.lines)
     element = redact(view.element)[0] if view.element is not None else None
-    return RefView(view.ref, lines, element, view.sha256)
+    return replace(view, lines=redact(view.lines)[0], element=element)
 
 
-def show_ref(run_dir: Path, ref: str, unredacted: bool = False) -> str:
-    """The raw lines behind ``ref`` (and, after a ``# POINTER`` line, the pointed element).
+def show_ref(run_dir: Path, ref: str, line: bool = False, unredacted: bool = False) -> str:
+    """What ``ref`` names in the frozen bytes (hash-checked).
 
+    A ref without a JSON pointer: exactly its raw lines. With one: a ``# PATH POSITION POINTER``
+    line and the element alone; one line of JSON Lines may hold a whole run (a 300 kB MAST turn,
+    an Inspect sample with its target and scores), so ``line`` asks for the raw lines instead.
     Secrets are shown as ``[REDACTED:<kind>]`` (what is printed may be pasted anywhere); with
     ``unredacted`` the exact bytes of the user's own bundle. The hash is checked either way.
     """
     view = resolve_ref(run_dir, ref)
     if not unredacted:
         view = redacted(view)
-    if view.element is None:
+    if view.element is None or line:
         return view.lines
-    return f"{view.lines}\n# {view.ref.json_pointer}\n{view.element}"
+    return f"# {view.ref.path} {view.position} {view.ref.json_pointer}\n{view.element}"
 
 
 def show_ref_context(run_dir: Path, ref: str, context: int, pretty: bool = False, unredacted: bool = False) -> str:
@@ -229,7 +235,7 @@ class RefReader:
         raw = self._file(parsed.path)
         if parsed.json_pointer:
             text = _ref_text(raw, parsed)
-            element: str | None = _pointer_element(raw, parsed)
+            element, place = _pointer_element(raw, parsed)
         else:
             lines = self.file_lines(parsed.path)
             if parsed.line_end > len(lines):
@@ -237,5 +243,5 @@ class RefReader:
                     f"ref {parsed} does not resolve: lines {parsed.line_start}-{parsed.line_end} are past the end "
                     f"of the file ({len(lines)} lines)"
                 )
-            text, element = "\n".join(lines[parsed.line_start - 1 : parsed.line_end]), None
-        return RefView(parsed, text, element, self.manifest.get(parsed.path).sha256)
+            text, element, place = "\n".join(lines[parsed.line_start - 1 : parsed.line_end]), None, None
+        return RefView(parsed, text, element, self.manifest.get(parsed.path).sha256, place)

@@ -14,7 +14,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pipeline.artifacts.versions import VERSIONS
-from pipeline.probes.core import PatternType, ProbeHit, normalise_key
+from pipeline.probes.core import ProbeHit, normalise_key
+from pipeline.probes.files import PatternType
 
 Confidence = Literal["high", "medium", "low"]
 PATTERN_TYPES: tuple[PatternType, ...] = ("omission", "repeated_exploration", "zero_information_gain")

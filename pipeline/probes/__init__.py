@@ -2,32 +2,46 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.core.errors import BadInput
 from pipeline.probes.core import (
     PROBES,
-    Probe,
     ProbeHit,
     normalise_key,
     read_probe_hits,
     run_probes,
     write_probe_hits,
 )
+from pipeline.probes.files import HIT_COLUMNS, Probe, load_probe_dir
 
 if TYPE_CHECKING:
     from pipeline.core.context import RunContext
 
 __all__ = [
+    "HIT_COLUMNS",
     "PROBES",
     "Probe",
     "ProbeHit",
     "normalise_key",
+    "probe_list",
     "read_probe_hits",
     "run_probes",
     "stage",
+    "user_probes",
     "write_probe_hits",
 ]
+
+
+def user_probes(folder: Path | None) -> tuple[Probe, ...]:
+    """The user's probes of ``--probes DIR`` (none without it), checked against the contract."""
+    return () if folder is None else load_probe_dir(folder, PROBES)
+
+
+def probe_list(folder: Path | None) -> list[dict[str, str]]:
+    """The user's probes as run.json lists them: id, file and sha256."""
+    return [{"probe_id": p.probe_id, "path": p.path, "sha256": p.sha256} for p in user_probes(folder)]
 
 
 def stage(ctx: RunContext) -> str:
@@ -36,9 +50,10 @@ def stage(ctx: RunContext) -> str:
 
     if not ctx.ir_path.is_file():
         raise BadInput(f"no IR at {ctx.ir_path}: export must run before probes")
+    probes = PROBES + user_probes(ctx.options.probes_dir)
     con = duckdb.connect(str(ctx.ir_path))
     try:
-        hits = run_probes(con)
+        hits = run_probes(con, probes)
         write_probe_hits(con, hits)
     finally:
         con.close()

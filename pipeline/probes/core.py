@@ -9,64 +9,15 @@ event" carry ``proves_unchanged``: where a model claims a change inside such a s
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from importlib import resources
-from typing import Literal
 
 import duckdb
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-PatternType = Literal["omission", "repeated_exploration", "zero_information_gain"]
+from pipeline.core.errors import BadInput
+from pipeline.probes.files import PatternType, Probe, base_sql, shipped_probes
 
-
-@dataclass(frozen=True)
-class Probe:
-    """One probe: its SQL file, the pattern type it suggests, and whether it proves no change."""
-
-    probe_id: str
-    type: PatternType
-    proves_unchanged: bool
-    summary: str
-
-
-PROBES: tuple[Probe, ...] = (
-    Probe(
-        "repeat_call_same_state",
-        "repeated_exploration",
-        True,
-        "same read-only tool call, same arguments, unchanged controller state and source",
-    ),
-    Probe(
-        "check_rerun_unchanged_source",
-        "repeated_exploration",
-        True,
-        "same check on the same target re-run with unchanged controller state and source",
-    ),
-    Probe(
-        "identical_result",
-        "zero_information_gain",
-        True,
-        "same actor, same stage, same tool call, byte-identical result, nothing changed in between",
-    ),
-    Probe(
-        "repeated_failure",
-        "zero_information_gain",
-        True,
-        "same actor, same tool call, the same failure again, nothing changed in between",
-    ),
-    Probe(
-        "obligation_unclosed",
-        "omission",
-        False,
-        "obligation opened, its stage ran, never closed",
-    ),
-    Probe(
-        "report_only_rewrite",
-        "zero_information_gain",
-        True,
-        "report artifact rewritten with no source, artifact, input or controller state change",
-    ),
-)
+PROBES: tuple[Probe, ...] = shipped_probes()
+"""The shipped probes, read from ``sql/`` through the same contract as a user's (:mod:`.files`)."""
 
 PROBE_HITS_DDL = """
 CREATE OR REPLACE TABLE probe_hits (
@@ -101,16 +52,38 @@ class ProbeHit(BaseModel):
     explanation: str
 
 
-def _sql(name: str) -> str:
-    return resources.files("pipeline.probes").joinpath("sql", f"{name}.sql").read_text(encoding="utf-8")
+def _user_rows_checked(con: duckdb.DuckDBPyConnection, probe: Probe, rows: list[tuple[object, ...]]) -> None:
+    """A user's probe must cite events of the cell it names, at least one, by existing ids."""
+    cited: set[tuple[str, str]] = set()
+    for cell_id, _key, evidence, *_ in rows:
+        if not isinstance(evidence, list) or not evidence:
+            raise BadInput(f"probe {probe.path}: evidence must be a non-empty list of event ids (cell {cell_id})")
+        cited.update((str(cell_id), str(e)) for e in evidence)
+    if not cited:
+        return
+    known = {
+        (c, e)
+        for c, e in con.execute(
+            "SELECT cell_id, event_id FROM events WHERE event_id IN (SELECT unnest(?))", [sorted({e for _, e in cited})]
+        ).fetchall()
+    }
+    bad = sorted(cited - known)
+    if bad:
+        cell, eid = bad[0]
+        raise BadInput(f"probe {probe.path}: evidence {eid} is not an event of cell {cell} ({len(bad)} such)")
 
 
 def run_probes(con: duckdb.DuckDBPyConnection, probes: tuple[Probe, ...] = PROBES) -> list[ProbeHit]:
     """Run every probe over the IR on ``con``; return hits with deterministic ids (no table written)."""
-    con.execute(_sql("_base"))
+    con.execute(base_sql())
     raw: list[tuple[str, int, str, Probe, str, list[str], int, str]] = []
     for probe in probes:
-        rows = con.execute(_sql(probe.probe_id)).fetchall()
+        try:
+            rows = con.execute(probe.sql).fetchall()
+        except duckdb.Error as exc:
+            raise BadInput(f"probe {probe.path}: {' '.join(str(exc).split(chr(10))[0].split())}") from None
+        if not probe.shipped:
+            _user_rows_checked(con, probe, rows)
         for cell_id, key, evidence, first_seq, last_seq, explanation in rows:
             raw.append((cell_id, first_seq, probe.probe_id, probe, key, list(evidence), last_seq, explanation))
     raw.sort(key=lambda r: (r[0], r[1], r[2], r[4], r[5]))
@@ -118,8 +91,8 @@ def run_probes(con: duckdb.DuckDBPyConnection, probes: tuple[Probe, ...] = PROBE
     counter: dict[str, int] = {}
     for cell_id, first_seq, _pid, probe, key, evidence, last_seq, explanation in raw:
         counter[cell_id] = counter.get(cell_id, 0) + 1
-        hits.append(
-            ProbeHit(
+        try:
+            hit = ProbeHit(
                 hit_id=f"{cell_id}-H{counter[cell_id]:02d}",
                 probe_id=probe.probe_id,
                 cell_id=cell_id,
@@ -131,8 +104,17 @@ def run_probes(con: duckdb.DuckDBPyConnection, probes: tuple[Probe, ...] = PROBE
                 proves_unchanged=probe.proves_unchanged,
                 explanation=explanation,
             )
-        )
+        except (ValidationError, AttributeError) as exc:  # a user's probe returned a wrongly typed row
+            raise BadInput(f"probe {probe.path}: a row does not fit the probe contract ({_short(exc)})") from None
+        hits.append(hit)
     return hits
+
+
+def _short(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        err = exc.errors()[0]
+        return f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}"
+    return str(exc)
 
 
 def write_probe_hits(con: duckdb.DuckDBPyConnection, hits: list[ProbeHit]) -> None:

@@ -54,6 +54,7 @@ class Snippet:
     event: dict[str, Any] = field(default_factory=dict)  # cell, kind, actor, stage of an IR event
     pointer: str | None = None
     element: str | None = None  # the JSON-pointer element, pretty-printed, when the ref has one
+    position: str | None = None  # where that element sits in its line(s)
     note: str | None = None
 
     @property
@@ -81,6 +82,7 @@ class Snippet:
             "sha256": self.sha256 or self.expected_sha256,
             "event": self.event or None,
             "element": self.element,
+            "position": self.position,
             "note": self.note,
         }
 
@@ -200,9 +202,12 @@ class EvidenceReader:
                 for n in range(lo, hi + 1):
                     if n not in have:
                         have[n] = _cut(window[n - lo])
-            else:  # a pointer into one document (or a zip member): its own lines only, no context
+            elif view.element is None:  # a pointer into one document (or a zip member): its own lines only
                 for n, text in enumerate(redact(view.lines)[0].split("\n"), start=snip.line_start):
                     have.setdefault(n, _cut(text))
+            # A pointer's element alone, never the line around it: one line may hold a whole run with
+            # its labels (an Inspect sample's target and scores, a MAST record) the report must not show.
             snip.element = redact(view.element)[0][:SNIPPET_LIMIT] if view.element else None
+            snip.position = view.position
             snip.status = "verified"
         return Evidence(snippets, lines)

@@ -167,6 +167,9 @@ def write_run_json(ctx: RunContext, bdigest: str) -> None:
         "templates": {role: _template_hash(role) for role in ROLES},
         "versions": _versions(),
     }
+    if ctx.options.probes_dir is not None:
+        data["inputs"]["probes_dir"] = str(ctx.options.probes_dir)
+        data["inputs"]["probes"] = probes.probe_list(ctx.options.probes_dir)
     write_json(path, data)
 
 
@@ -180,6 +183,10 @@ def stage_inputs(name: str, ctx: RunContext, bdigest: str, upstream: tuple[str, 
             inputs["ir_schema"] = str(IR_SCHEMA_VERSION)
     else:
         inputs[f"upstream:{upstream[0]}"] = upstream[1]
+    if name == "probes":
+        # a changed (added, removed) probe file of --probes reruns the probes and what follows
+        for p in probes.user_probes(ctx.options.probes_dir):
+            inputs[f"probe:{p.probe_id}"] = p.sha256
     role = STAGE_ROLES.get(name)
     if role:
         inputs["template"] = _template_hash(role) or "missing"

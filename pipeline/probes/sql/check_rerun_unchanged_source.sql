@@ -1,3 +1,7 @@
+-- type: repeated_exploration
+-- proves_unchanged: true
+-- summary: same check on the same target re-run with unchanged controller state and source
+--
 -- repeated_exploration: a check (tests, lint, validate, ...) on the same target run again while the
 -- controller state digest is the same and nothing in between changed the source, a non-report
 -- artifact or the operator's input. "Same check" is the same tool with the same arguments digest (the

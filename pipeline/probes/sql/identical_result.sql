@@ -1,3 +1,7 @@
+-- type: zero_information_gain
+-- proves_unchanged: true
+-- summary: same actor, same stage, same tool call, byte-identical result, nothing changed in between
+--
 -- zero_information_gain: the same actor, in the same stage, made the same tool call (same tool, same
 -- arguments digest) and got a result byte-identical to the one it already had (same result digest),
 -- while nothing in between changed the source, a non-report artifact, the operator's input or the

@@ -1,3 +1,7 @@
+-- type: omission
+-- proves_unchanged: false
+-- summary: obligation opened, its stage ran, never closed
+--
 -- omission: an obligation was opened and never closed in the cell although the workflow went on to
 -- start at least one stage after it (the completion opportunity). Duplicate opening lines count
 -- once; all of them stay in the evidence, with the stage starts that followed.

@@ -1,3 +1,7 @@
+-- type: repeated_exploration
+-- proves_unchanged: true
+-- summary: same read-only tool call, same arguments, unchanged controller state and source
+--
 -- repeated_exploration: the same read-only tool call (same tool, same arguments digest) made again
 -- while the controller state digest is the same and nothing in between changed the source, a
 -- non-report artifact or the operator's input. Consecutive repeats form one hit (a chain).

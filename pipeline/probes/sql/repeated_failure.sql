@@ -1,3 +1,7 @@
+-- type: zero_information_gain
+-- proves_unchanged: true
+-- summary: same actor, same tool call, the same failure again, nothing changed in between
+--
 -- zero_information_gain: the same actor made the same tool call (same tool, same arguments digest)
 -- and got the same failure again (an error result with a byte-identical digest), while nothing in
 -- between changed the source, a non-report artifact, the operator's input or the controller state.

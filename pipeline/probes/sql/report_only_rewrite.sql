@@ -1,3 +1,7 @@
+-- type: zero_information_gain
+-- proves_unchanged: true
+-- summary: report artifact rewritten with no source, artifact, input or controller state change
+--
 -- zero_information_gain: a report artifact (validation.md, review.md, ...) written again while
 -- nothing in between changed the source, a non-report artifact or the operator's input, and no
 -- controller state line moved away from the state in force at the earlier write.
