@@ -13,7 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.ir.schema import IR_SCHEMA_VERSION
+from pipeline.core.canonical import digest
+from pipeline.ir.redact import RULES_DIGEST
+from pipeline.ir.schema import IR_SCHEMA_VERSION, TEXT_LIMIT
 from pipeline.ir.store import TABLES
 
 if TYPE_CHECKING:
@@ -30,6 +32,15 @@ _CACHE_TABLES = (
 
 def _sql_str(text: str) -> str:
     return text.replace("'", "''")
+
+
+def rows_made_with() -> str:
+    """What a cell's rows depend on besides its raw bytes: the redaction rules and the trim limit.
+
+    Stored in ``meta``; a previous IR made under other rules (or before redaction) is read again,
+    never copied, so a secret an older lunasol let through cannot survive a re-export.
+    """
+    return digest({"redaction": RULES_DIGEST, "text_limit": TEXT_LIMIT})
 
 
 def previous_sources(path: Path, fmt: str) -> dict[str, str]:
@@ -50,6 +61,8 @@ def previous_sources(path: Path, fmt: str) -> dict[str, str]:
         meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
         if meta.get("ir_schema_version") != str(IR_SCHEMA_VERSION) or meta.get("format") != fmt:
             return {}
+        if meta.get("rows_made_with") != rows_made_with():
+            return {}
         rows = con.execute("SELECT cell_id, source_digest FROM cell_digests WHERE source_digest IS NOT NULL").fetchall()
         return {r[0]: r[1] for r in rows}
     except duckdb.Error:
@@ -58,8 +71,10 @@ def previous_sources(path: Path, fmt: str) -> dict[str, str]:
         con.close()
 
 
-def copy_cells(writer: IRWriter, path: Path, cell_ids: list[str]) -> dict[str, int]:
+def copy_cells(writer: IRWriter, path: Path, cell_ids: list[str], redactions: dict[str, int]) -> dict[str, int]:
     """Copy the previous IR's events, segments and digests of ``cell_ids``; return their event counts.
+
+    ``redactions`` gets each copied cell's count of redacted secrets, as the previous export found it.
 
     The previous IR stays attached (read-only) until :func:`carry_caches` detaches it.
     """
@@ -76,11 +91,12 @@ def copy_cells(writer: IRWriter, path: Path, cell_ids: list[str]) -> dict[str, i
                 "SEMI JOIN _lunasol_reuse r ON p.cell_id = r.cell_id"
             )
         rows = writer.fetch(
-            f"SELECT p.cell_id, p.events FROM {PREVIOUS}.main.coverage p SEMI JOIN _lunasol_reuse r "
+            f"SELECT p.cell_id, p.events, p.redactions FROM {PREVIOUS}.main.coverage p SEMI JOIN _lunasol_reuse r "
             "ON p.cell_id = r.cell_id"
         )
     finally:
         writer.unregister("_lunasol_reuse")
+    redactions.update({str(r[0]): int(r[2]) for r in rows})
     return {str(r[0]): int(r[1]) for r in rows}
 
 

@@ -64,10 +64,19 @@ class ExportReport:
     seconds: float
     parquet: list[Path] = field(default_factory=list)
     reused: list[str] = field(default_factory=list)  # cells whose rows were copied from the previous IR
+    redactions_per_cell: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def redactions(self) -> int:
+        """Secrets replaced by ``[REDACTED:<kind>]`` in the IR's event text (pipeline.ir.redact)."""
+        return sum(self.redactions_per_cell.values())
 
     def summary(self) -> str:
-        """One line: cells in, cells excluded, events (and cells reused, on a re-export)."""
+        """One line: cells in, excluded, events (and secrets redacted, cells reused, when there are any)."""
         line = f"{self.cells_in} cells in, {len(self.excluded)} excluded, {self.events:,} events"
+        if self.redactions:
+            cells = sum(1 for n in self.redactions_per_cell.values() if n)
+            line += f", {self.redactions:,} secret(s) redacted in {cells} cell(s)"
         if self.reused:
             line += f" ({len(self.reused)} unchanged cells reused, {self.cells_in - len(self.reused)} read)"
         return line
@@ -84,6 +93,8 @@ class ExportReport:
             "excluded": self.excluded,
             "parquet": [p.as_posix() for p in self.parquet],
             "cells_reused": len(self.reused),
+            "redactions": self.redactions,
+            "redactions_per_cell": {k: v for k, v in self.redactions_per_cell.items() if v},
         }
 
 
@@ -156,7 +167,9 @@ def _write_run_json(run_dir: Path, bundle: Path, request: AnalysisRequest, diges
     write_json(path, data)
 
 
-def _load_cells(writer: IRWriter, bundle: Path, cells: list[CellSpec], manifest: Manifest, fmt: str) -> dict[str, int]:
+def _load_cells(
+    writer: IRWriter, bundle: Path, cells: list[CellSpec], manifest: Manifest, fmt: str, redactions: dict[str, int]
+) -> dict[str, int]:
     """Stream every eligible cell into ``events`` (one INSERT), then ``segments``; return events per cell.
 
     A big bundle is read by worker processes (:mod:`pipeline.ir.pool`), a small one in this
@@ -168,9 +181,9 @@ def _load_cells(writer: IRWriter, bundle: Path, cells: list[CellSpec], manifest:
     workers = pool.export_workers() if sum(sizes) >= pool.PARALLEL_MIN_BYTES and sys.executable else 0
     batches: Generator[pa.RecordBatch, None, None]
     if workers and len(cells) > 1:
-        batches = pool.parallel_batches(bundle, cells, manifest, fmt, sizes, workers, counts, segments)
+        batches = pool.parallel_batches(bundle, cells, manifest, fmt, sizes, workers, counts, segments, redactions)
     else:
-        batches = serial_batches(bundle, cells, manifest, record_reader(fmt), counts, segments)
+        batches = serial_batches(bundle, cells, manifest, record_reader(fmt), counts, segments, redactions)
     try:
         with gc_paused():
             writer.insert_stream(_INSERT_EVENTS, "_lunasol_events", event_schema(), batches)
@@ -291,11 +304,12 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
     try:
         writer = IRWriter(ir_path)
         # Cells whose raw inputs are unchanged keep their rows from the previous IR; the rest are read.
-        counts = cache.copy_cells(writer, ir_path, reuse) if previous else {}
+        redactions: dict[str, int] = {}
+        counts = cache.copy_cells(writer, ir_path, reuse, redactions) if previous else {}
         reused = set(counts)
         fresh = [c for c in cells if c.cell_id not in reused]
         if fresh:
-            counts.update(_load_cells(writer, bundle, fresh, manifest, request.format))
+            counts.update(_load_cells(writer, bundle, fresh, manifest, request.format, redactions))
         counts = {c.cell_id: counts[c.cell_id] for c in cells}  # request order
         total = sum(counts.values())
         if total == 0:
@@ -305,13 +319,21 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
             "meta",
             pa.table(
                 {
-                    "key": ["analysis_run_id", "bundle_digest", "format", "ir_schema_version", "lunasol_version"],
+                    "key": [
+                        "analysis_run_id",
+                        "bundle_digest",
+                        "format",
+                        "ir_schema_version",
+                        "lunasol_version",
+                        "rows_made_with",
+                    ],
                     "value": [
                         request.analysis_run_id,
                         bundle_digest,
                         request.format,
                         str(IR_SCHEMA_VERSION),
                         pipeline.__version__,
+                        cache.rows_made_with(),
                     ],
                 }
             ),
@@ -347,6 +369,7 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
                     "status": ["excluded" if i in excluded else "included" for i in ids],
                     "reason": [excluded.get(i) for i in ids],
                     "events": pa.array([counts.get(i, 0) for i in ids], type=pa.int32()),
+                    "redactions": pa.array([redactions.get(i, 0) for i in ids], type=pa.int32()),
                 }
             ),
         )
@@ -373,6 +396,7 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
         seconds=time.perf_counter() - t0,
         parquet=written,
         reused=[c.cell_id for c in cells if c.cell_id in reused],
+        redactions_per_cell=redactions,
     )
     _write_run_json(
         run_dir,
@@ -385,6 +409,7 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
             "cells_in": len(cells),
             "cells_excluded": len(excluded),
             "events": total,
+            **({"redactions": result.redactions} if result.redactions else {}),
         },
     )
     return result

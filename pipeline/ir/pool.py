@@ -45,7 +45,7 @@ TASK_BYTES = 8 * 2**20  # raw bytes of cells per worker task: ~40k events, a few
 MAX_WORKERS = 2
 _IN_FLIGHT_PER_WORKER = 2
 
-TaskResult = tuple[Any, ...]  # ("ok", batch | None, counts, segments) or ("err", exception)
+TaskResult = tuple[Any, ...]  # ("ok", batch | None, counts, segments, redactions) or ("err", exception)
 
 
 def export_workers() -> int:
@@ -109,7 +109,7 @@ def _run_task(cells: list[CellSpec]) -> TaskResult:
         builder = ColumnBuilder(_WORKER["bundle"], _WORKER["manifest"], _WORKER["read"])
         for cell in cells:
             builder.add(cell)
-        return ("ok", builder.flush(), builder.counts, builder.segments)
+        return ("ok", builder.flush(), builder.counts, builder.segments, builder.redactions)
     except Exception as exc:
         try:
             pickle.loads(pickle.dumps(exc))
@@ -161,8 +161,9 @@ def parallel_batches(
     workers: int,
     counts: dict[str, int],
     segments: list[tuple[Any, ...]],
+    redactions: dict[str, int],
 ) -> Generator[pa.RecordBatch, None, None]:
-    """Cells read by ``workers`` worker processes; batches in request order; fills counts and segments."""
+    """Cells read by ``workers`` worker processes; batches in request order; fills counts, segments, redactions."""
     tasks = plan_tasks(cells, sizes)
     workers = min(workers, len(tasks))
     pool = ProcessPoolExecutor(
@@ -187,9 +188,10 @@ def parallel_batches(
                 pending.append(pool.submit(_run_task, following))
             if result[0] == "err":
                 raise result[1]
-            _, batch, cell_counts, cell_segments = result
+            _, batch, cell_counts, cell_segments, cell_redactions = result
             counts.update(cell_counts)
             segments.extend(cell_segments)
+            redactions.update(cell_redactions)
             if batch is not None:
                 yield batch
         finished = True

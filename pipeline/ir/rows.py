@@ -28,6 +28,7 @@ from pipeline.adapters.native import cell_records
 from pipeline.bundle.manifest import Manifest
 from pipeline.bundle.request import CellSpec
 from pipeline.core.errors import BadInput
+from pipeline.ir.redact import redact_column
 from pipeline.ir.schema import TEXT_LIMIT, trim_text
 
 if TYPE_CHECKING:
@@ -135,6 +136,7 @@ class ColumnBuilder:
         self.read = read
         self.counts: list[tuple[str, int]] = []  # (cell_id, events) in cell order
         self.segments: list[tuple[Any, ...]] = []  # SEGMENT_ROW tuples in cell order
+        self.redactions: list[tuple[str, int]] = []  # (cell_id, secrets redacted) in cell order
         self._reset()
 
     def _reset(self) -> None:
@@ -193,6 +195,14 @@ class ColumnBuilder:
             elif digest is None:
                 digest = state
             st_append(digest)
+        # Secrets out before anything is measured or trimmed: no secret reaches the IR (pipeline.ir.redact).
+        red_texts, n_text = redact_column(texts)
+        red_targets, n_target = redact_column(targets)
+        if red_texts is not None:
+            texts = tuple(red_texts)
+        if red_targets is not None:
+            targets = tuple(red_targets)
+        self.redactions.append((cell_id, n_text + n_target))
         chars = list(map(len, texts))
         cut = [False] * n
         if max(chars) > TEXT_LIMIT:
@@ -296,8 +306,9 @@ def serial_batches(
     read: RecordReader,
     counts: dict[str, int],
     segments: list[tuple[Any, ...]],
+    redactions: dict[str, int],
 ) -> Generator[pa.RecordBatch, None, None]:
-    """Every cell read in this process, as batches of about ``BATCH_ROWS`` rows; fills counts and segments."""
+    """Every cell read in this process, as batches of about ``BATCH_ROWS`` rows; fills counts, segments, redactions."""
     builder = ColumnBuilder(bundle, manifest, read)
     for cell in cells:
         builder.add(cell)
@@ -310,6 +321,7 @@ def serial_batches(
         yield batch
     counts.update(builder.counts)
     segments.extend(builder.segments)
+    redactions.update(builder.redactions)
 
 
 @contextlib.contextmanager

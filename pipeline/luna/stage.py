@@ -22,6 +22,7 @@ from pipeline.core.canonical import canonical_json, digest, write_jsonl
 from pipeline.core.errors import BadInput
 from pipeline.core.settings import ModelSettings
 from pipeline.ir.cache import cached_rows
+from pipeline.ir.redact import redact
 from pipeline.ir.store import insert_rows
 from pipeline.luna.merge import CellPatterns, Conflict, Verdict, merge_cell
 from pipeline.luna.patterns import PATTERN_ROW_SCHEMA_VERSION, LunaAnswer, Pattern, check_answer
@@ -222,7 +223,8 @@ def _task_summaries(bundle: Path) -> dict[str, str]:
     if not (bundle / "analysis-request.json").is_file():  # an IR-only run: the prompt says nothing then
         return {}
     # A request that no longer loads (edited after export) is one clear error, never a silent omission.
-    return {t.task_id: t.summary for t in load_request(bundle).tasks}
+    # redacted like event text: an imported bundle's summaries come from the logs (a sample's input)
+    return {t.task_id: redact(t.summary)[0] for t in load_request(bundle).tasks}
 
 
 def part_context(cell: CellIR, part: Part, task_summary: str) -> dict[str, Any]:

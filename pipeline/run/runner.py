@@ -28,7 +28,8 @@ import pipeline
 from pipeline import coordinator, probes
 from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION, run_command
 from pipeline.artifacts.schemas import load_document
-from pipeline.bundle.manifest import verify
+from pipeline.bundle.manifest import read_manifest, verify
+from pipeline.bundle.request import load_request
 from pipeline.coordinator.probe_estimate import estimate_groups
 from pipeline.core.canonical import digest, read_json, sha256_file, write_json
 from pipeline.core.context import RunContext, RunOptions
@@ -112,11 +113,9 @@ def bundle_digest(bundle: Path) -> str:
 
 def default_run_id(bundle: Path) -> str:
     """The bundle's analysis run id, or its directory name."""
-    req = bundle / REQUEST
-    if req.is_file():
-        raw = read_json(req)
-        if isinstance(raw, dict) and isinstance(raw.get("analysis_run_id"), str) and raw["analysis_run_id"]:
-            return str(raw["analysis_run_id"])
+    if (bundle / REQUEST).is_file():
+        # the strict reader: a request that does not load is one clear line here, before any run dir exists
+        return load_request(bundle).analysis_run_id or bundle.resolve().name
     return bundle.resolve().name
 
 
@@ -370,6 +369,9 @@ def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
         return dry_run(ctx)
     if options.resume:
         _check_resume(ctx, bdigest)
+    # The bundle's own files are checked before the run dir exists, so a bad one leaves nothing behind.
+    read_manifest(options.bundle)
+    load_request(options.bundle)
     created = not ctx.run_dir.exists()
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     with _exclusive_run(ctx.run_dir):

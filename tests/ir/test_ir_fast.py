@@ -31,6 +31,9 @@ _VALUES: list[Any] = [
     "x", "", None, 0, 1, -3, 1.5, 1e20, 1e-7, 0.00001, float("nan"), float("inf"), True, False, [1, "a"],
     {"k": "v", "a": [1.0, None]}, "ünïcødé ✓", "src/a.py", "line\nbreak", "x" * 2500, 12345, -0.0, 2.5e-5,
     {"z": 1, "a": {"y": 1e300}},
+    # secrets: both paths redact them the same way (pipeline.ir.redact), also in a long, trimmed text
+    "key sk-proj-Ab3dEf9hIj2lMn5pQr8tUv1xYz40123456789abcd", {"url": "https://u:pw12345678@h.example/x"},
+    "Authorization: Bearer x9Yk2Lm4Np6Qr8St0Uv2Wx4Yz6Ab8Cd " + "y" * 2500,
 ]  # fmt: skip
 _CONTROLLER_KEYS = ("ts", "stage", "actor", "by", "to", "reason", "artifact", "digest", "state_digest",
                     "current_stage", "confirmed", "from", "note", "obligation_id", "text", "evidence",
