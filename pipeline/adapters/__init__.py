@@ -145,7 +145,10 @@ def reader_for(fmt: str) -> Reader:
             raise BundleError(f"analysis-request.json: cell {cell.cell_id} names unknown adapter {name!r}")
         for rel in block.get("files") or [cell.path]:
             manifest.get(rel)  # a raw file that is not frozen is a BundleError, before any event
-        return keep_reader_order(list(ad.read(bundle, block)))
+        try:
+            return keep_reader_order(list(ad.read(bundle, block)))
+        except RecursionError:  # JSON held in a string of the log (tool arguments, a trace), nested too deep
+            raise BundleError(f"{cell.path} (cell {cell.cell_id}): JSON nested too deeply to read") from None
 
     return read
 

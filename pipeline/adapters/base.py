@@ -13,11 +13,12 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pipeline.adapters.contract import SourceEvent
 from pipeline.adapters.spans import JsonFile
 from pipeline.core.canonical import digest, sha256_text
+from pipeline.core.limits import check_size
 
 
 @dataclass
@@ -33,7 +34,7 @@ class CellSource:
     task_summary: str = ""
     step_index_base: int | None = None
     source_steps: int = 0  # steps as the source counts them (tests compare the IR to this)
-    eligibility: str = "valid_behavior"
+    eligibility: Literal["valid_behavior", "excluded"] = "valid_behavior"
     exclusion_reason: str | None = None
     outcome: dict[str, Any] = field(default_factory=dict)  # label, quality, ... and label fields
     label_texts: list[str] = field(default_factory=list)  # label values that must never reach events
@@ -66,13 +67,18 @@ class Adapter:
 _JSON_CACHE: dict[tuple[str, int, int], JsonFile] = {}
 
 
-def load_json(path: Path, max_depth: int = 4) -> JsonFile:
-    """Parse a JSON / JSONL file once per process (keyed by path, size and mtime)."""
+def load_json(path: Path, max_depth: int = 4, source: str | None = None) -> JsonFile:
+    """Parse a JSON / JSONL file once per process (keyed by path, size and mtime).
+
+    ``source`` names the file in errors (default: its name); sizes are bounded (pipeline.core.limits).
+    """
     st = path.stat()
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
     jf = _JSON_CACHE.get(key)
     if jf is None or jf.max_depth < max_depth:
-        jf = JsonFile(path.read_text(encoding="utf-8"), max_depth=max_depth)
+        where = source or path.name
+        check_size(st.st_size, "LUNASOL_MAX_FILE_BYTES", where, "the file")
+        jf = JsonFile(path.read_text(encoding="utf-8"), max_depth=max_depth, source=where)
         if len(_JSON_CACHE) > 64:
             _JSON_CACHE.clear()
         _JSON_CACHE[key] = jf
@@ -98,7 +104,7 @@ def first_docs(
             skipped.append((rel, wrong_suffix))
             continue
         try:
-            doc = load_json(bundle / rel, max_depth).docs[0][1]
+            doc = load_json(bundle / rel, max_depth, rel).docs[0][1]
         except (ValueError, UnicodeDecodeError):
             skipped.append((rel, "not valid JSON"))
             continue
@@ -185,7 +191,7 @@ class Emitter:
 
     def __init__(self, bundle: Path, rel: str, max_depth: int = 4) -> None:
         self.rel = rel
-        self.jf = load_json(bundle / rel, max_depth)
+        self.jf = load_json(bundle / rel, max_depth, rel)
 
     def doc(self, line: int | None = None) -> Any:
         """The parsed document (the one on ``line`` for JSON Lines)."""

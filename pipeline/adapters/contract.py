@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pipeline.bundle.manifest import Manifest
@@ -47,3 +47,18 @@ class SourceEvent:
 
 
 Reader = Callable[[Path, "CellSpec", "Manifest"], Iterable[SourceEvent]]
+
+
+# One event as a plain tuple, the form export's IR rules (pipeline.ir.rows) work on:
+# (ts, source_path, line_start, kind, detail, actor, stage, session_id, step_index, text, tool_name,
+#  call_id, args_digest, result_digest, state_digest, target[, line_end, json_pointer]).
+# The native reader builds 16-field records directly (one line each, no pointer); any other reader's
+# SourceEvents become 18-field records through event_record.
+Record = tuple[Any, ...]
+
+
+def event_record(e: SourceEvent) -> Record:
+    """The 18-field :data:`Record` of one SourceEvent."""
+    return (e.ts, e.source_path, e.line_start, e.kind, e.detail, e.actor, e.stage, e.session_id, e.step_index,
+            e.text, e.tool_name, e.call_id, e.args_digest, e.result_digest, e.state_digest, e.target, e.line_end,
+            e.json_pointer)  # fmt: skip

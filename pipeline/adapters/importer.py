@@ -181,7 +181,10 @@ def _discover(
     claimed: set[str] = set()
     for name in [a for a in adapters if a in groups]:
         # Files no format claims are offered to every adapter (a crosswalk, a log whose head says little).
-        found = adapters[name].discover(tmp, sorted(groups[name] + unclaimed))
+        try:
+            found = adapters[name].discover(tmp, sorted(groups[name] + unclaimed))
+        except RecursionError:  # JSON held in a string of a log, nested too deep (whole documents name the file)
+            raise BadInput(f"{name} import: JSON nested too deeply to read") from None
         mine: set[str] = set()
         for c in found.cells:
             files = set(c.files or [c.path])

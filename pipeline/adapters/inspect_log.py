@@ -15,7 +15,6 @@ A log without samples (e.g. cancelled before any ran) is listed as skipped.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from pipeline.adapters.base import (
 from pipeline.adapters.contract import SourceEvent
 from pipeline.adapters.spans import JsonFile
 from pipeline.core.canonical import canonical_json, sha256_text
+from pipeline.core.limits import parse_json, read_member
 from pipeline.core.zips import ZIP_ERRORS, open_zip
 
 NAME = "inspect"
@@ -66,7 +66,8 @@ class _MemberEmitter(Emitter):
         self.rel = rel
         self.member = member
         with open_zip(bundle / rel) as zf:
-            self.jf = JsonFile(zf.read(member).decode("utf-8"), max_depth=5)
+            where = f"{rel} member {member}"
+            self.jf = JsonFile(read_member(zf, member, rel).decode("utf-8"), max_depth=5, source=where)
 
     def ref_pointer(self, ptr: str) -> str | None:
         """``/member!pointer``: the zip file is the source, the member and pointer say where in it."""
@@ -165,9 +166,13 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
             try:
                 with open_zip(bundle / rel) as zf:
                     names = zf.namelist()
-                    header = json.loads(zf.read("header.json")) if "header.json" in names else {}
+                    # Streamed and bounded (a zip bomb is refused at the limit), too deep is one clear line.
+                    header = {}
+                    if "header.json" in names:
+                        header = parse_json(read_member(zf, "header.json", rel), f"{rel} member header.json")
                     for name in sorted(n for n in names if n.startswith("samples/") and n.endswith(".json")):
-                        samples.append(({"member": name}, json.loads(zf.read(name))))
+                        sample = parse_json(read_member(zf, name, rel), f"{rel} member {name}")
+                        samples.append(({"member": name}, sample))
             except (*ZIP_ERRORS, KeyError, ValueError) as exc:
                 skipped.append((rel, f"unreadable .eval zip ({exc})"))
                 continue

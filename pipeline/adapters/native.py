@@ -7,7 +7,6 @@ its exact line as the ref. Files are checked against the manifest before they ar
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from pathlib import Path
@@ -15,11 +14,12 @@ from typing import Any
 
 import orjson
 
-from pipeline.adapters.contract import SourceEvent
+from pipeline.adapters.contract import Record, SourceEvent
 from pipeline.bundle.manifest import MANIFEST_FILE, Manifest, _stat_key, read_frozen, resolve_in_bundle
 from pipeline.bundle.request import CellSpec, check_relative
 from pipeline.core.canonical import canonical_json, sha256_bytes
 from pipeline.core.errors import BundleError
+from pipeline.core.limits import check_lines, check_size, parse_json
 
 _SESSION_NAME = re.compile(r"^(?P<nn>\d+)-(?P<stage>.+)-(?P<actor>[^-]+)\.jsonl$")
 
@@ -81,7 +81,7 @@ def _stdlib_loads(raw: bytes, rel: str, n: int, exc: Exception) -> Any:
     # standard parser before calling the line invalid. What is not valid Unicode (an escaped lone
     # surrogate) stays an error: it could not be hashed or stored as text.
     try:
-        rec = json.loads(raw)
+        rec = parse_json(raw, f"{rel} line {n}")  # orjson stops at 1,024 levels; json.loads may recurse out
         canonical_json(rec).encode("utf-8")
     except (ValueError, UnicodeEncodeError):
         raise BundleError(f"invalid JSON in {rel} line {n}: {exc}") from None
@@ -100,7 +100,9 @@ def iter_lines(data: bytes, rel: str) -> list[tuple[int, dict[str, Any]]]:
         raise BundleError(f"invalid UTF-8 in {rel} (line {line}, byte {exc.start})") from None
     loads = orjson.loads
     out: list[tuple[int, dict[str, Any]]] = []
-    for n, raw in enumerate(data.split(b"\n"), 1):
+    lines = data.split(b"\n")
+    check_lines(lines, rel)  # one huge line would become many times its size in objects
+    for n, raw in enumerate(lines, 1):
         if not raw.strip():
             continue
         try:
@@ -111,13 +113,6 @@ def iter_lines(data: bytes, rel: str) -> list[tuple[int, dict[str, Any]]]:
             raise BundleError(f"invalid record in {rel} line {n}: expected a JSON object")
         out.append((n, rec))
     return out
-
-
-# One mapped record, in this order: the SourceEvent fields a native line sets.
-# (ts, source_path, line, kind, detail, actor, stage, session_id, step_index, text, tool_name, call_id,
-#  args_digest, result_digest, state_digest, target). Plain tuples: the fast export path transposes
-# them straight into columns; read_cell turns them into SourceEvents.
-Record = tuple[Any, ...]
 
 
 def _session_records(rel: str, data: bytes) -> list[Record]:
@@ -279,9 +274,10 @@ def _read_log(bundle: Path, rel: str, path: Path | None, manifest: Manifest) -> 
     ``path`` is a regular file (no symlink) in a directory that resolved inside the bundle, so it
     is inside: the same checks as read_frozen (listed, size, stat cache or sha256), same errors.
     """
+    entry = manifest.get(rel)
+    check_size(entry.size, "LUNASOL_MAX_FILE_BYTES", rel, "the log file")  # before reading it
     if path is None:
         return read_frozen(bundle, rel, manifest)
-    entry = manifest.get(rel)
     check_relative(rel, "manifest path")
     try:
         with path.open("rb") as fh:
@@ -297,7 +293,10 @@ def _read_log(bundle: Path, rel: str, path: Path | None, manifest: Manifest) -> 
 
 
 def cell_records(bundle: Path, cell: CellSpec, manifest: Manifest) -> list[Record]:
-    """Every record of one native cell as a :data:`Record` tuple, in file order."""
+    """Every record of one native cell as a 16-field :data:`~pipeline.adapters.contract.Record`, in file order.
+
+    Export works on these tuples directly; :func:`read_cell` turns them into SourceEvents.
+    """
     records: list[Record] = []
     for rel, path in cell_files(bundle, cell):
         data = _read_log(bundle, rel, path, manifest)

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.core.limits import check_lines, check_size, limit, parse_json, read_member
 from pipeline.core.zips import open_zip
 
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\],:]', re.DOTALL)
@@ -167,7 +168,7 @@ class JsonFile:
     one per non-blank line for JSON Lines.
     """
 
-    def __init__(self, text: str, max_depth: int = 4) -> None:
+    def __init__(self, text: str, max_depth: int = 4, source: str = "<json>") -> None:
         self.text = text
         self.lines = LineIndex(text)
         self.max_depth = max_depth
@@ -175,16 +176,25 @@ class JsonFile:
         # JSON Lines lines that do not parse (a truncated last line, log noise): left out of
         # ``docs`` and listed here so adapters can report them instead of failing the whole file.
         self.bad_lines: list[int] = []
+        self.docs: list[tuple[int | None, Any]] = []
+        # Bounded (pipeline.core.limits): a whole document up to LUNASOL_MAX_DOC_BYTES, else JSON Lines
+        # of at most LUNASOL_MAX_LINE_BYTES each; too deep is one BundleError naming source and line.
         try:
-            self.docs: list[tuple[int | None, Any]] = [(None, json.loads(text))]
+            if len(text) > limit("LUNASOL_MAX_DOC_BYTES"):
+                raise json.JSONDecodeError("over LUNASOL_MAX_DOC_BYTES as one document", text[:0], 0)
+            self.docs = [(None, parse_json(text, source))]
         except json.JSONDecodeError as exc:
             self.jsonl = True
             self.docs = []
-            for i, line in enumerate(text.split("\n"), start=1):
+            lines = text.split("\n")
+            if sum(1 for line in lines if line.strip()) <= 1:
+                check_size(len(text), "LUNASOL_MAX_DOC_BYTES", source, "the JSON document")
+            check_lines(lines, source)
+            for i, line in enumerate(lines, start=1):
                 if not line.strip():
                     continue
                 try:
-                    self.docs.append((i, json.loads(line)))
+                    self.docs.append((i, parse_json(line, f"{source} line {i}")))
                 except json.JSONDecodeError:
                     self.bad_lines.append(i)
             # Mostly unparseable lines: a broken (e.g. truncated pretty-printed) document, not JSON Lines.
@@ -255,7 +265,7 @@ def _member(raw: bytes, json_pointer: str | None) -> tuple[bytes, str | None]:
         # A member of a zip container (Inspect .eval): "/<member>!<pointer>", lines are the member's.
         member, _, rest = json_pointer.partition("!")
         with open_zip(raw) as zf:
-            return zf.read(member.removeprefix("/")), rest
+            return read_member(zf, member.removeprefix("/"), "the zip"), rest
     return raw, json_pointer
 
 

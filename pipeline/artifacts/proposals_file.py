@@ -18,6 +18,7 @@ from pipeline.artifacts.proposal_card import FIELD_ORDER, ProposalCard
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.canonical import atomic_write_text
 from pipeline.core.errors import BadInput
+from pipeline.core.limits import check_size
 
 WRAPPER_KEYS = frozenset({"proposals", "schema_version"})
 PROPOSALS_SCHEMA_VERSION = VERSIONS["proposals"]
@@ -56,6 +57,8 @@ def parse_entries(text: str, source: str = "<text>") -> list[Any]:
     except yaml.YAMLError as exc:
         first = " ".join(str(exc).split())
         raise BadInput(f"{source}: not readable YAML: {first}") from None
+    except RecursionError:  # PyYAML's composer recurses once per nesting level
+        raise BadInput(f"{source}: YAML nested too deeply to read (a card is a few levels deep)") from None
     if isinstance(data, list):
         return data
     if isinstance(data, dict):
@@ -85,6 +88,7 @@ def read_entries(path: Path) -> list[Any]:
     """Read a proposals file into its raw entries; unreadable files raise BadInput."""
     if not path.is_file():
         raise BadInput(f"proposals file not found: {path}")
+    check_size(path.stat().st_size, "LUNASOL_MAX_DOC_BYTES", str(path), "the file")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:

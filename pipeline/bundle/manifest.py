@@ -221,7 +221,7 @@ def read_manifest(bundle: Path) -> Manifest:
     if not isinstance(data, dict) or not isinstance(data.get("files"), list):
         raise BundleError(f"{MANIFEST_FILE}: expected an object with a 'files' list")
     version = data.get("schema_version")
-    if not isinstance(version, int) or version > MANIFEST_SCHEMA_VERSION or version < 1:
+    if type(version) is not int or version > MANIFEST_SCHEMA_VERSION or version < 1:  # "1" and true are not 1
         raise BundleError(f"{MANIFEST_FILE}: unsupported schema_version {version!r}")
     entries: list[FileEntry] = []
     seen: set[str] = set()
@@ -229,7 +229,7 @@ def read_manifest(bundle: Path) -> Manifest:
         if not isinstance(item, dict) or set(item) != {"path", "sha256", "size"}:
             raise BundleError(f"{MANIFEST_FILE}: files[{i}] must have exactly path, sha256 and size")
         rel, sha, size = item["path"], item["sha256"], item["size"]
-        if not isinstance(rel, str) or not isinstance(sha, str) or not isinstance(size, int):
+        if not isinstance(rel, str) or not isinstance(sha, str) or type(size) is not int:
             raise BundleError(f"{MANIFEST_FILE}: files[{i}] has wrongly typed fields")
         if not sha.startswith("sha256:") or len(sha) != 71:
             raise BundleError(f"{MANIFEST_FILE}: files[{i}] sha256 must read 'sha256:<64 hex>'")

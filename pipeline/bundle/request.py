@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.errors import BundleError
+from pipeline.core.limits import check_size, parse_json
 
 REQUEST_FILE = "analysis-request.json"
 REQUEST_SCHEMA_VERSION = VERSIONS["analysis-request"]
@@ -20,7 +21,8 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: "1" is not the schema version 1, nor "0" the generation 0 (ill-typed, so refused)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class TaskSpec(_Strict):
@@ -155,14 +157,43 @@ def request_json_schema() -> dict[str, Any]:
     return AnalysisRequest.model_json_schema()
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+class _DuplicateKey(Exception):
+    """A JSON object names one key twice (parsers silently keep the last one)."""
+
+
 def read_bundle_json(bundle: Path, name: str, missing_hint: str = "") -> Any:
-    """The parsed JSON file ``bundle/name``; missing or invalid is one BundleError line."""
+    """The parsed JSON file ``bundle/name``; missing or invalid is one BundleError line naming it.
+
+    Strict, because these files steer the whole run: UTF-8 only, not empty, no key given twice
+    (which value would count?), no nesting past the parser's depth, at most
+    ``LUNASOL_MAX_DOC_BYTES``.
+    """
     path = bundle / name
     if not path.is_file():
         raise BundleError(f"missing {name} in bundle {bundle}{missing_hint}")
+    check_size(path.stat().st_size, "LUNASOL_MAX_DOC_BYTES", name, "the file")
+    raw = path.read_bytes()
     try:
-        return orjson.loads(path.read_bytes())
-    except orjson.JSONDecodeError as exc:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise BundleError(f"{name}: not UTF-8 (line {line}, byte {exc.start}); save it as UTF-8") from None
+    if not text.strip():
+        raise BundleError(f"{name}: empty file (expected a JSON object)")
+    try:
+        return parse_json(text, name, lambda t: json.loads(t, object_pairs_hook=_unique_keys))
+    except _DuplicateKey as exc:
+        raise BundleError(f"{name}: key {exc.args[0]!r} appears twice in one object") from None
+    except ValueError as exc:
         raise BundleError(f"{name}: invalid JSON ({exc})") from None
 
 

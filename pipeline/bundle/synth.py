@@ -127,6 +127,47 @@ def write_bundle(
     return total
 
 
+def clone_bundle(src: Path, dest: Path, cells: int) -> Path:
+    """A native bundle's eligible cells cloned to ``cells`` cells (plus its excluded ones), frozen.
+
+    Clone ``i`` copies eligible cell ``i mod n`` byte for byte under a new cell id and run id,
+    with its outcome; for scale tests and benchmarks (the demo cloned to 100 or 1,000 cells).
+    """
+    import json
+    import shutil
+
+    req = json.loads((src / "analysis-request.json").read_text(encoding="utf-8"))
+    lines = (src / "sidecar" / "outcomes.jsonl").read_text(encoding="utf-8").splitlines()
+    outcomes = {row["cell_id"]: row for row in (json.loads(line) for line in lines if line.strip())}
+    eligible = [c for c in req["cells"] if c["eligibility"] == "valid_behavior"]
+    excluded = [c for c in req["cells"] if c["eligibility"] != "valid_behavior"]
+    dest.mkdir(parents=True)
+    specs: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    for i in range(cells):
+        orig = eligible[i % len(eligible)]
+        cell_id = f"C{i + 1:05d}"
+        shutil.copytree(src / orig["path"], dest / "cells" / cell_id)
+        meta = json.loads((dest / "cells" / cell_id / "cell.json").read_text(encoding="utf-8"))
+        meta.update(cell_id=cell_id, run_id=f"{orig['run_id']}-x{i // len(eligible)}")
+        (dest / "cells" / cell_id / "cell.json").write_text(json.dumps(meta), encoding="utf-8")
+        specs.append({**orig, "cell_id": cell_id, "run_id": meta["run_id"], "path": f"cells/{cell_id}"})
+        if orig["cell_id"] in outcomes:
+            rows.append({**outcomes[orig["cell_id"]], "cell_id": cell_id})
+    for c in excluded:
+        shutil.copytree(src / c["path"], dest / c["path"])
+        specs.append(c)
+        if c["cell_id"] in outcomes:
+            rows.append(outcomes[c["cell_id"]])
+    req["cells"] = specs
+    req["analysis_run_id"] = f"{req['analysis_run_id']}-x{cells}"
+    (dest / "analysis-request.json").write_text(json.dumps(req, indent=1), encoding="utf-8")
+    (dest / "sidecar").mkdir()
+    (dest / "sidecar" / "outcomes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    freeze(dest)
+    return dest
+
+
 def tree_snapshot(root: Path) -> dict[str, str]:
     """Every entry under ``root`` (files hashed, directories and links named): to prove nothing changed."""
     import hashlib

@@ -9,7 +9,7 @@ import typer
 from pipeline.cli.common import DEFAULT_RUNS_DIR, JSON_OPTION, check_dir_option, emit_json, resolve_run
 from pipeline.ir.export import export_bundle
 from pipeline.ir.query import query
-from pipeline.ir.refs import resolve_ref, show_ref, show_ref_context
+from pipeline.ir.refs import redacted, resolve_ref, show_ref, show_ref_context
 
 
 def register(app: typer.Typer) -> None:
@@ -50,16 +50,23 @@ def register(app: typer.Typer) -> None:
         line: bool = typer.Option(
             False, "--line", help="With a JSON pointer: print the whole raw line(s), not the element."
         ),
+        unredacted: bool = typer.Option(
+            False, "--unredacted", help="Show secrets as written (default: [REDACTED:<kind>], as in the IR)."
+        ),
         as_json: bool = JSON_OPTION,
     ) -> None:
-        """Print what a ref names, hash-checked: its raw lines (--context N for more), or its pointer's element."""
+        """Print what a ref names, hash-checked: its raw lines (--context N for more), or its pointer's element.
+
+        Secrets are shown as [REDACTED:<kind>] unless --unredacted.
+        """
         run_dir = resolve_run(run)
         if as_json:
-            emit_json(resolve_ref(run_dir, ref).to_json(lines=line))
+            view = resolve_ref(run_dir, ref)
+            emit_json((view if unredacted else redacted(view)).to_json(lines=line))
         elif context or pretty:
-            typer.echo(show_ref_context(run_dir, ref, context, pretty))
+            typer.echo(show_ref_context(run_dir, ref, context, pretty, unredacted=unredacted))
         else:
-            typer.echo(show_ref(run_dir, ref, line=line))
+            typer.echo(show_ref(run_dir, ref, line=line, unredacted=unredacted))
 
     @app.command("query")
     def query_cmd(

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import orjson
 from pydantic import BaseModel
 
 
@@ -30,6 +31,15 @@ def canonical_json(obj: Any) -> str:
 def pretty_json(obj: Any) -> str:
     """Sorted keys and indentation for artifacts people read; still deterministic."""
     return json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False, default=_default) + "\n"
+
+
+def pretty_json_plain(obj: Any) -> bytes:
+    """:func:`pretty_json` as UTF-8 bytes, fast (orjson), for data of strings, whole numbers, booleans and None.
+
+    For such data the bytes are equal to pretty_json's (tested); floats are spelt differently by
+    orjson, so documents that may hold one go through pretty_json.
+    """
+    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -12,27 +12,24 @@ from __future__ import annotations
 import bisect
 import contextlib
 import os
-import pickle
-import subprocess
 import sys
 import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 import pipeline
-from pipeline.adapters import cell_harness, reader_for, step_index_base
+from pipeline.adapters import cell_block, cell_harness, reader_for, step_index_base
 from pipeline.adapters.native import iter_lines
 from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION
 from pipeline.artifacts.schemas import load_document
 from pipeline.bundle.manifest import MANIFEST_FILE, Manifest, read_frozen, read_manifest, verify
 from pipeline.bundle.request import AnalysisRequest, CellSpec, load_request
-from pipeline.core.canonical import canonical_json, sha256_bytes, write_json
+from pipeline.core.canonical import canonical_json, digest, sha256_bytes, write_json
 from pipeline.core.errors import BadInput, BundleError
-from pipeline.ir import events as events_module
-from pipeline.ir import fast
-from pipeline.ir.events import EVENT_ROW, SEGMENT_ROW, event_batches, gc_paused, to_arrow
+from pipeline.ir import cache, digests, pool
+from pipeline.ir.rows import SEGMENT_ROW, event_schema, gc_paused, record_reader, serial_batches, to_arrow
 from pipeline.ir.schema import IR_SCHEMA_VERSION
 from pipeline.ir.store import IR_FILE, IRWriter, write_parquet
 
@@ -44,11 +41,6 @@ if TYPE_CHECKING:
 OUTCOMES_FILE = "sidecar/outcomes.jsonl"
 RUN_FILE = "run.json"
 _OUTCOME_NUMBERS = ("quality", "completion", "cost", "stability")
-# Native bundles whose eligible cells hold at least this many raw bytes are read by worker
-# processes (export_workers()); below it, starting processes costs more than it saves.
-PARALLEL_MIN_BYTES = 48 * 2**20
-TASK_BYTES = 8 * 2**20  # raw bytes of cells per worker task: ~40k events, a few tens of MiB in flight
-MAX_WORKERS = 2
 
 _INSERT_EVENTS = (
     "INSERT INTO events BY NAME SELECT "
@@ -71,10 +63,23 @@ class ExportReport:
     excluded: dict[str, str]
     seconds: float
     parquet: list[Path] = field(default_factory=list)
+    reused: list[str] = field(default_factory=list)  # cells whose rows were copied from the previous IR
+    redactions_per_cell: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def redactions(self) -> int:
+        """Secrets replaced by ``[REDACTED:<kind>]`` in the IR's event text (pipeline.ir.redact)."""
+        return sum(self.redactions_per_cell.values())
 
     def summary(self) -> str:
-        """One line: cells in, cells excluded, events."""
-        return f"{self.cells_in} cells in, {len(self.excluded)} excluded, {self.events:,} events"
+        """One line: cells in, excluded, events (and secrets redacted, cells reused, when there are any)."""
+        line = f"{self.cells_in} cells in, {len(self.excluded)} excluded, {self.events:,} events"
+        if self.redactions:
+            cells = sum(1 for n in self.redactions_per_cell.values() if n)
+            line += f", {self.redactions:,} secret(s) redacted in {cells} cell(s)"
+        if self.reused:
+            line += f" ({len(self.reused)} unchanged cells reused, {self.cells_in - len(self.reused)} read)"
+        return line
 
     def to_json(self) -> dict[str, Any]:
         """Machine-readable coverage."""
@@ -87,6 +92,9 @@ class ExportReport:
             "events_per_cell": self.events_per_cell,
             "excluded": self.excluded,
             "parquet": [p.as_posix() for p in self.parquet],
+            "cells_reused": len(self.reused),
+            "redactions": self.redactions,
+            "redactions_per_cell": {k: v for k, v in self.redactions_per_cell.items() if v},
         }
 
 
@@ -159,163 +167,93 @@ def _write_run_json(run_dir: Path, bundle: Path, request: AnalysisRequest, diges
     write_json(path, data)
 
 
-def _load_cells(writer: IRWriter, bundle: Path, cells: list[CellSpec], manifest: Manifest, fmt: str) -> dict[str, int]:
-    """Stream every eligible cell into ``events`` (one INSERT), then ``segments``; return events per cell."""
+def _load_cells(
+    writer: IRWriter, bundle: Path, cells: list[CellSpec], manifest: Manifest, fmt: str, redactions: dict[str, int]
+) -> dict[str, int]:
+    """Stream every eligible cell into ``events`` (one INSERT), then ``segments``; return events per cell.
+
+    A big bundle is read by worker processes (:mod:`pipeline.ir.pool`), a small one in this
+    process; both build their rows with :class:`pipeline.ir.rows.ColumnBuilder`.
+    """
     counts: dict[str, int] = {}
     segments: list[tuple[Any, ...]] = []
-    if fmt == "native":
-        try:
-            with gc_paused():
-                _load_native(writer, bundle, cells, manifest, counts, segments)
-            writer.insert_table("segments", to_arrow(segments, SEGMENT_ROW))
-            return counts
-        except fast.IllTyped:
-            # A value no IR column can hold: start again on the generic path, which reports it
-            # exactly as it always has (the same one-line BadInput).
-            writer.reset()
-            counts.clear()
-            segments.clear()
-    schema = to_arrow([], EVENT_ROW).schema
-    batches = event_batches(bundle, cells, manifest, reader_for(fmt), counts, segments)
-    with gc_paused():
-        writer.insert_stream(_INSERT_EVENTS, "_lunasol_events", schema, batches)
+    sizes = _cell_bytes(manifest, cells)
+    workers = pool.export_workers() if sum(sizes) >= pool.PARALLEL_MIN_BYTES and sys.executable else 0
+    batches: Generator[pa.RecordBatch, None, None]
+    if workers and len(cells) > 1:
+        batches = pool.parallel_batches(bundle, cells, manifest, fmt, sizes, workers, counts, segments, redactions)
+    else:
+        batches = serial_batches(bundle, cells, manifest, record_reader(fmt), counts, segments, redactions)
+    try:
+        with gc_paused():
+            writer.insert_stream(_INSERT_EVENTS, "_lunasol_events", event_schema(), batches)
+    finally:
+        batches.close()  # stops a worker pool at once if DuckDB failed first
     writer.insert_table("segments", to_arrow(segments, SEGMENT_ROW))
     return counts
 
 
-def export_workers() -> int:
-    """Worker processes for a big native export: ``LUNASOL_EXPORT_WORKERS`` or the CPU count (at most 2).
-
-    0 reads every cell in this process. Measured on 2 CPUs (bench/README.md): 2 workers (while
-    this process runs the DuckDB insert) beat 1 and 0 on the 1M-event benchmark.
-    """
-    raw = os.environ.get("LUNASOL_EXPORT_WORKERS")
-    if raw is not None:
-        try:
-            return max(0, int(raw))
-        except ValueError:
-            raise BadInput(f"LUNASOL_EXPORT_WORKERS must be a whole number, not {raw!r}") from None
-    cpus = os.cpu_count() or 1
-    return 0 if cpus < 2 else min(cpus, MAX_WORKERS)
-
-
-def _cell_bytes(manifest: Manifest, cells: list[CellSpec]) -> list[int]:
-    """Raw bytes under each cell's directory, from the manifest (sorted by path: two bisects a cell)."""
+def _cell_spans(manifest: Manifest, cells: list[CellSpec]) -> list[tuple[int, int]]:
+    """Each cell directory's files as a slice of ``manifest.files`` (sorted by path: two bisects a cell)."""
     paths = [f.path for f in manifest.files]
-    total = [0]
-    for f in manifest.files:
-        total.append(total[-1] + f.size)
     out = []
     for cell in cells:
         prefix = cell.path.rstrip("/") + "/"
-        lo, hi = bisect.bisect_left(paths, prefix), bisect.bisect_left(paths, prefix + "\U0010ffff")
-        out.append(total[hi] - total[lo])
+        out.append((bisect.bisect_left(paths, prefix), bisect.bisect_left(paths, prefix + "\U0010ffff")))
     return out
 
 
-def _load_native(
-    writer: IRWriter,
-    bundle: Path,
-    cells: list[CellSpec],
-    manifest: Manifest,
-    counts: dict[str, int],
-    segments: list[tuple[Any, ...]],
-) -> None:
-    sizes = _cell_bytes(manifest, cells)
-    workers = export_workers() if sum(sizes) >= PARALLEL_MIN_BYTES and sys.executable else 0
-    if workers and len(cells) > 1:
-        batches = _parallel_batches(bundle, cells, manifest, sizes, workers, counts, segments)
-    else:
-        batches = _serial_batches(bundle, cells, manifest, counts, segments)
-    try:
-        writer.insert_stream(_INSERT_EVENTS, "_lunasol_events", fast.fast_schema(), batches)
-    finally:
-        batches.close()  # stops a worker pool at once if DuckDB failed first
+def _cell_bytes(manifest: Manifest, cells: list[CellSpec]) -> list[int]:
+    """Raw bytes under each cell's directory, from the manifest."""
+    total = [0]
+    for f in manifest.files:
+        total.append(total[-1] + f.size)
+    return [total[hi] - total[lo] for lo, hi in _cell_spans(manifest, cells)]
 
 
-def _serial_batches(
-    bundle: Path, cells: list[CellSpec], manifest: Manifest, counts: dict[str, int], segments: list[tuple[Any, ...]]
-) -> Generator[pa.RecordBatch, None, None]:
-    builder = fast.ColumnBuilder(bundle, manifest)
-    for cell in cells:
-        builder.add(cell)
-        if builder.rows >= events_module.BATCH_ROWS:
-            batch = builder.flush()
-            if batch is not None:
-                yield batch
-    batch = builder.flush()
-    if batch is not None:
-        yield batch
-    counts.update(builder.counts)
-    segments.extend(builder.segments)
+def source_digests(bundle: Path, request: AnalysisRequest, manifest: Manifest) -> dict[str, str]:
+    """What each eligible cell's events are read from, as one digest per cell.
 
-
-def _parallel_batches(
-    bundle: Path,
-    cells: list[CellSpec],
-    manifest: Manifest,
-    sizes: list[int],
-    workers: int,
-    counts: dict[str, int],
-    segments: list[tuple[Any, ...]],
-) -> Generator[pa.RecordBatch, None, None]:
-    """Cells read by ``workers`` worker processes (``fast.worker_main``); results in request order.
-
-    Tasks of about TASK_BYTES of cells go round-robin to the workers, and results are taken in
-    task order, so the first error in cell order is the one raised, as in one process. A worker
-    blocks on its pipe until its result is taken, so memory stays bounded whatever the size.
+    Native: every frozen file under the cell's directory; an imported format: the cell's source
+    block and the files it names. Plus the cell's request entry, the format and lunasol's version
+    (the reader's code), so equal digests mean equal event rows.
     """
-    tasks: list[list[CellSpec]] = [[]]
-    task_bytes = 0
-    for cell, size in zip(cells, sizes, strict=True):
-        if tasks[-1] and task_bytes + size > TASK_BYTES:
-            tasks.append([])
-            task_bytes = 0
-        tasks[-1].append(cell)
-        task_bytes += size
-    workers = min(workers, len(tasks))
-    root = str(Path(pipeline.__file__).resolve().parent.parent)
-    code = f"import sys; sys.path.insert(0, {root!r}); from pipeline.ir.fast import worker_main; worker_main()"
-    procs: list[tuple[subprocess.Popen[bytes], BinaryIO]] = []
+    cells = request.eligible_cells
+    base = {
+        "format": request.format,
+        "harness": request.parent_harness,
+        "lunasol": pipeline.__version__,
+        "ir_schema": IR_SCHEMA_VERSION,
+    }
+    out: dict[str, str] = {}
+    if request.format == "native":
+        files = manifest.files
+        for cell, (lo, hi) in zip(cells, _cell_spans(manifest, cells), strict=True):
+            listed = [[f.path, f.sha256] for f in files[lo:hi]]
+            out[cell.cell_id] = digest({**base, "cell": cell.model_dump(mode="json"), "files": listed})
+        return out
+    for cell in cells:
+        block = cell_block(bundle, cell.cell_id)
+        listed = [[rel, manifest.get(rel).sha256] for rel in block.get("files") or [cell.path]]
+        out[cell.cell_id] = digest({**base, "cell": cell.model_dump(mode="json"), "block": block, "files": listed})
+    return out
+
+
+def _fill_digests(writer: IRWriter, sources: dict[str, str]) -> None:
+    """Table ``cell_digests``: every cell's source digest and content digest, computed in DuckDB."""
+    import pyarrow as pa
+
+    macros, fill = digests.fill_sql()
+    string = pa.string()
+    table = pa.table(
+        {"cell_id": pa.array(list(sources), string), "source_digest": pa.array(list(sources.values()), string)}
+    )
+    writer.register("_lunasol_sources", table)
     try:
-        for _ in range(workers):
-            read_fd, write_fd = os.pipe()
-            try:
-                proc = subprocess.Popen(
-                    [sys.executable, "-c", code, str(write_fd)],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.DEVNULL,
-                    # A worker reports its errors through the pipe; its stderr only with LUNASOL_DEBUG.
-                    stderr=None if os.environ.get("LUNASOL_DEBUG") else subprocess.DEVNULL,
-                    pass_fds=(write_fd,),
-                )
-            finally:
-                os.close(write_fd)
-            procs.append((proc, os.fdopen(read_fd, "rb")))
-        for k, (proc, _) in enumerate(procs):
-            assert proc.stdin is not None
-            with contextlib.suppress(BrokenPipeError):  # a worker that died is reported below
-                proc.stdin.write(pickle.dumps((bundle, manifest, tasks[k::workers]), protocol=pickle.HIGHEST_PROTOCOL))
-                proc.stdin.close()
-        for i in range(len(tasks)):
-            proc, results = procs[i % workers]
-            try:
-                result = pickle.load(results)
-            except EOFError:
-                raise RuntimeError(f"export worker {proc.pid} stopped early (exit code {proc.wait()})") from None
-            if result[0] == "err":
-                raise result[1]
-            _, batch, cell_counts, cell_segments = result
-            counts.update(cell_counts)
-            segments.extend(cell_segments)
-            if batch is not None:
-                yield batch
+        writer.execute(macros)
+        writer.execute(fill)
     finally:
-        for proc, results in procs:
-            if proc.poll() is None:
-                proc.kill()  # only our own worker, by its handle: all its results were taken or we failed
-            proc.wait()
-            results.close()
+        writer.unregister("_lunasol_sources")
 
 
 def _harnesses(bundle: Path, request: AnalysisRequest) -> list[str | None]:
@@ -360,9 +298,19 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
     run_dir.mkdir(parents=True, exist_ok=True)
     ir_path = run_dir / IR_FILE
     writer: IRWriter | None = None
+    sources = source_digests(bundle, request, manifest)
+    previous = cache.previous_sources(ir_path, request.format)
+    reuse = [c.cell_id for c in cells if previous.get(c.cell_id) == sources[c.cell_id]]
     try:
         writer = IRWriter(ir_path)
-        counts = _load_cells(writer, bundle, cells, manifest, request.format)
+        # Cells whose raw inputs are unchanged keep their rows from the previous IR; the rest are read.
+        redactions: dict[str, int] = {}
+        counts = cache.copy_cells(writer, ir_path, reuse, redactions) if previous else {}
+        reused = set(counts)
+        fresh = [c for c in cells if c.cell_id not in reused]
+        if fresh:
+            counts.update(_load_cells(writer, bundle, fresh, manifest, request.format, redactions))
+        counts = {c.cell_id: counts[c.cell_id] for c in cells}  # request order
         total = sum(counts.values())
         if total == 0:
             raise BundleError(f"empty bundle: no events in any of the {len(cells)} eligible cells of {bundle}")
@@ -371,13 +319,21 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
             "meta",
             pa.table(
                 {
-                    "key": ["analysis_run_id", "bundle_digest", "format", "ir_schema_version", "lunasol_version"],
+                    "key": [
+                        "analysis_run_id",
+                        "bundle_digest",
+                        "format",
+                        "ir_schema_version",
+                        "lunasol_version",
+                        "rows_made_with",
+                    ],
                     "value": [
                         request.analysis_run_id,
                         bundle_digest,
                         request.format,
                         str(IR_SCHEMA_VERSION),
                         pipeline.__version__,
+                        cache.rows_made_with(),
                     ],
                 }
             ),
@@ -413,9 +369,13 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
                     "status": ["excluded" if i in excluded else "included" for i in ids],
                     "reason": [excluded.get(i) for i in ids],
                     "events": pa.array([counts.get(i, 0) for i in ids], type=pa.int32()),
+                    "redactions": pa.array([redactions.get(i, 0) for i in ids], type=pa.int32()),
                 }
             ),
         )
+        _fill_digests(writer, sources)
+        if previous:
+            cache.carry_caches(writer)  # later stages' per-cell results of unchanged cells
         writer.commit()
         written = write_parquet(ir_path, parquet_dir) if parquet_dir is not None else []
     except BaseException:
@@ -435,6 +395,8 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
         excluded=excluded,
         seconds=time.perf_counter() - t0,
         parquet=written,
+        reused=[c.cell_id for c in cells if c.cell_id in reused],
+        redactions_per_cell=redactions,
     )
     _write_run_json(
         run_dir,
@@ -447,6 +409,7 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
             "cells_in": len(cells),
             "cells_excluded": len(excluded),
             "events": total,
+            **({"redactions": result.redactions} if result.redactions else {}),
         },
     )
     return result

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from pipeline.core.canonical import sha256_bytes
 from pipeline.core.errors import BadInput, BundleError
 from pipeline.core.zips import ZIP_ERRORS
 from pipeline.ir.export import read_run_json, run_bundle
+from pipeline.ir.redact import redact
 
 _REF = re.compile(r"^(?P<path>[^#]+)#L(?P<start>\d+)(?:-L(?P<end>\d+))?(?P<pointer>/.*)?$")
 
@@ -129,30 +130,43 @@ def resolve_ref(run_dir: Path, ref: str | Ref) -> RefView:
     return RefView(parsed, text, element, manifest.get(parsed.path).sha256, place)
 
 
-def show_ref(run_dir: Path, ref: str, line: bool = False) -> str:
+def redacted(view: RefView) -> RefView:
+    """The view with secrets replaced as in the IR (:mod:`pipeline.ir.redact`); refs and hashes unchanged."""
+    element = redact(view.element)[0] if view.element is not None else None
+    return replace(view, lines=redact(view.lines)[0], element=element)
+
+
+def show_ref(run_dir: Path, ref: str, line: bool = False, unredacted: bool = False) -> str:
     """What ``ref`` names in the frozen bytes (hash-checked).
 
     A ref without a JSON pointer: exactly its raw lines. With one: a ``# PATH POSITION POINTER``
     line and the element alone; one line of JSON Lines may hold a whole run (a 300 kB MAST turn,
     an Inspect sample with its target and scores), so ``line`` asks for the raw lines instead.
+    Secrets are shown as ``[REDACTED:<kind>]`` (what is printed may be pasted anywhere); with
+    ``unredacted`` the exact bytes of the user's own bundle. The hash is checked either way.
     """
     view = resolve_ref(run_dir, ref)
+    if not unredacted:
+        view = redacted(view)
     if view.element is None or line:
         return view.lines
     return f"# {view.ref.path} {view.position} {view.ref.json_pointer}\n{view.element}"
 
 
-def show_ref_context(run_dir: Path, ref: str, context: int, pretty: bool = False) -> str:
+def show_ref_context(run_dir: Path, ref: str, context: int, pretty: bool = False, unredacted: bool = False) -> str:
     """The raw lines behind ``ref`` numbered, cited ones marked ``>``, with ``context`` lines either side.
 
     ``pretty`` adds each cited line pretty-printed when it is JSON (the raw line stays as logged).
+    Secrets are redacted as in :func:`show_ref` unless ``unredacted``.
     """
     parsed = parse_ref(ref)
     reader = RefReader(run_dir)
     view = reader.view(parsed)
     if parsed.json_pointer:  # lines of one document or member: no file context to add
-        return show_ref(run_dir, ref)
+        return show_ref(run_dir, ref, unredacted=unredacted)
     lines = reader.file_lines(parsed.path)
+    if not unredacted:
+        lines = [redact(line)[0] for line in lines]
     lo, hi = max(1, parsed.line_start - context), min(len(lines), parsed.line_end + context)
     out = [f"# {view.ref} sha256 {view.sha256}"]
     for n in range(lo, hi + 1):

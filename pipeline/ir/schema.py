@@ -91,7 +91,13 @@ CREATE TABLE IF NOT EXISTS coverage (
     cell_id VARCHAR PRIMARY KEY,
     status VARCHAR NOT NULL,           -- 'included' or 'excluded'
     reason VARCHAR,
-    events INTEGER NOT NULL
+    events INTEGER NOT NULL,
+    redactions INTEGER NOT NULL DEFAULT 0  -- secrets replaced by [REDACTED:<kind>] in the cell's event text
+);
+CREATE TABLE IF NOT EXISTS cell_digests (
+    cell_id VARCHAR PRIMARY KEY,
+    source_digest VARCHAR,             -- what its events were read from (raw files, format, lunasol); NULL: excluded
+    content_digest VARCHAR NOT NULL    -- the cell's IR content (cells row + events), see pipeline.ir.digests
 );
 """
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 IR_FILE = "ir.duckdb"
 # Table order for loading and for Parquet; every table of schema.DDL.
-TABLES = ("meta", "cells", "segments", "events", "outcomes", "coverage")
+TABLES = ("meta", "cells", "segments", "events", "outcomes", "coverage", "cell_digests")
 
 
 def _tmp_paths(path: Path) -> list[Path]:
@@ -65,6 +65,22 @@ class IRWriter:
                 self._con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _lunasol_src")
             finally:
                 self._con.unregister("_lunasol_src")
+
+    def execute(self, sql: str) -> None:
+        """Run SQL on the file being written (e.g. a derived table filled from the loaded ones)."""
+        self._con.execute(sql)
+
+    def fetch(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        """Rows of a query on the file being written."""
+        return self._con.execute(sql, params or []).fetchall()
+
+    def register(self, name: str, table: pa.Table) -> None:
+        """Make an Arrow table visible to SQL as ``name`` until :meth:`unregister`."""
+        self._con.register(name, table)
+
+    def unregister(self, name: str) -> None:
+        """Drop a view made by :meth:`register`."""
+        self._con.unregister(name)
 
     def insert_stream(self, sql: str, source: str, schema: pa.Schema, batches: Iterator[pa.RecordBatch]) -> None:
         """Run one ``INSERT ... SELECT ... FROM <source>`` over batches produced by ``batches``.
@@ -150,6 +166,21 @@ class IRWriter:
             self._con.close()
         for p in (self._tmp, self._wal):
             p.unlink(missing_ok=True)
+
+
+def insert_rows(con: Any, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+    """Insert row tuples into ``table`` in one statement through Arrow (types cast to the table's by name)."""
+    import pyarrow as pa
+
+    if not rows:
+        return
+    cols = list(zip(*rows, strict=True))
+    data = pa.table({name: pa.array(list(col)) for name, col in zip(columns, cols, strict=True)})
+    con.register("_lunasol_rows", data)
+    try:
+        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _lunasol_rows")
+    finally:
+        con.unregister("_lunasol_rows")
 
 
 def write_parquet(ir_path: Path, out_dir: Path) -> list[Path]:

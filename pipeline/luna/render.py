@@ -135,33 +135,59 @@ def render_event(row: dict[str, Any]) -> str:
 _EVENT_SQL = (
     "SELECT event_id, cell_id, segment_id, seq, ts, kind, detail, actor, stage, session_id, text, text_truncated, "
     "text_chars, tool_name, call_id, args_digest, result_digest, state_digest, target FROM events "
-    "WHERE cell_id IN (SELECT cell_id FROM cells WHERE eligibility = 'valid_behavior') ORDER BY cell_id, seq"
+    "WHERE cell_id IN (SELECT cell_id FROM {cells}) ORDER BY cell_id, seq"
 )
 
 
 def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
-    row = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchone()
-    return bool(row and row[0])
+    return bool(
+        con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchall()[0][0]
+    )
 
 
-def load_cells(con: duckdb.DuckDBPyConnection) -> list[CellIR]:
-    """Every eligible cell's IR as Luna sees it (segments in order, probe hits), ordered by cell id."""
+def load_cells(con: duckdb.DuckDBPyConnection, only: list[str] | None = None) -> list[CellIR]:
+    """Every eligible cell's IR as Luna sees it (segments in order, probe hits), ordered by cell id.
+
+    ``only``: just these cells (a rerun renders the changed cells alone).
+    """
+    import pyarrow as pa
+
+    wanted = "SELECT cell_id FROM cells WHERE eligibility = 'valid_behavior'"
+    if only is not None:
+        con.register("_lunasol_luna_only", pa.table({"cell_id": pa.array(only, pa.string())}))
+        wanted += " AND cell_id IN (SELECT cell_id FROM _lunasol_luna_only)"
+    con.execute(f"CREATE OR REPLACE TEMP VIEW _lunasol_luna_cells AS {wanted}")
+    try:
+        return _load(con)
+    finally:
+        con.execute("DROP VIEW IF EXISTS _lunasol_luna_cells")
+        if only is not None:
+            con.unregister("_lunasol_luna_only")
+
+
+def _load(con: duckdb.DuckDBPyConnection) -> list[CellIR]:
     cells = con.execute(
-        "SELECT cell_id, task_id, run_id, harness FROM cells WHERE eligibility = 'valid_behavior' ORDER BY cell_id"
+        "SELECT cell_id, task_id, run_id, harness FROM cells "
+        "WHERE cell_id IN (SELECT cell_id FROM _lunasol_luna_cells) ORDER BY cell_id"
     ).fetchall()
     segs: dict[str, dict[str, tuple[Any, ...]]] = {}
     for row in con.execute(
         "SELECT segment_id, cell_id, seq, stage, session_id, actor, first_event_seq, last_event_seq, event_count "
-        "FROM segments ORDER BY cell_id, seq"
+        "FROM segments WHERE cell_id IN (SELECT cell_id FROM _lunasol_luna_cells) ORDER BY cell_id, seq"
     ).fetchall():
         segs.setdefault(row[1], {})[row[0]] = row
-    cur = con.execute(_EVENT_SQL)
+    cur = con.execute(_EVENT_SQL.format(cells="_lunasol_luna_cells"))
     names = [d[0] for d in cur.description]
     by_cell: dict[str, list[dict[str, Any]]] = {}
     for tup in cur.fetchall():
         ev = dict(zip(names, tup, strict=True))
         by_cell.setdefault(ev["cell_id"], []).append(ev)
-    hits = read_probe_hits(con) if _has_table(con, "probe_hits") else []
+    hits_of: dict[str, list[ProbeHit]] = {}
+    if _has_table(con, "probe_hits"):
+        wanted = {c[0] for c in cells}
+        for h in read_probe_hits(con):
+            if h.cell_id in wanted:
+                hits_of.setdefault(h.cell_id, []).append(h)
     out: list[CellIR] = []
     for cell_id, task_id, run_id, harness in cells:
         segments: list[Segment] = []
@@ -190,7 +216,7 @@ def load_cells(con: duckdb.DuckDBPyConnection) -> list[CellIR]:
                 harness=harness,
                 segments=segments,
                 seq_of=seq_of,
-                hits=[h for h in hits if h.cell_id == cell_id],
+                hits=hits_of.get(cell_id, []),
             )
         )
     return out

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.core.errors import BadInput
+from pipeline.probes.cells import update_probe_hits
 from pipeline.probes.core import (
     PROBES,
     ProbeHit,
@@ -53,8 +54,7 @@ def stage(ctx: RunContext) -> str:
     probes = PROBES + user_probes(ctx.options.probes_dir)
     con = duckdb.connect(str(ctx.ir_path))
     try:
-        hits = run_probes(con, probes)
-        write_probe_hits(con, hits)
+        hits, probed, total = update_probe_hits(con, probes)  # only cells whose IR changed are probed again
     finally:
         con.close()
     by_probe: dict[str, int] = {}
@@ -62,4 +62,7 @@ def stage(ctx: RunContext) -> str:
         by_probe[h.probe_id] = by_probe.get(h.probe_id, 0) + 1
     detail = ", ".join(f"{k} {v}" for k, v in sorted(by_probe.items())) or "none"
     cells = len({h.cell_id for h in hits})
-    return f"{len(hits)} probe hits in {cells} cells ({detail})"
+    line = f"{len(hits)} probe hits in {cells} cells ({detail})"
+    if probed < total:
+        line += f"; {probed} changed cell(s) probed, {total - probed} reused"
+    return line

@@ -118,27 +118,32 @@ def _short(exc: Exception) -> str:
 
 
 def write_probe_hits(con: duckdb.DuckDBPyConnection, hits: list[ProbeHit]) -> None:
-    """(Re)create table ``probe_hits`` holding ``hits``."""
+    """(Re)create table ``probe_hits`` holding ``hits`` (one bulk insert from Arrow)."""
+    import pyarrow as pa
+
     con.execute(PROBE_HITS_DDL)
-    if hits:
-        con.executemany(
-            "INSERT INTO probe_hits VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [
-                [
-                    h.hit_id,
-                    h.probe_id,
-                    h.cell_id,
-                    h.type,
-                    h.key,
-                    h.evidence,
-                    h.first_seq,
-                    h.last_seq,
-                    h.proves_unchanged,
-                    h.explanation,
-                ]
-                for h in hits
-            ],
-        )
+    if not hits:
+        return
+    s, i32 = pa.string(), pa.int32()
+    table = pa.table(
+        {
+            "hit_id": pa.array([h.hit_id for h in hits], s),
+            "probe_id": pa.array([h.probe_id for h in hits], s),
+            "cell_id": pa.array([h.cell_id for h in hits], s),
+            "type": pa.array([h.type for h in hits], s),
+            "key": pa.array([h.key for h in hits], s),
+            "evidence": pa.array([h.evidence for h in hits], pa.list_(s)),
+            "first_seq": pa.array([h.first_seq for h in hits], i32),
+            "last_seq": pa.array([h.last_seq for h in hits], i32),
+            "proves_unchanged": pa.array([h.proves_unchanged for h in hits], pa.bool_()),
+            "explanation": pa.array([h.explanation for h in hits], s),
+        }
+    )
+    con.register("_lunasol_probe_hits", table)
+    try:
+        con.execute("INSERT INTO probe_hits BY NAME SELECT * FROM _lunasol_probe_hits")
+    finally:
+        con.unregister("_lunasol_probe_hits")
 
 
 def read_probe_hits(con: duckdb.DuckDBPyConnection, cell_id: str | None = None) -> list[ProbeHit]:

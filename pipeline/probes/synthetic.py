@@ -106,7 +106,10 @@ def write_cells(
                 f"INSERT INTO events ({', '.join(_EVENT_COLUMNS)}) VALUES ({placeholders})",
                 [row[c] for c in _EVENT_COLUMNS],
             )
-        con.execute("INSERT INTO coverage VALUES (?, 'included', NULL, ?)", [cell_id, len(rows)])
+        con.execute(
+            "INSERT INTO coverage (cell_id, status, reason, events) VALUES (?, 'included', NULL, ?)",
+            [cell_id, len(rows)],
+        )
         label = (outcomes or {}).get(cell_id)
         if label is not None:
             con.execute(

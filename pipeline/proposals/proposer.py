@@ -42,7 +42,7 @@ from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 from pipeline.state import handoff
 from pipeline.state.blocking import write_block_receipt
 from pipeline.state.ledger import Ledger
-from pipeline.validator import RULES, RunFacts, load_run_facts, validate_entries
+from pipeline.validator import PROMPT_RULES, RunFacts, load_run_facts, validate_entries
 
 ROLE = "proposer"
 PROPOSALS_FILE = "proposals.yaml"
@@ -197,7 +197,7 @@ def build_context(
         ).strip(),
         "cells": sorted(facts.cells),
         "pattern_groups_json": pretty_json(cited).strip() if cited else "none cited",
-        "rules": [{"id": rule, "what": what} for rule, what in RULES.items()],
+        "rules": [{"id": rule, "what": what} for rule, what in PROMPT_RULES.items()],
     }
 
 

@@ -400,6 +400,8 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
         "tasks": sorted({str(r.get("task_id")) for r in eligible}),
         "types": sorted({str(p.get("type")) for p in arts.patterns or []}),
         "events": sum(int(r.get("events") or 0) for r in cells) or sum(len(v) for v in timelines.values()),
+        # secrets replaced in the IR's text (run.json records the count only when there were any)
+        "redactions": int(((arts.run or {}).get("export") or {}).get("redactions") or 0),
         "patterns": arts.patterns,
         "groups": arts.groups,
         "weaknesses": arts.weaknesses,

@@ -18,6 +18,7 @@ import duckdb
 
 from pipeline.core.canonical import sha256_text
 from pipeline.core.errors import LunasolError
+from pipeline.ir.redact import redact
 from pipeline.ir.refs import RefReader
 
 SNIPPET_LIMIT = 64_000  # characters of raw text embedded per line; the rest is cut with a marker
@@ -192,18 +193,21 @@ class EvidenceReader:
                 continue
             assert snip.line_start is not None and snip.line_end is not None
             have = lines.setdefault(snip.lines_key or snip.path, {})
+            # A report is shared: the raw lines it embeds are redacted like the IR, the window as one
+            # text (a multi-line key block is found whole; its line breaks are kept, so numbers match).
             if file_lines is not None:
                 lo = max(1, snip.line_start - CONTEXT_LINES)
                 hi = min(len(file_lines), snip.line_end + CONTEXT_LINES)
+                window = redact("\n".join(file_lines[lo - 1 : hi]))[0].split("\n")
                 for n in range(lo, hi + 1):
                     if n not in have:
-                        have[n] = _cut(file_lines[n - 1])
+                        have[n] = _cut(window[n - lo])
             elif view.element is None:  # a pointer into one document (or a zip member): its own lines only
-                for n, text in enumerate(view.lines.split("\n"), start=snip.line_start):
+                for n, text in enumerate(redact(view.lines)[0].split("\n"), start=snip.line_start):
                     have.setdefault(n, _cut(text))
             # A pointer's element alone, never the line around it: one line may hold a whole run with
             # its labels (an Inspect sample's target and scores, a MAST record) the report must not show.
-            snip.element = view.element[:SNIPPET_LIMIT] if view.element else None
+            snip.element = redact(view.element)[0][:SNIPPET_LIMIT] if view.element else None
             snip.position = view.position
             snip.status = "verified"
         return Evidence(snippets, lines)

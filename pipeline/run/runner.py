@@ -28,13 +28,15 @@ import pipeline
 from pipeline import coordinator, probes
 from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION, run_command
 from pipeline.artifacts.schemas import load_document
-from pipeline.bundle.manifest import verify
+from pipeline.bundle.manifest import read_manifest, verify
+from pipeline.bundle.request import load_request
 from pipeline.coordinator.probe_estimate import estimate_groups
 from pipeline.core.canonical import digest, read_json, sha256_file, write_json
 from pipeline.core.context import RunContext, RunOptions
 from pipeline.core.errors import BadInput, Blocked, BundleError
 from pipeline.core.settings import ModelSettings
 from pipeline.ir import export
+from pipeline.ir.digests import has_cell_digests, ir_cell_digests, ir_digest
 from pipeline.ir.schema import IR_SCHEMA_VERSION
 from pipeline.luna.stage import plan as luna_plan
 from pipeline.luna.stage import stage as luna_run
@@ -47,7 +49,7 @@ from pipeline.sol.stage import plan as sol_plan
 from pipeline.sol.stage import stage as sol_run
 from pipeline.state import handoff
 from pipeline.state.blocking import resolve_block_receipt, write_block_receipt
-from pipeline.state.ledger import CellResults, Ledger, describe_changes, ir_cell_digests, ir_digest
+from pipeline.state.ledger import CellResults, Ledger, describe_changes, output_digests
 
 
 @dataclass(frozen=True)
@@ -111,11 +113,9 @@ def bundle_digest(bundle: Path) -> str:
 
 def default_run_id(bundle: Path) -> str:
     """The bundle's analysis run id, or its directory name."""
-    req = bundle / REQUEST
-    if req.is_file():
-        raw = read_json(req)
-        if isinstance(raw, dict) and isinstance(raw.get("analysis_run_id"), str) and raw["analysis_run_id"]:
-            return str(raw["analysis_run_id"])
+    if (bundle / REQUEST).is_file():
+        # the strict reader: a request that does not load is one clear line here, before any run dir exists
+        return load_request(bundle).analysis_run_id or bundle.resolve().name
     return bundle.resolve().name
 
 
@@ -205,8 +205,10 @@ def stage_inputs(name: str, ctx: RunContext, bdigest: str, upstream: tuple[str, 
 def stage_outputs(name: str, ctx: RunContext) -> dict[str, str] | None:
     """Digests of a stage's outputs (None when one is missing)."""
     if name == "export":
-        return {"ir.duckdb#content": ir_digest(ctx.ir_path)} if ctx.ir_path.is_file() else None
-    return Ledger(ctx.run_dir).output_digests(STAGE_OUTPUTS.get(name, ()))
+        # an IR without its stored per-cell digests (an older lunasol's) is re-exported
+        ok = ctx.ir_path.is_file() and has_cell_digests(ctx.ir_path)
+        return {"ir.duckdb#content": ir_digest(ctx.ir_path)} if ok else None
+    return output_digests(ctx.run_dir, STAGE_OUTPUTS.get(name, ()))
 
 
 def fingerprint(inputs: dict[str, str], outputs: dict[str, str]) -> str:
@@ -230,8 +232,16 @@ def _archive(ctx: RunContext, name: str, entry_outputs: dict[str, str]) -> None:
 
 
 def _record_ir_cells(ctx: RunContext, ledger: Ledger) -> None:
-    """After export: one ledger entry per cell's IR digest; a changed cell invalidates its model results."""
+    """After export: one ledger entry per cell's IR digest; a changed cell invalidates its model results.
+
+    One batch: the ledger is read and written once, whatever the number of cells.
+    """
     now = ir_cell_digests(ctx.ir_path)
+    with ledger.batch():
+        _record_ir_changes(ledger, now)
+
+
+def _record_ir_changes(ledger: Ledger, now: dict[str, str]) -> None:
     for name in ledger.names_for_stage("export"):
         cell = name.split("/", 1)[1] if name.startswith("ir/") else None
         if cell and cell not in now:
@@ -248,8 +258,13 @@ def _record_ir_cells(ctx: RunContext, ledger: Ledger) -> None:
 
 
 def _record_cells(ctx: RunContext, ledger: Ledger, role: str) -> None:
-    """After a model stage: one ledger entry per persisted per-cell result."""
+    """After a model stage: one ledger entry per persisted per-cell result (one ledger batch)."""
     store = CellResults(ctx.run_dir, role)
+    with ledger.batch():
+        _record_results(ctx, ledger, role, store)
+
+
+def _record_results(ctx: RunContext, ledger: Ledger, role: str, store: CellResults) -> None:
     for cell, raw in store.stored().items():
         inputs = {k: str(v) for k, v in (raw.get("inputs") or {}).items() if v is not None}
         inputs["key"] = str(raw["key"])
@@ -357,6 +372,9 @@ def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
         return dry_run(ctx)
     if options.resume:
         _check_resume(ctx, bdigest)
+    # The bundle's own files are checked before the run dir exists, so a bad one leaves nothing behind.
+    read_manifest(options.bundle)
+    load_request(options.bundle)
     created = not ctx.run_dir.exists()
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     with _exclusive_run(ctx.run_dir):
@@ -419,26 +437,9 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
             result.reused.append(name)
             upstream = (name, fingerprint(inputs, outputs))
             continue
-        entry = ledger.get(name)
-        if entry is not None and entry.state == "pending" and (entry.reason or "").startswith(INCOMPLETE):
-            why = entry.reason or INCOMPLETE
-        elif entry is not None and entry.state == "pending":
-            why = "did not finish last time (interrupted or blocked)"
-        elif entry is not None and entry.state == "invalidated":
-            why = entry.reason or "invalidated"
-        if entry is not None and entry.state == "verified":
-            ledger.invalidate(name, why)
-        if entry is not None:
-            _archive(ctx, name, entry.outputs)
-            gone = ledger.invalidate_many(_downstream(ledger, i), f"upstream {name} recomputed: {why}")
-            if gone:
-                log(f"[{name}] {why}; invalidated downstream: {', '.join(sorted(gone))}")
         role = STAGE_ROLES.get(name)
-        phase = handoff.STAGE_PHASE.get(name)
-        if phase and handoff.phase_reached(handoff.load(ctx.run_dir), phase):
-            # the run is back before this stage until it is recomputed
-            _set_phase(ctx, handoff.PHASES[handoff.PHASES.index(phase) - 1], f"{name} recomputed: {why}")
-        ledger.mark_pending(name, name, inputs, reason=f"running: {why}")
+        with ledger.batch():  # one ledger write for the whole hand-over to this stage
+            _start_stage(ctx, ledger, i, name, inputs, why)
         ctx.incomplete.clear()
         try:
             summary = target.run(ctx)
@@ -453,16 +454,17 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
         outputs = stage_outputs(name, ctx)
         if outputs is None:
             raise BadInput(f"stage {name} finished but its output is missing: {STAGE_OUTPUTS.get(name)}")
-        if ctx.incomplete:
-            # The run goes on with what finished; the stage stays pending, so a rerun retries the rest.
-            left_pending.append(f"{name}: {'; '.join(ctx.incomplete)}")
-            ledger.mark_pending(name, name, inputs, reason=f"{INCOMPLETE}{'; '.join(ctx.incomplete)}")
-        else:
-            ledger.mark_verified(name, name, inputs, outputs)
-        if name == "export":
-            _record_ir_cells(ctx, ledger)
-        if role:
-            _record_cells(ctx, ledger, role)
+        with ledger.batch():  # the stage's entry and its per-cell entries: one ledger write
+            if ctx.incomplete:
+                # The run goes on with what finished; the stage stays pending, so a rerun retries the rest.
+                left_pending.append(f"{name}: {'; '.join(ctx.incomplete)}")
+                ledger.mark_pending(name, name, inputs, reason=f"{INCOMPLETE}{'; '.join(ctx.incomplete)}")
+            else:
+                ledger.mark_verified(name, name, inputs, outputs)
+            if name == "export":
+                _record_ir_cells(ctx, ledger)
+            if role:
+                _record_cells(ctx, ledger, role)
         if name == "sol":
             _after_sol(ctx, ledger)
         elif name in handoff.STAGE_PHASE:
@@ -478,6 +480,29 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
         log(f"NOT verified: {line}; retry exactly those with: {run_command(ctx.run_dir)}")
     result.pending = left_pending
     return result
+
+
+def _start_stage(ctx: RunContext, ledger: Ledger, index: int, name: str, inputs: dict[str, str], why: str) -> None:
+    """Invalidate what this stage's rerun replaces (kept, with why) and mark it pending."""
+    entry = ledger.get(name)
+    if entry is not None and entry.state == "pending" and (entry.reason or "").startswith(INCOMPLETE):
+        why = entry.reason or INCOMPLETE
+    elif entry is not None and entry.state == "pending":
+        why = "did not finish last time (interrupted or blocked)"
+    elif entry is not None and entry.state == "invalidated":
+        why = entry.reason or "invalidated"
+    if entry is not None and entry.state == "verified":
+        ledger.invalidate(name, why)
+    if entry is not None:
+        _archive(ctx, name, entry.outputs)
+        gone = ledger.invalidate_many(_downstream(ledger, index), f"upstream {name} recomputed: {why}")
+        if gone:
+            ctx.log(f"[{name}] {why}; invalidated downstream: {', '.join(sorted(gone))}")
+    phase = handoff.STAGE_PHASE.get(name)
+    if phase and handoff.phase_reached(handoff.load(ctx.run_dir), phase):
+        # the run is back before this stage until it is recomputed
+        _set_phase(ctx, handoff.PHASES[handoff.PHASES.index(phase) - 1], f"{name} recomputed: {why}")
+    ledger.mark_pending(name, name, inputs, reason=f"running: {why}")
 
 
 def _blocked(ctx: RunContext, stage: str, exc: Blocked) -> Blocked:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.core.canonical import digest, pretty_json, sha256_file
 from pipeline.core.errors import Blocked
+from pipeline.ir.digests import ir_digest
 from pipeline.models import CallOutcome, ModelClient, PlannedCall, template_hash
 from pipeline.sol.batch import (
     GROUPS_FILE,
@@ -32,7 +33,6 @@ from pipeline.sol.plan import MAP_ROLE, REDUCE_ROLE, ROLE, SolPlanDraft, plan_so
 from pipeline.sol.reduce import Draft, assemble, draft_blocks, reduce_context, reduce_errors
 from pipeline.sol.shortlist import SHORTLIST_FILE, Denominator, Shortlist, write_shortlist
 from pipeline.sol.timeline import TIMELINE_KINDS, fit_timelines
-from pipeline.state.ledger import ir_digest
 
 if TYPE_CHECKING:
     from pipeline.core.context import RunContext

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 import pipeline
 from pipeline.artifacts.schemas import load_artifact
 from pipeline.artifacts.versions import VERSIONS
-from pipeline.core.canonical import digest, read_json, sha256_file, write_json
+from pipeline.core.canonical import atomic_write_bytes, digest, pretty_json_plain, read_json, sha256_file, write_json
 
 LEDGER_FILE = "ledger.json"
 LEDGER_LOCK = ".ledger.lock"
@@ -110,13 +110,29 @@ def describe_changes(old: Mapping[str, str], new: Mapping[str, str]) -> str:
     return "inputs changed: " + ", ".join(parts) if parts else "inputs unchanged"
 
 
+def output_digests(run_dir: Path, paths: Iterable[str]) -> dict[str, str] | None:
+    """Digests of output files relative to ``run_dir``, or None when one is missing."""
+    out: dict[str, str] = {}
+    for rel in paths:
+        p = run_dir / rel
+        if not p.is_file():
+            return None
+        out[rel] = sha256_file(p)
+    return out
+
+
 class Ledger:
-    """Read-modify-write access to ``runs/<id>/ledger.json`` (every change is written atomically)."""
+    """Read-modify-write access to ``runs/<id>/ledger.json`` (every change is written atomically).
+
+    Each change reloads, changes and saves the file under a lock; inside :meth:`batch` many
+    changes share one reload and one save, so a stage records its per-cell entries in O(cells).
+    """
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.path = run_dir / LEDGER_FILE
         self._lock = threading.Lock()
+        self._batch_owner: int | None = None  # the thread inside batch(), if any
         self.data = self._load()
 
     def _load(self) -> LedgerData:
@@ -125,15 +141,19 @@ class Ledger:
         return load_artifact(self.path, "ledger", LedgerData)  # newer refused (exit 2), older upgraded
 
     def save(self) -> None:
-        """Write the ledger atomically."""
-        write_json(self.path, self.data.model_dump(mode="json"))
+        """Write the ledger atomically (no floats in it: the fast writer gives pretty_json's bytes)."""
+        atomic_write_bytes(self.path, pretty_json_plain(self.data.model_dump(mode="json")))
 
     @contextmanager
     def _mutate(self) -> Iterator[None]:
         """Reload, change and save under an exclusive file lock.
 
         Concurrent writers (a run and a gate decision) then never lose each other's entries.
+        Inside :meth:`batch` (same thread) the batch's reload and save serve.
         """
+        if self._batch_owner == threading.get_ident():
+            yield
+            return
         with self._lock:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.run_dir / LEDGER_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
@@ -146,6 +166,22 @@ class Ledger:
                 fcntl.flock(fd, fcntl.LOCK_UN)
                 os.close(fd)
 
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Many changes, one reload and one atomic save (under the lock the whole time).
+
+        Nothing is saved when the block raises: the ledger keeps its state from before the batch.
+        """
+        if self._batch_owner == threading.get_ident():  # nested: the outer batch saves
+            yield
+            return
+        with self._mutate():
+            self._batch_owner = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._batch_owner = None
+
     # -- queries -------------------------------------------------------------------------------
 
     def get(self, name: str) -> Entry | None:
@@ -154,13 +190,7 @@ class Ledger:
 
     def output_digests(self, paths: Iterable[str]) -> dict[str, str] | None:
         """Digests of output files relative to the run, or None when one is missing."""
-        out: dict[str, str] = {}
-        for rel in paths:
-            p = self.run_dir / rel
-            if not p.is_file():
-                return None
-            out[rel] = sha256_file(p)
-        return out
+        return output_digests(self.run_dir, paths)
 
     def check(self, name: str, inputs: Mapping[str, str], outputs: Iterable[str] = ()) -> tuple[bool, str]:
         """Whether ``name`` can be reused with these inputs; else why not (one line)."""
@@ -312,47 +342,3 @@ class CellResults:
                 if isinstance(raw, dict) and "key" in raw:
                     out[p.stem] = raw
         return out
-
-
-# -- IR content digests ------------------------------------------------------------------------
-
-_EVENT_COLUMNS = (
-    "event_id, segment_id, seq, ts, kind, detail, actor, stage, session_id, step_index, text, text_truncated, "
-    "text_chars, tool_name, call_id, args_digest, result_digest, state_digest, target, source_path, line_start, "
-    "line_end, source_sha256, json_pointer"
-)
-
-
-def ir_cell_digests(ir_path: Path) -> dict[str, str]:
-    """Digest of each cell's IR content (its cell row and its events in order), by cell id.
-
-    A DuckDB file's bytes are not stable across writes, so the ledger fingerprints content instead.
-    """
-    import duckdb
-
-    con = duckdb.connect(str(ir_path), read_only=True)
-    try:
-        cells = con.execute(
-            "SELECT cell_id, task_id, run_id, eligibility, exclusion_reason, harness FROM cells ORDER BY cell_id"
-        ).fetchall()
-        rows: dict[str, list[Any]] = {c[0]: [] for c in cells}
-        for row in con.execute(f"SELECT cell_id, {_EVENT_COLUMNS} FROM events ORDER BY cell_id, seq").fetchall():
-            rows.setdefault(row[0], []).append(list(row[1:]))
-    finally:
-        con.close()
-    return {c[0]: digest({"cell": list(c), "events": rows.get(c[0], [])}) for c in cells}
-
-
-def ir_digest(ir_path: Path) -> str:
-    """Digest of the IR's content: every cell's digest plus the outcome sidecar."""
-    import duckdb
-
-    cells = ir_cell_digests(ir_path)
-    con = duckdb.connect(str(ir_path), read_only=True)
-    try:
-        outcomes = con.execute(
-            "SELECT cell_id, label, quality, completion, cost, stability, extra FROM outcomes ORDER BY cell_id"
-        ).fetchall()
-    finally:
-        con.close()
-    return digest({"cells": cells, "outcomes": [list(r) for r in outcomes]})

@@ -4,11 +4,20 @@ Every finding carries a rule id (``V-...``), the field path (``proposals[0].evid
 and one explanation; see docs/validator.md for every rule and the historical-basis policy.
 """
 
-from pipeline.validator.core import RULES, ValidationResult, check_card, validate_cards, validate_entries, validate_file
+from pipeline.validator.core import (
+    PROMPT_RULES,
+    RULES,
+    ValidationResult,
+    check_card,
+    validate_cards,
+    validate_entries,
+    validate_file,
+)
 from pipeline.validator.findings import CardReport, Finding
 from pipeline.validator.run_rules import RunFacts, load_run_facts
 
 __all__ = [
+    "PROMPT_RULES",
     "RULES",
     "CardReport",
     "Finding",

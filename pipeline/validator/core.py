@@ -8,13 +8,14 @@ from typing import Any
 
 from pipeline.artifacts.proposal_card import ProposalCard
 from pipeline.artifacts.proposals_file import read_entries
-from pipeline.validator import behaviour, forbidden, lever, quantities, run_rules, schema, similarity
+from pipeline.validator import behaviour, forbidden, lever, limits, quantities, run_rules, schema, similarity
 from pipeline.validator.findings import CardReport, Finding
 from pipeline.validator.run_rules import RunFacts, load_run_facts
 from pipeline.validator.text import card_fields
 
 RULES: dict[str, str] = {
     **schema.RULES,
+    **limits.RULES,
     **forbidden.RULES,
     **quantities.RULES,
     **lever.RULES,
@@ -23,6 +24,10 @@ RULES: dict[str, str] = {
     **run_rules.RULES,
 }
 """Every rule id and what it catches (docs/validator.md explains each with examples)."""
+
+PROMPT_RULES: dict[str, str] = {rule: what for rule, what in RULES.items() if rule not in limits.RULES}
+"""The rules the proposer's prompt lists: all but the length bound, which a card of a few
+sentences never meets (a too-long answer still gets the finding back on the re-ask)."""
 
 
 @dataclass
@@ -66,8 +71,7 @@ class ValidationResult:
 def check_card(card: ProposalCard, index: int, facts: RunFacts | None = None) -> list[Finding]:
     """The content rules (everything but schema and cross-card rules) for one parsed card."""
     prefix = f"proposals[{index}]"
-    fields = card_fields(card, prefix)
-    raw: list[tuple[str, str, str]] = []
+    fields, raw = limits.bound_fields(card_fields(card, prefix))
     raw += forbidden.check_forbidden(fields)
     raw += quantities.check_quantities(fields)
     raw += lever.check_lever(fields)

@@ -91,13 +91,20 @@ _PROMPT_DIFF = re.compile(
 )
 
 # Concrete things (flagged even in a negated clause: naming them is the defect).
+# Every pattern below is linear in the text: a match may only start where the previous character
+# cannot continue it (the lookbehinds), and the unbounded runs are possessive (``++``), so a 1 MB word
+# costs one pass, not one pass per character (a quadratic ``\w+`` once made a 20 kB word take 45 s).
 _PATH_WITH_DIR = re.compile(
-    rf"(?<![\w/.])(?:\.{{0,2}}/)?(?:[\w.-]+/)+[\w.-]+\.(?:{_CODE_EXT}|{_ARTIFACT_EXT})\b(?:#L\d+(?:-L?\d+)?)?"
+    rf"(?<![\w/.-])(?:\.{{0,2}}/)?(?:[\w.-]++/)++[\w.-]+\.(?i:{_CODE_EXT}|{_ARTIFACT_EXT})\b(?:#L\d+(?:-L?\d+)?)?"
 )
-_CODE_ROOT = re.compile(r"(?<![\w/])(?:src|lib|pkg|internal|cmd)/[\w./-]+")
+_CODE_ROOT = re.compile(r"(?<![\w/])(?i:src|lib|pkg|internal|cmd)/[\w./-]+")
+# A URL's scheme is blanked before paths are looked for, so ``https://host/src/x.py`` is the path
+# ``host/src/x.py`` (the ``:`` and ``//`` would otherwise stop every path pattern).
+_URL_SCHEME = re.compile(r"(?i)\b[a-z][a-z0-9+.-]{1,15}://")
 _BUNDLE_REF = re.compile(r"#L\d+(?:-L?\d+)?$")
-_CODE_FILE = re.compile(rf"(?<![\w/.-])[\w-]+(?:\.[\w-]+)*\.(?:{_CODE_EXT})\b(?![\w/])")
-_ARTIFACT_FILE = re.compile(rf"(?<![\w/.-])[\w-]+(?:\.[\w-]+)*\.(?:{_ARTIFACT_EXT})\b(?![\w/])")
+# Extensions in any case: ``OUTPUT_FILTER.PY`` is the same file as ``output_filter.py``.
+_CODE_FILE = re.compile(rf"(?<![\w/.-])[\w-]++(?:\.[\w-]++)*\.(?i:{_CODE_EXT})\b(?![\w/])")
+_ARTIFACT_FILE = re.compile(rf"(?<![\w/.-])[\w-]++(?:\.[\w-]++)*\.(?i:{_ARTIFACT_EXT})\b(?![\w/])")
 _EDIT_VERB = re.compile(
     r"(?i)\b(?:modify|modifies|edit|edits|change|changes|update|updates|patch|rewrite|rewrites|amend|touch)\s+(?:the\s+)?$|"
     r"(?:修改|编辑|改写|更新|改动|调整)\s*$"
@@ -106,7 +113,8 @@ _LOCATION = re.compile(r"(?i)\bline\s+\d+\b|\blines\s+\d+\s*[-–]\s*\d+|第\s*\
 _CODE = re.compile(
     r"```|\bdef\s+[A-Za-z_]\w*\s*\(|\bclass\s+[A-Z]\w*\s*[:(]|\bfunction\s+[A-Za-z_]\w*\s*\(|=>|^\s*return\b|"
     r"^\s*import\s+[A-Za-z_][\w.]*|\bfrom\s+[A-Za-z_][\w.]*\s+import\s+[A-Za-z_]|\b[a-z]+_[a-z0-9_]+\(|\b[a-z]\w*\.[a-z_]\w*\(|"
-    r"\{\s*$|\w+\s*(?:==|!=|\+=|-=|:=)\s*\w+|^\s*(?:\+\+\+|---|@@)\s|\bif\s*\(.*\)\s*\{"
+    r"\{\s*$|(?<!\w)\w++\s*+(?:==|!=|\+=|-=|:=)\s*\w+|^\s*(?:\+\+\+|---|@@)\s|"
+    r"\bif\s*\([^()\n]*+(?:\([^()\n]*+\)[^()\n]*+)*+\)\s*\{"
 )
 
 
@@ -152,9 +160,11 @@ def check_forbidden(fields: list[TextField]) -> list[tuple[str, str, str]]:
 def _concrete(f: TextField) -> list[tuple[str, str, str]]:
     out: list[tuple[str, str, str]] = []
     text = f.text
+    # Same length as the text, so match offsets still index ``text``.
+    paths_text = _URL_SCHEME.sub(lambda m: " " * len(m.group(0)), text)
     path_spans: list[tuple[int, int]] = []
     artifacts: list[re.Match[str]] = []
-    for m in list(_PATH_WITH_DIR.finditer(text)) + list(_CODE_ROOT.finditer(text)):
+    for m in list(_PATH_WITH_DIR.finditer(paths_text)) + list(_CODE_ROOT.finditer(paths_text)):
         if any(s <= m.start() < e for s, e in path_spans):
             continue
         path_spans.append((m.start(), m.end()))
@@ -168,7 +178,7 @@ def _concrete(f: TextField) -> list[tuple[str, str, str]]:
     loc = _LOCATION.search(text)
     if loc and not out and f.area != "evidence":
         out.append(("V-NO-SOURCE-PATH", f.path, f"names a code location {loc.group(0)!r}"))
-    for m in _CODE_FILE.finditer(text):
+    for m in _CODE_FILE.finditer(paths_text):
         if any(s <= m.start() < e for s, e in path_spans):
             continue
         out.append(("V-NO-TARGET-FILE", f.path, f"names the file {m.group(0)!r}; a card names no target file"))

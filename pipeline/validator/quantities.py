@@ -48,7 +48,13 @@ _DIGITS = rf"(?:(?<![\w.#:/-])[+＋−-]\s?{_NUM}|(?<![\w.#:/+＋−-]){_NUM})"
 _CN_NUM = r"[零一二两三四五六七八九十百千万半几]+"
 _EN_NUM = (
     r"(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|fifteen|twenty|thirty|forty|fifty|"
-    r"hundred|a dozen|dozen|a few|several)"
+    r"sixty|seventy|eighty|ninety|hundred|a dozen|dozen|a few|several)"
+)
+# A figure written in words: "fifty", "twenty-five", "a hundred", "ninety nine".
+_EN_FIGURE = (
+    r"(?:a\s+)?(?:(?:twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety)(?:[- ](?:one|two|three|four|five|six|"
+    r"seven|eight|nine))?|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|"
+    r"sixteen|seventeen|eighteen|nineteen|hundred)"
 )
 
 _UNIT = (
@@ -83,6 +89,14 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("a figure with a unit", re.compile(rf"{_DIGITS}{_UNIT}", re.IGNORECASE)),
     ("a signed figure", re.compile(r"(?<![\w.#:/-])[+＋−]\d+(?:\.\d+)?")),
     (
+        "a figure in words with a unit",
+        re.compile(
+            rf"(?i)\b{_EN_FIGURE}[\s-]?(?:percent\b|per cent\b|%|percentage points?\b|pp\b|points?\b|-?fold\b|"
+            r"times\s+(?:more|less|fewer|faster|slower|higher|lower|as)\b)|"
+            r"[零一二两三四五六七八九十百千]+\s?个?百分点|(?<![一二两三四五六七八九十百千])[两二三四五六七八九十]+倍"
+        ),
+    ),
+    (
         "a threshold",
         re.compile(
             rf"(?:\b{_CMP_BEFORE_EN}\s*|{_CMP_BEFORE_CN}\s*|{_CHANGE_CN}\s*|{_CMP_SYMBOL}\s*){_DIGITS}|{_DIGITS}\s*{_CMP_AFTER}",
@@ -103,7 +117,9 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
         re.compile(
             r"(?<![统合单唯变])[一二两三四五六七八九十]成(?!不变|为|功|本|员|果|熟|就|立|型|长|绩|效|形|分|的)|"
             r"百分之\s*[\d零一二两三四五六七八九十百]+|[一二两三四五六七八九十]分之[一二三四五六七八九十]|"
-            r"(?i:\b(?:a|one|two)[- ](?:third|quarter|fifth|tenth)s?\b)"
+            r"(?i:\b(?:a|one|two|three)[- ](?:third|quarter|fifth|tenth)s?\b)|"
+            r"(?i:\b(?:by|to|in|of|under|over|than|about|around|roughly|nearly|almost)\s+(?:a\s+|one\s+)?half\b)|"
+            r"一半|半数|过半"
         ),
     ),
     ("a ratio", re.compile(r"(?<![\w./#:-])\d+(?:\.\d+)?\s?/\s?\d+(?:\.\d+)?(?![\w/])")),

@@ -7,6 +7,8 @@ import unicodedata
 
 from pipeline.artifacts.proposal_card import ProposalCard
 from pipeline.validator.findings import TextField
+from pipeline.validator.limits import MAX_FIELD_CHARS
+from pipeline.validator.normal_form import rule_text
 
 # Sentence ends: CJK and ASCII punctuation, newlines; a period only when followed by space/end
 # so that "0.7x" and "e.g.x" stay whole.
@@ -44,12 +46,17 @@ def normalise(text: str) -> str:
 
 
 def card_fields(card: ProposalCard, prefix: str) -> list[TextField]:
-    """Every text leaf of a card with its path (``prefix.evidence.summary``) and area."""
+    """Every text leaf of a card with its path (``prefix.evidence.summary``) and area.
+
+    The text is in the form the rules read (:func:`pipeline.validator.normal_form.rule_text`):
+    homoglyphs, invisible characters and bidi overrides cannot hide a forbidden thing.
+    """
     out: list[TextField] = []
 
     def walk(value: object, path: str, area: str) -> None:
         if isinstance(value, str):
-            out.append(TextField(path=path, area=area, text=value))
+            # One character past the bound is enough to know the field is too long (limits.py).
+            out.append(TextField(path=path, area=area, text=rule_text(value[: MAX_FIELD_CHARS + 1])))
         elif isinstance(value, list):
             for i, item in enumerate(value):
                 walk(item, f"{path}[{i}]", area)

@@ -186,7 +186,7 @@ def test_unknown_format_is_bad_input(bundle: Path, runs_dir: Path) -> None:
 def test_failure_after_streamed_batches_leaves_nothing(
     bundle: Path, runs_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pipeline.ir.events as ev
+    import pipeline.ir.rows as ev
 
     monkeypatch.setattr(ev, "BATCH_ROWS", 5)  # several batches reach DuckDB before the bad cell
     last = "cells/C003/sessions/04-review-reviewer.jsonl"

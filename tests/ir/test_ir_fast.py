@@ -1,12 +1,14 @@
 """The native fast export path and its worker processes give exactly the generic path's tables.
 
-The generic path (pipeline.ir.events: read_cell -> SourceEvent -> cell_rows -> to_arrow) is the
-reference. It is forced by making the fast path raise ``IllTyped`` (export then falls back to it).
+Both paths build rows with the one implementation of the IR rules (pipeline.ir.rows.ColumnBuilder);
+they differ in how records are read. The generic path (read_cell -> SourceEvent -> event_record)
+is the reference; it is forced by making ``record_reader`` return it for native bundles too.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -15,17 +17,23 @@ import duckdb
 import pytest
 
 import pipeline.ir.export as ex
+import pipeline.ir.pool as pool
+import pipeline.ir.rows as rows
+from pipeline.adapters.contract import event_record
+from pipeline.adapters.native import read_cell
 from pipeline.bundle import freeze
 from pipeline.bundle.synth import tree_snapshot, write_bundle
 from pipeline.core.errors import BadInput, BundleError
 from pipeline.ir.export import export
-from pipeline.ir.fast import IllTyped
 from pipeline.ir.store import TABLES
 
 _VALUES: list[Any] = [
     "x", "", None, 0, 1, -3, 1.5, 1e20, 1e-7, 0.00001, float("nan"), float("inf"), True, False, [1, "a"],
     {"k": "v", "a": [1.0, None]}, "ünïcødé ✓", "src/a.py", "line\nbreak", "x" * 2500, 12345, -0.0, 2.5e-5,
     {"z": 1, "a": {"y": 1e300}},
+    # secrets: both paths redact them the same way (pipeline.ir.redact), also in a long, trimmed text
+    "key sk-proj-Ab3dEf9hIj2lMn5pQr8tUv1xYz40123456789abcd", {"url": "https://u:pw12345678@h.example/x"},
+    "Authorization: Bearer x9Yk2Lm4Np6Qr8St0Uv2Wx4Yz6Ab8Cd " + "y" * 2500,
 ]  # fmt: skip
 _CONTROLLER_KEYS = ("ts", "stage", "actor", "by", "to", "reason", "artifact", "digest", "state_digest",
                     "current_stage", "confirmed", "from", "note", "obligation_id", "text", "evidence",
@@ -101,15 +109,16 @@ def _same(a: dict[str, list[tuple[Any, ...]]], b: dict[str, list[tuple[Any, ...]
 
 
 def _generic(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(*_: Any) -> None:
-        raise IllTyped("force the generic path")
+    def through_source_events(fmt: str) -> rows.RecordReader:
+        assert fmt == "native"
+        return lambda bundle, cell, manifest: [event_record(e) for e in read_cell(bundle, cell, manifest)]
 
-    monkeypatch.setattr(ex, "_load_native", refuse)
+    monkeypatch.setattr(ex, "record_reader", through_source_events)
 
 
 def _parallel(monkeypatch: pytest.MonkeyPatch, workers: int = 2) -> None:
-    monkeypatch.setattr(ex, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setattr(ex, "TASK_BYTES", 20_000)  # several tasks per worker
+    monkeypatch.setattr(pool, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(pool, "TASK_BYTES", 20_000)  # several tasks per worker
     monkeypatch.setenv("LUNASOL_EXPORT_WORKERS", str(workers))
 
 
@@ -171,16 +180,53 @@ def test_ill_typed_value_reported_as_before(tmp_path: Path, monkeypatch: pytest.
         _parallel(monkeypatch, workers)
     with pytest.raises(BadInput) as fast:
         export(bundle, tmp_path / "fast")
-    assert "ill-typed event field" in str(generic.value)
+    assert "ill-typed event field in cell C002:" in str(generic.value)
     assert str(fast.value) == str(generic.value)
     assert not (tmp_path / "fast").exists()
 
 
 def test_export_workers_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LUNASOL_EXPORT_WORKERS", "3")
-    assert ex.export_workers() == 3
+    assert pool.export_workers() == 3
     monkeypatch.setenv("LUNASOL_EXPORT_WORKERS", "many")
     with pytest.raises(BadInput, match="LUNASOL_EXPORT_WORKERS"):
-        ex.export_workers()
+        pool.export_workers()
     monkeypatch.delenv("LUNASOL_EXPORT_WORKERS")
-    assert 0 <= ex.export_workers() <= ex.MAX_WORKERS
+    assert 0 <= pool.export_workers() <= pool.MAX_WORKERS
+
+
+_SCRIPT = """
+from pathlib import Path
+import sys
+import pipeline.ir.pool as pool
+from pipeline.ir.export import export
+with open(sys.argv[3], "a") as fh:  # top-level code of an unguarded script: must run once, not once per worker
+    fh.write("ran\\n")
+pool.PARALLEL_MIN_BYTES = 0
+pool.TASK_BYTES = 20_000
+print(export(Path(sys.argv[1]), Path(sys.argv[2])).events)
+"""
+
+
+@pytest.mark.parametrize("how", ["script", "stdin"])
+def test_workers_do_not_rerun_the_callers_main(tmp_path: Path, how: str) -> None:
+    import subprocess
+    import sys
+
+    bundle = tmp_path / "b"
+    write_bundle(bundle, cells=6, events_per_cell=40, excluded=0, seed=5)
+    marker = tmp_path / "marker.txt"
+    script = tmp_path / "unguarded.py"
+    script.write_text(_SCRIPT, encoding="utf-8")
+    args = [str(script)] if how == "script" else ["-"]
+    res = subprocess.run(
+        [sys.executable, *args, str(bundle), str(tmp_path / "run"), str(marker)],
+        input=None if how == "script" else _SCRIPT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "LUNASOL_EXPORT_WORKERS": "2"},
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert int(res.stdout.split()[-1]) > 200
+    assert marker.read_text(encoding="utf-8") == "ran\n"

@@ -1,0 +1,127 @@
+"""Per-cell work kept across re-exports: previous rows of unchanged cells, and later stages' per-cell caches.
+
+A rerun after a bundle change re-exports only the cells whose raw inputs changed
+(``cell_digests.source_digest``); every other cell's ``events``, ``segments`` and digests are
+copied from the previous ``ir.duckdb``. A table of a later stage whose columns include
+``cell_id`` and ``content_digest`` is a per-cell cache (e.g. ``probe_cache``, ``luna_cache``):
+export carries its rows for every cell whose content digest is unchanged and drops the others,
+so that stage redoes only the changed cells. Nothing here knows what a cache holds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.core.canonical import digest
+from pipeline.ir.redact import RULES_DIGEST
+from pipeline.ir.schema import IR_SCHEMA_VERSION, TEXT_LIMIT
+from pipeline.ir.store import TABLES
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from pipeline.ir.store import IRWriter
+
+PREVIOUS = "_lunasol_prev"  # catalog name of the previous IR while a re-export reads it
+_CACHE_TABLES = (
+    "SELECT table_name FROM information_schema.columns WHERE table_catalog = ? AND table_schema = 'main' "
+    "AND column_name IN ('cell_id', 'content_digest') GROUP BY table_name HAVING count(*) = 2 ORDER BY 1"
+)
+
+
+def _sql_str(text: str) -> str:
+    return text.replace("'", "''")
+
+
+def rows_made_with() -> str:
+    """What a cell's rows depend on besides its raw bytes: the redaction rules and the trim limit.
+
+    Stored in ``meta``; a previous IR made under other rules (or before redaction) is read again,
+    never copied, so a secret an older lunasol let through cannot survive a re-export.
+    """
+    return digest({"redaction": RULES_DIGEST, "text_limit": TEXT_LIMIT})
+
+
+def previous_sources(path: Path, fmt: str) -> dict[str, str]:
+    """Source digests of the cells of a previous IR at ``path`` that a re-export may copy.
+
+    Empty when there is none, it cannot be read, it is of another IR schema or format, or it
+    predates stored digests: then every cell is read again (never an error).
+    """
+    import duckdb
+
+    if not path.is_file():
+        return {}
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+    except duckdb.Error:
+        return {}
+    try:
+        meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
+        if meta.get("ir_schema_version") != str(IR_SCHEMA_VERSION) or meta.get("format") != fmt:
+            return {}
+        if meta.get("rows_made_with") != rows_made_with():
+            return {}
+        rows = con.execute("SELECT cell_id, source_digest FROM cell_digests WHERE source_digest IS NOT NULL").fetchall()
+        return {r[0]: r[1] for r in rows}
+    except duckdb.Error:
+        return {}
+    finally:
+        con.close()
+
+
+def copy_cells(writer: IRWriter, path: Path, cell_ids: list[str], redactions: dict[str, int]) -> dict[str, int]:
+    """Copy the previous IR's events, segments and digests of ``cell_ids``; return their event counts.
+
+    ``redactions`` gets each copied cell's count of redacted secrets, as the previous export found it.
+
+    The previous IR stays attached (read-only) until :func:`carry_caches` detaches it.
+    """
+    import pyarrow as pa
+
+    writer.execute(f"ATTACH '{_sql_str(str(path))}' AS {PREVIOUS} (READ_ONLY)")
+    if not cell_ids:
+        return {}
+    writer.register("_lunasol_reuse", pa.table({"cell_id": pa.array(cell_ids, pa.string())}))
+    try:
+        for table in ("events", "segments", "cell_digests"):
+            writer.execute(
+                f"INSERT INTO {table} BY NAME SELECT p.* FROM {PREVIOUS}.main.{table} p "
+                "SEMI JOIN _lunasol_reuse r ON p.cell_id = r.cell_id"
+            )
+        rows = writer.fetch(
+            f"SELECT p.cell_id, p.events, p.redactions FROM {PREVIOUS}.main.coverage p SEMI JOIN _lunasol_reuse r "
+            "ON p.cell_id = r.cell_id"
+        )
+    finally:
+        writer.unregister("_lunasol_reuse")
+    redactions.update({str(r[0]): int(r[2]) for r in rows})
+    return {str(r[0]): int(r[1]) for r in rows}
+
+
+def carry_caches(writer: IRWriter) -> list[str]:
+    """Copy every per-cell cache row whose cell's content digest is unchanged; detach the previous IR."""
+    try:
+        names = [str(r[0]) for r in writer.fetch(_CACHE_TABLES, [PREVIOUS]) if r[0] not in TABLES]
+        for name in names:
+            writer.execute(
+                f'CREATE TABLE "{name}" AS SELECT p.* FROM {PREVIOUS}.main."{name}" p '
+                "SEMI JOIN cell_digests d ON p.cell_id = d.cell_id AND p.content_digest = d.content_digest"
+            )
+        return names
+    finally:
+        writer.execute(f"DETACH {PREVIOUS}")
+
+
+def cached_rows(con: duckdb.DuckDBPyConnection, table: str, columns: str, made_with: str) -> list[tuple[Any, ...]]:
+    """Rows of cache ``table`` still valid: made from the cell's current content and with ``made_with``."""
+    # fetchall, not fetchone: DuckDB refuses register() on a connection with an unfinished result
+    sql = "SELECT count(*) FROM information_schema.tables WHERE table_name IN (?, 'cell_digests')"
+    if con.execute(sql, [table]).fetchall()[0][0] < 2:
+        return []
+    return con.execute(
+        f'SELECT {columns} FROM "{table}" t SEMI JOIN cell_digests d '
+        "ON t.cell_id = d.cell_id AND t.content_digest = d.content_digest WHERE t.made_with = ? ORDER BY t.cell_id",
+        [made_with],
+    ).fetchall()

@@ -1,0 +1,162 @@
+"""Per-cell content digests of the IR, computed once at export (in DuckDB) and stored in ``cell_digests``.
+
+A DuckDB file's bytes are not stable across writes, so the ledger fingerprints content instead.
+A cell's digest is ``digest({"cell": [cell_id, task_id, run_id, eligibility, exclusion_reason,
+harness], "events": [[<every events column but cell_id>, ...] in seq order]})`` of
+:func:`pipeline.core.canonical.digest`: the SQL below writes exactly that canonical JSON (sorted
+keys, compact, UTF-8 kept, Python's escapes) and hashes it, so no event is loaded into Python.
+
+``source_digest`` says what a cell's events were read from (its raw files' digests, the format,
+lunasol's version); a rerun reuses the rows of a cell whose source digest is unchanged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.canonical import digest
+from pipeline.core.errors import BadInput
+
+CELL_COLUMNS = ("cell_id", "task_id", "run_id", "eligibility", "exclusion_reason", "harness")
+# (column, JSON kind) of the events columns a cell digest covers, in order.
+EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("event_id", "str"),
+    ("segment_id", "str"),
+    ("seq", "int"),
+    ("ts", "str"),
+    ("kind", "str"),
+    ("detail", "str"),
+    ("actor", "str"),
+    ("stage", "str"),
+    ("session_id", "str"),
+    ("step_index", "int"),
+    ("text", "str"),
+    ("text_truncated", "bool"),
+    ("text_chars", "int"),
+    ("tool_name", "str"),
+    ("call_id", "str"),
+    ("args_digest", "str"),
+    ("result_digest", "str"),
+    ("state_digest", "str"),
+    ("target", "str"),
+    ("source_path", "str"),
+    ("line_start", "int"),
+    ("line_end", "int"),
+    ("source_sha256", "str"),
+    ("json_pointer", "str"),
+)
+
+
+def _python_escapes(col: str) -> str:
+    """SQL: ``col`` as a JSON string body with exactly the escapes of Python's json.dumps."""
+    expr = f"replace(replace({col}, '\\', '\\\\'), '\"', '\\\"')"
+    short = {8: "\\b", 9: "\\t", 10: "\\n", 12: "\\f", 13: "\\r"}
+    for code in range(32):
+        escape = short.get(code) or f"\\u{code:04x}"
+        expr = f"replace({expr}, chr({code}), '{escape}')"
+    return expr
+
+
+# DuckDB's to_json writes the same JSON string as Python except for the hex case of the rarer
+# control characters (\u001B, Python \u001b): only values whose JSON holds a \u escape take the
+# slow, exact path.
+_MACROS = f"""
+CREATE OR REPLACE TEMP MACRO lunasol_js(s) AS CASE
+    WHEN s IS NULL THEN 'null'
+    WHEN contains(to_json(s), '\\u') THEN '"' || {_python_escapes("s")} || '"'
+    ELSE to_json(s) END;
+CREATE OR REPLACE TEMP MACRO lunasol_jn(n) AS coalesce(CAST(n AS VARCHAR), 'null');
+CREATE OR REPLACE TEMP MACRO lunasol_jb(b) AS CASE WHEN b IS NULL THEN 'null' WHEN b THEN 'true' ELSE 'false' END;
+"""
+
+_JSON = {"str": "lunasol_js", "int": "lunasol_jn", "bool": "lunasol_jb"}
+
+
+def _array(cols: list[tuple[str, str]], alias: str) -> str:
+    return "'[' || " + " || ',' || ".join(f"{_JSON[kind]}({alias}.{name})" for name, kind in cols) + " || ']'"
+
+
+_EVENT_JSON = _array(list(EVENT_COLUMNS), "r")
+_CELL_JSON = _array([(c, "str") for c in CELL_COLUMNS], "c")
+
+_EVENT_ARRAY = "json_array(" + ", ".join(f"e.{name}" for name, _ in EVENT_COLUMNS) + ")"
+
+# Per event one JSON array (json_array, one call), exact (slow) path only where it holds a \u escape.
+FILL_SQL = f"""
+INSERT INTO cell_digests BY NAME
+SELECT c.cell_id,
+       s.source_digest,
+       'sha256:' || sha256('{{"cell":' || {_CELL_JSON} || ',"events":[' || coalesce(ev.body, '') || ']}}')
+           AS content_digest
+FROM cells c
+LEFT JOIN (
+    SELECT r.cell_id,
+           string_agg(CASE WHEN contains(r.j, '\\u') THEN {_EVENT_JSON} ELSE r.j END, ',' ORDER BY r.seq) AS body
+    FROM (
+        SELECT e.*, {_EVENT_ARRAY} AS j FROM events e ANTI JOIN cell_digests k ON e.cell_id = k.cell_id
+    ) r
+    GROUP BY r.cell_id
+) ev USING (cell_id)
+LEFT JOIN _lunasol_sources s USING (cell_id)
+ANTI JOIN cell_digests k ON c.cell_id = k.cell_id
+"""
+
+
+def fill_sql() -> tuple[str, str]:
+    """(macros, INSERT) that fill ``cell_digests`` for every cell not in it yet.
+
+    From ``cells``, ``events`` and the view ``_lunasol_sources`` (cell_id, source_digest); the
+    digests of cells copied from a previous IR are already there.
+    """
+    return _MACROS, FILL_SQL
+
+
+def _connect(ir_path: Path) -> Any:
+    import duckdb
+
+    return duckdb.connect(str(ir_path), read_only=True)
+
+
+def read_cell_digests(con: Any) -> dict[str, tuple[str | None, str]]:
+    """Cell id -> (source digest, content digest), as stored at export."""
+    sql = "SELECT cell_id, source_digest, content_digest FROM cell_digests ORDER BY cell_id"
+    try:
+        rows = con.execute(sql).fetchall()
+    except Exception as exc:  # duckdb.CatalogException: an IR written before the digests were stored
+        if "cell_digests" in str(exc):
+            raise BadInput("the IR has no cell_digests table (written by an older lunasol): re-export it") from None
+        raise
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def has_cell_digests(ir_path: Path) -> bool:
+    """Whether the IR stores its per-cell digests (older IRs are re-exported by ``lunasol run``)."""
+    con = _connect(ir_path)
+    try:
+        row = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'cell_digests'").fetchone()
+        return bool(row and row[0])
+    finally:
+        con.close()
+
+
+def ir_cell_digests(ir_path: Path) -> dict[str, str]:
+    """Digest of each cell's IR content (its cell row and its events in order), by cell id."""
+    con = _connect(ir_path)
+    try:
+        return {cell: content for cell, (_source, content) in read_cell_digests(con).items()}
+    finally:
+        con.close()
+
+
+def ir_digest(ir_path: Path) -> str:
+    """Digest of the IR's content: every cell's digest plus the outcome sidecar."""
+    con = _connect(ir_path)
+    try:
+        cells = {cell: content for cell, (_source, content) in read_cell_digests(con).items()}
+        outcomes = con.execute(
+            "SELECT cell_id, label, quality, completion, cost, stability, extra FROM outcomes ORDER BY cell_id"
+        ).fetchall()
+    finally:
+        con.close()
+    return digest({"cells": cells, "outcomes": [list(r) for r in outcomes]})

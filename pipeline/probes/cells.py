@@ -1,0 +1,110 @@
+"""Probes per cell: only cells whose IR changed are probed again; the others keep their cached hits.
+
+Table ``probe_cache`` (cell_id, content_digest, made_with, hits) holds each cell's hits as
+canonical JSON, made from that cell's IR content (``cell_digests.content_digest``) with this
+probe set (``made_with``: lunasol's version and the SQL of every probe). Export carries the rows
+of unchanged cells (:mod:`pipeline.ir.cache`). Hit ids are numbered within a cell, so a cell's
+hits do not depend on any other cell: probing a subset gives exactly those cells' hits of a full run.
+"""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+
+import pipeline
+from pipeline.core.canonical import canonical_json, digest
+from pipeline.ir.cache import cached_rows
+from pipeline.probes.core import PROBES, ProbeHit, run_probes, write_probe_hits
+from pipeline.probes.files import Probe, base_sql
+
+CACHE_TABLE = "probe_cache"
+CACHE_DDL = f"""
+CREATE OR REPLACE TABLE {CACHE_TABLE} (
+    cell_id VARCHAR PRIMARY KEY,
+    content_digest VARCHAR NOT NULL,   -- the cell's IR content these hits were found in
+    made_with VARCHAR NOT NULL,        -- lunasol version and probe SQL
+    hits VARCHAR NOT NULL              -- canonical JSON list of the cell's hits, in hit order
+);
+"""
+
+
+def made_with(probes: tuple[Probe, ...] = PROBES) -> str:
+    """What the hits depend on besides the cell's IR: lunasol's version and every probe's SQL (users' too)."""
+    sql = {"_base": base_sql(), **{p.probe_id: p.sql for p in probes}}
+    return digest({"lunasol": pipeline.__version__, "sql": sql})
+
+
+def _probe_cells(con: duckdb.DuckDBPyConnection, cell_ids: list[str], probes: tuple[Probe, ...]) -> list[ProbeHit]:
+    """Run every probe over ``cell_ids`` only (a temp ``events`` table shadows the IR's for the probes)."""
+    catalog = con.execute("SELECT current_database()").fetchall()[0]  # fetchall: register() follows
+    con.register("_lunasol_probe_cells", _cell_table(cell_ids))
+    try:
+        con.execute(
+            f'CREATE OR REPLACE TEMP TABLE events AS SELECT e.* FROM "{catalog[0]}".main.events e '
+            "SEMI JOIN _lunasol_probe_cells p ON e.cell_id = p.cell_id"
+        )
+        return run_probes(con, probes)
+    finally:
+        con.execute("DROP TABLE IF EXISTS temp.main.events")
+        con.unregister("_lunasol_probe_cells")
+
+
+def _cell_table(cell_ids: list[str]) -> object:
+    import pyarrow as pa
+
+    return pa.table({"cell_id": pa.array(cell_ids, pa.string())})
+
+
+def _rows_table(rows: list[list[str]]) -> object:
+    import pyarrow as pa
+
+    cols = list(zip(*rows, strict=True)) if rows else [(), (), (), ()]
+    names = ("cell_id", "content_digest", "made_with", "hits")
+    return pa.table({n: pa.array(list(c), pa.string()) for n, c in zip(names, cols, strict=True)})
+
+
+def _has_digests(con: duckdb.DuckDBPyConnection) -> bool:
+    sql = "SELECT count(*) FROM information_schema.tables WHERE table_name = 'cell_digests'"
+    return bool(con.execute(sql).fetchall()[0][0])
+
+
+def update_probe_hits(
+    con: duckdb.DuckDBPyConnection, probes: tuple[Probe, ...] = PROBES
+) -> tuple[list[ProbeHit], int, int]:
+    """Table ``probe_hits`` for the whole IR, probing only the cells without valid cached hits.
+
+    Returns every hit (cell order, then hit order), the number of cells probed and of all cells.
+    """
+    stamp = made_with(probes)
+    cells = [r[0] for r in con.execute("SELECT cell_id FROM cells ORDER BY cell_id").fetchall()]
+    # An IR built without export (tests, tools) may hold no digests: those cells are probed, never cached.
+    digests: dict[str, str] = (
+        dict(con.execute("SELECT cell_id, content_digest FROM cell_digests").fetchall()) if _has_digests(con) else {}
+    )
+    by_cell: dict[str, list[ProbeHit]] = {
+        cell: [ProbeHit.model_validate(h) for h in json.loads(raw)]
+        for cell, raw in cached_rows(con, CACHE_TABLE, "t.cell_id, t.hits", stamp)
+    }
+    todo = [c for c in cells if c not in by_cell]
+    if todo:
+        found = run_probes(con, probes) if len(todo) == len(cells) else _probe_cells(con, todo, probes)
+        fresh: dict[str, list[ProbeHit]] = {c: [] for c in todo}
+        for h in found:
+            fresh.setdefault(h.cell_id, []).append(h)
+        by_cell.update(fresh)
+    hits = [h for cell in sorted(by_cell) for h in by_cell[cell]]
+    write_probe_hits(con, hits)
+    con.execute(CACHE_DDL)
+    rows = [
+        [cell, digests[cell], stamp, canonical_json([h.model_dump(mode="json") for h in by_cell[cell]])]
+        for cell in sorted(digests)
+        if cell in by_cell
+    ]
+    con.register("_lunasol_probe_cache", _rows_table(rows))
+    try:
+        con.execute(f"INSERT INTO {CACHE_TABLE} SELECT * FROM _lunasol_probe_cache")
+    finally:
+        con.unregister("_lunasol_probe_cache")
+    return hits, len(todo), len(cells)

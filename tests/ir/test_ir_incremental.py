@@ -1,0 +1,130 @@
+"""Per-cell re-export: a changed cell is read again, every other cell's rows come from the previous IR.
+
+The reference is a fresh export of the same bundle: every IR table must be equal by content,
+and the stored content digests must equal the canonical-JSON digests computed in Python.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+
+from pipeline.bundle import freeze
+from pipeline.bundle.synth import write_bundle
+from pipeline.core.canonical import digest
+from pipeline.ir.digests import CELL_COLUMNS, EVENT_COLUMNS
+from pipeline.ir.export import export
+from pipeline.ir.store import TABLES
+
+
+def _tables(run_dir: Path) -> dict[str, list[str]]:
+    con = duckdb.connect(str(run_dir / "ir.duckdb"), read_only=True)
+    try:
+        return {t: [repr(r) for r in con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall()] for t in TABLES}
+    finally:
+        con.close()
+
+
+def _python_digests(run_dir: Path) -> dict[str, str]:
+    """The reference: digest() of the cell row and its events, every value loaded into Python."""
+    con = duckdb.connect(str(run_dir / "ir.duckdb"), read_only=True)
+    try:
+        cells = con.execute(f"SELECT {', '.join(CELL_COLUMNS)} FROM cells ORDER BY cell_id").fetchall()
+        names = ", ".join(c for c, _ in EVENT_COLUMNS)
+        events: dict[str, list[list[Any]]] = {c[0]: [] for c in cells}
+        for row in con.execute(f"SELECT cell_id, {names} FROM events ORDER BY cell_id, seq").fetchall():
+            events[row[0]].append(list(row[1:]))
+    finally:
+        con.close()
+    return {c[0]: digest({"cell": list(c), "events": events[c[0]]}) for c in cells}
+
+
+def _stored_digests(run_dir: Path) -> dict[str, str]:
+    con = duckdb.connect(str(run_dir / "ir.duckdb"), read_only=True)
+    try:
+        return dict(con.execute("SELECT cell_id, content_digest FROM cell_digests").fetchall())
+    finally:
+        con.close()
+
+
+def _edit(bundle: Path, cell: str, text: str) -> None:
+    path = bundle / "cells" / cell / "sessions" / "02-design-candidate.jsonl"
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"ts": "2026-08-09T23:00:00Z", "type": "message", "role": "operator", "content": text}))
+        fh.write("\n")
+    freeze(bundle)
+
+
+@pytest.fixture
+def bundle(tmp_path: Path) -> Path:
+    root = tmp_path / "bundle"
+    write_bundle(root, cells=8, events_per_cell=60, excluded=1, seed=21)
+    return root
+
+
+def test_content_digests_equal_the_python_canonical_json(bundle: Path, tmp_path: Path) -> None:
+    # Odd text: every control character (Python and DuckDB spell some escapes differently), quotes,
+    # backslashes, a backslash before 'u', non-ASCII, and text long enough to be trimmed.
+    odd = "".join(chr(i) for i in range(32)) + '"\\ \\u000b \u2028 é ✓ 😀 /' + "x" * 2100
+    _edit(bundle, "C002", odd)
+    export(bundle, tmp_path / "run")
+    stored = _stored_digests(tmp_path / "run")
+    assert stored == _python_digests(tmp_path / "run")
+    assert len(stored) == 9  # every cell, the excluded one too
+
+
+def test_one_changed_cell_is_read_again_alone(bundle: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    first = export(bundle, run)
+    assert first.reused == []
+    before = _stored_digests(run)
+    _edit(bundle, "C005", "one more line in one cell")
+    again = export(bundle, run)
+    assert again.reused == [c for c in first.events_per_cell if c != "C005"]  # all others, in request order
+    assert "7 unchanged cells reused, 1 read" in again.summary()
+    fresh = export(bundle, tmp_path / "fresh")
+    assert fresh.reused == []
+    assert _tables(run) == _tables(tmp_path / "fresh")  # same IR as a full export, table by table
+    assert again.events_per_cell == fresh.events_per_cell
+    after = _stored_digests(run)
+    assert {c for c in after if after[c] != before[c]} == {"C005"}
+    assert after == _python_digests(run)
+
+
+def test_later_stages_caches_keep_only_unchanged_cells(bundle: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    export(bundle, run)
+    con = duckdb.connect(str(run / "ir.duckdb"))
+    try:
+        con.execute(
+            "CREATE TABLE some_cache AS SELECT cell_id, content_digest, 'made-' || cell_id AS value FROM cell_digests"
+        )
+        con.execute("CREATE TABLE not_a_cache AS SELECT cell_id FROM cells")
+    finally:
+        con.close()
+    _edit(bundle, "C003", "changed")
+    export(bundle, run)
+    con = duckdb.connect(str(run / "ir.duckdb"), read_only=True)
+    try:
+        kept = [r[0] for r in con.execute("SELECT cell_id FROM some_cache ORDER BY 1").fetchall()]
+        tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    finally:
+        con.close()
+    assert kept == [f"C{i:03d}" for i in range(1, 10) if i != 3]
+    assert "not_a_cache" not in tables  # derived tables without a content digest start afresh
+
+
+def test_a_changed_request_entry_or_format_reads_every_cell(bundle: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    export(bundle, run)
+    req = json.loads((bundle / "analysis-request.json").read_text(encoding="utf-8"))
+    req["parent_harness"] = "H1"
+    (bundle / "analysis-request.json").write_text(json.dumps(req), encoding="utf-8")
+    freeze(bundle)
+    again = export(bundle, run)
+    assert again.reused == []
+    assert _stored_digests(run) == _python_digests(run)
