@@ -6,7 +6,6 @@ from pathlib import Path
 
 import typer
 
-from pipeline.bundle.manifest import MANIFEST_FILE, freeze, verify
 from pipeline.cli.common import JSON_OPTION, emit_json
 from pipeline.core.errors import EXIT_FINDINGS
 
@@ -21,6 +20,11 @@ bundle_app = typer.Typer(
 @bundle_app.command("freeze")
 def freeze_cmd(bundle: Path = typer.Argument(..., help="Bundle directory."), as_json: bool = JSON_OPTION) -> None:
     """Write the manifest of a bundle: every file with its sha256 and size."""
+    from pipeline.bundle.manifest import (
+        MANIFEST_FILE,  # startup: `lunasol --help` and every other verb load none of this
+        freeze,
+    )
+
     manifest = freeze(bundle)  # refuses an empty directory: a manifest of nothing would verify forever
     total = sum(f.size for f in manifest.files)
     if as_json:
@@ -32,6 +36,8 @@ def freeze_cmd(bundle: Path = typer.Argument(..., help="Bundle directory."), as_
 @bundle_app.command("verify")
 def verify_cmd(bundle: Path = typer.Argument(..., help="Bundle directory."), as_json: bool = JSON_OPTION) -> None:
     """Re-hash every file; list changed / missing / extra files (exit 1 when any)."""
+    from pipeline.bundle.manifest import verify  # startup: `lunasol --help` and every other verb load none of this
+
     report = verify(bundle)
     if as_json:
         emit_json(report.to_json())

@@ -5,7 +5,6 @@ from __future__ import annotations
 import typer
 
 from pipeline.cli.common import JSON_OPTION, emit_json, resolve_run
-from pipeline.models.calllog import format_summary, summarise
 
 
 def register(app: typer.Typer) -> None:
@@ -17,6 +16,11 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ) -> None:
         """Model calls of a run, per role: calls, attempts, re-asks, retries, tokens, cost, failures."""
+        from pipeline.models.calllog import (
+            format_summary,  # startup: `lunasol --help` and every other verb load none of this
+            summarise,
+        )
+
         summary = summarise(resolve_run(run))
         if as_json:
             emit_json(summary)

@@ -11,12 +11,8 @@ from typing import Any
 
 import typer
 
-from pipeline.artifacts.run_info import run_command
 from pipeline.core.canonical import pretty_json
 from pipeline.core.errors import BadInput, Blocked, LunasolError
-from pipeline.run.status import missing_outputs
-from pipeline.state import handoff
-from pipeline.state.blocking import read_block_receipt, resolve_block_receipt, write_block_receipt
 
 DEFAULT_RUNS_DIR = Path("runs")
 
@@ -56,6 +52,12 @@ def moves_run(run_dir: Path, verb: str) -> Iterator[None]:
     and its one line names the receipt and the unblocking command. Success means the run went past
     any earlier block, so a receipt left from it is moved to ``block-receipts/`` (kept, resolved).
     """
+    from pipeline.state.blocking import (
+        read_block_receipt,  # startup: `lunasol --help` and every other verb load none of this
+        resolve_block_receipt,
+        write_block_receipt,
+    )
+
     before = read_block_receipt(run_dir)
     try:
         yield
@@ -79,6 +81,12 @@ def moves_run(run_dir: Path, verb: str) -> Iterator[None]:
 
 def _state_next(run_dir: Path) -> str | None:
     """The next command by the run's state: a rerun when verified outputs are gone, else the handoff's."""
+    from pipeline.artifacts.run_info import (
+        run_command,  # startup: `lunasol --help` and every other verb load none of this
+    )
+    from pipeline.run.status import missing_outputs
+    from pipeline.state import handoff
+
     try:
         if missing_outputs(run_dir):
             return run_command(run_dir, resume=False)

@@ -7,11 +7,9 @@ from typing import Any
 
 import typer
 
-from pipeline.adapters import import_bundle
 from pipeline.cli.bundle import bundle_app
 from pipeline.cli.common import JSON_OPTION, emit_json, resolve_run
 from pipeline.core.errors import BadInput
-from pipeline.eval import evaluate
 
 _FORMAT_HELP = (
     "Format of the logs, or 'auto' to detect each file's format: mini-swe-agent, who-and-when, mast, swe-agent, "
@@ -26,6 +24,8 @@ def import_cmd(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Copy foreign logs byte-for-byte into a new frozen bundle (request, outcome sidecar, manifest)."""
+    from pipeline.adapters import import_bundle  # startup: `lunasol --help` and every other verb load none of this
+
     result = import_bundle(fmt, src, dest)
     if as_json:
         emit_json(
@@ -99,6 +99,8 @@ def eval_cmd(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Score the run's findings (weakness cards, probe hits) and deterministic baselines against human labels."""
+    from pipeline.eval import evaluate  # startup: `lunasol --help` and every other verb load none of this
+
     report = evaluate(resolve_run(run), labels)
     if not report.get("labelled_cells"):
         # Scores over zero labels are a table of dashes: say why instead (the library still returns

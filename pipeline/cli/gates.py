@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
+if TYPE_CHECKING:
+    from pipeline.gates import gate1 as gates
+
 from pipeline.cli.common import JSON_OPTION, check_digest, emit_json, moves_run, resolve_run
 from pipeline.core.errors import BadInput
-from pipeline.gates import gate1 as gates
-from pipeline.run.status import format_shortlist, format_status, status
-from pipeline.state import handoff
 
 
 def on_terminal() -> bool:
@@ -21,6 +22,9 @@ def on_terminal() -> bool:
 
 def receipt_line(gate: str, receipt: gates.Receipt, replayed: bool, run_dir: Path, what: object) -> str:
     """What a gate verb prints: the outcome, the receipt, and the real revisions (the run may have moved on)."""
+    from pipeline.gates import gate1 as gates  # startup: `lunasol --help` and every other verb load none of this
+    from pipeline.state import handoff
+
     path = gates.receipt_path(run_dir, receipt.gate, receipt.operation_id)
     if not replayed:
         return f"{gate} recorded: {what}; receipt {path} (revision {receipt.base_revision}→{receipt.new_revision})"
@@ -58,6 +62,10 @@ def register(app: typer.Typer) -> None:
         changed since you looked, it refuses with needs_rebase (exit 4). Without --decision on a
         terminal it shows every card and asks, binding the digest it showed. Silence is never approval.
         """
+        from pipeline.gates import gate1 as gates  # startup: `lunasol --help` and every other verb load none of this
+        from pipeline.run.status import format_shortlist, status
+        from pipeline.state import handoff
+
         run_dir = resolve_run(run)
         check_digest(digest)
         # What the decider sees now is the base of the compare-and-set.
@@ -119,6 +127,11 @@ def register(app: typer.Typer) -> None:
         poll: bool = typer.Option(False, "--poll", help="Ask the provider about the run's unfinished batches."),
     ) -> None:
         """The run's state machine, its ledger, and the exact next command."""
+        from pipeline.run.status import (
+            format_status,  # startup: `lunasol --help` and every other verb load none of this
+            status,
+        )
+
         s = status(resolve_run(run), poll=True) if poll else status(resolve_run(run))
         if as_json:
             emit_json(s)

@@ -7,9 +7,6 @@ from pathlib import Path
 import typer
 
 from pipeline.cli.common import DEFAULT_RUNS_DIR, JSON_OPTION, check_dir_option, emit_json, resolve_run
-from pipeline.ir.export import export_bundle
-from pipeline.ir.query import query
-from pipeline.ir.refs import redacted, resolve_ref, show_ref, show_ref_context
 
 
 def register(app: typer.Typer) -> None:
@@ -24,6 +21,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ) -> None:
         """Verify a bundle and write its Trajectory IR to RUNS_DIR/RUN_ID/ir.duckdb."""
+        from pipeline.ir.export import export_bundle  # startup: `lunasol --help` and every other verb load none of this
+
         check_dir_option(runs_dir, "--runs-dir")
         check_dir_option(parquet, "--parquet")
         report = export_bundle(bundle, run_id=run_id, runs_dir=runs_dir, parquet_dir=parquet)
@@ -59,6 +58,13 @@ def register(app: typer.Typer) -> None:
 
         Secrets are shown as [REDACTED:<kind>] unless --unredacted.
         """
+        from pipeline.ir.refs import (
+            redacted,  # startup: `lunasol --help` and every other verb load none of this
+            resolve_ref,
+            show_ref,
+            show_ref_context,
+        )
+
         run_dir = resolve_run(run)
         if as_json:
             view = resolve_ref(run_dir, ref)
@@ -75,6 +81,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ) -> None:
         """Run read-only SQL over the run's DuckDB and print a table (or JSON rows)."""
+        from pipeline.ir.query import query  # startup: `lunasol --help` and every other verb load none of this
+
         result = query(resolve_run(run), sql)
         if as_json:
             emit_json(result.records())

@@ -9,14 +9,6 @@ import typer
 from pipeline.cli.common import JSON_OPTION, check_digest, emit_json, moves_run, resolve_run
 from pipeline.cli.gates import receipt_line
 from pipeline.core.errors import BadInput, Findings
-from pipeline.gates.gate2 import NOT_AUTHORISATION, Choice
-from pipeline.gates.gate2 import select as do_select
-from pipeline.models.store import check_store
-from pipeline.proposals.proposer import propose as do_propose
-from pipeline.proposals.proposer import run_model_settings
-from pipeline.run.status import format_proposals
-from pipeline.state import handoff
-from pipeline.validator import validate_file
 
 
 def validate(
@@ -27,6 +19,8 @@ def validate(
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Validate proposal cards deterministically; exit 0 all valid, 1 some invalid, 2 unreadable."""
+    from pipeline.validator import validate_file  # startup: `lunasol --help` and every other verb load none of this
+
     run_dir = resolve_run(run) if run else None
     result = validate_file(file, run_dir)
     counts = result.as_dict()["counts"]
@@ -72,6 +66,12 @@ def propose(
     Uses the run's model settings (run.json) unless overridden. Refuses (exit 3) until gate 1 has a
     receipt for the current shortlist.
     """
+    from pipeline.models.store import check_store  # startup: `lunasol --help` and every other verb load none of this
+    from pipeline.proposals.proposer import propose as do_propose
+    from pipeline.proposals.proposer import run_model_settings
+    from pipeline.run.status import format_proposals
+    from pipeline.state import handoff
+
     if replay and record:
         raise BadInput("--replay and --record exclude each other")
     run_dir = resolve_run(run)
@@ -129,6 +129,13 @@ def select(
     A compare-and-set on the handoff revision and the proposals digest: if either changed since you
     looked, it refuses with needs_rebase (exit 4).
     """
+    from pipeline.gates.gate2 import (
+        NOT_AUTHORISATION,
+        Choice,  # startup: `lunasol --help` and every other verb load none of this
+    )
+    from pipeline.gates.gate2 import select as do_select
+    from pipeline.state import handoff
+
     if sum([proposal is not None, none, redo]) != 1:
         raise BadInput("choose exactly one of --proposal P-.., --none or --redo")
     if not by:

@@ -8,14 +8,9 @@ from pathlib import Path
 
 import typer
 
-from pipeline.api import export_tables
 from pipeline.cli.common import DEFAULT_RUNS_DIR, JSON_OPTION, check_dir_option, emit_json, resolve_run
 from pipeline.core.canonical import atomic_write_text
 from pipeline.core.errors import EXIT_FINDINGS, BadInput
-from pipeline.diff import diff_json, diff_run_dirs, render_html, render_markdown, render_text
-from pipeline.report import write_report
-from pipeline.report.items import find_item, render_item
-from pipeline.run.index import list_runs
 
 
 def _run_dir(run: str) -> Path:
@@ -42,6 +37,14 @@ def register(app: typer.Typer) -> None:
         Changed text is shown as a word diff: [-removed-] {+added+} (Markdown: ~~removed~~ **added**).
         Exit 0 when the outputs are identical, 1 when they differ.
         """
+        from pipeline.diff import (
+            diff_json,  # startup: `lunasol --help` and every other verb load none of this
+            diff_run_dirs,
+            render_html,
+            render_markdown,
+            render_text,
+        )
+
         if as_json and markdown:
             raise BadInput("choose one of --json and --markdown")
         if html is not None and (html.is_dir() or not html.parent.is_dir()):
@@ -64,6 +67,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ) -> None:
         """One self-contained HTML page to read before deciding: cards, timelines, raw lines beside the text."""
+        from pipeline.report import write_report  # startup: `lunasol --help` and every other verb load none of this
+
         path, stats = write_report(_run_dir(run), out=out)
         if as_json:
             emit_json({"path": str(path), **stats})
@@ -89,6 +94,11 @@ def register(app: typer.Typer) -> None:
 
         Read it before you decide at a gate. Events and refs come with their raw lines and context.
         """
+        from pipeline.report.items import (
+            find_item,  # startup: `lunasol --help` and every other verb load none of this
+            render_item,
+        )
+
         item = find_item(resolve_run(run), item_id, evidence=evidence, context=context)
         if as_json:
             emit_json(item.to_json())
@@ -106,6 +116,8 @@ def register(app: typer.Typer) -> None:
 
         The same tables as the Python data API (pipeline.api, docs/api.md), for pandas, polars or DuckDB.
         """
+        from pipeline.api import export_tables  # startup: `lunasol --help` and every other verb load none of this
+
         check_dir_option(parquet, "--parquet")
         written = export_tables(resolve_run(run), parquet)
         if as_json:
@@ -119,6 +131,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ) -> None:
         """The runs under a runs directory: state, bundle, model, and key figures."""
+        from pipeline.run.index import list_runs  # startup: `lunasol --help` and every other verb load none of this
+
         rows = list_runs(runs_dir)
         if as_json:
             emit_json([r.model_dump(mode="json") for r in rows])

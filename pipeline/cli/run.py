@@ -12,10 +12,6 @@ from pipeline.cli.common import JSON_OPTION, check_dir_option, emit_json
 from pipeline.core.context import RunOptions
 from pipeline.core.errors import BadInput
 from pipeline.core.settings import ModelSettings
-from pipeline.models.store import check_store
-from pipeline.probes import user_probes
-from pipeline.run.runner import run
-from pipeline.run.status import gate_report, status
 
 
 def register(app: typer.Typer) -> None:
@@ -63,6 +59,13 @@ def register(app: typer.Typer) -> None:
         Rerunning with the same run id reuses everything still valid (an unchanged rerun makes no
         model call); a changed input invalidates and recomputes only what depends on it.
         """
+        from pipeline.models.store import (
+            check_store,  # startup: `lunasol --help` and every other verb load none of this
+        )
+        from pipeline.probes import user_probes
+        from pipeline.run.runner import run
+        from pipeline.run.status import gate_report, status
+
         if replay and record:
             raise BadInput("--replay and --record exclude each other")
         check_dir_option(runs_dir, "--runs-dir")

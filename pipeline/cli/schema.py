@@ -6,7 +6,6 @@ from pathlib import Path
 
 import typer
 
-from pipeline import catalog as schemas
 from pipeline.core.canonical import atomic_write_text, pretty_json
 from pipeline.core.errors import BadInput
 
@@ -22,6 +21,8 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """JSON Schema of an artifact (handoff, run, weakness-shortlist, ...), exported from its pydantic model."""
+        from pipeline import catalog as schemas  # startup: `lunasol --help` and every other verb load none of this
+
         if out is not None and out.exists() and not out.is_dir():
             raise BadInput(f"-o {out} is a file; give a directory")
         if name is not None:

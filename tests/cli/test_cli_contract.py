@@ -328,7 +328,7 @@ def test_unexpected_exception_is_one_line_unless_debug(monkeypatch: pytest.Monke
     def boom(_run_dir: Path) -> dict[str, Any]:
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr(pipeline.cli.gates, "status", boom)
+    monkeypatch.setattr(pipeline.run.status, "status", boom)
     monkeypatch.delenv("LUNASOL_DEBUG", raising=False)
     res = CliRunner().invoke(app, ["status", str(demo)])
     _one_line_error(res, EXIT_INTERNAL, "internal error: ZeroDivisionError")
@@ -350,7 +350,7 @@ def test_validation_error_reaching_the_boundary_is_bad_input(monkeypatch: pytest
         Strict.model_validate({"n": "many"})
         return {}
 
-    monkeypatch.setattr(pipeline.cli.gates, "status", bad)
+    monkeypatch.setattr(pipeline.run.status, "status", bad)
     res = CliRunner().invoke(app, ["status", str(demo)])
     _one_line_error(res, EXIT_BAD_INPUT, "invalid Strict: n:")
 
@@ -432,7 +432,7 @@ def test_interrupt_says_so(monkeypatch: pytest.MonkeyPatch, demo: Path) -> None:
     def interrupted(_run_dir: Path) -> dict[str, Any]:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline.cli.gates, "status", interrupted)
+    monkeypatch.setattr(pipeline.run.status, "status", interrupted)
     res = CliRunner().invoke(app, ["status", str(demo)])
     assert res.exit_code == 130
     assert res.stderr.startswith("lunasol: interrupted") and len(res.stderr.splitlines()) == 1
@@ -445,6 +445,6 @@ def test_closed_pipe_is_quiet(monkeypatch: pytest.MonkeyPatch, demo: Path) -> No
     def closed(_run_dir: Path) -> dict[str, Any]:
         raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr(pipeline.cli.gates, "status", closed)
+    monkeypatch.setattr(pipeline.run.status, "status", closed)
     res = CliRunner().invoke(app, ["status", str(demo)])
     assert res.exit_code == 1 and "BrokenPipeError" not in res.stderr

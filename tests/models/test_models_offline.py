@@ -123,6 +123,15 @@ def test_import_loads_no_litellm_and_changes_no_environment() -> None:
     assert proc.stdout.split() == ["[]", "True", "False"]
 
 
+def test_the_cli_loads_no_stage_until_a_verb_runs() -> None:
+    """`lunasol --help` stays fast: the verbs import the library (DuckDB, Arrow, the stages) when they run."""
+    heavy = ("duckdb", "pyarrow", "jinja2", "yaml", "pipeline.run.runner", "pipeline.ir.export", "pipeline.report")
+    code = f"import sys, pipeline.cli.app; print([m for m in {heavy!r} if m in sys.modules])"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(ROOT), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
 def test_litellm_is_loaded_with_the_offline_switches(monkeypatch: pytest.MonkeyPatch) -> None:
     from pipeline.models.transport import load_litellm
 
