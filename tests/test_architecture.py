@@ -113,8 +113,11 @@ def _function_imports(path: Path) -> list[tuple[int, str]]:
             module = "pipeline"  # a relative import is one of ours
         if not (module or "").startswith("pipeline"):
             continue
-        text = " ".join(lines[node.lineno - 2 : node.end_lineno or node.lineno])
-        if "#" not in text:  # a comment on the line or the one above says why (startup cost, ...)
+        first = node.lineno - 1  # a block of imports shares one reason: walk up to its first line
+        while first > 0 and lines[first - 1].strip().startswith(("from ", "import ")):
+            first -= 1
+        text = " ".join(lines[max(first - 1, 0) : node.end_lineno or node.lineno])
+        if "#" not in text:  # a comment on the block or the line above it says why (startup cost, ...)
             out.append((node.lineno, lines[node.lineno - 1].strip()))
     return out
 

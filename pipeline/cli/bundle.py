@@ -36,7 +36,8 @@ def freeze_cmd(bundle: Path = typer.Argument(..., help="Bundle directory."), as_
 @bundle_app.command("verify")
 def verify_cmd(bundle: Path = typer.Argument(..., help="Bundle directory."), as_json: bool = JSON_OPTION) -> None:
     """Re-hash every file; list changed / missing / extra files (exit 1 when any)."""
-    from pipeline.bundle.manifest import verify  # startup: `lunasol --help` and every other verb load none of this
+    # startup: `lunasol --help` and every other verb load none of this
+    from pipeline.bundle.manifest import verify
 
     report = verify(bundle)
     if as_json:

@@ -81,9 +81,8 @@ def moves_run(run_dir: Path, verb: str) -> Iterator[None]:
 
 def _state_next(run_dir: Path) -> str | None:
     """The next command by the run's state: a rerun when verified outputs are gone, else the handoff's."""
-    from pipeline.artifacts.run_info import (
-        run_command,  # startup: `lunasol --help` and every other verb load none of this
-    )
+    # startup: `lunasol --help` and every other verb load none of this
+    from pipeline.artifacts.run_info import run_command
     from pipeline.run.status import missing_outputs
     from pipeline.state import handoff
 

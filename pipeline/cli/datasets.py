@@ -24,7 +24,8 @@ def import_cmd(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Copy foreign logs byte-for-byte into a new frozen bundle (request, outcome sidecar, manifest)."""
-    from pipeline.adapters import import_bundle  # startup: `lunasol --help` and every other verb load none of this
+    # startup: `lunasol --help` and every other verb load none of this
+    from pipeline.adapters import import_bundle
 
     result = import_bundle(fmt, src, dest)
     if as_json:
@@ -99,7 +100,8 @@ def eval_cmd(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Score the run's findings (weakness cards, probe hits) and deterministic baselines against human labels."""
-    from pipeline.eval import evaluate  # startup: `lunasol --help` and every other verb load none of this
+    # startup: `lunasol --help` and every other verb load none of this
+    from pipeline.eval import evaluate
 
     report = evaluate(resolve_run(run), labels)
     if not report.get("labelled_cells"):

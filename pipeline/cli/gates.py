@@ -22,7 +22,8 @@ def on_terminal() -> bool:
 
 def receipt_line(gate: str, receipt: gates.Receipt, replayed: bool, run_dir: Path, what: object) -> str:
     """What a gate verb prints: the outcome, the receipt, and the real revisions (the run may have moved on)."""
-    from pipeline.gates import gate1 as gates  # startup: `lunasol --help` and every other verb load none of this
+    # startup: `lunasol --help` and every other verb load none of this
+    from pipeline.gates import gate1 as gates
     from pipeline.state import handoff
 
     path = gates.receipt_path(run_dir, receipt.gate, receipt.operation_id)
@@ -62,7 +63,8 @@ def register(app: typer.Typer) -> None:
         changed since you looked, it refuses with needs_rebase (exit 4). Without --decision on a
         terminal it shows every card and asks, binding the digest it showed. Silence is never approval.
         """
-        from pipeline.gates import gate1 as gates  # startup: `lunasol --help` and every other verb load none of this
+        # startup: `lunasol --help` and every other verb load none of this
+        from pipeline.gates import gate1 as gates
         from pipeline.run.status import format_shortlist, status
         from pipeline.state import handoff
 

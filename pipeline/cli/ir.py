@@ -21,7 +21,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ) -> None:
         """Verify a bundle and write its Trajectory IR to RUNS_DIR/RUN_ID/ir.duckdb."""
-        from pipeline.ir.export import export_bundle  # startup: `lunasol --help` and every other verb load none of this
+        # startup: `lunasol --help` and every other verb load none of this
+        from pipeline.ir.export import export_bundle
 
         check_dir_option(runs_dir, "--runs-dir")
         check_dir_option(parquet, "--parquet")
@@ -81,7 +82,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ) -> None:
         """Run read-only SQL over the run's DuckDB and print a table (or JSON rows)."""
-        from pipeline.ir.query import query  # startup: `lunasol --help` and every other verb load none of this
+        # startup: `lunasol --help` and every other verb load none of this
+        from pipeline.ir.query import query
 
         result = query(resolve_run(run), sql)
         if as_json:

@@ -19,7 +19,8 @@ def validate(
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Validate proposal cards deterministically; exit 0 all valid, 1 some invalid, 2 unreadable."""
-    from pipeline.validator import validate_file  # startup: `lunasol --help` and every other verb load none of this
+    # startup: `lunasol --help` and every other verb load none of this
+    from pipeline.validator import validate_file
 
     run_dir = resolve_run(run) if run else None
     result = validate_file(file, run_dir)
@@ -66,7 +67,8 @@ def propose(
     Uses the run's model settings (run.json) unless overridden. Refuses (exit 3) until gate 1 has a
     receipt for the current shortlist.
     """
-    from pipeline.models.store import check_store  # startup: `lunasol --help` and every other verb load none of this
+    # startup: `lunasol --help` and every other verb load none of this
+    from pipeline.models.store import check_store
     from pipeline.proposals.proposer import propose as do_propose
     from pipeline.proposals.proposer import run_model_settings
     from pipeline.run.status import format_proposals
@@ -129,10 +131,8 @@ def select(
     A compare-and-set on the handoff revision and the proposals digest: if either changed since you
     looked, it refuses with needs_rebase (exit 4).
     """
-    from pipeline.gates.gate2 import (
-        NOT_AUTHORISATION,
-        Choice,  # startup: `lunasol --help` and every other verb load none of this
-    )
+    # startup: `lunasol --help` and every other verb load none of this
+    from pipeline.gates.gate2 import NOT_AUTHORISATION, Choice
     from pipeline.gates.gate2 import select as do_select
     from pipeline.state import handoff
 

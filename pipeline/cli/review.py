@@ -67,7 +67,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ) -> None:
         """One self-contained HTML page to read before deciding: cards, timelines, raw lines beside the text."""
-        from pipeline.report import write_report  # startup: `lunasol --help` and every other verb load none of this
+        # startup: `lunasol --help` and every other verb load none of this
+        from pipeline.report import write_report
 
         path, stats = write_report(_run_dir(run), out=out)
         if as_json:
@@ -116,7 +117,8 @@ def register(app: typer.Typer) -> None:
 
         The same tables as the Python data API (pipeline.api, docs/api.md), for pandas, polars or DuckDB.
         """
-        from pipeline.api import export_tables  # startup: `lunasol --help` and every other verb load none of this
+        # startup: `lunasol --help` and every other verb load none of this
+        from pipeline.api import export_tables
 
         check_dir_option(parquet, "--parquet")
         written = export_tables(resolve_run(run), parquet)
@@ -131,7 +133,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ) -> None:
         """The runs under a runs directory: state, bundle, model, and key figures."""
-        from pipeline.run.index import list_runs  # startup: `lunasol --help` and every other verb load none of this
+        # startup: `lunasol --help` and every other verb load none of this
+        from pipeline.run.index import list_runs
 
         rows = list_runs(runs_dir)
         if as_json:

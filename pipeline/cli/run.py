@@ -59,9 +59,8 @@ def register(app: typer.Typer) -> None:
         Rerunning with the same run id reuses everything still valid (an unchanged rerun makes no
         model call); a changed input invalidates and recomputes only what depends on it.
         """
-        from pipeline.models.store import (
-            check_store,  # startup: `lunasol --help` and every other verb load none of this
-        )
+        # startup: `lunasol --help` and every other verb load none of this
+        from pipeline.models.store import check_store
         from pipeline.probes import user_probes
         from pipeline.run.runner import run
         from pipeline.run.status import gate_report, status

@@ -21,7 +21,8 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """JSON Schema of an artifact (handoff, run, weakness-shortlist, ...), exported from its pydantic model."""
-        from pipeline import catalog as schemas  # startup: `lunasol --help` and every other verb load none of this
+        # startup: `lunasol --help` and every other verb load none of this
+        from pipeline import catalog as schemas
 
         if out is not None and out.exists() and not out.is_dir():
             raise BadInput(f"-o {out} is a file; give a directory")
