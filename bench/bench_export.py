@@ -109,7 +109,7 @@ def generate(root: Path, events: int) -> int:
     return write_bundle(root, cells=cells, events_per_cell=per_cell, excluded=1, seed=11, output_chars=160)
 
 
-def _tree_rss(root_pid: int) -> int:
+def tree_rss(root_pid: int) -> int:
     """Bytes of resident memory of a process and all its descendants (Linux /proc)."""
     parent: dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -148,7 +148,7 @@ def _child(code: str, *args: str, env: dict[str, str] | None = None) -> dict[str
     peak = 0
     while proc.poll() is None:
         if os.path.isdir("/proc"):
-            peak = max(peak, _tree_rss(proc.pid))
+            peak = max(peak, tree_rss(proc.pid))
         time.sleep(0.05)
     out, err = proc.communicate()
     if proc.returncode:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bench_export import tree_rss  # the same whole-process-tree RSS sampling as the export benchmark
 
 from pipeline.bundle.synth import clone_bundle
 from pipeline.testing.scripted import ScriptedModel
@@ -124,33 +125,6 @@ def start_server(model: ScriptedModel) -> Any:
 # -- one run ---------------------------------------------------------------------------------------
 
 
-def _tree_rss(root_pid: int) -> int:
-    """Bytes of resident memory of a process and all its descendants (Linux /proc)."""
-    parent: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as fh:
-                    stat = fh.read()
-                parent[int(entry)] = int(stat[stat.rindex(b")") + 2 :].split()[1])
-            except (OSError, ValueError):
-                continue
-    tree, frontier = {root_pid}, [root_pid]
-    while frontier:
-        pid = frontier.pop()
-        kids = [p for p, pp in parent.items() if pp == pid and p not in tree]
-        tree.update(kids)
-        frontier.extend(kids)
-    total = 0
-    for pid in tree:
-        try:
-            with open(f"/proc/{pid}/statm", "rb") as fh:
-                total += int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError):
-            continue
-    return total
-
-
 def lunasol_run(bundle: Path, runs_dir: Path, server: Any, model: ScriptedModel, context: bool) -> dict[str, Any]:
     """One ``lunasol run`` in a child process; its figures, the calls it made and its peak tree RSS."""
     args = [str(bundle), "--runs-dir", str(runs_dir), "--run-id", "r", "--model", "openai/bench-model"]
@@ -167,7 +141,7 @@ def lunasol_run(bundle: Path, runs_dir: Path, server: Any, model: ScriptedModel,
     reader.start()
     t0 = time.perf_counter()
     while proc.poll() is None:
-        peak = max(peak, _tree_rss(proc.pid))
+        peak = max(peak, tree_rss(proc.pid))
         time.sleep(0.1)
     wall = time.perf_counter() - t0
     reader.join()

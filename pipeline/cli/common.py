@@ -18,6 +18,20 @@ DEFAULT_RUNS_DIR = Path("runs")
 
 JSON_OPTION = typer.Option(False, "--json", help="Print machine-readable JSON instead of text.")
 
+# Model options shared by the verbs that call a model (run, propose): one wording, one default.
+TIMEOUT_OPTION = typer.Option(None, "--timeout", help="Seconds per HTTP request (default 120; env LUNASOL_TIMEOUT_S).")
+MAX_TOKENS_OPTION = typer.Option(
+    None, "--max-tokens", help="Answer bound for every role (0: send none; env LUNASOL_MAX_TOKENS)."
+)
+MODE_OPTION = typer.Option(
+    None, "--mode", help="tools | json_schema | json | md_json (default: from the provider's capabilities)."
+)
+CONTEXT_TOKENS_OPTION = typer.Option(
+    None,
+    "--context-tokens",
+    help="The model's input limit in tokens (env LUNASOL_CONTEXT_TOKENS; default: litellm's model info).",
+)
+
 
 def emit_json(obj: Any) -> None:
     """Print canonical, indented JSON to stdout."""

@@ -6,7 +6,17 @@ from pathlib import Path
 
 import typer
 
-from pipeline.cli.common import JSON_OPTION, check_digest, emit_json, moves_run, resolve_run
+from pipeline.cli.common import (
+    CONTEXT_TOKENS_OPTION,
+    JSON_OPTION,
+    MAX_TOKENS_OPTION,
+    MODE_OPTION,
+    TIMEOUT_OPTION,
+    check_digest,
+    emit_json,
+    moves_run,
+    resolve_run,
+)
 from pipeline.cli.gates import receipt_line
 from pipeline.core.errors import BadInput, Findings
 
@@ -46,20 +56,10 @@ def propose(
     record: Path | None = typer.Option(None, "--record", help="Call live and store every exchange here."),
     concurrency: int | None = typer.Option(None, "--concurrency", help="Concurrent model calls."),
     budget_usd: float | None = typer.Option(None, "--budget-usd", help="Stop cleanly past this spend."),
-    timeout: float | None = typer.Option(
-        None, "--timeout", help="Seconds per HTTP request (default 120; env LUNASOL_TIMEOUT_S)."
-    ),
-    max_tokens: int | None = typer.Option(
-        None, "--max-tokens", help="Answer bound for every role (0: send none; env LUNASOL_MAX_TOKENS)."
-    ),
-    instructor_mode: str | None = typer.Option(
-        None, "--mode", help="tools | json_schema | json | md_json (default: from the provider's capabilities)."
-    ),
-    context_tokens: int | None = typer.Option(
-        None,
-        "--context-tokens",
-        help="The model's input limit in tokens (env LUNASOL_CONTEXT_TOKENS; default: litellm's model info).",
-    ),
+    timeout: float | None = TIMEOUT_OPTION,
+    max_tokens: int | None = MAX_TOKENS_OPTION,
+    instructor_mode: str | None = MODE_OPTION,
+    context_tokens: int | None = CONTEXT_TOKENS_OPTION,
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Proposal cards for every confirmed weakness (0..N each), validated; writes proposals.yaml and validation.json.

@@ -8,7 +8,15 @@ from typing import Any
 
 import typer
 
-from pipeline.cli.common import JSON_OPTION, check_dir_option, emit_json
+from pipeline.cli.common import (
+    CONTEXT_TOKENS_OPTION,
+    JSON_OPTION,
+    MAX_TOKENS_OPTION,
+    MODE_OPTION,
+    TIMEOUT_OPTION,
+    check_dir_option,
+    emit_json,
+)
 from pipeline.core.context import RunOptions
 from pipeline.core.errors import BadInput
 from pipeline.core.settings import ModelSettings
@@ -33,20 +41,10 @@ def register(app: typer.Typer) -> None:
         batch: bool = typer.Option(
             False, "--batch", help="Luna's calls as one provider batch (about half price, hours); env LUNASOL_BATCH."
         ),
-        timeout: float | None = typer.Option(
-            None, "--timeout", help="Seconds per HTTP request (default 120; env LUNASOL_TIMEOUT_S)."
-        ),
-        max_tokens: int | None = typer.Option(
-            None, "--max-tokens", help="Answer bound for every role (0: send none; env LUNASOL_MAX_TOKENS)."
-        ),
-        instructor_mode: str | None = typer.Option(
-            None, "--mode", help="tools | json_schema | json | md_json (default: from the provider's capabilities)."
-        ),
-        context_tokens: int | None = typer.Option(
-            None,
-            "--context-tokens",
-            help="The model's input limit in tokens (env LUNASOL_CONTEXT_TOKENS; default: litellm's model info).",
-        ),
+        timeout: float | None = TIMEOUT_OPTION,
+        max_tokens: int | None = MAX_TOKENS_OPTION,
+        instructor_mode: str | None = MODE_OPTION,
+        context_tokens: int | None = CONTEXT_TOKENS_OPTION,
         probes_dir: Path | None = typer.Option(
             None,
             "--probes",
