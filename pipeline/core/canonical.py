@@ -66,11 +66,20 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return "sha256:" + h.hexdigest()
 
 
+def _umask() -> int:
+    """The process umask (read by setting it and putting it back: the only portable way)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _synced_temp(path: Path, data: bytes) -> str:
     """A temp file holding ``data``, synced, in ``path``'s directory (so a rename or link is atomic)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp makes 0600; a shared runs directory needs what the user's umask gives (0644 under 022)
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

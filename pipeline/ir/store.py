@@ -28,6 +28,26 @@ def _tmp_paths(path: Path) -> list[Path]:
     return [tmp, tmp.with_name(tmp.name + ".wal")]
 
 
+def _stale_tmp_paths(path: Path) -> list[Path]:
+    """Temp IR files left by an export process that no longer runs (killed mid-export)."""
+    stale = []
+    for p in path.parent.glob(f".{path.name}.*.tmp*"):
+        pid = p.name[len(path.name) + 2 :].split(".", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            stale.append(p)
+    return stale
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
 class IRWriter:
     """Bulk-loads Arrow data into a temp DuckDB file; ``commit`` renames it into place.
 
@@ -43,7 +63,7 @@ class IRWriter:
     def _open(self) -> None:
         import duckdb
 
-        for p in (self._tmp, self._wal):
+        for p in (self._tmp, self._wal, *_stale_tmp_paths(self.path)):
             p.unlink(missing_ok=True)
         self._con = duckdb.connect(str(self._tmp))
         # One checkpoint at the end instead of one per WAL threshold: the load is one transaction anyway.

@@ -536,7 +536,8 @@ def _verify_bundle(bundle: Path) -> None:
 def _check_resume(ctx: RunContext, bdigest: str) -> None:
     run_json = ctx.run_dir / "run.json"
     if not run_json.is_file():
-        raise BadInput(f"nothing to resume: {ctx.run_dir} has no run.json (run without --resume)")
+        ctx.log(f"[run] nothing to resume in {ctx.run_dir}: starting the run")
+        return
     old = (read_json(run_json).get("inputs") or {}).get("bundle_digest")
     if old and old != bdigest:
         change = describe_changes({"bundle": old}, {"bundle": bdigest})
