@@ -38,7 +38,7 @@ from pipeline.eval.predict import (
     normalise_agent,
     read_json_field,
 )
-from pipeline.eval.stats import binomial_se, with_rates
+from pipeline.eval.stats import precision_recall, with_rates
 from pipeline.ir.export import run_bundle
 
 LABEL_FORMATS = ("who-and-when", "mast", "agentrx")
@@ -98,15 +98,7 @@ def score_modes(labels: dict[str, set[str]], preds: dict[str, set[str]] | None) 
         tp = sum(1 for c in labels if m in labels[c] and m in preds.get(c, set()))
         fp = sum(1 for c in labels if m not in labels[c] and m in preds.get(c, set()))
         fn = sum(1 for c in labels if m in labels[c] and m not in preds.get(c, set()))
-        per[m] = {
-            "tp": tp,
-            "fp": fp,
-            "fn": fn,
-            "precision": round(tp / (tp + fp), 4) if tp + fp else None,
-            "precision_se": binomial_se(tp, tp + fp),
-            "recall": round(tp / (tp + fn), 4) if tp + fn else None,
-            "recall_se": binomial_se(tp, tp + fn),
-        }
+        per[m] = precision_recall(tp, fp, fn)
     return {"available": True, "cells_with_prediction": sum(1 for c in labels if preds.get(c)), "modes": per}
 
 

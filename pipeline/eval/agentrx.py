@@ -25,7 +25,7 @@ from typing import Any
 
 from pipeline.eval.events import Event
 from pipeline.eval.predict import Prediction, normalise_agent
-from pipeline.eval.stats import binomial_se, with_rates
+from pipeline.eval.stats import precision_recall, with_rates
 
 LABEL_BASE = 1
 INVALID_INVOCATION = "Invalid Invocation"
@@ -133,13 +133,5 @@ def score_categories(gold: dict[str, Gold], preds: dict[str, str | None] | None)
         fn = sum(
             1 for c, g in gold.items() if normalise_category(g.category) == key != normalise_category(preds.get(c))
         )
-        per[shown] = {
-            "tp": tp,
-            "fp": fp,
-            "fn": fn,
-            "precision": round(tp / (tp + fp), 4) if tp + fp else None,
-            "precision_se": binomial_se(tp, tp + fp),
-            "recall": round(tp / (tp + fn), 4) if tp + fn else None,
-            "recall_se": binomial_se(tp, tp + fn),
-        }
+        per[shown] = precision_recall(tp, fp, fn)
     return {"available": True, "cells_with_prediction": sum(1 for c in gold if preds.get(c)), "categories": per}

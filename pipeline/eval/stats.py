@@ -7,6 +7,7 @@ With 40 labelled cells an accuracy of 0.125 has a standard error of about 0.05, 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 
 def rate(k: int, n: int) -> float | None:
@@ -29,3 +30,16 @@ def with_rates(counts: dict[str, int], n: int) -> dict[str, float | None]:
         out[f"{name}_acc"] = rate(k, n)
         out[f"{name}_se"] = binomial_se(k, n)
     return out
+
+
+def precision_recall(tp: int, fp: int, fn: int) -> dict[str, Any]:
+    """Counts, precision and recall (4 decimals, None without a denominator) with their standard errors."""
+    return {
+        "tp": tp,
+        "fp": fp,
+        "fn": fn,
+        "precision": round(tp / (tp + fp), 4) if tp + fp else None,
+        "precision_se": binomial_se(tp, tp + fp),
+        "recall": round(tp / (tp + fn), 4) if tp + fn else None,
+        "recall_se": binomial_se(tp, tp + fn),
+    }
