@@ -53,11 +53,13 @@ from pipeline.state import handoff, ledger
 stages, book, depth = {}, [0.0], [0]
 def timed_stage(name, fn):
     def run(ctx):
+        print("##stage " + name, file=sys.stderr, flush=True)  # the parent attributes its RSS samples
         c = cpu()
         try:
             return fn(ctx)
         finally:
             stages[name] = stages.get(name, 0.0) + cpu() - c
+            print("##stage after-" + name, file=sys.stderr, flush=True)
     return run
 import dataclasses
 runner.STAGES[:] = [(n, dataclasses.replace(st, run=timed_stage(n, st.run))) for n, st in runner.STAGES]
@@ -128,7 +130,9 @@ def start_server(model: ScriptedModel) -> Any:
 def lunasol_run(bundle: Path, runs_dir: Path, server: Any, model: ScriptedModel, context: bool) -> dict[str, Any]:
     """One ``lunasol run`` in a child process; its figures, the calls it made and its peak tree RSS."""
     args = [str(bundle), "--runs-dir", str(runs_dir), "--run-id", "r", "--model", "openai/bench-model"]
-    args += ["--api-base", server.base_url]
+    # tool calls: the scripted model routes by the answer's schema, the tool's name (an unknown model would
+    # otherwise get plain JSON mode from litellm's capability map, and every answer would be a schema example)
+    args += ["--api-base", server.base_url, "--mode", "tools"]
     if context:
         args += ["--context-tokens", str(CONTEXT_TOKENS)]
     env = {**os.environ, "OPENAI_API_KEY": "sk-bench-not-a-key", "LUNASOL_CONCURRENCY": "8"}
@@ -137,15 +141,31 @@ def lunasol_run(bundle: Path, runs_dir: Path, server: Any, model: ScriptedModel,
     )
     peak = 0
     out: list[str] = []
+    err_lines: list[str] = []
+    current = ["startup"]  # the stage the child announced last (its "##stage" stderr lines)
+    stage_peak: dict[str, int] = {}
+
+    def read_err() -> None:
+        for line in proc.stderr or ():
+            if line.startswith("##stage "):
+                current[0] = line.split(" ", 1)[1].strip()
+            else:
+                err_lines.append(line)
+
     reader = threading.Thread(target=lambda: out.append(proc.stdout.read() if proc.stdout else ""), daemon=True)
+    err_reader = threading.Thread(target=read_err, daemon=True)
     reader.start()
+    err_reader.start()
     t0 = time.perf_counter()
     while proc.poll() is None:
-        peak = max(peak, tree_rss(proc.pid))
+        rss = tree_rss(proc.pid)
+        peak = max(peak, rss)
+        stage_peak[current[0]] = max(stage_peak.get(current[0], 0), rss)
         time.sleep(0.1)
     wall = time.perf_counter() - t0
     reader.join()
-    err = proc.stderr.read() if proc.stderr else ""
+    err_reader.join()
+    err = "".join(err_lines)
     lines = "".join(out).strip().splitlines()
     try:
         result: dict[str, Any] = json.loads(lines[-1])
@@ -153,6 +173,7 @@ def lunasol_run(bundle: Path, runs_dir: Path, server: Any, model: ScriptedModel,
         raise RuntimeError(f"lunasol run failed ({proc.returncode}): {err.strip()[-2000:]}") from None
     calls, largest = model.take()
     result.update(wall_s=wall, peak_tree_rss_mib=peak / 2**20, calls=calls, largest_request_chars=largest)
+    result["stage_peak_rss_mib"] = {k: round(v / 2**20) for k, v in stage_peak.items()}
     result["log"] = [line for line in lines[:-1] if line.startswith("[")]
     if result["exit"] != 0:
         result["error"] = err.strip()[-500:]
@@ -194,6 +215,9 @@ def report(runs: dict[str, Any], sizes: list[int]) -> list[str]:
             f"calls {r['calls'] or 0}, largest request ~{max(r['largest_request_chars'].values(), default=0) // 4:,} "
             "tokens"
         )
+        if r.get("stage_peak_rss_mib"):
+            by_stage = ", ".join(f"{k} {v}" for k, v in r["stage_peak_rss_mib"].items())
+            lines.append(f"  peak RSS by stage (MiB): {by_stage}")
         if r.get("error"):
             lines.append(f"  error: {r['error']}")
     small, big = (f"full-{sizes[0]}", f"full-{sizes[-1]}")
@@ -218,13 +242,13 @@ def report(runs: dict[str, Any], sizes: list[int]) -> list[str]:
     return lines
 
 
-def run_bench(sizes: list[int], keep: Path | None = None) -> dict[str, Any]:
+def run_bench(sizes: list[int], keep: Path | None = None, reruns: bool = True) -> dict[str, Any]:
     """Build, run and report; return every figure (the bundles and runs live under ``keep`` or a temp dir)."""
     root = keep or Path(tempfile.mkdtemp(prefix="lunasol-scale-"))
     if keep is not None and keep.exists():
         shutil.rmtree(keep)
     try:
-        runs = scenario(root, sizes)
+        runs = scenario(root, sizes, reruns)
     finally:
         if keep is None:
             shutil.rmtree(root, ignore_errors=True)
@@ -262,8 +286,9 @@ def main() -> None:
     parser.add_argument("--cells", default="100,1000")
     parser.add_argument("--keep", type=Path, default=None)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--no-reruns", action="store_true", help="full runs only (no one-changed / unchanged rerun)")
     ns = parser.parse_args()
-    runs = run_bench([int(x) for x in ns.cells.split(",")], ns.keep)
+    runs = run_bench([int(x) for x in ns.cells.split(",")], ns.keep, reruns=not ns.no_reruns)
     if ns.json:
         print(json.dumps(runs, indent=1, default=str))
 

@@ -83,18 +83,22 @@ _CELL_JSON = _array([(c, "str") for c in CELL_COLUMNS], "c")
 _EVENT_ARRAY = "json_array(" + ", ".join(f"e.{name}" for name, _ in EVENT_COLUMNS) + ")"
 
 # Per event one JSON array (json_array, one call), exact (slow) path only where it holds a \u escape.
+# One statement per range of cell ids (the two ``?``: first and last id, inclusive): string_agg holds
+# every event's JSON of the cells it aggregates, so a statement over the whole batch holds the whole
+# IR's text at once (1 GiB at 1,000 demo cells); a range of cells holds only theirs.
 FILL_SQL = f"""
 INSERT INTO cell_digests BY NAME
 SELECT c.cell_id,
        s.source_digest,
        'sha256:' || sha256('{{"cell":' || {_CELL_JSON} || ',"events":[' || coalesce(ev.body, '') || ']}}')
            AS content_digest
-FROM cells c
+FROM (SELECT * FROM cells WHERE cell_id BETWEEN $lo AND $hi) c
 LEFT JOIN (
     SELECT r.cell_id,
            string_agg(CASE WHEN contains(r.j, '\\u') THEN {_EVENT_JSON} ELSE r.j END, ',' ORDER BY r.seq) AS body
     FROM (
         SELECT e.*, {_EVENT_ARRAY} AS j FROM events e ANTI JOIN cell_digests k ON e.cell_id = k.cell_id
+        WHERE e.cell_id BETWEEN $lo AND $hi
     ) r
     GROUP BY r.cell_id
 ) ev USING (cell_id)
@@ -102,14 +106,39 @@ LEFT JOIN _lunasol_sources s USING (cell_id)
 ANTI JOIN cell_digests k ON c.cell_id = k.cell_id
 """
 
+# Events per fill statement: bounds the aggregate's memory (~2 KiB of JSON per event) whatever the batch.
+FILL_EVENTS = 50_000
+
 
 def fill_sql() -> tuple[str, str]:
-    """(macros, INSERT) that fill ``cell_digests`` for every cell not in it yet.
+    """(macros, INSERT) that fill ``cell_digests`` for the cells with ids in ``[$lo, $hi]`` not in it yet.
 
     From ``cells``, ``events`` and the view ``_lunasol_sources`` (cell_id, source_digest); the
-    digests of cells copied from a previous IR are already there.
+    digests of cells copied from a previous IR are already there. See :func:`fill_ranges`.
     """
     return _MACROS, FILL_SQL
+
+
+def fill_ranges(counts: list[tuple[str, int]], limit: int | None = None) -> list[tuple[str, str]]:
+    """Consecutive ``(lo, hi)`` cell-id ranges, in id order, of at most ``limit`` events each (one cell at least).
+
+    ``counts``: every cell to fill with its number of events; a cell is never split. ``limit``
+    defaults to :data:`FILL_EVENTS`.
+    """
+    limit = FILL_EVENTS if limit is None else limit
+    ranges: list[tuple[str, str]] = []
+    lo: str | None = None
+    hi, size = "", 0
+    for cell, n in sorted(counts):
+        if lo is not None and size + n > limit:
+            ranges.append((lo, hi))
+            lo = None
+        if lo is None:
+            lo, size = cell, 0
+        hi, size = cell, size + n
+    if lo is not None:
+        ranges.append((lo, hi))
+    return ranges
 
 
 def _connect(ir_path: Path) -> Any:

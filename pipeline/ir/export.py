@@ -251,7 +251,12 @@ def _fill_digests(writer: IRWriter, sources: dict[str, str]) -> None:
     writer.register("_lunasol_sources", table)
     try:
         writer.execute(macros)
-        writer.execute(fill)
+        todo = writer.fetch(
+            "SELECT c.cell_id, count(e.seq) FROM cells c LEFT JOIN events e USING (cell_id) "
+            "ANTI JOIN cell_digests k ON c.cell_id = k.cell_id GROUP BY c.cell_id"
+        )
+        for lo, hi in digests.fill_ranges([(cell, n) for cell, n in todo]):
+            writer.execute(fill, {"lo": lo, "hi": hi})
     finally:
         writer.unregister("_lunasol_sources")
 

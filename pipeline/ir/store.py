@@ -86,9 +86,9 @@ class IRWriter:
             finally:
                 self._con.unregister("_lunasol_src")
 
-    def execute(self, sql: str) -> None:
+    def execute(self, sql: str, params: dict[str, Any] | None = None) -> None:
         """Run SQL on the file being written (e.g. a derived table filled from the loaded ones)."""
-        self._con.execute(sql)
+        self._con.execute(sql, params)
 
     def fetch(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
         """Rows of a query on the file being written."""

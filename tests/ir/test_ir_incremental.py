@@ -16,6 +16,7 @@ import pytest
 from pipeline.bundle import freeze
 from pipeline.bundle.synth import write_bundle
 from pipeline.core.canonical import digest
+from pipeline.ir import digests
 from pipeline.ir.digests import CELL_COLUMNS, EVENT_COLUMNS
 from pipeline.ir.export import export
 from pipeline.ir.store import TABLES
@@ -75,6 +76,25 @@ def test_content_digests_equal_the_python_canonical_json(bundle: Path, tmp_path:
     stored = _stored_digests(tmp_path / "run")
     assert stored == _python_digests(tmp_path / "run")
     assert len(stored) == 9  # every cell, the excluded one too
+
+
+def test_digests_filled_range_by_range_equal_one_statement(
+    bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fill runs one statement per range of cells (bounded memory); a range of one cell gives the same digests.
+    export(bundle, tmp_path / "whole")
+    monkeypatch.setattr(digests, "FILL_EVENTS", 1)
+    export(bundle, tmp_path / "ranged")
+    assert _stored_digests(tmp_path / "ranged") == _stored_digests(tmp_path / "whole")
+    assert _stored_digests(tmp_path / "ranged") == _python_digests(tmp_path / "ranged")
+
+
+def test_fill_ranges_bound_events_and_never_split_a_cell() -> None:
+    counts = [("C3", 5), ("C1", 4), ("C2", 7), ("C4", 30)]
+    assert digests.fill_ranges(counts, 10) == [("C1", "C1"), ("C2", "C2"), ("C3", "C3"), ("C4", "C4")]
+    assert digests.fill_ranges(counts, 11) == [("C1", "C2"), ("C3", "C3"), ("C4", "C4")]
+    assert digests.fill_ranges(counts, 100) == [("C1", "C4")]
+    assert digests.fill_ranges([], 10) == []
 
 
 def test_one_changed_cell_is_read_again_alone(bundle: Path, tmp_path: Path) -> None:
