@@ -31,6 +31,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.core import duck
 from pipeline.core.errors import BadInput
 from pipeline.diff.artifacts import RunArtifacts
 from pipeline.diff.artifacts import load_run as load_artifacts
@@ -98,7 +99,7 @@ class Run:
         ir = self.path / "ir.duckdb"
         if not ir.is_file():
             return pa.table({})
-        con = duckdb.connect(str(ir), read_only=True)
+        con = duck.connect(ir, read_only=True)
         try:
             return con.sql(sql).to_arrow_table()
         except duckdb.CatalogException:  # a table a partial run never wrote

@@ -17,6 +17,7 @@ import duckdb
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.artifacts.versions import VERSIONS
+from pipeline.core import duck
 from pipeline.core.canonical import write_json
 from pipeline.core.errors import BadInput
 
@@ -211,7 +212,7 @@ def coordinate(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
 
 def run_coordinator(ir_path: Path, run_dir: Path) -> dict[str, Any]:
     """Coordinate the run's patterns; write ``pattern-groups.json`` and the tables; return the document."""
-    con = duckdb.connect(str(ir_path))
+    con = duck.connect(ir_path)
     try:
         doc = coordinate(con)
     finally:

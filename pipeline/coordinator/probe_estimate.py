@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import duckdb
-
 from pipeline.coordinator.core import run_coordinator
+from pipeline.core import duck
 
 _PATTERNS_DDL = """
 CREATE TABLE IF NOT EXISTS patterns (
@@ -26,7 +25,7 @@ CREATE TABLE IF NOT EXISTS patterns (
 
 def estimate_groups(ir_path: Path, run_dir: Path) -> int:
     """Write probe-based patterns into the (scratch) IR and coordinate them; return how many patterns."""
-    con = duckdb.connect(str(ir_path))
+    con = duck.connect(ir_path)
     try:
         con.execute(_PATTERNS_DDL)
         has_hits = con.execute(

@@ -20,6 +20,7 @@ from typing import Any
 import duckdb
 
 from pipeline.adapters import cell_block
+from pipeline.core import duck
 from pipeline.core.errors import BadInput
 from pipeline.eval import agentrx
 from pipeline.eval.checks import run_checks, summarise
@@ -187,7 +188,7 @@ def evaluate(run_dir: Path, labels: str) -> dict[str, Any]:
     ir = run_dir / "ir.duckdb"
     if not ir.is_file():
         raise BadInput(f"no IR in {run_dir} (run `lunasol export` first)")
-    con = duckdb.connect(str(ir), read_only=True)
+    con = duck.connect(ir, read_only=True)
     try:
         events = load_events(con)
         outcomes = {r[0]: read_json_field(r[1]) for r in con.execute("SELECT cell_id, extra FROM outcomes").fetchall()}

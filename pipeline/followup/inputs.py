@@ -15,6 +15,7 @@ from typing import Any
 from pipeline.artifacts.proposal_card import ProposalCard
 from pipeline.artifacts.proposals_file import read_entries
 from pipeline.bundle.request import AnalysisRequest, load_request
+from pipeline.core import duck
 from pipeline.core.canonical import digest, read_json, sha256_file
 from pipeline.core.errors import BadInput, LunasolError
 from pipeline.gates.gate1 import Receipt
@@ -77,12 +78,11 @@ def _bundle_of(run_dir: Path, run: Row, what: str) -> tuple[AnalysisRequest, str
 
 
 def _ir_rows(run_dir: Path, sql: str) -> list[tuple[Any, ...]]:
-    import duckdb  # startup cost: only a follow-up reads the IR here
 
     path = run_dir / "ir.duckdb"
     if not path.is_file():
         raise BadInput(f"{run_dir} has no ir.duckdb: export the run first")
-    con = duckdb.connect(str(path), read_only=True)
+    con = duck.connect(path, read_only=True)
     try:
         return con.execute(sql).fetchall()
     finally:

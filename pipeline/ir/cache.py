@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.core import duck
 from pipeline.core.canonical import digest
 from pipeline.ir.redact import RULES_DIGEST
 from pipeline.ir.schema import IR_SCHEMA_VERSION, TEXT_LIMIT
@@ -54,7 +55,7 @@ def previous_sources(path: Path, fmt: str) -> dict[str, str]:
     if not path.is_file():
         return {}
     try:
-        con = duckdb.connect(str(path), read_only=True)
+        con = duck.connect(path, read_only=True)
     except duckdb.Error:
         return {}
     try:

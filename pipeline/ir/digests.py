@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pipeline.core import duck
 from pipeline.core.canonical import digest
 from pipeline.core.errors import BadInput
 
@@ -142,9 +143,8 @@ def fill_ranges(counts: list[tuple[str, int]], limit: int | None = None) -> list
 
 
 def _connect(ir_path: Path) -> Any:
-    import duckdb
 
-    return duckdb.connect(str(ir_path), read_only=True)
+    return duck.connect(ir_path, read_only=True)
 
 
 def read_cell_digests(con: Any) -> dict[str, tuple[str | None, str]]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts.run_info import run_command
+from pipeline.core import duck
 from pipeline.core.errors import BadInput
 from pipeline.ir.store import IR_FILE, check_ir_version
 
@@ -61,7 +62,7 @@ def query(run_dir: Path, sql: str) -> QueryResult:
     if not path.is_file():
         raise BadInput(f"no IR in {run_dir} (run: lunasol export BUNDLE)")
     try:
-        con = duckdb.connect(str(path), read_only=True, config={"enable_external_access": False})
+        con = duck.connect(path, read_only=True, config={"enable_external_access": False})
     except duckdb.Error as exc:
         raise BadInput(f"cannot open {path}: {' '.join(str(exc).split())}") from None
     try:

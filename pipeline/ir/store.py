@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.artifacts.run_info import run_command
+from pipeline.core import duck
 from pipeline.core.errors import BadInput
 from pipeline.ir.schema import DDL, IR_SCHEMA_VERSION
 
@@ -61,11 +63,12 @@ class IRWriter:
         self._open()
 
     def _open(self) -> None:
-        import duckdb
-
         for p in (self._tmp, self._wal, *_stale_tmp_paths(self.path)):
-            p.unlink(missing_ok=True)
-        self._con = duckdb.connect(str(self._tmp))
+            if p.is_dir():  # DuckDB's spill directory (<file>.tmp) of a killed export
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+        self._con = duck.connect(self._tmp)
         # One checkpoint at the end instead of one per WAL threshold: the load is one transaction anyway.
         self._con.execute("SET checkpoint_threshold = '64GB'")
         # DuckDB draws a progress bar on stdout for statements over 2 s: never inside lunasol's output.
@@ -205,11 +208,9 @@ def insert_rows(con: Any, table: str, columns: tuple[str, ...], rows: list[tuple
 
 def write_parquet(ir_path: Path, out_dir: Path) -> list[Path]:
     """Write every IR table as ``<out_dir>/<table>.parquet`` (DuckDB COPY), each file atomically."""
-    import duckdb
-
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    con = duckdb.connect(str(ir_path), read_only=True)
+    con = duck.connect(ir_path, read_only=True)
     try:
         for name in TABLES:
             dest = out_dir / f"{name}.parquet"
@@ -240,7 +241,7 @@ def open_ir(run_dir: Path) -> duckdb.DuckDBPyConnection:
     if not path.is_file():
         raise BadInput(f"no IR in {run_dir} (run: lunasol export BUNDLE)")
     try:
-        con = duckdb.connect(str(path), read_only=True)
+        con = duck.connect(path, read_only=True)
     except duckdb.Error as exc:
         raise BadInput(f"cannot open {path}: {' '.join(str(exc).split())}") from None
 

@@ -184,10 +184,8 @@ def _load(con: duckdb.DuckDBPyConnection) -> list[CellIR]:
         by_cell.setdefault(ev["cell_id"], []).append(ev)
     hits_of: dict[str, list[ProbeHit]] = {}
     if _has_table(con, "probe_hits"):
-        wanted = {c[0] for c in cells}
-        for h in read_probe_hits(con):
-            if h.cell_id in wanted:
-                hits_of.setdefault(h.cell_id, []).append(h)
+        for h in read_probe_hits(con, within="_lunasol_luna_cells"):  # only these cells' hits: a chunk reads its own
+            hits_of.setdefault(h.cell_id, []).append(h)
     out: list[CellIR] = []
     for cell_id, task_id, run_id, harness in cells:
         segments: list[Segment] = []

@@ -18,15 +18,17 @@ import duckdb
 
 import pipeline
 from pipeline.bundle.request import load_request
+from pipeline.core import duck
 from pipeline.core.canonical import canonical_json, digest, write_jsonl
 from pipeline.core.errors import BadInput
 from pipeline.core.settings import ModelSettings
 from pipeline.ir.cache import cached_rows
 from pipeline.ir.redact import redact
 from pipeline.ir.store import insert_rows
+from pipeline.luna.feed import CellFeed, prepare
 from pipeline.luna.merge import CellPatterns, Conflict, Verdict, merge_cell
 from pipeline.luna.patterns import PATTERN_ROW_SCHEMA_VERSION, LunaAnswer, Pattern, check_answer
-from pipeline.luna.render import CellIR, Part, context_budget, estimate_tokens, load_cells, render_cell, split_parts
+from pipeline.luna.render import CellIR, Part, context_budget
 from pipeline.models import ModelClient, PlannedCall, template_hash
 from pipeline.models.budget import role_budget
 from pipeline.probes import run_probes, write_probe_hits
@@ -206,7 +208,7 @@ def _write_cache(ir_path: Path, runs: list[CellRun], cell_digests: dict[str, str
     names = ("cell_id", "content_digest", "made_with", "summary", "key", "run")
     cols = list(zip(*rows, strict=True))
     table = pa.table({n: pa.array(list(c), pa.string()) for n, c in zip(names, cols, strict=True)})
-    con = duckdb.connect(str(ir_path))
+    con = duck.connect(ir_path)
     try:
         con.execute(CACHE_DDL)
         con.register("_lunasol_luna_cache", table)
@@ -243,14 +245,6 @@ def part_context(cell: CellIR, part: Part, task_summary: str) -> dict[str, Any]:
     }
 
 
-def prepare(
-    con: duckdb.DuckDBPyConnection, budget: int | None = None, only: list[str] | None = None
-) -> list[tuple[CellIR, list[Part], int]]:
-    """Every eligible cell (or those in ``only``) with its parts (split only when over ``budget``) and its size."""
-    budget = budget or context_budget()
-    return [(cell, split_parts(cell, budget), estimate_tokens(render_cell(cell))) for cell in load_cells(con, only)]
-
-
 def _ensure_hits(con: duckdb.DuckDBPyConnection) -> None:
 
     row = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'probe_hits'").fetchall()[0]
@@ -269,7 +263,7 @@ def part_budget(settings: ModelSettings) -> int:
 
 def _prepared_cells(ir_path: Path, budget: int) -> list[tuple[CellIR, list[Part], int]]:
     """:func:`prepare` on the run's IR, after running the probes if the IR has no hits yet."""
-    con = duckdb.connect(str(ir_path))
+    con = duck.connect(ir_path)
     try:
         _ensure_hits(con)
         return prepare(con, budget)
@@ -321,7 +315,7 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
     thash = template_hash("luna")
     budget = part_budget(ctx.options.models)
     stamp = cache_stamp(thash, client.model, budget)
-    con = duckdb.connect(str(ctx.ir_path))
+    con = duck.connect(ctx.ir_path)
     try:
         _ensure_hits(con)
         eligible = con.execute(
@@ -330,11 +324,13 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
         # the IR's stored per-cell digests (an IR not made by export has none: nothing is cached then)
         cell_digests = _content_digests(con)
         reused = _cached_runs(con, stamp, {r[0]: summaries.get(r[1], "") for r in eligible}, store)
-        prepared = prepare(con, budget, only=[r[0] for r in eligible if r[0] not in reused])
     finally:
         con.close()
+    # cells are loaded a chunk at a time as their calls start, never the whole batch at once
+    feed = CellFeed(ctx.ir_path, [r[0] for r in eligible if r[0] not in reused], budget)
 
-    async def cell_job(cell: CellIR, parts: list[Part], size: int) -> CellRun:
+    async def cell_job(cell_id: str) -> CellRun:
+        cell, parts, size = await feed.take(cell_id)
         run = CellRun(cell.cell_id, "split" if len(parts) > 1 else "ok", len(parts), size)
         run.summary = summaries.get(cell.task_id, "")
         if len(parts) > 1:
@@ -368,7 +364,7 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
         run.merged = merge_cell(cell.cell_id, answers, cell.hits, cell.seq_of)
         return run
 
-    fresh: list[CellRun] = await client.gather([cell_job(c, p, s) for c, p, s in prepared], label="luna")
+    fresh: list[CellRun] = await client.gather([cell_job(c) for c in feed.cell_ids], label="luna")
     runs = {r.cell_id: r for r in fresh}
     runs.update(reused)
     _write_cache(ctx.ir_path, fresh, cell_digests, stamp)
@@ -386,7 +382,7 @@ def write_outputs(ir_path: Path, run_dir: Path, results: list[CellRun]) -> tuple
     patterns.sort(key=lambda p: p.pattern_id)  # '<cell>-Pnn' already encodes cell, type, first seq
     conflicts: list[Conflict] = [c for r in results for c in r.merged.conflicts]
     verdicts: list[Verdict] = [v for r in results for v in r.merged.verdicts]
-    con = duckdb.connect(str(ir_path))
+    con = duck.connect(ir_path)
     try:
         con.execute(TABLES_DDL)
         # bulk inserts from Arrow: DuckDB's executemany costs ~3 ms a row (18 s for 6,000 patterns)

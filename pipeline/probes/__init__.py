@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.core import duck
 from pipeline.core.errors import BadInput
 from pipeline.probes.cells import update_probe_hits
 from pipeline.probes.core import (
@@ -47,12 +48,10 @@ def probe_list(folder: Path | None) -> list[dict[str, str]]:
 
 def stage(ctx: RunContext) -> str:
     """Run every probe over the run's IR and store the hits in table ``probe_hits``."""
-    import duckdb
-
     if not ctx.ir_path.is_file():
         raise BadInput(f"no IR at {ctx.ir_path}: export must run before probes")
     probes = PROBES + user_probes(ctx.options.probes_dir)
-    con = duckdb.connect(str(ctx.ir_path))
+    con = duck.connect(ctx.ir_path)
     try:
         hits, probed, total = update_probe_hits(con, probes)  # only cells whose IR changed are probed again
     finally:

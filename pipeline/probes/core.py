@@ -146,9 +146,13 @@ def write_probe_hits(con: duckdb.DuckDBPyConnection, hits: list[ProbeHit]) -> No
         con.unregister("_lunasol_probe_hits")
 
 
-def read_probe_hits(con: duckdb.DuckDBPyConnection, cell_id: str | None = None) -> list[ProbeHit]:
-    """Hits stored in ``probe_hits`` (all, or one cell's), in hit id order."""
+def read_probe_hits(
+    con: duckdb.DuckDBPyConnection, cell_id: str | None = None, within: str | None = None
+) -> list[ProbeHit]:
+    """Hits stored in ``probe_hits`` (all, one cell's, or those of the cells of view ``within``), in hit id order."""
     where, params = ("WHERE cell_id = ?", [cell_id]) if cell_id else ("", [])
+    if within is not None:  # a trusted view name (lunasol's own), never user text
+        where = f"{where} {'AND' if where else 'WHERE'} cell_id IN (SELECT cell_id FROM {within})"
     rows = con.execute(
         "SELECT hit_id, probe_id, cell_id, type, key, evidence, first_seq, last_seq, proves_unchanged, explanation "
         f"FROM probe_hits {where} ORDER BY cell_id, hit_id",

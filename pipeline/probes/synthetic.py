@@ -12,6 +12,7 @@ from typing import Any
 
 import duckdb
 
+from pipeline.core import duck
 from pipeline.ir.schema import DDL, event_id
 
 _EVENT_COLUMNS = (
@@ -121,7 +122,7 @@ def write_cells(
 def write_ir(path: Path, cells: dict[str, list[dict[str, Any]]], **kw: Any) -> Path:
     """Write a fresh DuckDB file at ``path`` holding the given cells."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect(str(path))
+    con = duck.connect(path)
     try:
         write_cells(con, cells, **kw)
     finally:

@@ -13,6 +13,8 @@ from typing import Any
 
 import duckdb
 
+from pipeline.core import duck
+
 Row = dict[str, Any]
 
 TEXT_CHARS = 140  # characters of an event's text kept in the page's timeline (the raw lines are whole)
@@ -27,7 +29,7 @@ class IR:
         self.con: duckdb.DuckDBPyConnection | None = None
         if path.is_file():
             try:
-                self.con = duckdb.connect(str(path), read_only=True)
+                self.con = duck.connect(path, read_only=True)
                 sql = resources.files("pipeline.coordinator").joinpath("sql", _MACROS).read_text(encoding="utf-8")
                 self.con.execute(sql)
             except duckdb.Error:

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import duckdb
-
+from pipeline.core import duck
 from pipeline.core.canonical import sha256_text
 from pipeline.core.errors import LunasolError
 from pipeline.ir.redact import redact
@@ -123,7 +122,7 @@ class EvidenceReader:
     def _events(self, ids: list[str]) -> dict[str, dict[str, Any]]:
         if not ids or not self.ir_path.is_file():
             return {}
-        con = duckdb.connect(str(self.ir_path), read_only=True)
+        con = duck.connect(self.ir_path, read_only=True)
         try:
             cols = {r[0] for r in con.execute("DESCRIBE events").fetchall()}
             want = [c for c in _EVENT_COLUMNS if c in cols]

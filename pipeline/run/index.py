@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from pipeline.core import duck
 from pipeline.core.errors import BadInput, LunasolError
 from pipeline.diff.artifacts import IR_DB, RUN_JSON, RunArtifacts, load_run
 from pipeline.diff.compare import call_totals
@@ -114,9 +115,7 @@ def _ir_cells(arts: RunArtifacts) -> int | None:
     if not arts.ir_path.is_file():
         return None
     try:
-        import duckdb
-
-        con = duckdb.connect(str(arts.ir_path), read_only=True)
+        con = duck.connect(arts.ir_path, read_only=True)
         try:
             row = con.execute("SELECT count(*) FROM cells WHERE eligibility = 'valid_behavior'").fetchone()
         finally:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.artifacts.proposal_card import ProposalCard
+from pipeline.core import duck
 from pipeline.core.canonical import read_json
 from pipeline.core.errors import BadInput, Blocked, LunasolError
 from pipeline.gates.gate1 import confirmed_weaknesses
@@ -65,9 +66,8 @@ class RunFacts:
         """Event ids not in the run's IR (none when the run has no IR to check against)."""
         if not event_ids or not self.has_ir:
             return set()
-        import duckdb
 
-        con = duckdb.connect(str(self.run_dir / "ir.duckdb"), read_only=True)
+        con = duck.connect(self.run_dir / "ir.duckdb", read_only=True)
         try:
             ids = sorted(event_ids)
             marks = ", ".join("?" for _ in ids)
