@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import duckdb
-
 from pipeline.artifacts.run_info import analysis_run_id
+from pipeline.core import duck
 from pipeline.core.canonical import read_json
 from pipeline.sol.checks import EvidenceIndex, load_index
 from pipeline.sol.timeline import timeline_lines, timeline_sql
@@ -122,7 +121,7 @@ def load_batch(run_dir: Path, ir_path: Path) -> Batch:
     groups = read_groups(run_dir)
     index_groups = {gid: group_cells(g) for g in groups if (gid := group_id(g))}
     index = load_index(ir_path, index_groups)
-    con = duckdb.connect(str(ir_path), read_only=True)
+    con = duck.connect(ir_path, read_only=True)
     try:
         cells = rows(
             con,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.core import duck
 from pipeline.sol.cards import Support, SupportCounts, WeaknessCard, WeaknessDraft
 
 EVENT_ID_RE = re.compile(r"^(?P<cell>.+)-e(?P<seq>\d{4,})$")
@@ -35,25 +36,71 @@ class CellInfo:
 
 @dataclass
 class EvidenceIndex:
-    """The run's evidence, indexed for resolving what a card cites."""
+    """The run's evidence, indexed for resolving what a card cites.
+
+    Built from an IR (``ir_path``), it reads the events a card cites when it is asked about them
+    (:meth:`load`), never the whole IR: every event of a 10,000-cell batch as Python tuples would
+    be ~1 GiB. ``events`` holds what is known so far (or, hand-built, every event).
+    """
 
     cells: dict[str, CellInfo]
     events: dict[str, tuple[str, str, int, int]] = field(default_factory=dict)  # id -> cell, path, start, end
     groups: dict[str, set[str]] = field(default_factory=dict)  # pattern group id -> cells
+    ir_path: Path | None = None
     _by_path: dict[str, list[tuple[int, int, str]]] = field(default_factory=dict, init=False, repr=False)
+    _asked: set[str] = field(default_factory=set, init=False, repr=False)  # ids and paths already looked up
 
     def __post_init__(self) -> None:
         for cell, path, a, b in self.events.values():
             self._by_path.setdefault(path, []).append((a, b, cell))
+        if self.ir_path is None:  # hand-built: everything is already here
+            self._asked.update(self.events)
+            self._asked.update(f"path:{p}" for p in self._by_path)
 
     @property
     def denominator(self) -> list[str]:
         """Eligible cells, sorted."""
         return sorted(c for c, info in self.cells.items() if info.eligible)
 
+    def load(self, refs: Iterable[str]) -> None:
+        """Read from the IR the events ``refs`` name (event ids) and every event of the files they name (source refs).
+
+        Each id and file is read once; a ref that does not resolve is remembered as such.
+        """
+        if self.ir_path is None:
+            return
+        ids, paths = set(), set()
+        for raw in refs:
+            ref = raw.strip()
+            if EVENT_ID_RE.match(ref) and ref not in self._asked:
+                ids.add(ref)
+            elif (s := SOURCE_REF_RE.match(ref)) and f"path:{s['path']}" not in self._asked:
+                paths.add(s["path"])
+        if not ids and not paths:
+            return
+        con = duck.connect(self.ir_path, read_only=True)
+        try:
+            found = con.execute(
+                "SELECT event_id, cell_id, source_path, line_start, line_end FROM events "
+                "WHERE event_id IN (SELECT unnest(?::VARCHAR[])) OR source_path IN (SELECT unnest(?::VARCHAR[]))",
+                [sorted(ids), sorted(paths)],
+            ).fetchall()
+        finally:
+            con.close()
+        for event_id, cell, path, a, b in found:
+            if event_id in self.events:
+                continue
+            self.events[event_id] = (cell, path, int(a), int(b))
+            if f"path:{path}" in self._asked:
+                continue  # that file's spans are all known already
+            self._by_path.setdefault(path, []).append((int(a), int(b), cell))
+        self._asked.update(ids)
+        self._asked.update(f"path:{p}" for p in paths)
+
     def resolve(self, ref: str) -> tuple[str | None, str | None]:
         """The cell a ref belongs to, or (None, why it does not resolve)."""
         ref = ref.strip()
+        self.load([ref])  # already known: no query
         m = EVENT_ID_RE.match(ref)
         if m and ref in self.events:
             return self.events[ref][0], None
@@ -78,10 +125,8 @@ class EvidenceIndex:
 
 
 def load_index(ir_path: Path, groups: dict[str, set[str]] | None = None) -> EvidenceIndex:
-    """Build the index from the run's DuckDB IR (and the Coordinator's pattern groups)."""
-    import duckdb
-
-    con = duckdb.connect(str(ir_path), read_only=True)
+    """The index of the run's DuckDB IR (and the Coordinator's pattern groups): cells now, events when cited."""
+    con = duck.connect(ir_path, read_only=True)
     try:
         cells = {
             r[0]: CellInfo(
@@ -91,13 +136,9 @@ def load_index(ir_path: Path, groups: dict[str, set[str]] | None = None) -> Evid
                 "SELECT cell_id, task_id, run_id, harness, eligibility, exclusion_reason FROM cells"
             ).fetchall()
         }
-        events = {
-            r[0]: (r[1], r[2], int(r[3]), int(r[4]))
-            for r in con.execute("SELECT event_id, cell_id, source_path, line_start, line_end FROM events").fetchall()
-        }
     finally:
         con.close()
-    return EvidenceIndex(cells=cells, events=events, groups=dict(groups or {}))
+    return EvidenceIndex(cells=cells, groups=dict(groups or {}), ir_path=ir_path)
 
 
 # -- prescriptions --------------------------------------------------------------------------------
@@ -192,6 +233,11 @@ def check_card(d: WeaknessDraft, index: EvidenceIndex) -> tuple[WeaknessCard | N
 
     def err(path: str, msg: str) -> None:
         errs.append(f"{wid}: {path}: {msg}")
+
+    # every ref the card cites, read from the IR in one query
+    index.load(
+        [*d.support.event_refs, *d.first_divergence.event_refs, *(r for i in d.counter_evidence.items for r in i.refs)]
+    )
 
     def check_cell(path: str, cell: str) -> bool:
         info = index.cells.get(cell)

@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import duckdb
-
+from pipeline.core import duck
 from pipeline.sol.batch import Batch, has_table, rows
 from pipeline.sol.cards import MergedWeakness, SupportDraft, WeaknessCard, WeaknessDraft
 from pipeline.sol.checks import EVENT_ID_RE, answer_errors
@@ -165,7 +164,7 @@ def draft_blocks(batch: Batch, drafts: list[Draft]) -> dict[str, str]:
     if not drafts:
         return {}
     shares = shared_groups(drafts)
-    con = duckdb.connect(str(batch.ir_path), read_only=True)
+    con = duck.connect(batch.ir_path, read_only=True)
     try:
         return {d.draft_id: draft_text(d, batch, shares[d.draft_id], counter_evidence(con, batch, d)) for d in drafts}
     finally:
