@@ -20,6 +20,7 @@ from pipeline.probes.core import PROBES, ProbeHit, run_probes, write_probe_hits
 from pipeline.probes.files import Probe, base_sql
 
 CACHE_TABLE = "probe_cache"
+PROBE_EVENTS = 100_000  # events probed at once (see _chunks): ~250 MiB of DuckDB at the demo's shape
 CACHE_DDL = f"""
 CREATE OR REPLACE TABLE {CACHE_TABLE} (
     cell_id VARCHAR PRIMARY KEY,
@@ -49,6 +50,25 @@ def _probe_cells(con: duckdb.DuckDBPyConnection, cell_ids: list[str], probes: tu
     finally:
         con.execute("DROP TABLE IF EXISTS temp.main.events")
         con.unregister("_lunasol_probe_cells")
+
+
+def _chunks(con: duckdb.DuckDBPyConnection, cell_ids: list[str]) -> list[list[str]]:
+    """``cell_ids`` in order, cut into runs of at most ``PROBE_EVENTS`` events (a cell is never cut).
+
+    The probes' self-joins and windows hold the events they run over: probed a chunk at a time,
+    their memory is a chunk's, not the batch's (3,000 demo cells at once took DuckDB's whole limit).
+    """
+    counts = dict(con.execute("SELECT cell_id, count(*) FROM events GROUP BY cell_id").fetchall())
+    out: list[list[str]] = [[]]
+    size = 0
+    for cell in cell_ids:
+        n = counts.get(cell, 0)
+        if out[-1] and size + n > PROBE_EVENTS:
+            out.append([])
+            size = 0
+        out[-1].append(cell)
+        size += n
+    return [c for c in out if c]
 
 
 def _cell_table(cell_ids: list[str]) -> object:
@@ -89,10 +109,11 @@ def update_probe_hits(
     }
     todo = [c for c in cells if c not in by_cell]
     if todo:
-        found = run_probes(con, probes) if len(todo) == len(cells) else _probe_cells(con, todo, probes)
         fresh: dict[str, list[ProbeHit]] = {c: [] for c in todo}
-        for h in found:
-            fresh.setdefault(h.cell_id, []).append(h)
+        for chunk in _chunks(con, todo):
+            found = run_probes(con, probes) if len(chunk) == len(cells) else _probe_cells(con, chunk, probes)
+            for h in found:
+                fresh.setdefault(h.cell_id, []).append(h)
         by_cell.update(fresh)
     hits = [h for cell in sorted(by_cell) for h in by_cell[cell]]
     write_probe_hits(con, hits)

@@ -3,6 +3,8 @@ a near-miss false case."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -315,3 +317,27 @@ def test_hits_roundtrip_through_the_table_with_stable_ids() -> None:
 )
 def test_normalise_key(raw: str, norm: str) -> None:
     assert normalise_key(raw) == norm
+
+
+def test_probing_in_chunks_of_cells_finds_the_hits_of_one_whole_run(
+    demo_gate1: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A cell's hits depend on that cell only, so probing a few cells at a time (bounded memory) changes nothing.
+    from pipeline.probes import cells
+
+    def hits(chunk_events: int) -> tuple[list[ProbeHit], int]:
+        ir = tmp_path / f"ir-{chunk_events}.duckdb"
+        shutil.copy(demo_gate1 / "ir.duckdb", ir)
+        monkeypatch.setattr(cells, "PROBE_EVENTS", chunk_events)
+        con = duckdb.connect(str(ir))
+        try:
+            con.execute(f"DROP TABLE IF EXISTS {cells.CACHE_TABLE}")  # nothing cached: every cell is probed
+            found, _probed, _total = cells.update_probe_hits(con)
+            return found, len(cells._chunks(con, [r[0] for r in con.execute("SELECT cell_id FROM cells").fetchall()]))
+        finally:
+            con.close()
+
+    whole, one = hits(10**9)
+    chunked, many = hits(500)
+    assert one == 1 and many > 5
+    assert whole and [h.model_dump() for h in chunked] == [h.model_dump() for h in whole]
