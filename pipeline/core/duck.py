@@ -4,7 +4,9 @@ DuckDB's default memory limit is 80% of the machine's RAM, and it keeps the bloc
 cached up to that limit: on a 1,000-cell IR the probe queries alone left ~500 MiB resident, and
 a 10,000-cell IR would have kept most of itself in memory. A limit makes DuckDB evict cached
 blocks and spill large operators (sorts, joins, aggregates) to ``<db>.tmp`` instead. The limit
-is ``LUNASOL_DUCKDB_MEMORY`` (DuckDB's syntax: ``1GiB``, ``512MB``, ``25%``), default 1 GiB.
+is ``LUNASOL_DUCKDB_MEMORY`` (DuckDB's syntax: ``1GiB``, ``512MB``, ``25%``), default 512 MiB:
+the export's one big INSERT keeps its rows in memory until the statement ends (~0.6 KiB a row,
+1.5 GiB at 10,000 demo cells), so past the limit they spill to disk instead.
 
 It is set with ``SET`` after connecting rather than passed as a connect option: connect options
 must match every open connection to the same file in the process, a SET does not.
@@ -23,12 +25,12 @@ if TYPE_CHECKING:
     import duckdb
 
 MEMORY_ENV = "LUNASOL_DUCKDB_MEMORY"
-DEFAULT_MEMORY = "1GiB"
+DEFAULT_MEMORY = "512MiB"
 _MEMORY = re.compile(r"\d+(\.\d+)?\s*(%|[KMGT]i?B|B)", re.I)
 
 
 def memory_limit() -> str:
-    """DuckDB's memory limit for lunasol's connections (``$LUNASOL_DUCKDB_MEMORY`` or 1 GiB)."""
+    """DuckDB's memory limit for lunasol's connections (``$LUNASOL_DUCKDB_MEMORY`` or 512 MiB)."""
     raw = os.environ.get(MEMORY_ENV, "").strip()
     if not raw:
         return DEFAULT_MEMORY

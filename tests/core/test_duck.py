@@ -17,11 +17,11 @@ def _limit(con: duckdb.DuckDBPyConnection) -> str:
     return str(row[0])
 
 
-def test_default_limit_is_one_gib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_limit_is_512_mib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(duck.MEMORY_ENV, raising=False)
     con = duck.connect(tmp_path / "a.duckdb")
     try:
-        assert _limit(con) == "1.0 GiB"
+        assert _limit(con) == "512.0 MiB"
     finally:
         con.close()
 
