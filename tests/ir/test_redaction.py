@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from pipeline.bundle.synth import tree_snapshot
 from pipeline.cli.app import app
 from pipeline.core.canonical import read_json
 from pipeline.core.context import RunOptions
+from pipeline.core.settings import ModelSettings
 from pipeline.ir.redact import KINDS, redact, redact_column
 from pipeline.run.runner import run
 from pipeline.testing.openai_server import FakeOpenAI
@@ -72,33 +74,47 @@ def _leaks(text: str) -> list[str]:
     return [s for s in SECRETS if s in text]
 
 
-@pytest.fixture
-def planted_run(tmp_path: Path, runs_dir: Path, fake_llm: FakeOpenAI, model_settings: Any) -> dict[str, Any]:
-    fake_llm.handler = ledger_handler
-    bundle = make_bundle(tmp_path)
+@pytest.fixture(scope="module")
+def planted_run(tmp_path_factory: pytest.TempPathFactory, _fake_llm_server: FakeOpenAI) -> Iterator[dict[str, Any]]:
+    """One recorded run of the planted bundle, read by the tests below (none of them changes it)."""
+    root = tmp_path_factory.mktemp("planted")
+    runs_dir = root / "runs"
+    server = _fake_llm_server
+    server.reset()
+    server.handler = ledger_handler
+    bundle = make_bundle(root)
     _plant(bundle)
-    store = tmp_path / "store"
-    opts = RunOptions(bundle=bundle, run_id="r1", runs_dir=runs_dir, models=model_settings(mode="record", store=store))
+    store = root / "store"
+    settings = ModelSettings(
+        model="openai/test-model",
+        api_base=server.base_url,
+        timeout_s=5.0,
+        max_reasks=2,
+        instructor_mode="tools",
+        mode="record",
+        store=store,
+    )
     log: list[str] = []
     before = tree_snapshot(bundle)
-    run(opts, log=log.append)
-    return {
+    run(RunOptions(bundle=bundle, run_id="r1", runs_dir=runs_dir, models=settings), log=log.append)
+    yield {
         "bundle": bundle,
         "run_dir": runs_dir / "r1",
         "store": store,
         "log": log,
-        "fake": fake_llm,
+        "requests": list(server.requests),  # the server is the session's: later tests reset it
         "before": before,
     }
+    server.reset()
 
 
 def test_no_planted_secret_reaches_prompts_recordings_report_or_ir(planted_run: dict[str, Any]) -> None:
-    d, fake = planted_run["run_dir"], planted_run["fake"]
-    assert fake.requests, "the run sent prompts"
-    for request in fake.requests:
+    d, requests = planted_run["run_dir"], planted_run["requests"]
+    assert requests, "the run sent prompts"
+    for request in requests:
         assert _leaks(json.dumps(request, ensure_ascii=False)) == []
-    assert _leaks(json.dumps(fake.requests)) == []  # the JSON-escaped form too
-    prompts = "\n".join(json.dumps(r) for r in fake.requests)
+    assert _leaks(json.dumps(requests)) == []  # the JSON-escaped form too
+    prompts = "\n".join(json.dumps(r) for r in requests)
     assert "[REDACTED:openai-key]" in prompts  # the cell was shown to Luna, with the marker in place
 
     recordings = [p for p in planted_run["store"].rglob("*") if p.is_file()]
