@@ -256,7 +256,9 @@ def _fill_digests(writer: IRWriter, sources: dict[str, str]) -> None:
     """Table ``cell_digests``: every cell's source digest and content digest, computed in DuckDB."""
     import pyarrow as pa
 
-    macros, fill = digests.fill_sql()
+    # the exact escape path only when some event needs it (its plan alone costs more than the digests)
+    exact = bool(writer.fetch(digests.NEEDS_EXACT_SQL)[0][0])
+    macros, fill = digests.fill_sql(exact)
     string = pa.string()
     table = pa.table(
         {"cell_id": pa.array(list(sources), string), "source_digest": pa.array(list(sources.values()), string)}
