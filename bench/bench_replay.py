@@ -171,7 +171,8 @@ def measure(repeats: int = 3, tree: Path | None = None) -> dict[str, Any]:
 
 def _print(r: dict[str, Any]) -> None:
     print(f"pipeline {r['pipeline']}  best of {r['repeats']}  load {r['load_avg_1m']:.2f}")
-    print(f"replay   {r['replay_cpu_s']:6.2f} s CPU ({r['replay_wall_s']:.2f} s wall); imported: {r['replay_imported']}")
+    wall, heavy = r["replay_wall_s"], r["replay_imported"]
+    print(f"replay   {r['replay_cpu_s']:6.2f} s CPU ({wall:.2f} s wall); imported: {heavy}")
     print(f"floor    {r['floor_cpu_s']:6.2f} s CPU ({r['floor_wall_s']:.2f} s wall)")
     print(f"imports  {r['imports_cpu_s']:6.2f} s CPU (pipeline.cli.app + pipeline.run.runner + duckdb)")
     print(f"replay / floor = {r['ratio']:.2f}x (target <= 2x)")
