@@ -29,7 +29,7 @@ from pipeline.luna.feed import CellFeed, prepare
 from pipeline.luna.merge import CellPatterns, Conflict, Verdict, merge_cell
 from pipeline.luna.patterns import PATTERN_ROW_SCHEMA_VERSION, LunaAnswer, Pattern, check_answer
 from pipeline.luna.render import CellIR, Part, context_budget
-from pipeline.models import ModelClient, PlannedCall, template_hash
+from pipeline.models import CallOutcome, ModelClient, PlannedCall, template_hash
 from pipeline.models.budget import role_budget
 from pipeline.probes import run_probes, write_probe_hits
 from pipeline.probes.cells import made_with as probe_set
@@ -37,7 +37,6 @@ from pipeline.state.ledger import CellResults, cell_key
 
 if TYPE_CHECKING:
     from pipeline.core.context import RunContext
-    from pipeline.models import CallOutcome, ModelClient, PlannedCall
 
 PATTERNS_FILE = "patterns.jsonl"
 PATTERN_COLUMNS = ("pattern_id", "cell_id", "type", "concerns", "observed", "definition_fit", "evidence", "confidence",
@@ -46,6 +45,7 @@ LUNA_CELL_COLUMNS = ("cell_id", "status", "parts", "est_tokens", "attempts", "pa
 CONFLICT_COLUMNS = ("conflict_id", "cell_id", "hit_id", "pattern_id", "kind", "model_claim", "probe_finding",
                     "resolution")  # fmt: skip
 ROLE = "luna"
+PARTS_DIR = "luna-parts"  # answered parts of split cells, kept until their whole cell is answered
 PROMPT_OVERHEAD_TOKENS = 6_000  # Luna's instructions, probe candidates and output schema, around the IR
 
 TABLES_DDL = """
@@ -219,14 +219,15 @@ def _write_cache(ir_path: Path, runs: list[CellRun], cell_digests: dict[str, str
         con.close()
 
 
-def _task_summaries(bundle: Path) -> dict[str, str]:
+def _task_summaries(bundle: Path, redacting: bool = True) -> dict[str, str]:
     # Task summaries help Luna read obligations; they carry no outcome. Absent for IR-only runs.
 
     if not (bundle / "analysis-request.json").is_file():  # an IR-only run: the prompt says nothing then
         return {}
     # A request that no longer loads (edited after export) is one clear error, never a silent omission.
     # redacted like event text: an imported bundle's summaries come from the logs (a sample's input)
-    return {t.task_id: redact(t.summary)[0] for t in load_request(bundle).tasks}
+    # (not with --no-redact: then the IR's text is unredacted too)
+    return {t.task_id: redact(t.summary)[0] if redacting else t.summary for t in load_request(bundle).tasks}
 
 
 def part_context(cell: CellIR, part: Part, task_summary: str) -> dict[str, Any]:
@@ -274,7 +275,7 @@ def _prepared_cells(ir_path: Path, budget: int) -> list[tuple[CellIR, list[Part]
 def plan(ctx: RunContext) -> list[PlannedCall]:
     """Every Luna call this run would make (for ``--dry-run``); calls nothing."""
     prepared = _prepared_cells(ctx.ir_path, part_budget(ctx.options.models))
-    summaries = _task_summaries(ctx.bundle)
+    summaries = _task_summaries(ctx.bundle, ctx.options.redact)
     return [
         PlannedCall(
             role="luna",
@@ -309,9 +310,10 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
     whose IR, task summary and prompt inputs are unchanged since the last run (``luna_cache``)
     is neither rendered nor keyed again: its stored answer and merged result are taken as they are.
     """
-    summaries = _task_summaries(ctx.bundle)
+    summaries = _task_summaries(ctx.bundle, ctx.options.redact)
     client = ModelClient(ctx.options.models, ctx.run_dir, log=ctx.log)
     store = CellResults(ctx.run_dir, "luna")
+    part_store = CellResults(ctx.run_dir, PARTS_DIR)
     thash = template_hash("luna")
     budget = part_budget(ctx.options.models)
     stamp = cache_stamp(thash, client.model, budget)
@@ -328,6 +330,21 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
         con.close()
     # cells are loaded a chunk at a time as their calls start, never the whole batch at once
     feed = CellFeed(ctx.ir_path, [r[0] for r in eligible if r[0] not in reused], budget)
+
+    async def _ask_part(cell: CellIR, part: Part, context: dict[str, Any]) -> CallOutcome[LunaAnswer]:
+        # A split cell keeps each answered part as it arrives, so a resume after one part failed asks
+        # only the failed parts again instead of paying for the whole cell twice.
+        if part.total == 1:
+            return await _call_part(client, cell, part, context)
+        name, key = _part_name(cell, part), _cell_key(cell_key, [context], thash, client.model)
+        kept = part_store.get(name, key)
+        if kept is not None:
+            answer = LunaAnswer.model_validate(kept)
+            return CallOutcome(True, answer, [], 0, [], 0, 0, 0.0, role=ROLE, cell_id=name, template_hash=thash)
+        out = await _call_part(client, cell, part, context)
+        if out.ok and out.value is not None:
+            part_store.put(name, key, out.value.model_dump(mode="json"), inputs={"template": thash})
+        return out
 
     async def cell_job(cell_id: str) -> CellRun:
         cell, parts, size = await feed.take(cell_id)
@@ -346,7 +363,7 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
             run.reused = True
             answers = [LunaAnswer.model_validate(a) for a in stored["answers"]]
         else:
-            outs = await asyncio.gather(*[_call_part(client, cell, p, c) for p, c in zip(parts, contexts, strict=True)])
+            outs = await asyncio.gather(*[_ask_part(cell, p, c) for p, c in zip(parts, contexts, strict=True)])
             run.attempts = sum(o.attempts for o in outs)
             failed = [(p, o) for p, o in zip(parts, outs, strict=True) if not o.ok or o.value is None]
             if failed:
@@ -369,6 +386,11 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
     runs.update(reused)
     _write_cache(ctx.ir_path, fresh, cell_digests, stamp)
     return [runs[c] for c in sorted(runs)]
+
+
+def _part_name(cell: CellIR, part: Part) -> str:
+    """File name of one answered part of a split cell ('C001.part2of5'; a label's '/' cannot name a file)."""
+    return f"{cell.cell_id}.part{part.index}of{part.total}"
 
 
 def _cell_key(cell_key: Any, contexts: list[dict[str, Any]], thash: str, model: str | None) -> str:

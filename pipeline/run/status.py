@@ -8,10 +8,11 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts.run_info import run_command
+from pipeline.artifacts.run_info import made_unredacted, run_command
 from pipeline.core.canonical import read_json
 from pipeline.core.errors import BadInput
 from pipeline.gates.gate2 import selection_status
+from pipeline.ir.redact import NO_REDACT_NOTE
 from pipeline.models.batch import BatchEndpoint
 from pipeline.models.batching import read_batches
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
@@ -53,7 +54,8 @@ def batch_rows(run_dir: Path, *, poll: bool = False) -> list[dict[str, Any]]:
     it changes nothing in the run: ``lunasol run ... --resume`` collects.
     """
     rows = [{"id": b["id"], "requests": len(b["keys"]), "status": b["status"]} for b in read_batches(run_dir)]
-    open_rows = [r for r in rows if r["status"] not in ("completed", "failed", "expired", "cancelled")]
+    # a "submitting" row has no id yet (interrupted submit): the next --resume settles it, poll cannot
+    open_rows = [r for r in rows if r["id"] and r["status"] not in ("completed", "failed", "expired", "cancelled")]
     if not (poll and open_rows):
         return rows
     path = run_dir / "run.json"
@@ -95,6 +97,7 @@ def status(run_dir: Path, *, poll: bool = False) -> dict[str, Any]:
         "batches": batch_rows(run_dir, poll=poll),
         "read_first": read_first(run_dir),
         "next_command": nxt,
+        **({"redaction": "off"} if made_unredacted(run_dir) else {}),  # absent: redacted
     }
 
 
@@ -222,6 +225,8 @@ def format_status(s: dict[str, Any]) -> str:
         lines.append(f"  proposals digest:          {h['proposals_digest']}")
     for gate, rel in sorted((h.get("receipts") or {}).items()):
         lines.append(f"  receipt {gate}: {rel}")
+    if s.get("redaction") == "off":
+        lines.append(f"  {NO_REDACT_NOTE}")
     sel = s.get("selection")
     if sel and sel.get("proposalSelection") in ("selected", "none", "redo"):
         chosen = f" {sel['proposal_id']}" if sel.get("proposal_id") else ""
