@@ -408,11 +408,30 @@ def _mine_map_reduce(ctx: RunContext, batch: Batch, decision: SolPlanDraft, clie
     )
 
 
+def _require_analysed_cells(batch: Batch) -> None:
+    """Block before any Sol call when Luna analysed no eligible cell (every one failed).
+
+    Sol would be paid to explain nothing, and whatever it answered (an empty list is a valid answer)
+    would reach gate 1 looking like an analysis that found nothing. Some failed cells are fine: the
+    run goes on with the others and the Luna stage stays pending.
+    """
+    failed = sorted(str(c["cell_id"]) for c in batch.coverage if c.get("luna_status") == "failed")
+    if failed and len(failed) >= len(batch.index.denominator):
+        shown = ", ".join(failed[:10]) + (f" and {len(failed) - 10} more" if len(failed) > 10 else "")
+        raise Blocked(
+            f"Luna analysed none of the {len(batch.index.denominator)} eligible cell(s) (all failed: {shown}; "
+            "see table luna_cells): Sol has nothing to explain, so no Sol call was made",
+            reason="missing_data",
+            unblock="lunasol run BUNDLE --resume  (asks exactly the failed cells again; or use another --model)",
+        )
+
+
 def mine(ctx: RunContext) -> Shortlist:
     """Mine the batch's weaknesses (one call, or map/reduce when it does not fit) and write the shortlist."""
     batch = load_batch(ctx.run_dir, ctx.ir_path)
     if not batch.index.denominator:
         raise Blocked("no eligible cell in this run: Sol has nothing to explain", reason="missing_data")
+    _require_analysed_cells(batch)
     decision = plan_sol(batch, ctx.options.models, single_context(batch))
     if decision.mode == "map_reduce":
         ctx.log(f"[sol] {decision.describe()}")

@@ -390,3 +390,41 @@ def test_the_resume_command_keeps_the_settings_a_local_server_needs(setup: dict[
     assert len(resumed) == 2
     assert all(r.get("max_tokens") == 64 and not r.get("tools") for r in resumed)
     assert Ledger(d).get("luna").state == "verified"  # type: ignore[union-attr]
+
+
+def test_no_sol_call_when_luna_analysed_no_cell(setup: dict[str, Any]) -> None:
+    """Every cell's answers fail the checks (a model too weak for the task): Sol is not asked to explain nothing."""
+    d = setup["run_dir"]
+
+    def nonsense(request: dict[str, Any]) -> Reply:
+        name = request["tools"][0]["function"]["name"] if request.get("tools") else ""
+        if name == "SolAnswer":
+            return handler(request)
+        pattern = {
+            "type": "omission",
+            "concerns": "target:xxx",
+            "observed": "xxxxxxxxxxxx",
+            "definition_fit": "xxxxxxxxxxxx",
+            "evidence": ["C999-e0001"],  # no such event: the check rejects it, every time
+            "state_changed": False,
+            "candidates": [],
+            "confidence": "high",
+        }
+        data = {"patterns": [pattern], "rejected_candidates": [], "none_reason": None}
+        return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
+
+    setup["fake"].handler = nonsense
+    with pytest.raises(Blocked, match=r"Luna analysed none of the 5 eligible cell\(s\)") as exc:
+        run(setup["opts"], log=lambda _m: None)
+    assert calls(d, "sol") == 0
+    assert not [r for r in setup["fake"].requests if "SolAnswer" in json.dumps(r.get("tools"))]
+    assert exc.value.unblock.endswith("--resume") and "BUNDLE" not in exc.value.unblock
+    receipt = read_json(d / "block-receipt.json")
+    assert receipt["stage"] == "sol" and receipt["constraint_class"] == "missing_data"
+    assert Ledger(d).get("luna").state == "pending"  # type: ignore[union-attr]
+    assert not (d / "weakness-shortlist.json").exists()
+    # a resume against a model that answers asks exactly the failed cells, then Sol
+    setup["fake"].handler = handler
+    setup["opts"].resume = True
+    res = run(setup["opts"], log=lambda _m: None)
+    assert "sol" in res.ran and calls(d, "sol") == 1
