@@ -189,6 +189,10 @@ def stage_inputs(name: str, ctx: RunContext, bdigest: str, upstream: tuple[str, 
             inputs["ir_schema"] = str(IR_SCHEMA_VERSION)
     else:
         inputs[f"upstream:{upstream[0]}"] = upstream[1]
+    if not ctx.options.redact and name in ("export", "luna"):
+        # --no-redact makes other rows (export) and other task summaries in Luna's prompts; absent
+        # when redacting, so a redacting run's inputs are what they always were
+        inputs["redaction"] = "off"
     if name == "probes":
         # a changed (added, removed) probe file of --probes reruns the probes and what follows
         for p in probes.user_probes(ctx.options.probes_dir):
@@ -369,7 +373,7 @@ def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
         # on a rerun, invalidate everything made with the model the run used.
         raise BadInput(_no_model_message(ctx))
     if not options.dry_run and any(n in STAGE_ROLES for n, _ in STAGES):
-        preflight(options.models)  # a missing key or unknown model: one line, exit 2, before any work
+        preflight(options.models, log)  # a missing key or unknown model: one line, exit 2, before any work
     bdigest = bundle_digest(options.bundle)
     if options.dry_run:
         return dry_run(ctx)
