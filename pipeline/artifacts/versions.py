@@ -22,7 +22,7 @@ VERSIONS: dict[str, int] = {
     "ledger": 1,
     "calls": 1,
     "block-receipt": 1,
-    "followup": 1,
+    "followup": 2,
     "recording": 1,
     "ir": 1,
 }
