@@ -168,11 +168,19 @@ def _line(eid: str, text: str, chars: int) -> str:
 
 
 def _relevant_groups(child: RunSide, matched: list[tuple[Row, Row | None, float | None]]) -> list[Row]:
-    """The child's matched groups first, then its other groups of the weakness's repeat types."""
+    """The child's matched groups first, then its other loops: groups of the weakness's types over a transition.
+
+    A loop that came back under another key (review->design instead of review->review) is what an
+    "equivalent loop" condition asks about; single-target repeats elsewhere in the batch are not.
+    """
     first = [m for _, m, _ in matched if m is not None]
     types = {str(p.get("type")) for p, _, _ in matched} | REPEAT_TYPES
     ids = {id(g) for g in first}
-    rest = [g for g in child.groups if id(g) not in ids and str(g.get("type")) in types]
+    rest = [
+        g
+        for g in child.groups
+        if id(g) not in ids and str(g.get("type")) in types and str(g.get("concerns") or "").startswith("transition:")
+    ]
     return first + rest
 
 
@@ -192,8 +200,8 @@ def build_request(
         details = [d for _, d, _ in lines.get(cell, [])]
         if any("sent_back" in d or "blocked" in d for d in details):
             return "a checker sent work back"
-        last = lines.get(cell, [])[-1:] or []
-        if last and "finished" in last[0][1] and "done" not in last[0][2].split(":")[0]:
+        finished = [t for _, d, t in lines.get(cell, []) if "finished" in d]
+        if not finished or ": done" not in finished[-1]:
             return "the run did not finish"
         return None
 
