@@ -125,3 +125,48 @@ def test_the_h5_bundle_is_what_the_generator_writes() -> None:
     sys.modules["make_demo_bundle"] = gen
     spec.loader.exec_module(gen)
     assert gen.check(H5_BUNDLE, ROOT / "fixtures" / "demo-story-h5.json", "h5") == []
+
+
+def test_the_child_report_shows_the_judge_and_the_conflict(demo_pair: dict[str, Path]) -> None:
+    from pipeline.followup import followup
+    from pipeline.report.build import render_report
+
+    doc = followup(demo_pair["parent"], "P-02", demo_pair["child"]).doc  # replays the judge from the child's store
+    html, stats = render_report(demo_pair["child"])
+    assert 'id="followup-verdict">rejected<' in html and 'id="followup-behaviour"' in html
+    assert "conflict on condition 4: count triggered, judge not_triggered" in html
+    assert stats["unresolved"] == 0 and stats["hash_mismatches"] == 0
+    for c in doc.conditions:
+        assert all(ref in html for ref in c.refs)
+
+
+def test_the_judge_request_shrinks_to_its_token_budget(demo_pair: dict[str, Path]) -> None:
+    """Fewer cells with every controller line (the pattern's cells first), shorter lines: within --context-tokens."""
+    from pipeline.core.settings import ModelSettings
+    from pipeline.followup.inputs import load_selection
+    from pipeline.followup.judge import JudgeAnswer, fit_request
+    from pipeline.models import render
+    from pipeline.models.budget import request_tokens, role_budget
+
+    parent, child = load_side(demo_pair["parent"], "parent"), load_side(demo_pair["child"], "child")
+    card = load_selection(demo_pair["parent"], "P-02").card
+    fams = families(parent, child)
+    weakness = next(w for w in parent.shortlist.weaknesses if w.weakness_id == card.source_weakness)
+    _, matched = targeted_change(parent, child, list(weakness.support.pattern_groups), fams)
+
+    def size(settings: ModelSettings) -> tuple[int, list[str], int]:
+        req = fit_request(child, card, matched, set(fams.covered), settings)
+        budget = role_budget(settings, "judge")
+        schema = JudgeAnswer.model_json_schema()
+        tools = [{"type": "function", "function": {"name": "JudgeAnswer", "parameters": schema}}]
+        exact = budget.count(render("judge", req.context).messages, tools)
+        assert request_tokens(budget, render("judge", req.context).messages, JudgeAnswer) <= budget.input_tokens
+        return exact, req.full_cells, budget.input_tokens
+
+    roomy = ModelSettings(model="openai/fixture-model", context_tokens=128_000)
+    full_tokens, full_cells, _ = size(roomy)
+    assert full_cells == ["C004", "C013", "C015", "C017", "C018"]
+    tight = ModelSettings(model="openai/fixture-model", context_tokens=full_tokens)
+    tokens, cells, limit = size(tight)
+    assert tokens <= limit < full_tokens and cells and len(cells) < len(full_cells)
+    assert "C015" in cells  # the cell with the targeted pattern keeps its whole timeline
