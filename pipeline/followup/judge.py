@@ -186,9 +186,12 @@ def _relevant_groups(child: RunSide, matched: list[tuple[Row, Row | None, float 
 
 def build_request(
     child: RunSide, card: Any, matched: list[tuple[Row, Row | None, float | None]], covered: set[str],
-    *, full: int | None = None, chars: int = EVENT_CHARS, groups_full: bool = True,
+    *, full: int | None = None, chars: int = EVENT_CHARS, groups_full: bool = True, others: bool = True,
 ) -> JudgeRequest:  # fmt: skip
-    """The judge's context; ``full`` caps the cells shown in full (priority order), ``chars`` each line."""
+    """The judge's context; ``full`` caps the cells shown in full (priority order), ``chars`` each line.
+
+    ``others=False`` leaves out the last-line view of the cells not shown in full (their count is said).
+    """
     cells = sorted(c for c, t in child.cells.items() if t in covered)
     groups = _relevant_groups(child, matched)
     in_groups = {str(o.get("cell_id")) for g in groups for o in g.get("occurrences", []) if isinstance(o, dict)}
@@ -210,6 +213,8 @@ def build_request(
     shown = []
     for cell in cells:
         evs = lines.get(cell, [])
+        if cell not in chosen and not others:
+            continue
         if cell in chosen:
             shown.append({"cell_id": cell, "task_id": child.cells[cell], "note": notable(cell) or "",
                           "events": [_line(e, t, chars) for e, _, t in evs]})  # fmt: skip
@@ -233,6 +238,7 @@ def build_request(
         "conditions": [{"index": i, "text": t.strip()} for i, t in enumerate(text, 1)],
         "groups": groups_text,
         "cells": shown,
+        "omitted": len(cells) - len(shown),
     }
     return JudgeRequest(context=context, full_cells=sorted(chosen))
 
@@ -241,23 +247,28 @@ def fit_request(
     child: RunSide, card: Any, matched: list[tuple[Row, Row | None, float | None]], covered: set[str],
     settings: ModelSettings,
 ) -> JudgeRequest:  # fmt: skip
-    """The judge's request within its whole-request budget: fewer cells in full, shorter lines, groups by header."""
+    """The judge's request within its whole-request budget, shrunk step by step until it fits.
+
+    Shorter lines first; then the other cells' last lines go (their count is said); then fewer cells in
+    full (the targeted pattern's cells first); last, the groups by header only.
+    """
     budget = role_budget(settings, ROLE)
 
     def fits(req: JudgeRequest) -> bool:
         return budget.fits(request_tokens(budget, render(ROLE, req.context).messages, JudgeAnswer))
 
-    req = build_request(child, card, matched, covered)
-    if fits(req):
-        return req
+    for kw in ({}, {"chars": 120}, {"chars": 120, "others": False}):
+        req = build_request(child, card, matched, covered, **kw)  # type: ignore[arg-type]
+        if fits(req):
+            return req
     n = len(req.full_cells)
     while n > 1:
         n //= 2
-        req = build_request(child, card, matched, covered, full=n, chars=120)
+        req = build_request(child, card, matched, covered, full=n, chars=120, others=False)
         if fits(req):
             return req
-    return build_request(child, card, matched, covered, full=1, chars=120, groups_full=False)
     # if even this does not fit, the client refuses it before sending (ContextExceeded)
+    return build_request(child, card, matched, covered, full=1, chars=120, others=False, groups_full=False)
 
 
 # -- the call and the merge ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -154,19 +155,18 @@ def test_the_judge_request_shrinks_to_its_token_budget(demo_pair: dict[str, Path
     weakness = next(w for w in parent.shortlist.weaknesses if w.weakness_id == card.source_weakness)
     _, matched = targeted_change(parent, child, list(weakness.support.pattern_groups), fams)
 
-    def size(settings: ModelSettings) -> tuple[int, list[str], int]:
+    def size(settings: ModelSettings) -> tuple[int, Any, int]:
         req = fit_request(child, card, matched, set(fams.covered), settings)
         budget = role_budget(settings, "judge")
-        schema = JudgeAnswer.model_json_schema()
-        tools = [{"type": "function", "function": {"name": "JudgeAnswer", "parameters": schema}}]
-        exact = budget.count(render("judge", req.context).messages, tools)
-        assert request_tokens(budget, render("judge", req.context).messages, JudgeAnswer) <= budget.input_tokens
-        return exact, req.full_cells, budget.input_tokens
+        messages = render("judge", req.context).messages
+        assert request_tokens(budget, messages, JudgeAnswer) <= budget.input_tokens  # it fits
+        return budget.count(messages), req, budget.input_tokens
 
-    roomy = ModelSettings(model="openai/fixture-model", context_tokens=128_000)
-    full_tokens, full_cells, _ = size(roomy)
-    assert full_cells == ["C004", "C013", "C015", "C017", "C018"]
-    tight = ModelSettings(model="openai/fixture-model", context_tokens=full_tokens)
-    tokens, cells, limit = size(tight)
-    assert tokens <= limit < full_tokens and cells and len(cells) < len(full_cells)
-    assert "C015" in cells  # the cell with the targeted pattern keeps its whole timeline
+    full_tokens, full, _ = size(ModelSettings(model="openai/fixture-model", context_tokens=128_000))
+    assert full.full_cells == ["C004", "C013", "C015", "C017", "C018"] and full.context["omitted"] == 0
+    for context_tokens in (full_tokens, 12_000, 8_000):
+        tokens, req, limit = size(ModelSettings(model="openai/fixture-model", context_tokens=context_tokens))
+        assert tokens <= limit < full_tokens
+        assert "C015" in req.full_cells  # the cell with the targeted pattern keeps its whole timeline
+        assert len(req.full_cells) < 5 or req.context["omitted"] > 0 or tokens < full_tokens
+    assert req.context["omitted"] > 0 and len(req.full_cells) < 5  # the tightest: other cells only counted
