@@ -77,6 +77,12 @@ def test_demo_followup_end_to_end_by_replay(demo_pair: dict[str, Path]) -> None:
     calls = [json.loads(x) for x in (child / "calls.jsonl").read_text().splitlines()]
     judged = [c for c in calls if c["role"] == "judge"]
     assert judged and all(c["mode"] == "replay" and c["outcome"] == "ok" for c in judged)
+    # like Luna, the judge is never shown the sidecar: no outcome label, no outcome figure in its request
+    key = judged[-1]["keys"][-1].split(":", 1)[-1]
+    request = json.dumps(json.loads((H5_RECORDINGS / key[:2] / f"{key}.json").read_text())["request"])
+    outcomes = [json.loads(x) for x in (H5_BUNDLE / "sidecar" / "outcomes.jsonl").read_text().splitlines()]
+    assert outcomes and all(o["label"] not in request for o in outcomes if o["label"] != "completed")
+    assert "outcome" not in request.lower() and "sidecar" not in request
     by = {c.index: c for c in doc.conditions}
     assert len(by) == 7 and all(c.judge is not None for c in by.values())
     assert by[5].status == "triggered" and by[5].decided_by == "count" and by[5].judge.status == "triggered"  # type: ignore[union-attr]
