@@ -12,6 +12,7 @@ partition whose group headers count it), so only those map calls and the reduce 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from pipeline.sol.cards import SolAnswer
 from pipeline.state.ledger import CellResults, cell_key
 
 MAP_ANSWERS_DIR = "sol_map"  # runs/<id>/sol_map/<call id>.json, one per map call
+COUNTS_ID = "request-tokens"  # runs/<id>/sol_map/request-tokens.json: map request digest -> tokens
 
 
 @dataclass
@@ -34,6 +36,11 @@ class StoredMap:
     keys: list[str]
 
 
+@functools.cache
+def _schema_digest() -> str:
+    return digest(SolAnswer.model_json_schema())
+
+
 def map_key(
     context: dict[str, Any], *, template_hash: str, model: str | None, instructor_mode: str, settings: ModelSettings
 ) -> str:
@@ -41,7 +48,7 @@ def map_key(
     return cell_key(
         context=digest(context),
         template=template_hash,
-        schema=digest(SolAnswer.model_json_schema()),
+        schema=_schema_digest(),
         model=model,
         mode=instructor_mode,
         temperature=repr(settings.temperature),
@@ -49,6 +56,11 @@ def map_key(
         max_reasks=repr(settings.max_reasks),
         lunasol=pipeline.__version__,
     )
+
+
+def _counts_key(limits: str) -> str:
+    # counts hold for one way of counting (the model's limits and tokenizer) and one lunasol
+    return digest({"limits": limits, "lunasol": pipeline.__version__})
 
 
 class MapAnswers:
@@ -67,6 +79,19 @@ class MapAnswers:
             return StoredMap(answer, int(value["attempts"]), [str(k) for k in value["keys"]])
         except (KeyError, TypeError, ValueError):  # an answer of an older shape: ask again
             return None
+
+    def token_counts(self, limits: str) -> dict[str, int]:
+        """Request digest -> tokens of the map requests the last plan counted under ``limits``."""
+        value = self.store.get(COUNTS_ID, _counts_key(limits))
+        if not isinstance(value, dict):
+            return {}
+        return {str(k): int(v) for k, v in value.items() if isinstance(v, int)}
+
+    def put_counts(self, limits: str, counts: dict[str, int]) -> None:
+        """Keep this plan's map request counts (only these: the file does not grow across runs)."""
+        self.store.put(
+            COUNTS_ID, digest({"limits": limits, "lunasol": pipeline.__version__}), dict(sorted(counts.items()))
+        )
 
     def put(self, call_id: str, key: str, stored: StoredMap, inputs: dict[str, str | None]) -> None:
         """Keep an accepted answer (atomically) for the next run."""

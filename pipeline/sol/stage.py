@@ -17,6 +17,7 @@ from pipeline.core.canonical import digest, pretty_json, sha256_file
 from pipeline.core.errors import Blocked
 from pipeline.ir.digests import ir_digest
 from pipeline.models import CallOutcome, ModelClient, PlannedCall, template_hash
+from pipeline.models.budget import role_budget
 from pipeline.sol.batch import (
     GROUPS_FILE,
     TIMELINE_BUDGET_CHARS,
@@ -464,8 +465,11 @@ def mine(ctx: RunContext) -> Shortlist:
     batch = load_batch(ctx.run_dir, ctx.ir_path)
     if not batch.index.denominator:
         raise Blocked("no eligible cell in this run: Sol has nothing to explain", reason="missing_data")
-    decision = plan_sol(batch, ctx.options.models, single_context(batch))
+    answers = MapAnswers(ctx.run_dir)
+    limits = role_budget(ctx.options.models, MAP_ROLE).limits.describe()
+    decision = plan_sol(batch, ctx.options.models, single_context(batch), known=answers.token_counts(limits))
     if decision.mode == "map_reduce":
+        answers.put_counts(limits, decision.counts)
         ctx.log(f"[sol] {decision.describe()}")
     client = ModelClient(ctx.options.models, ctx.run_dir, log=ctx.log)
     if decision.mode == "single":

@@ -15,6 +15,7 @@ import json
 import random
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ from pipeline.ir.export import export
 from pipeline.ir.refs import read_refs
 from pipeline.luna.stage import TABLES_DDL
 from pipeline.models import read_calls
+from pipeline.models.budget import request_tokens as request_tokens_of
+from pipeline.sol.plan import plan_maps
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 from pipeline.sol.stage import mine
 from pipeline.sol.timeline import timeline_sql
@@ -261,8 +264,22 @@ def _map_ids(fake_llm: FakeOpenAI) -> list[str]:
 
 
 def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
-    scaled: tuple[RunContext, str], fake_llm: FakeOpenAI, model_settings: Any, tmp_path: Path
+    scaled: tuple[RunContext, str],
+    fake_llm: FakeOpenAI,
+    model_settings: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    counted: list[str] = []  # map requests counted with the tokenizer, by partition
+
+    def spy(budget: Any, messages: list[dict[str, Any]], response_model: Any) -> int:
+        m = re.search(r"^This call \((M\d+)\) sees", str(messages[-1]["content"]), re.M)
+        if m and m[1] != "M00":  # a partition's request, not the empty one that measures the fixed part
+            counted.append(m[1])
+        return request_tokens_of(budget, messages, response_model)
+
+    # the module, not pipeline.sol's ``plan`` function of the same name
+    monkeypatch.setattr(sys.modules[plan_maps.__module__], "request_tokens", spy)
     base, _ = scaled
     run_dir = tmp_path / "big"
     run_dir.mkdir()
@@ -279,9 +296,13 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
     assert len(maps) >= 3 and not any(c.reused for c in first.plan.calls)
     assert sorted(_map_ids(fake_llm)) == sorted(c.call_id for c in maps)
 
-    # nothing changed: every map answer is taken again, only the reduce is asked
+    assert set(counted) >= {c.call_id for c in maps}
+    # nothing changed: every map answer is taken again, only the reduce is asked; no map request is counted again
     fake_llm.requests.clear()
+    counted.clear()
     again = mine(ctx)
+    assert counted == []
+    assert [c.request_tokens for c in again.plan.calls if c.role == "sol_map"] == [c.request_tokens for c in maps]
     assert again.plan is not None and _map_ids(fake_llm) == []
     assert [c.reused for c in again.plan.calls if c.role == "sol_map"] == [True] * len(maps)
     assert len(fake_llm.requests) == 1  # the reduce call
@@ -303,9 +324,10 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
         con.close()
     assert n and n[0][0] > 0
     fake_llm.requests.clear()
+    counted.clear()
     third = mine(ctx)
     assert third.plan is not None
-    assert _map_ids(fake_llm) == [part[changed]]
+    assert _map_ids(fake_llm) == [part[changed]] and counted == [part[changed]]
     assert {c.call_id for c in third.plan.calls if c.role == "sol_map" and not c.reused} == {part[changed]}
     asked = next(_user(r) for r in fake_llm.requests if f"This call ({part[changed]})" in _user(r))
     assert changed in asked
