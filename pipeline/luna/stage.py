@@ -27,7 +27,7 @@ from pipeline.ir.store import insert_rows
 from pipeline.luna.merge import CellPatterns, Conflict, Verdict, merge_cell
 from pipeline.luna.patterns import PATTERN_ROW_SCHEMA_VERSION, LunaAnswer, Pattern, check_answer
 from pipeline.luna.render import CellIR, Part, context_budget, estimate_tokens, load_cells, render_cell, split_parts
-from pipeline.models import ModelClient, PlannedCall, template_hash
+from pipeline.models import CallOutcome, ModelClient, PlannedCall, template_hash
 from pipeline.models.budget import role_budget
 from pipeline.probes import run_probes, write_probe_hits
 from pipeline.probes.cells import made_with as probe_set
@@ -35,7 +35,6 @@ from pipeline.state.ledger import CellResults, cell_key
 
 if TYPE_CHECKING:
     from pipeline.core.context import RunContext
-    from pipeline.models import CallOutcome, ModelClient, PlannedCall
 
 PATTERNS_FILE = "patterns.jsonl"
 PATTERN_COLUMNS = ("pattern_id", "cell_id", "type", "concerns", "observed", "definition_fit", "evidence", "confidence",
@@ -44,6 +43,7 @@ LUNA_CELL_COLUMNS = ("cell_id", "status", "parts", "est_tokens", "attempts", "pa
 CONFLICT_COLUMNS = ("conflict_id", "cell_id", "hit_id", "pattern_id", "kind", "model_claim", "probe_finding",
                     "resolution")  # fmt: skip
 ROLE = "luna"
+PARTS_DIR = "luna-parts"  # answered parts of split cells, kept until their whole cell is answered
 PROMPT_OVERHEAD_TOKENS = 6_000  # Luna's instructions, probe candidates and output schema, around the IR
 
 TABLES_DDL = """
@@ -318,6 +318,7 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
     summaries = _task_summaries(ctx.bundle)
     client = ModelClient(ctx.options.models, ctx.run_dir, log=ctx.log)
     store = CellResults(ctx.run_dir, "luna")
+    part_store = CellResults(ctx.run_dir, PARTS_DIR)
     thash = template_hash("luna")
     budget = part_budget(ctx.options.models)
     stamp = cache_stamp(thash, client.model, budget)
@@ -333,6 +334,21 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
         prepared = prepare(con, budget, only=[r[0] for r in eligible if r[0] not in reused])
     finally:
         con.close()
+
+    async def _ask_part(cell: CellIR, part: Part, context: dict[str, Any]) -> CallOutcome[LunaAnswer]:
+        # A split cell keeps each answered part as it arrives, so a resume after one part failed asks
+        # only the failed parts again instead of paying for the whole cell twice.
+        if part.total == 1:
+            return await _call_part(client, cell, part, context)
+        name, key = _part_name(cell, part), _cell_key(cell_key, [context], thash, client.model)
+        kept = part_store.get(name, key)
+        if kept is not None:
+            answer = LunaAnswer.model_validate(kept)
+            return CallOutcome(True, answer, [], 0, [], 0, 0, 0.0, role=ROLE, cell_id=name, template_hash=thash)
+        out = await _call_part(client, cell, part, context)
+        if out.ok and out.value is not None:
+            part_store.put(name, key, out.value.model_dump(mode="json"), inputs={"template": thash})
+        return out
 
     async def cell_job(cell: CellIR, parts: list[Part], size: int) -> CellRun:
         run = CellRun(cell.cell_id, "split" if len(parts) > 1 else "ok", len(parts), size)
@@ -350,7 +366,7 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
             run.reused = True
             answers = [LunaAnswer.model_validate(a) for a in stored["answers"]]
         else:
-            outs = await asyncio.gather(*[_call_part(client, cell, p, c) for p, c in zip(parts, contexts, strict=True)])
+            outs = await asyncio.gather(*[_ask_part(cell, p, c) for p, c in zip(parts, contexts, strict=True)])
             run.attempts = sum(o.attempts for o in outs)
             failed = [(p, o) for p, o in zip(parts, outs, strict=True) if not o.ok or o.value is None]
             if failed:
@@ -373,6 +389,11 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
     runs.update(reused)
     _write_cache(ctx.ir_path, fresh, cell_digests, stamp)
     return [runs[c] for c in sorted(runs)]
+
+
+def _part_name(cell: CellIR, part: Part) -> str:
+    """File name of one answered part of a split cell ('C001.part2of5'; a label's '/' cannot name a file)."""
+    return f"{cell.cell_id}.part{part.index}of{part.total}"
 
 
 def _cell_key(cell_key: Any, contexts: list[dict[str, Any]], thash: str, model: str | None) -> str:

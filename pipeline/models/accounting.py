@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pipeline.core.settings import ModelSettings
+from pipeline.models import modelmap
 from pipeline.models.errors import BudgetExceeded
 from pipeline.models.pricing import batch_price, cached_tokens
 from pipeline.models.transport import load_litellm
@@ -99,6 +100,10 @@ class Accounting:
         """USD for these tokens from litellm's bundled price map, or None for a model it does not price."""
         if self._unpriced:
             return None
+        known = modelmap.price(str(self.model), prompt_tokens, completion_tokens)
+        if known != modelmap.ASK:  # litellm's own answer, read from its map without importing it
+            self._unpriced = known is None
+            return None if known is None else float(known)
         litellm = load_litellm()
         try:
             p, c = litellm.cost_per_token(
@@ -112,11 +117,11 @@ class Accounting:
     def book(self, response: Any, *, batch: bool = False) -> Booked:
         """Book one exchange's usage and price into the totals; return what it cost.
 
-        ``batch``: answered through the provider's batch endpoint, priced at litellm's batch rates.
+        ``response`` is litellm's response object or an answer's body (a replay parses bodies without
+        litellm). ``batch``: answered through the provider's batch endpoint, priced at litellm's batch rates.
         """
-        usage = getattr(response, "usage", None)
-        pt = int(getattr(usage, "prompt_tokens", 0) or 0)
-        ct = int(getattr(usage, "completion_tokens", 0) or 0)
+        usage = response.get("usage") if isinstance(response, dict) else getattr(response, "usage", None)
+        pt, ct = _count(usage, "prompt_tokens"), _count(usage, "completion_tokens")
         cost = batch_price(str(self.model), pt, ct) if batch and not self._unpriced else self.price(pt, ct)
         u = self._usage
         u.exchanges += 1
@@ -127,3 +132,11 @@ class Accounting:
         else:
             u.cost_usd += cost
         return Booked(pt, ct, cost, cached_tokens(usage))
+
+
+def _count(usage: Any, name: str) -> int:
+    value = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, 0)
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):  # a body with a malformed usage field books nothing
+        return 0

@@ -161,6 +161,27 @@ class BatchEndpoint:
         )
         return str(batch.id)
 
+    async def find(self, metadata_key: str, value: str, *, pages: int = 10) -> str | None:
+        """The id of the newest batch whose ``metadata[metadata_key] == value``, or None.
+
+        Used after a crash between asking for a batch and storing its id: the provider may have
+        accepted it, and the metadata we sent is the only way to find it again. Lists newest
+        first, at most ``pages`` pages of 100 (a batch looked for is minutes old, not thousands deep).
+        """
+        litellm = load_litellm()
+        after: str | None = None
+        for _ in range(pages):
+            page = await litellm.alist_batches(after=after, limit=100, **self._auth())
+            data = list(getattr(page, "data", None) or [])
+            for b in data:
+                meta = getattr(b, "metadata", None) or {}
+                if isinstance(meta, dict) and meta.get(metadata_key) == value:
+                    return str(b.id)
+            if not data or not getattr(page, "has_more", False):
+                return None
+            after = str(data[-1].id)
+        return None
+
     async def retrieve(self, batch_id: str) -> BatchState:
         """The provider's current state of one batch."""
         litellm = load_litellm()

@@ -3,9 +3,13 @@
 :class:`Batcher` sits under the exchange: a request arrives with its replay key (the key a
 synchronous call would use) and waits. Once no new request has arrived for a moment, every
 waiting request is looked up in the run's ``batches.json``: a key some earlier process already
-submitted is collected from that batch (never submitted twice); the rest go out as one new batch,
-whose id and keys are written to ``batches.json`` before anything waits on it. The answer is the
-provider's raw response body, which the exchange records exactly as a synchronous answer.
+submitted is collected from that batch (never submitted twice); the rest go out as one new batch.
+Its keys and a random intent token are written to ``batches.json`` *before* the batch is asked
+for, and the token goes to the provider as batch metadata; the id is written as soon as the
+provider answers. A process killed in between leaves a record without an id: the next flush
+finds the batch by its token in the provider's list (adopting it) or, if the provider never
+accepted it, submits those keys again. The answer is the provider's raw response body, which the
+exchange records exactly as a synchronous answer.
 
 * not finished within ``LUNASOL_BATCH_MAX_WAIT_S``: :class:`BatchPending` (a block; ``--resume``
   collects the same batch);
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +37,7 @@ BATCHED_ROLES = frozenset({"luna"})
 
 BATCHES_NAME = "batches.json"
 IDLE_S = 0.2  # no new request for this long: every concurrent call of the stage has asked
+INTENT_KEY = "lunasol_intent"  # batch metadata naming the submission, to find it after a crash
 
 
 class BatchPending(Blocked):
@@ -118,7 +124,7 @@ class Batcher:
                 raise
 
     async def _flush(self, waiting: dict[str, tuple[dict[str, Any], asyncio.Future[dict[str, Any] | None]]]) -> None:
-        batches = read_batches(self.run_dir)
+        batches = await self._settle_intents(read_batches(self.run_dir))
         where: dict[str, dict[str, Any]] = {}
         for b in batches:  # a later batch of the same key wins (a resubmission after expiry)
             for k in b["keys"]:
@@ -139,8 +145,12 @@ class Batcher:
         if retry:
             bodies = await wire_bodies(self.model, [waiting[k][0] for k in retry], api_base=self.api_base)
             lines = [batch_line(k, body) for k, body in zip(retry, bodies, strict=True)]
-            bid = await self.endpoint.submit(lines, metadata={"lunasol_run": self.run_dir.name})
-            batches.append({"id": bid, "keys": retry, "status": "submitted"})
+            intent = uuid.uuid4().hex
+            record: dict[str, Any] = {"id": None, "intent": intent, "keys": retry, "status": "submitting"}
+            batches.append(record)
+            _write_batches(self.run_dir, batches)  # before the provider can accept anything
+            bid = await self.endpoint.submit(lines, metadata={"lunasol_run": self.run_dir.name, INTENT_KEY: intent})
+            record.update(id=bid, status="submitted")
             _write_batches(self.run_dir, batches)
             self.log(f"batch {bid}: {len(retry)} requests submitted (stored in {BATCHES_NAME})")
             state, items = await self._collect(bid)
@@ -193,6 +203,22 @@ class Batcher:
             for k in expired:
                 if not waiting[k][1].done():
                     waiting[k][1].set_exception(exc)
+
+    async def _settle_intents(self, batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # A record without an id: an earlier process asked for a batch and died before storing its id.
+        unsettled = [b for b in batches if not b.get("id")]
+        if not unsettled:
+            return batches
+        for b in unsettled:
+            bid = await self.endpoint.find(INTENT_KEY, str(b.get("intent")))
+            if bid is None:
+                self.log(f"batch submission {str(b.get('intent'))[:8]} never reached the provider: its keys go again")
+            else:
+                self.log(f"batch {bid}: found by its submission token after an interrupted submit")
+                b.update(id=bid, status="submitted")
+        settled = [b for b in batches if b.get("id")]
+        _write_batches(self.run_dir, settled)
+        return settled
 
     async def _collect(self, bid: str) -> tuple[BatchState, dict[str, ItemResult]]:
         last: list[tuple[str, int]] = []

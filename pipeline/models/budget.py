@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from pipeline.core.settings import ModelSettings
+from pipeline.models import modelmap
 from pipeline.models.errors import ContextExceeded
 from pipeline.models.transport import describe, load_litellm, stated_context
 
@@ -99,6 +100,9 @@ class RoleBudget:
 
 @functools.lru_cache(maxsize=32)
 def _model_info(model: str) -> tuple[int | None, int | None, str | None]:
+    known = modelmap.limits(model)
+    if not isinstance(known, str):  # litellm's own answer, read from its map without importing it
+        return known
     litellm = load_litellm()
     try:
         info = litellm.get_model_info(model)
@@ -137,7 +141,7 @@ def count_text(limits: ModelLimits, text: str) -> int:
     """Tokens of ``text`` for this model (exact or the conservative estimate)."""
     if not text:
         return 0
-    n = len(load_litellm().encode(model=_COUNT_WITH, text=text))
+    n = modelmap.count_tokens(text)  # what litellm.encode(model=_COUNT_WITH) counts, without litellm
     return n if limits.exact else math.ceil(n * ESTIMATE_FACTOR)
 
 

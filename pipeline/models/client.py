@@ -29,6 +29,7 @@ from pydantic import BaseModel
 from pipeline.core import offline
 from pipeline.core.errors import BadInput, LunasolError
 from pipeline.core.settings import ModelSettings
+from pipeline.models import shaping
 from pipeline.models.accounting import Accounting, Usage
 from pipeline.models.batch import TERMINAL
 from pipeline.models.batching import Batcher, read_batches
@@ -308,6 +309,9 @@ class ModelClient:
         self, messages: list[dict[str, Any]], response_model: type[T], max_tokens: int | None
     ) -> tuple[T | None, list[str]]:
         # One instructor round (which re-asks on schema-invalid output itself).
+        if self.mode == "replay":
+            return await self._ask_replay(messages, response_model, max_tokens)
+        # instructor loads only for live and record calls (seconds of startup a replay never pays).
         from instructor.core import InstructorRetryException
 
         try:
@@ -330,6 +334,31 @@ class ModelClient:
                 f"model call failed for role={CALL_STATE.get().role}: {describe(exc)}", reason=reason_for(exc)
             ) from exc
         # instructor returns a dynamic subclass carrying the raw response; keep only the plain model.
+        return response_model.model_validate(obj.model_dump()), []
+
+    async def _ask_replay(
+        self, messages: list[dict[str, Any]], response_model: type[T], max_tokens: int | None
+    ) -> tuple[T | None, list[str]]:
+        # The same round without instructor: requests shaped, answers parsed and re-asked as
+        # instructor does (pipeline.models.shaping, checked against instructor by the tests), so the
+        # replay keys, values and call-log lines are those of the live path.
+        try:
+            obj = await shaping.ask(
+                self.exchange.answer,
+                messages,
+                response_model,
+                self.instructor_mode,
+                max_retries=self.settings.max_reasks,
+                temperature=self.settings.temperature,
+                **({"max_tokens": max_tokens} if max_tokens else {}),
+            )
+        except shaping.AskFailed as exc:
+            return None, [describe(exc.shown)]
+        except shaping.IncompleteOutputException as exc:
+            # What the live path reports for instructor's unwrapped IncompleteOutputException.
+            raise ModelUnavailable(
+                f"model call failed for role={CALL_STATE.get().role}: {describe(exc)}", reason="external_system"
+            ) from exc
         return response_model.model_validate(obj.model_dump()), []
 
 

@@ -1,7 +1,7 @@
 """Dry run: render every planned prompt, count tokens offline, price per role; nothing is called.
 
-Messages are the exact ones instructor would send: instructor is run over a stand-in
-completion function that captures its kwargs and stops (no network, no model).
+Messages are the exact ones instructor would send (:func:`pipeline.models.shaping.shape_request`,
+checked against instructor by the tests); nothing is sent.
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pipeline.core import offline
 from pipeline.core.settings import ModelSettings
 from pipeline.models.batching import BATCHED_ROLES
 from pipeline.models.budget import ASSUMED_MODEL, ESTIMATE_FACTOR, model_limits, role_budget
-from pipeline.models.modes import INSTRUCTOR_MODES, resolve_mode
+from pipeline.models.modes import resolve_mode
 from pipeline.models.pricing import batch_price
 from pipeline.models.prompts import render
+from pipeline.models.shaping import shape_request
 from pipeline.models.store import RecordingStore
-from pipeline.models.transport import load_litellm, quiet_instructor
+from pipeline.models.transport import load_litellm
 
 DEFAULT_OUTPUT_TOKENS = 800
 """Assumed completion size per call when a role does not say (stated in the table)."""
@@ -129,36 +129,11 @@ class Estimate:
         }
 
 
-class _Captured(Exception):
-    def __init__(self, kwargs: dict[str, Any]) -> None:
-        super().__init__("captured")
-        self.kwargs = kwargs
-
-
-def _capture(**kwargs: Any) -> Any:
-    raise _Captured(kwargs)
-
-
 def instructor_request(
     messages: list[dict[str, Any]], response_model: type[BaseModel], imode: str = "tools"
 ) -> dict[str, Any]:
     """The kwargs instructor would hand to litellm for these messages (schema, tools, system text added)."""
-    offline.apply()  # instructor may import litellm: switches first
-    import instructor
-
-    quiet_instructor()  # the deliberate stop below would be logged as a failed attempt
-
-    client: Any = instructor.from_litellm(_capture, mode=getattr(instructor.Mode, INSTRUCTOR_MODES.get(imode, "TOOLS")))
-    try:
-        client.chat.completions.create(response_model=response_model, messages=messages, max_retries=0)
-    except Exception as exc:
-        cur: BaseException | None = exc
-        while cur is not None:
-            if isinstance(cur, _Captured):
-                return cur.kwargs
-            cur = cur.__cause__ or cur.__context__
-        raise
-    raise AssertionError("instructor returned without calling the completion function")  # pragma: no cover
+    return shape_request(messages, response_model, imode)
 
 
 def _count(model: str, request: dict[str, Any]) -> int:

@@ -90,7 +90,11 @@ class Exchange:
         self.batcher: Batcher | None = None  # --batch: set by the client (pipeline.models.batching)
 
     async def complete(self, **kwargs: Any) -> Any:
-        """One exchange for the current call (:data:`CALL_STATE`); a coroutine function, as instructor needs.
+        """One exchange as instructor needs it: a coroutine function returning litellm's response object."""
+        return response_from(await self.answer(**kwargs))
+
+    async def answer(self, **kwargs: Any) -> dict[str, Any]:
+        """One exchange for the current call (:data:`CALL_STATE`): the answer's body (the raw HTTP JSON).
 
         Answers from the store when it holds a usable answer for the key: always in replay; in record
         mode and in the run's own exchange store when this process recorded it (a repeated request
@@ -124,8 +128,7 @@ class Exchange:
                     store=str(store.root),
                 )
         if body is not None:
-            response = response_from(body)
-            state.add(self.accounting.book(response))
+            state.add(self.accounting.book(body))
             why = unusable(body)
             if why is not None:  # replay of an answer that was empty when recorded: the same failure
                 raise ModelUnavailable(
@@ -134,7 +137,7 @@ class Exchange:
                     reason="external_system",
                     unblock="re-record this call: lunasol run BUNDLE --record DIR",
                 )
-            return response
+            return body
 
         def persist(answer: dict[str, Any], source: str) -> None:
             if store is not None:
@@ -155,8 +158,8 @@ class Exchange:
         body = await self._batched(kwargs, persist) if self._batches(state) else None
         if body is None:
             body = await self._live(kwargs, persist)
-        # Built from the stored body, so a live answer and its replay are the same object.
-        return response_from(body)
+        # The stored body, so a live answer and its replay are parsed from the same data.
+        return body
 
     # ------------------------------------------------------------------ batch
     def _batches(self, state: CallState) -> bool:
@@ -173,7 +176,7 @@ class Exchange:
         if body is None or unusable(body) is not None:
             return None  # a failed or empty item: the synchronous path retries it (empty answers too)
         persist(body, "http_body")  # the provider's own JSON, as a synchronous capture stores it
-        state.add(self.accounting.book(response_from(body), batch=True))
+        state.add(self.accounting.book(body, batch=True))
         return body
 
     # ------------------------------------------------------------------ live

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import socket
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,12 +27,15 @@ from pipeline.models.transport import load_litellm
 CONNECT_TIMEOUT_S = 3.0
 
 
-def preflight(settings: ModelSettings) -> None:
-    """Raise :class:`BadInput` (one line) when a live or record run could not call its model; replay passes."""
+def preflight(settings: ModelSettings, log: Callable[[str], None] | None = None) -> None:
+    """Raise :class:`BadInput` (one line) when a live or record run could not call its model; replay passes.
+
+    ``log`` hears "loading model client (litellm)…" before litellm's first import (seconds).
+    """
     if settings.effective_mode() == "replay" or not settings.model:
         return
     model = settings.model
-    litellm = load_litellm()
+    litellm = load_litellm(announce=log)
     try:
         _, provider, _, _ = litellm.get_llm_provider(model=model, api_base=settings.api_base)
     except Exception:  # litellm raises BadRequestError-like errors for an unknown provider prefix

@@ -5,15 +5,25 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from pipeline.core import offline
 from pipeline.core.errors import LunasolError
 from pipeline.models.errors import ModelRefused
 
+LOADING = "loading model client (litellm)…"
+"""Said before litellm's first import in a process (seconds, up to 20 on a busy machine)."""
 
-def load_litellm() -> Any:
-    """Import litellm lazily (3+ s) with its feedback banner off and the offline switches set first."""
+
+def load_litellm(announce: Callable[[str], None] | None = None) -> Any:
+    """Import litellm lazily (3+ s) with its feedback banner off and the offline switches set first.
+
+    ``announce`` is told :data:`LOADING` before the first import, so a live run says why it waits.
+    """
+    if announce is not None and "litellm" not in sys.modules:
+        announce(LOADING)
     offline.apply()  # before litellm's import: it would fetch a price map from GitHub otherwise
     import litellm
 

@@ -422,7 +422,7 @@ def propose(run_dir: Path, settings: ModelSettings, log: Callable[[str], None] =
     except Blocked as exc:
         raise _without_gate1(run_dir, exc) from None
     facts = load_run_facts(run_dir)
-    preflight(settings)  # a missing key or unknown model: one line, exit 2, before any call
+    preflight(settings, log)  # a missing key or unknown model: one line, exit 2, before any call
     try:
         results = asyncio.run(_propose_all(run_dir, settings, facts, confirmed, log))
     except Blocked as exc:

@@ -366,7 +366,7 @@ def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
         # on a rerun, invalidate everything made with the model the run used.
         raise BadInput(_no_model_message(ctx))
     if not options.dry_run and any(n in STAGE_ROLES for n, _ in STAGES):
-        preflight(options.models)  # a missing key or unknown model: one line, exit 2, before any work
+        preflight(options.models, log)  # a missing key or unknown model: one line, exit 2, before any work
     bdigest = bundle_digest(options.bundle)
     if options.dry_run:
         return dry_run(ctx)

@@ -53,7 +53,8 @@ def batch_rows(run_dir: Path, *, poll: bool = False) -> list[dict[str, Any]]:
     it changes nothing in the run: ``lunasol run ... --resume`` collects.
     """
     rows = [{"id": b["id"], "requests": len(b["keys"]), "status": b["status"]} for b in read_batches(run_dir)]
-    open_rows = [r for r in rows if r["status"] not in ("completed", "failed", "expired", "cancelled")]
+    # a "submitting" row has no id yet (interrupted submit): the next --resume settles it, poll cannot
+    open_rows = [r for r in rows if r["id"] and r["status"] not in ("completed", "failed", "expired", "cancelled")]
     if not (poll and open_rows):
         return rows
     path = run_dir / "run.json"

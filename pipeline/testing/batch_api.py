@@ -1,9 +1,10 @@
 """The OpenAI files and batches endpoints of the local test server (stdlib only, in memory).
 
 ``BatchAPI`` serves ``POST /v1/files`` (multipart upload), ``GET /v1/files/{id}`` and
-``GET /v1/files/{id}/content``, ``POST /v1/batches``, ``GET /v1/batches/{id}`` and
-``POST /v1/batches/{id}/cancel``. Each batch item is answered by the server's own per-request
-function (the scripted replies, then the handler), so a batch answer equals the synchronous one.
+``GET /v1/files/{id}/content``, ``POST /v1/batches``, ``GET /v1/batches`` (newest first, with
+``limit`` and ``after``), ``GET /v1/batches/{id}`` and ``POST /v1/batches/{id}/cancel``. Each
+batch item is answered by the server's own per-request function (the scripted replies, then the
+handler), so a batch answer equals the synchronous one.
 
 A batch walks ``validating`` -> ``in_progress`` -> a terminal state, one step per retrieve as
 its :class:`BatchPlan` says (queue plans with :meth:`BatchAPI.plan`): ``completed`` (every item
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from email.parser import BytesParser
 from email.policy import HTTP
 from typing import Any
+from urllib.parse import parse_qs
 
 Answer = Callable[[dict[str, Any]], tuple[int, dict[str, Any]]]  # request body -> (status, response body)
 
@@ -98,13 +100,15 @@ class BatchAPI:
     # routing ---------------------------------------------------------------
     def route(self, method: str, path: str, headers: dict[str, str], raw: bytes) -> tuple[int, bytes, str] | None:
         """(status, body, content type) for a files/batches request, else None."""
-        path = path.split("?", 1)[0].rstrip("/")
+        path, _, qs = path.partition("?")
+        path = path.rstrip("/")
+        query = {k: v[-1] for k, v in parse_qs(qs).items()}
         if not re.match(r"^(/v1)?/(files|batches)(/|$)", path):
             return None
         parts = path.split("/")[2:] if path.startswith("/v1/") else path.split("/")[1:]
         with self.lock:
             try:
-                return self._route(method, parts, headers, raw)
+                return self._route(method, parts, headers, raw, query)
             except _HTTPError as exc:
                 return (
                     exc.status,
@@ -112,7 +116,9 @@ class BatchAPI:
                     "application/json",
                 )
 
-    def _route(self, method: str, parts: list[str], headers: dict[str, str], raw: bytes) -> tuple[int, bytes, str]:
+    def _route(
+        self, method: str, parts: list[str], headers: dict[str, str], raw: bytes, query: dict[str, str]
+    ) -> tuple[int, bytes, str]:
         kind, rest = parts[0], parts[1:]
         if kind == "files":
             if method == "POST" and not rest:
@@ -127,6 +133,8 @@ class BatchAPI:
         if kind == "batches":
             if method == "POST" and not rest:
                 return _json(self._create(json.loads(raw or b"{}")))
+            if method == "GET" and not rest:
+                return _json(self._list(query))
             b = self.batches.get(rest[0]) if rest else None
             if b is None:
                 raise _HTTPError(404, "no such batch")
@@ -160,6 +168,22 @@ class BatchAPI:
         return f
 
     # batches ---------------------------------------------------------------
+    def _list(self, query: dict[str, str]) -> dict[str, Any]:
+        # OpenAI lists batches newest first; ``after`` is the last id of the previous page.
+        newest = [b.obj for b in reversed(self.batches.values())]
+        if query.get("after"):
+            ids = [o["id"] for o in newest]
+            newest = newest[ids.index(query["after"]) + 1 :] if query["after"] in ids else []
+        limit = int(query.get("limit") or 20)
+        page = [_public(o) for o in newest[:limit]]
+        return {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(newest) > limit,
+        }
+
     def _create(self, body: dict[str, Any]) -> dict[str, Any]:
         f = self.files.get(str(body.get("input_file_id")))
         if f is None:

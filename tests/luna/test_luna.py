@@ -325,3 +325,37 @@ def test_a_cell_without_events_is_covered_without_a_call(
     assert {cell_of(r) for r in fake_llm.requests} == {"C001"}
     rows = table(ctx, "SELECT cell_id, status, patterns, reason FROM luna_cells ORDER BY 1")
     assert rows[1][:3] == ("C003", "ok", 0) and "no events" in rows[1][3]
+
+
+def test_a_split_cell_resumed_after_one_part_failed_asks_only_that_part(
+    tmp_path: Path,
+    fake_llm: FakeOpenAI,
+    model_settings: Callable[..., ModelSettings],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    long = "x" * 300
+    events = [msg(f"plan {i} {long}", stage="design") for i in range(6)]
+    events += [msg(f"wrap {i} {long}", stage="finalization") for i in range(6)]
+    monkeypatch.setenv(CONTEXT_ENV, "400")
+    ctx = make_ctx(tmp_path, model_settings(), {"C001": events})
+    invented = {"patterns": [pattern(["C001-e9998", "C001-e9999"], candidates=[])], "rejected_candidates": []}
+    broken = {"value": "C001.part2of"}  # the first run: every answer to part 2 cites invented events
+
+    def handle(request: dict[str, Any]) -> Reply:
+        data = invented if cell_of(request).startswith(broken["value"]) else EMPTY
+        return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
+
+    fake_llm.handler = handle
+    run_stages(ctx)
+    [(status, parts, reason)] = table(ctx, "SELECT status, parts, reason FROM luna_cells")
+    assert status == "failed" and parts >= 3 and f"part 2/{parts}" in reason
+    asked_first = {cell_of(r) for r in fake_llm.requests}
+    assert len(asked_first) == parts  # every part was asked once at least
+
+    fake_llm.reset()
+    broken["value"] = "nothing"  # the server is fixed; the resume asks part 2 only
+    fake_llm.handler = handle
+    luna_stage(ctx)
+    assert {cell_of(r) for r in fake_llm.requests} == {f"C001.part2of{parts}"}
+    [(status, _parts, _reason)] = table(ctx, "SELECT status, parts, reason FROM luna_cells")
+    assert status == "split"

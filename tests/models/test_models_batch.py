@@ -200,3 +200,47 @@ async def test_a_request_arriving_during_a_flush_gets_its_own_batch(
         {"summary": "finding for C2"},
     ]
     assert [x["keys"] for x in read_batches(tmp_path)] == [["k1"], ["k2"]] and fake_llm.batch.created == 2
+
+
+class _Killed(Exception):
+    """Stands for SIGKILL inside the process: nothing after it in the flush runs."""
+
+
+@pytest.mark.parametrize("accepted", [True, False], ids=["provider-accepted", "never-reached"])
+async def test_a_kill_between_asking_for_a_batch_and_storing_its_id_submits_nothing_twice(
+    tmp_path: Any, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch, accepted: bool
+) -> None:
+    from pipeline.models.batching import Batcher, read_batches
+
+    monkeypatch.setenv("LUNASOL_BATCH_POLL_S", "0")
+    fake_llm.handler = by_cell
+    fake_llm.batch.plan(BatchPlan(), BatchPlan())  # an older, unrelated batch is listed too
+    other = await BatchEndpoint(MODEL, api_base=fake_llm.base_url).submit(
+        [batch_line("x", {**kw("C9"), "model": "test-model"})], metadata={"lunasol_intent": "someone-else"}
+    )
+    first = Batcher(MODEL, tmp_path, api_base=fake_llm.base_url, timeout_s=5, log=lambda _m: None)
+    real_submit = first.endpoint.submit
+
+    async def submit_then_die(lines: list[dict[str, Any]], *, metadata: dict[str, str] | None = None) -> str:
+        if accepted:
+            await real_submit(lines, metadata=metadata)  # the provider has the batch; its id is lost
+        raise _Killed
+
+    monkeypatch.setattr(first.endpoint, "submit", submit_then_die)
+    with pytest.raises(_Killed):
+        await first.answer("k1", kw("C1"))
+    (pending,) = read_batches(tmp_path)
+    assert pending["id"] is None and pending["status"] == "submitting" and pending["keys"] == ["k1"]
+
+    logs: list[str] = []
+    again = Batcher(MODEL, tmp_path, api_base=fake_llm.base_url, timeout_s=5, log=logs.append)
+    body = await again.answer("k1", kw("C1"))
+    assert body is not None
+    assert json.loads(body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]) == {
+        "summary": "finding for C1"
+    }
+    # counted at the server: the unrelated batch plus exactly one for k1, whichever side of the kill it fell
+    assert fake_llm.batch.created == 2
+    (settled,) = read_batches(tmp_path)
+    assert settled["id"] not in (None, other) and settled["keys"] == ["k1"] and settled["status"] == "completed"
+    assert any(("found by its submission token" if accepted else "never reached the provider") in m for m in logs)

@@ -273,3 +273,22 @@ def test_timeout_and_mode_come_from_env_and_flags(monkeypatch: pytest.MonkeyPatc
     assert (s.timeout_s, s.instructor_mode, s.max_tokens) == (600.0, "md_json", 100)
     with pytest.raises(BadInput, match="--mode"):
         ModelSettings.from_env(instructor_mode="grammar")
+
+
+def test_live_run_says_why_it_waits_for_litellm(tmp_path: Path) -> None:
+    """Before litellm's first import (seconds), a live run's log says it is loading the model client."""
+    code = (
+        "from pipeline.core.settings import ModelSettings\n"
+        "from pipeline.models.preflight import preflight\n"
+        "import sys\n"
+        "seen = []\n"
+        "def log(m): seen.append((m, 'litellm' in sys.modules))\n"
+        "preflight(ModelSettings(model='openai/gpt-4o-mini'), log=log)\n"
+        "print(seen)\n"
+    )
+    env = {**os.environ, "OPENAI_API_KEY": "sk-test-not-sent"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[('loading model client (litellm)…', False)]"
