@@ -11,6 +11,9 @@ os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")  # before anything imports
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ["LUNASOL_TEST_NO_WAIT"] = "1"  # retry waits are zero in tests
+# No fsync of artifacts: tests kill processes, never the machine, and a killed process's writes
+# are in the page cache (pipeline.core.canonical). =0 keeps the syncs (to measure their cost).
+os.environ.setdefault("LUNASOL_TEST_NO_FSYNC", "1")
 os.environ.setdefault("LUNASOL_PROGRESS_EVERY", "0")  # no timed progress lines in a slow CI's one-line checks
 
 import pytest

@@ -229,13 +229,7 @@ class JsonFile:
         Elements deeper than ``max_depth`` get the span of their deepest recorded ancestor and keep
         their full pointer, so the ref still names the exact element.
         """
-        spans = self._spans_for(line)
-        probe = ptr
-        while probe not in spans:
-            if not probe:
-                raise KeyError(ptr)
-            probe = probe.rsplit("/", 1)[0]
-        a, b = spans[probe]
+        a, b = self.char_span(ptr, line)
         ls, le = self.lines.span(a, b)
         return Located(ls, le, ptr)
 

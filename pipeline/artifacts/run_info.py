@@ -30,6 +30,9 @@ class ExportSummary(BaseModel):
     events: int | None = None
     ir: str | None = Field(default=None, description="the IR file, relative to the run")
     ir_schema_version: int | None = None
+    redacted: bool | None = Field(
+        default=None, description="false: exported with --no-redact, secrets left in the IR's text (absent: redacted)"
+    )
 
 
 class ModelInputs(BaseModel):
@@ -83,6 +86,14 @@ class RunInfo(BaseModel):
     inputs: RunInputs | None = None
 
 
+def made_unredacted(run_dir: Path) -> bool:
+    """Whether the run's IR was exported with ``--no-redact`` (run.json ``export.redacted`` is false)."""
+    path = Path(run_dir) / "run.json"
+    raw = read_json(path) if path.is_file() else None
+    exported = raw.get("export") if isinstance(raw, dict) else None
+    return isinstance(exported, dict) and exported.get("redacted") is False
+
+
 def run_command(run_dir: Path, *, resume: bool = True) -> str:
     """The exact ``lunasol run`` command that continues this run (from run.json)."""
     bundle = "BUNDLE"
@@ -114,6 +125,8 @@ def run_command(run_dir: Path, *, resume: bool = True) -> str:
         parts += ["--context-tokens", str(models["context_tokens"])]
     if models.get("batch"):
         parts.append("--batch")
+    if made_unredacted(run_dir):
+        parts.append("--no-redact")  # continuing without it would re-export the run redacted
     if resume:
         parts.append("--resume")
     return shlex.join(parts)

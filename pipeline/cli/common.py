@@ -32,6 +32,23 @@ CONTEXT_TOKENS_OPTION = typer.Option(
     help="The model's input limit in tokens (env LUNASOL_CONTEXT_TOKENS; default: litellm's model info).",
 )
 
+# Export's redaction switch (run, export): off only when asked by name, and then said loudly.
+NO_REDACT_OPTION = typer.Option(
+    False,
+    "--no-redact",
+    help="Keep secrets in the IR's text as written (default: [REDACTED:<kind>]); recorded in run.json.",
+)
+NO_REDACT_WARNING = (
+    "lunasol: WARNING: --no-redact: secret redaction is OFF. Keys, tokens and passwords in the logs go into "
+    "the IR as written, hence into the prompts (the model provider and any recording see them) and the "
+    "report's timelines; run.json records it (export.redacted: false)."
+)
+
+
+def warn_no_redact() -> None:
+    """Say on stderr, before any work, that this run's IR is made without secret redaction."""
+    typer.echo(NO_REDACT_WARNING, err=True)
+
 
 def emit_json(obj: Any) -> None:
     """Print canonical, indented JSON to stdout."""

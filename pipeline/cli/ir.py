@@ -6,7 +6,15 @@ from pathlib import Path
 
 import typer
 
-from pipeline.cli.common import DEFAULT_RUNS_DIR, JSON_OPTION, check_dir_option, emit_json, resolve_run
+from pipeline.cli.common import (
+    DEFAULT_RUNS_DIR,
+    JSON_OPTION,
+    NO_REDACT_OPTION,
+    check_dir_option,
+    emit_json,
+    resolve_run,
+    warn_no_redact,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -18,15 +26,21 @@ def register(app: typer.Typer) -> None:
         run_id: str | None = typer.Option(None, "--run-id", help="Run id (default: the request's analysis_run_id)."),
         runs_dir: Path = typer.Option(DEFAULT_RUNS_DIR, "--runs-dir", help="Where run directories live."),
         parquet: Path | None = typer.Option(None, "--parquet", help="Also write every table as Parquet here."),
+        no_redact: bool = NO_REDACT_OPTION,
         as_json: bool = JSON_OPTION,
     ) -> None:
-        """Verify a bundle and write its Trajectory IR to RUNS_DIR/RUN_ID/ir.duckdb."""
+        """Verify a bundle and write its Trajectory IR to RUNS_DIR/RUN_ID/ir.duckdb.
+
+        Secrets in the logs become [REDACTED:<kind>] unless --no-redact.
+        """
         # startup: `lunasol --help` and every other verb load none of this
         from pipeline.ir.export import export_bundle
 
         check_dir_option(runs_dir, "--runs-dir")
         check_dir_option(parquet, "--parquet")
-        report = export_bundle(bundle, run_id=run_id, runs_dir=runs_dir, parquet_dir=parquet)
+        if no_redact:
+            warn_no_redact()
+        report = export_bundle(bundle, run_id=run_id, runs_dir=runs_dir, parquet_dir=parquet, redact=not no_redact)
         if as_json:
             emit_json(report.to_json())
             return

@@ -13,9 +13,11 @@ from pipeline.cli.common import (
     JSON_OPTION,
     MAX_TOKENS_OPTION,
     MODE_OPTION,
+    NO_REDACT_OPTION,
     TIMEOUT_OPTION,
     check_dir_option,
     emit_json,
+    warn_no_redact,
 )
 from pipeline.core.context import RunOptions
 from pipeline.core.errors import BadInput
@@ -50,6 +52,7 @@ def register(app: typer.Typer) -> None:
             "--probes",
             help="A folder of your own probe files (<id>.sql, docs/patterns.md), run beside the shipped.",
         ),
+        no_redact: bool = NO_REDACT_OPTION,
         as_json: bool = JSON_OPTION,
     ) -> None:
         """Export the IR, find patterns, mine root causes, and stop at gate 1.
@@ -82,6 +85,8 @@ def register(app: typer.Typer) -> None:
         )
         check_store(settings)
         user_probes(probes_dir)  # a bad probe file is one line before anything is written
+        if no_redact:
+            warn_no_redact()
         opts = RunOptions(
             bundle=bundle,
             run_id=run_id,
@@ -90,6 +95,7 @@ def register(app: typer.Typer) -> None:
             dry_run=dry_run,
             models=settings,
             probes_dir=probes_dir,
+            redact=not no_redact,
         )
         # With --json the stage lines go to stderr, so stdout is one JSON document.
         result = run(opts, log=(lambda m: typer.echo(m, err=True)) if as_json else typer.echo)

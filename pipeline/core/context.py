@@ -24,6 +24,7 @@ class RunOptions:
     dry_run: bool = False
     models: ModelSettings = field(default_factory=ModelSettings)
     probes_dir: Path | None = None  # --probes: a folder of the user's own probe files, run beside the shipped
+    redact: bool = True  # False only with --no-redact: secrets stay in the IR's text, hence in prompts and reports
 
 
 @dataclass

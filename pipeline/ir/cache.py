@@ -34,20 +34,22 @@ def _sql_str(text: str) -> str:
     return text.replace("'", "''")
 
 
-def rows_made_with() -> str:
-    """What a cell's rows depend on besides its raw bytes: the redaction rules and the trim limit.
+def rows_made_with(redact: bool = True) -> str:
+    """What a cell's rows depend on besides its raw bytes: the redaction rules (or none) and the trim limit.
 
     Stored in ``meta``; a previous IR made under other rules (or before redaction) is read again,
-    never copied, so a secret an older lunasol let through cannot survive a re-export.
+    never copied, so a secret an older lunasol let through cannot survive a re-export. ``redact``
+    False (``--no-redact``) is a rule set of its own: redacted and unredacted rows never mix.
     """
-    return digest({"redaction": RULES_DIGEST, "text_limit": TEXT_LIMIT})
+    return digest({"redaction": RULES_DIGEST if redact else "off", "text_limit": TEXT_LIMIT})
 
 
-def previous_sources(path: Path, fmt: str) -> dict[str, str]:
+def previous_sources(path: Path, fmt: str, redact: bool = True) -> dict[str, str]:
     """Source digests of the cells of a previous IR at ``path`` that a re-export may copy.
 
-    Empty when there is none, it cannot be read, it is of another IR schema or format, or it
-    predates stored digests: then every cell is read again (never an error).
+    Empty when there is none, it cannot be read, it is of another IR schema or format, its rows
+    were made under other redaction rules (``redact``: this export's), or it predates stored
+    digests: then every cell is read again (never an error).
     """
     import duckdb
 
@@ -61,7 +63,7 @@ def previous_sources(path: Path, fmt: str) -> dict[str, str]:
         meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
         if meta.get("ir_schema_version") != str(IR_SCHEMA_VERSION) or meta.get("format") != fmt:
             return {}
-        if meta.get("rows_made_with") != rows_made_with():
+        if meta.get("rows_made_with") != rows_made_with(redact):
             return {}
         rows = con.execute("SELECT cell_id, source_digest FROM cell_digests WHERE source_digest IS NOT NULL").fetchall()
         return {r[0]: r[1] for r in rows}

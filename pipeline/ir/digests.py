@@ -83,33 +83,43 @@ _CELL_JSON = _array([(c, "str") for c in CELL_COLUMNS], "c")
 _EVENT_ARRAY = "json_array(" + ", ".join(f"e.{name}" for name, _ in EVENT_COLUMNS) + ")"
 
 # Per event one JSON array (json_array, one call), exact (slow) path only where it holds a \u escape.
-FILL_SQL = f"""
+_FILL_TEMPLATE = """
 INSERT INTO cell_digests BY NAME
 SELECT c.cell_id,
        s.source_digest,
-       'sha256:' || sha256('{{"cell":' || {_CELL_JSON} || ',"events":[' || coalesce(ev.body, '') || ']}}')
+       'sha256:' || sha256('{{"cell":' || {cell_json} || ',"events":[' || coalesce(ev.body, '') || ']}}')
            AS content_digest
 FROM cells c
 LEFT JOIN (
     SELECT r.cell_id,
-           string_agg(CASE WHEN contains(r.j, '\\u') THEN {_EVENT_JSON} ELSE r.j END, ',' ORDER BY r.seq) AS body
+           string_agg({event_json}, ',' ORDER BY r.seq) AS body
     FROM (
-        SELECT e.*, {_EVENT_ARRAY} AS j FROM events e ANTI JOIN cell_digests k ON e.cell_id = k.cell_id
+        SELECT e.*, {event_array} AS j FROM events e ANTI JOIN cell_digests k ON e.cell_id = k.cell_id
     ) r
     GROUP BY r.cell_id
 ) ev USING (cell_id)
 LEFT JOIN _lunasol_sources s USING (cell_id)
 ANTI JOIN cell_digests k ON c.cell_id = k.cell_id
 """
+_EXACT = f"CASE WHEN contains(r.j, '\\u') THEN {_EVENT_JSON} ELSE r.j END"
+FILL_SQL = _FILL_TEMPLATE.format(cell_json=_CELL_JSON, event_json=_EXACT, event_array=_EVENT_ARRAY)
+# When no event's JSON holds a \u escape (nearly always) the exact path is never taken, and planning
+# its expression (24 columns x 34 nested replaces) costs more than the digests: 0.23 s per export.
+FILL_FAST_SQL = _FILL_TEMPLATE.format(cell_json=_CELL_JSON, event_json="r.j", event_array=_EVENT_ARRAY)
+NEEDS_EXACT_SQL = (
+    f"SELECT count(*) FROM events e ANTI JOIN cell_digests k ON e.cell_id = k.cell_id "
+    f"WHERE contains({_EVENT_ARRAY}, '\\u')"
+)
 
 
-def fill_sql() -> tuple[str, str]:
+def fill_sql(exact: bool = True) -> tuple[str, str]:
     """(macros, INSERT) that fill ``cell_digests`` for every cell not in it yet.
 
     From ``cells``, ``events`` and the view ``_lunasol_sources`` (cell_id, source_digest); the
-    digests of cells copied from a previous IR are already there.
+    digests of cells copied from a previous IR are already there. ``exact`` False: the INSERT
+    without the exact escape path, equal to it when ``NEEDS_EXACT_SQL`` counts no event.
     """
-    return _MACROS, FILL_SQL
+    return _MACROS, FILL_SQL if exact else FILL_FAST_SQL
 
 
 def _connect(ir_path: Path) -> Any:

@@ -29,6 +29,7 @@ from pipeline.bundle.request import AnalysisRequest, CellSpec, load_request
 from pipeline.core.canonical import canonical_json, digest, sha256_bytes, write_json
 from pipeline.core.errors import BadInput, BundleError
 from pipeline.ir import cache, digests, pool
+from pipeline.ir.redact import NO_REDACT_NOTE
 from pipeline.ir.rows import SEGMENT_ROW, event_schema, gc_paused, record_reader, serial_batches, to_arrow
 from pipeline.ir.schema import IR_SCHEMA_VERSION
 from pipeline.ir.store import IR_FILE, IRWriter, write_parquet
@@ -65,6 +66,7 @@ class ExportReport:
     parquet: list[Path] = field(default_factory=list)
     reused: list[str] = field(default_factory=list)  # cells whose rows were copied from the previous IR
     redactions_per_cell: dict[str, int] = field(default_factory=dict)
+    redacted: bool = True  # False: made with --no-redact (secrets left in the IR's text as written)
 
     @property
     def redactions(self) -> int:
@@ -79,6 +81,8 @@ class ExportReport:
             line += f", {self.redactions:,} secret(s) redacted in {cells} cell(s)"
         if self.reused:
             line += f" ({len(self.reused)} unchanged cells reused, {self.cells_in - len(self.reused)} read)"
+        if not self.redacted:
+            line += f"; {NO_REDACT_NOTE}"
         return line
 
     def to_json(self) -> dict[str, Any]:
@@ -95,6 +99,7 @@ class ExportReport:
             "cells_reused": len(self.reused),
             "redactions": self.redactions,
             "redactions_per_cell": {k: v for k, v in self.redactions_per_cell.items() if v},
+            "redacted": self.redacted,
         }
 
 
@@ -168,7 +173,13 @@ def _write_run_json(run_dir: Path, bundle: Path, request: AnalysisRequest, diges
 
 
 def _load_cells(
-    writer: IRWriter, bundle: Path, cells: list[CellSpec], manifest: Manifest, fmt: str, redactions: dict[str, int]
+    writer: IRWriter,
+    bundle: Path,
+    cells: list[CellSpec],
+    manifest: Manifest,
+    fmt: str,
+    redactions: dict[str, int],
+    redact: bool = True,
 ) -> dict[str, int]:
     """Stream every eligible cell into ``events`` (one INSERT), then ``segments``; return events per cell.
 
@@ -181,9 +192,11 @@ def _load_cells(
     workers = pool.export_workers() if sum(sizes) >= pool.PARALLEL_MIN_BYTES and sys.executable else 0
     batches: Generator[pa.RecordBatch, None, None]
     if workers and len(cells) > 1:
-        batches = pool.parallel_batches(bundle, cells, manifest, fmt, sizes, workers, counts, segments, redactions)
+        batches = pool.parallel_batches(
+            bundle, cells, manifest, fmt, sizes, workers, counts, segments, redactions, redact
+        )
     else:
-        batches = serial_batches(bundle, cells, manifest, record_reader(fmt), counts, segments, redactions)
+        batches = serial_batches(bundle, cells, manifest, record_reader(fmt), counts, segments, redactions, redact)
     try:
         with gc_paused():
             writer.insert_stream(_INSERT_EVENTS, "_lunasol_events", event_schema(), batches)
@@ -243,7 +256,9 @@ def _fill_digests(writer: IRWriter, sources: dict[str, str]) -> None:
     """Table ``cell_digests``: every cell's source digest and content digest, computed in DuckDB."""
     import pyarrow as pa
 
-    macros, fill = digests.fill_sql()
+    # the exact escape path only when some event needs it (its plan alone costs more than the digests)
+    exact = bool(writer.fetch(digests.NEEDS_EXACT_SQL)[0][0])
+    macros, fill = digests.fill_sql(exact)
     string = pa.string()
     table = pa.table(
         {"cell_id": pa.array(list(sources), string), "source_digest": pa.array(list(sources.values()), string)}
@@ -269,8 +284,13 @@ def _step_bases(bundle: Path, request: AnalysisRequest) -> list[int | None]:
     return [step_index_base(bundle, c.cell_id) if c.eligibility == "valid_behavior" else None for c in request.cells]
 
 
-def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> ExportReport:
-    """Verify ``bundle`` and write its IR to ``run_dir/ir.duckdb`` (and ``run.json``); see module doc."""
+def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None, *, redact: bool = True) -> ExportReport:
+    """Verify ``bundle`` and write its IR to ``run_dir/ir.duckdb`` (and ``run.json``); see module doc.
+
+    ``redact`` False (``--no-redact``) leaves secrets in the IR's text; run.json and the IR's
+    ``meta.rows_made_with`` record it, so such rows are never reused by a redacting export (nor
+    the other way round).
+    """
     import pyarrow as pa
 
     t0 = time.perf_counter()
@@ -299,7 +319,7 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
     ir_path = run_dir / IR_FILE
     writer: IRWriter | None = None
     sources = source_digests(bundle, request, manifest)
-    previous = cache.previous_sources(ir_path, request.format)
+    previous = cache.previous_sources(ir_path, request.format, redact)
     reuse = [c.cell_id for c in cells if previous.get(c.cell_id) == sources[c.cell_id]]
     # Most cells unchanged: edit a copy of the previous IR (drop the other cells' rows) rather than
     # write every unchanged row again; else a new file, into which the unchanged cells are copied.
@@ -315,7 +335,7 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
         reused = set(counts)
         fresh = [c for c in cells if c.cell_id not in reused]
         if fresh:
-            counts.update(_load_cells(writer, bundle, fresh, manifest, request.format, redactions))
+            counts.update(_load_cells(writer, bundle, fresh, manifest, request.format, redactions, redact))
         counts = {c.cell_id: counts[c.cell_id] for c in cells}  # request order
         total = sum(counts.values())
         if total == 0:
@@ -339,7 +359,7 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
                         request.format,
                         str(IR_SCHEMA_VERSION),
                         pipeline.__version__,
-                        cache.rows_made_with(),
+                        cache.rows_made_with(redact),
                     ],
                 }
             ),
@@ -405,6 +425,7 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
         parquet=written,
         reused=[c.cell_id for c in cells if c.cell_id in reused],
         redactions_per_cell=redactions,
+        redacted=redact,
     )
     _write_run_json(
         run_dir,
@@ -418,6 +439,7 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
             "cells_excluded": len(excluded),
             "events": total,
             **({"redactions": result.redactions} if result.redactions else {}),
+            **({} if redact else {"redacted": False}),  # absent: redacted (the default, and older runs)
         },
     )
     return result
@@ -425,11 +447,16 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None) -> Expo
 
 def stage(ctx: RunContext) -> str:
     """Runner stage: export the run's bundle into ``ctx.run_dir``; one-line summary."""
-    return export(ctx.bundle, ctx.run_dir).summary()
+    return export(ctx.bundle, ctx.run_dir, redact=ctx.options.redact).summary()
 
 
 def export_bundle(
-    bundle: Path, run_id: str | None = None, runs_dir: Path = Path("runs"), parquet_dir: Path | None = None
+    bundle: Path,
+    run_id: str | None = None,
+    runs_dir: Path = Path("runs"),
+    parquet_dir: Path | None = None,
+    *,
+    redact: bool = True,
 ) -> ExportReport:
     """``lunasol export``: the run id defaults to the request's ``analysis_run_id``."""
     if run_id is None:
@@ -438,4 +465,4 @@ def export_bundle(
         run_id = load_request(bundle).analysis_run_id
     if not run_id or "/" in run_id or run_id in (".", ".."):
         raise BadInput(f"bad run id {run_id!r}")
-    return export(bundle, runs_dir / run_id, parquet_dir)
+    return export(bundle, runs_dir / run_id, parquet_dir, redact=redact)

@@ -96,17 +96,17 @@ def _watch(export_pid: int) -> None:
             continue
 
 
-def _init_worker(bundle: Path, manifest: Manifest, fmt: str, export_pid: int) -> None:
+def _init_worker(bundle: Path, manifest: Manifest, fmt: str, export_pid: int, redact: bool) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the export process's to handle: it stops us
     threading.Thread(target=_watch, args=(export_pid,), name="lunasol-export-watch", daemon=True).start()
     gc.disable()  # the load makes no reference cycles; the cyclic GC would rescan millions of objects
     read: RecordReader = record_reader(fmt)
-    _WORKER.update(bundle=bundle, manifest=manifest, read=read)
+    _WORKER.update(bundle=bundle, manifest=manifest, read=read, redact=redact)
 
 
 def _run_task(cells: list[CellSpec]) -> TaskResult:
     try:
-        builder = ColumnBuilder(_WORKER["bundle"], _WORKER["manifest"], _WORKER["read"])
+        builder = ColumnBuilder(_WORKER["bundle"], _WORKER["manifest"], _WORKER["read"], redact=_WORKER["redact"])
         for cell in cells:
             builder.add(cell)
         return ("ok", builder.flush(), builder.counts, builder.segments, builder.redactions)
@@ -162,12 +162,13 @@ def parallel_batches(
     counts: dict[str, int],
     segments: list[tuple[Any, ...]],
     redactions: dict[str, int],
+    redact: bool = True,
 ) -> Generator[pa.RecordBatch, None, None]:
     """Cells read by ``workers`` worker processes; batches in request order; fills counts, segments, redactions."""
     tasks = plan_tasks(cells, sizes)
     workers = min(workers, len(tasks))
     pool = ProcessPoolExecutor(
-        workers, mp_context=_context(), initializer=_init_worker, initargs=(bundle, manifest, fmt, os.getpid())
+        workers, mp_context=_context(), initializer=_init_worker, initargs=(bundle, manifest, fmt, os.getpid(), redact)
     )
     pending: collections.deque[Future[TaskResult]] = collections.deque()
     todo: Iterator[list[CellSpec]] = iter(tasks)

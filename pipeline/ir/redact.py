@@ -30,6 +30,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+NO_REDACT_NOTE = "SECRET REDACTION OFF (--no-redact): the IR's text holds every secret of the logs as written"
+"""What the export summary, ``lunasol status`` and the report say of a run exported with ``--no-redact``."""
+
 KINDS: dict[str, str] = {
     "private-key": "a PEM private key block (-----BEGIN ... PRIVATE KEY-----)",
     "openai-key": "an OpenAI API key (sk-..., sk-proj-...)",

@@ -130,10 +130,13 @@ def _ill_typed(cell_id: str, exc: Exception) -> BadInput:
 class ColumnBuilder:
     """Accumulates the event columns of whole cells; ``flush`` hands them over as one Arrow batch."""
 
-    def __init__(self, bundle: Path, manifest: Manifest, read: RecordReader = cell_records) -> None:
+    def __init__(
+        self, bundle: Path, manifest: Manifest, read: RecordReader = cell_records, *, redact: bool = True
+    ) -> None:
         self.bundle = bundle
         self.manifest = manifest
         self.read = read
+        self.redact = redact  # False only with --no-redact: the text goes in as written
         self.counts: list[tuple[str, int]] = []  # (cell_id, events) in cell order
         self.segments: list[tuple[Any, ...]] = []  # SEGMENT_ROW tuples in cell order
         self.redactions: list[tuple[str, int]] = []  # (cell_id, secrets redacted) in cell order
@@ -196,8 +199,8 @@ class ColumnBuilder:
                 digest = state
             st_append(digest)
         # Secrets out before anything is measured or trimmed: no secret reaches the IR (pipeline.ir.redact).
-        red_texts, n_text = redact_column(texts)
-        red_targets, n_target = redact_column(targets)
+        red_texts, n_text = redact_column(texts) if self.redact else (None, 0)
+        red_targets, n_target = redact_column(targets) if self.redact else (None, 0)
         if red_texts is not None:
             texts = tuple(red_texts)
         if red_targets is not None:
@@ -307,9 +310,10 @@ def serial_batches(
     counts: dict[str, int],
     segments: list[tuple[Any, ...]],
     redactions: dict[str, int],
+    redact: bool = True,
 ) -> Generator[pa.RecordBatch, None, None]:
     """Every cell read in this process, as batches of about ``BATCH_ROWS`` rows; fills counts, segments, redactions."""
-    builder = ColumnBuilder(bundle, manifest, read)
+    builder = ColumnBuilder(bundle, manifest, read, redact=redact)
     for cell in cells:
         builder.add(cell)
         if builder.rows >= BATCH_ROWS:

@@ -217,14 +217,15 @@ def _write_cache(ir_path: Path, runs: list[CellRun], cell_digests: dict[str, str
         con.close()
 
 
-def _task_summaries(bundle: Path) -> dict[str, str]:
+def _task_summaries(bundle: Path, redacting: bool = True) -> dict[str, str]:
     # Task summaries help Luna read obligations; they carry no outcome. Absent for IR-only runs.
 
     if not (bundle / "analysis-request.json").is_file():  # an IR-only run: the prompt says nothing then
         return {}
     # A request that no longer loads (edited after export) is one clear error, never a silent omission.
     # redacted like event text: an imported bundle's summaries come from the logs (a sample's input)
-    return {t.task_id: redact(t.summary)[0] for t in load_request(bundle).tasks}
+    # (not with --no-redact: then the IR's text is unredacted too)
+    return {t.task_id: redact(t.summary)[0] if redacting else t.summary for t in load_request(bundle).tasks}
 
 
 def part_context(cell: CellIR, part: Part, task_summary: str) -> dict[str, Any]:
@@ -280,7 +281,7 @@ def _prepared_cells(ir_path: Path, budget: int) -> list[tuple[CellIR, list[Part]
 def plan(ctx: RunContext) -> list[PlannedCall]:
     """Every Luna call this run would make (for ``--dry-run``); calls nothing."""
     prepared = _prepared_cells(ctx.ir_path, part_budget(ctx.options.models))
-    summaries = _task_summaries(ctx.bundle)
+    summaries = _task_summaries(ctx.bundle, ctx.options.redact)
     return [
         PlannedCall(
             role="luna",
@@ -315,7 +316,7 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
     whose IR, task summary and prompt inputs are unchanged since the last run (``luna_cache``)
     is neither rendered nor keyed again: its stored answer and merged result are taken as they are.
     """
-    summaries = _task_summaries(ctx.bundle)
+    summaries = _task_summaries(ctx.bundle, ctx.options.redact)
     client = ModelClient(ctx.options.models, ctx.run_dir, log=ctx.log)
     store = CellResults(ctx.run_dir, "luna")
     part_store = CellResults(ctx.run_dir, PARTS_DIR)

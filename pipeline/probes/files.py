@@ -10,7 +10,7 @@ that nothing changed between the first and the last evidence event, and a one-li
     -- summary: same read-only call again with nothing changed
 
 The query may use the IR tables (``events``, ``cells``, ...) and everything ``sql/_base.sql``
-defines (the ``probe_events`` / ``probe_changes`` views and the ``lunasol_*`` macros; see
+defines (``probe_events``, ``probe_changes``, the repeat chains and the ``lunasol_*`` macros; see
 docs/patterns.md). A file is checked when it is loaded, before a run starts: header, one SELECT
 statement, and the query run against an empty IR, so a typo, an unknown column or a wrong
 result shape is one :class:`BadInput` line naming the file.

@@ -402,6 +402,8 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
         "events": sum(int(r.get("events") or 0) for r in cells) or sum(len(v) for v in timelines.values()),
         # secrets replaced in the IR's text (run.json records the count only when there were any)
         "redactions": int(((arts.run or {}).get("export") or {}).get("redactions") or 0),
+        # made with --no-redact: the IR's text (timelines, quotes) holds the logs' secrets as written
+        "unredacted": ((arts.run or {}).get("export") or {}).get("redacted") is False,
         "patterns": arts.patterns,
         "groups": arts.groups,
         "weaknesses": arts.weaknesses,

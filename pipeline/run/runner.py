@@ -186,6 +186,10 @@ def stage_inputs(name: str, ctx: RunContext, bdigest: str, upstream: tuple[str, 
             inputs["ir_schema"] = str(IR_SCHEMA_VERSION)
     else:
         inputs[f"upstream:{upstream[0]}"] = upstream[1]
+    if not ctx.options.redact and name in ("export", "luna"):
+        # --no-redact makes other rows (export) and other task summaries in Luna's prompts; absent
+        # when redacting, so a redacting run's inputs are what they always were
+        inputs["redaction"] = "off"
     if name == "probes":
         # a changed (added, removed) probe file of --probes reruns the probes and what follows
         for p in probes.user_probes(ctx.options.probes_dir):

@@ -8,10 +8,11 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts.run_info import run_command
+from pipeline.artifacts.run_info import made_unredacted, run_command
 from pipeline.core.canonical import read_json
 from pipeline.core.errors import BadInput
 from pipeline.gates.gate2 import selection_status
+from pipeline.ir.redact import NO_REDACT_NOTE
 from pipeline.models.batch import BatchEndpoint
 from pipeline.models.batching import read_batches
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
@@ -96,6 +97,7 @@ def status(run_dir: Path, *, poll: bool = False) -> dict[str, Any]:
         "batches": batch_rows(run_dir, poll=poll),
         "read_first": read_first(run_dir),
         "next_command": nxt,
+        **({"redaction": "off"} if made_unredacted(run_dir) else {}),  # absent: redacted
     }
 
 
@@ -223,6 +225,8 @@ def format_status(s: dict[str, Any]) -> str:
         lines.append(f"  proposals digest:          {h['proposals_digest']}")
     for gate, rel in sorted((h.get("receipts") or {}).items()):
         lines.append(f"  receipt {gate}: {rel}")
+    if s.get("redaction") == "off":
+        lines.append(f"  {NO_REDACT_NOTE}")
     sel = s.get("selection")
     if sel and sel.get("proposalSelection") in ("selected", "none", "redo"):
         chosen = f" {sel['proposal_id']}" if sel.get("proposal_id") else ""

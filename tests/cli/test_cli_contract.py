@@ -110,6 +110,7 @@ def _one_line_error(res: Any, code: int, phrase: str) -> None:
 
 
 SHORTLIST = "sha256:" + "0" * 64
+RUN = ["run", "{bundle}", "--runs-dir", "{tmp}/runs"]  # every run case: the demo bundle, a scratch runs dir
 BAD = [
     # (id, args, exit code, phrase)
     ("freeze-missing", ["bundle", "freeze", "{tmp}/nope"], 2, "bundle not found"),
@@ -120,55 +121,15 @@ BAD = [
     ("import-missing-src", ["bundle", "import", "auto", "{tmp}/nope", "{tmp}/b"], 2, "source not found"),
     ("export-empty-bundle", ["export", "{tmp}/empty", "--runs-dir", "{tmp}/runs"], 2, "analysis-request.json"),
     ("run-file", ["run", "{tmp}/afile.txt", "--runs-dir", "{tmp}/runs"], 2, "bundle not found"),
-    (
-        "run-replay-and-record",
-        ["run", "{bundle}", "--runs-dir", "{tmp}/runs", "--replay", "x", "--record", "y"],
-        2,
-        "exclude each other",
-    ),
-    (
-        "run-concurrency-0",
-        ["run", "{bundle}", "--runs-dir", "{tmp}/runs", "--concurrency", "0"],
-        2,
-        "invalid --concurrency",
-    ),
-    (
-        "run-budget-negative",
-        ["run", "{bundle}", "--runs-dir", "{tmp}/runs", "--budget-usd", "-1"],
-        2,
-        "invalid --budget-usd",
-    ),
-    (
-        "run-replay-missing",
-        ["run", "{bundle}", "--runs-dir", "{tmp}/runs", "--replay", "{tmp}/nope"],
-        2,
-        "replay store not found",
-    ),
-    (
-        "run-replay-empty-store",
-        ["run", "{bundle}", "--runs-dir", "{tmp}/runs", "--replay", "{tmp}/empty"],
-        2,
-        "holds no recording",
-    ),
-    ("run-no-model", ["run", "{bundle}", "--runs-dir", "{tmp}/runs"], 2, "no model given"),
-    (
-        "run-api-base-not-a-url",
-        ["run", "{bundle}", "--runs-dir", "{tmp}/runs", "--model", "m", "--api-base", "x"],
-        2,
-        "invalid --api-base",
-    ),
-    (
-        "run-record-into-a-file",
-        ["run", "{bundle}", "--runs-dir", "{tmp}/runs", "--model", "m", "--record", "{tmp}/afile.txt"],
-        2,
-        "record store",
-    ),
-    (
-        "run-replay-other-model",
-        ["run", "{bundle}", "--runs-dir", "{tmp}/runs", "--replay", "{recordings}", "--model", "openai/other"],
-        2,
-        "was recorded with",
-    ),
+    ("run-replay-and-record", [*RUN, "--replay", "x", "--record", "y"], 2, "exclude each other"),
+    ("run-concurrency-0", [*RUN, "--concurrency", "0"], 2, "invalid --concurrency"),
+    ("run-budget-negative", [*RUN, "--budget-usd", "-1"], 2, "invalid --budget-usd"),
+    ("run-replay-missing", [*RUN, "--replay", "{tmp}/nope"], 2, "replay store not found"),
+    ("run-replay-empty-store", [*RUN, "--replay", "{tmp}/empty"], 2, "holds no recording"),
+    ("run-no-model", RUN, 2, "no model given"),
+    ("run-api-base-not-a-url", [*RUN, "--model", "m", "--api-base", "x"], 2, "invalid --api-base"),
+    ("run-record-into-a-file", [*RUN, "--model", "m", "--record", "{tmp}/afile.txt"], 2, "record store"),
+    ("run-replay-other-model", [*RUN, "--replay", "{recordings}", "--model", "openai/other"], 2, "was recorded with"),
     (
         "run-runs-dir-is-a-file",
         ["run", "{bundle}", "--runs-dir", "{tmp}/afile.txt", "--replay", "{recordings}"],

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from pipeline.core.canonical import write_json
 from pipeline.core.context import RunOptions
 from pipeline.core.settings import ModelSettings
@@ -56,3 +58,14 @@ def test_resume_with_nothing_to_resume_starts_the_run(
     res = run(opts, log=logs.append)
     assert res.ran == ["export", "probes", "luna", "coordinator", "sol"]
     assert any("nothing to resume" in line and "starting the run" in line for line in logs)
+
+
+def test_artifacts_are_synced_to_disk_outside_the_tests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suite skips fsync (LUNASOL_TEST_NO_FSYNC, tests/conftest.py); a user's write always syncs."""
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", synced.append)
+    write_json(tmp_path / "a.json", {"a": 1})
+    assert synced == []  # the suite's switch
+    monkeypatch.delenv("LUNASOL_TEST_NO_FSYNC")
+    write_json(tmp_path / "b.json", {"b": 1})
+    assert len(synced) == 1 and (tmp_path / "b.json").is_file()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,8 @@ def _answer_holder(response: dict[str, Any]) -> tuple[dict[str, Any], str]:
     return message, "content"
 
 
-def edit_one_luna_answer(recordings: Path) -> str:
-    """Change the confidence of the first pattern of the first Luna answer that has one; return its cell."""
+def edit_first_luna_pattern(recordings: Path, edit: Callable[[dict[str, Any]], None]) -> str:
+    """Apply ``edit`` to the first pattern of the first recorded Luna answer that has one; return its cell."""
     for path in sorted(recordings.rglob("*.json")):
         rec = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(rec, dict) or rec.get("role") != "luna" or not rec.get("cell_id"):
@@ -51,12 +52,20 @@ def edit_one_luna_answer(recordings: Path) -> str:
         answer = json.loads(holder[key])
         if not answer.get("patterns"):
             continue
-        first = answer["patterns"][0]
-        first["confidence"] = {"high": "low", "medium": "high", "low": "medium"}[first["confidence"]]
+        edit(answer["patterns"][0])
         holder[key] = json.dumps(answer, ensure_ascii=False)
         path.write_text(json.dumps(rec, ensure_ascii=False, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         return str(rec["cell_id"]).split(".")[0]  # a split cell's part names its cell first
     pytest.fail("no Luna recording with a pattern in the demo recordings")
+
+
+def edit_one_luna_answer(recordings: Path) -> str:
+    """Change the confidence of the first pattern of the first Luna answer that has one; return its cell."""
+
+    def other_confidence(p: dict[str, Any]) -> None:
+        p["confidence"] = {"high": "low", "medium": "high", "low": "medium"}[p["confidence"]]
+
+    return edit_first_luna_pattern(recordings, other_confidence)
 
 
 @pytest.fixture(scope="module")
@@ -99,19 +108,7 @@ APPENDED = "and afterwards it opened both files a third time without writing any
 
 def append_to_one_observed(recordings: Path) -> str:
     """Append words to the ``observed`` text of the first pattern of the first Luna answer; return its cell."""
-    for path in sorted(recordings.rglob("*.json")):
-        rec = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(rec, dict) or rec.get("role") != "luna" or not rec.get("cell_id"):
-            continue
-        holder, key = _answer_holder(rec["response"])
-        answer = json.loads(holder[key])
-        if not answer.get("patterns"):
-            continue
-        answer["patterns"][0]["observed"] += " " + APPENDED
-        holder[key] = json.dumps(answer, ensure_ascii=False)
-        path.write_text(json.dumps(rec, ensure_ascii=False, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        return str(rec["cell_id"]).split(".")[0]
-    pytest.fail("no Luna recording with a pattern in the demo recordings")
+    return edit_first_luna_pattern(recordings, lambda p: p.update(observed=f"{p['observed']} {APPENDED}"))
 
 
 def test_appended_text_shows_as_words_in_the_diff(demo_runs: tuple[Path, Path, str], tmp_path: Path) -> None:

@@ -329,29 +329,22 @@ def _has_proposer_recordings() -> bool:
 
 @pytest.mark.skipif(not _has_proposer_recordings(), reason="demo recordings hold no proposer exchange")
 def test_demo_parent_through_both_gates_then_24_child_cells(
-    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Any
+    demo_copy: Path, tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Any
 ) -> None:
     """The demo (replayed) selects P-02; a child of 8 families x 3 runs cannot support it: underpowered."""
     import importlib.util
-    import shutil
 
-    from pipeline.core.settings import ModelSettings
     from pipeline.gates.gate2 import select
     from pipeline.proposals.proposer import propose, run_model_settings
-    from pipeline.run import runner
     from pipeline.state import handoff as hf
-    from tests.conftest import DEMO_BUNDLE, DEMO_RECORDINGS, ROOT
+    from tests.conftest import DEMO_BUNDLE, ROOT
 
     spec = importlib.util.spec_from_file_location("proposer_demo", ROOT / "fixtures" / "proposer_demo.py")
     assert spec and spec.loader
     demo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(demo)
-    store = tmp_path / "store"
-    shutil.copytree(DEMO_RECORDINGS, store)
-    runs = tmp_path / "runs"
-    replay = ModelSettings(mode="replay", store=store)
-    res = runner.run(runner.RunOptions(bundle=DEMO_BUNDLE, runs_dir=runs, models=replay))
-    parent = res.ctx.run_dir
+    parent = demo_copy  # the session's demo replay at gate 1, copied (its recordings are only read)
+    runs = parent.parent
     demo.confirm_demo(parent)
     propose(parent, run_model_settings(parent), log=lambda _m: None)
     select(parent, choice="proposal", proposal_id="P-02", by="tester", expected_digest=hf.load(parent).proposals_digest)

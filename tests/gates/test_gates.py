@@ -233,26 +233,17 @@ def test_crash_between_receipt_and_handoff_is_finished_by_replay(
 runner = CliRunner()
 
 
+def _confirm(run_dir: Path, digest: str | None, *decisions: str, extra: tuple[str, ...] = ()) -> Any:
+    """``lunasol confirm RUN --decision D ... --by ana --digest DIGEST [extra]``."""
+    args = ["confirm", str(run_dir)]
+    for d in decisions:
+        args += ["--decision", d]
+    return runner.invoke(app, [*args, "--by", "ana", "--digest", str(digest), *extra])
+
+
 def test_cli_confirm_and_status(run_dir: Path) -> None:
     digest = handoff.load(run_dir).shortlist_digest
-    res = runner.invoke(
-        app,
-        [
-            "confirm",
-            str(run_dir),
-            "--decision",
-            "W-01=confirm",
-            "--decision",
-            "W-02=amend",
-            "--note",
-            "W-02=only review",
-            "--by",
-            "ana",
-            "--digest",
-            str(digest),
-            "--json",
-        ],
-    )
+    res = _confirm(run_dir, digest, "W-01=confirm", "W-02=amend", extra=("--note", "W-02=only review", "--json"))
     assert res.exit_code == 0, res.output
     assert '"userRootCauseConfirmation": "confirmed"' in res.output
     st = runner.invoke(app, ["status", str(run_dir)])
@@ -262,21 +253,7 @@ def test_cli_confirm_and_status(run_dir: Path) -> None:
 
 
 def test_cli_stale_digest_exits_4(run_dir: Path) -> None:
-    res = runner.invoke(
-        app,
-        [
-            "confirm",
-            str(run_dir),
-            "--decision",
-            "W-01=confirm",
-            "--decision",
-            "W-02=confirm",
-            "--by",
-            "ana",
-            "--digest",
-            "sha256:" + "0" * 64,
-        ],
-    )
+    res = _confirm(run_dir, "sha256:" + "0" * 64, "W-01=confirm", "W-02=confirm")
     assert res.exit_code == 4
     assert "needs_rebase" in res.output
 

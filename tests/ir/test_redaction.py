@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from pipeline.bundle.synth import tree_snapshot
 from pipeline.cli.app import app
 from pipeline.core.canonical import read_json
 from pipeline.core.context import RunOptions
+from pipeline.core.settings import ModelSettings
 from pipeline.ir.redact import KINDS, redact, redact_column
 from pipeline.run.runner import run
 from pipeline.testing.openai_server import FakeOpenAI
@@ -72,33 +74,47 @@ def _leaks(text: str) -> list[str]:
     return [s for s in SECRETS if s in text]
 
 
-@pytest.fixture
-def planted_run(tmp_path: Path, runs_dir: Path, fake_llm: FakeOpenAI, model_settings: Any) -> dict[str, Any]:
-    fake_llm.handler = ledger_handler
-    bundle = make_bundle(tmp_path)
+@pytest.fixture(scope="module")
+def planted_run(tmp_path_factory: pytest.TempPathFactory, _fake_llm_server: FakeOpenAI) -> Iterator[dict[str, Any]]:
+    """One recorded run of the planted bundle, read by the tests below (none of them changes it)."""
+    root = tmp_path_factory.mktemp("planted")
+    runs_dir = root / "runs"
+    server = _fake_llm_server
+    server.reset()
+    server.handler = ledger_handler
+    bundle = make_bundle(root)
     _plant(bundle)
-    store = tmp_path / "store"
-    opts = RunOptions(bundle=bundle, run_id="r1", runs_dir=runs_dir, models=model_settings(mode="record", store=store))
+    store = root / "store"
+    settings = ModelSettings(
+        model="openai/test-model",
+        api_base=server.base_url,
+        timeout_s=5.0,
+        max_reasks=2,
+        instructor_mode="tools",
+        mode="record",
+        store=store,
+    )
     log: list[str] = []
     before = tree_snapshot(bundle)
-    run(opts, log=log.append)
-    return {
+    run(RunOptions(bundle=bundle, run_id="r1", runs_dir=runs_dir, models=settings), log=log.append)
+    yield {
         "bundle": bundle,
         "run_dir": runs_dir / "r1",
         "store": store,
         "log": log,
-        "fake": fake_llm,
+        "requests": list(server.requests),  # the server is the session's: later tests reset it
         "before": before,
     }
+    server.reset()
 
 
 def test_no_planted_secret_reaches_prompts_recordings_report_or_ir(planted_run: dict[str, Any]) -> None:
-    d, fake = planted_run["run_dir"], planted_run["fake"]
-    assert fake.requests, "the run sent prompts"
-    for request in fake.requests:
+    d, requests = planted_run["run_dir"], planted_run["requests"]
+    assert requests, "the run sent prompts"
+    for request in requests:
         assert _leaks(json.dumps(request, ensure_ascii=False)) == []
-    assert _leaks(json.dumps(fake.requests)) == []  # the JSON-escaped form too
-    prompts = "\n".join(json.dumps(r) for r in fake.requests)
+    assert _leaks(json.dumps(requests)) == []  # the JSON-escaped form too
+    prompts = "\n".join(json.dumps(r) for r in requests)
     assert "[REDACTED:openai-key]" in prompts  # the cell was shown to Luna, with the marker in place
 
     recordings = [p for p in planted_run["store"].rglob("*") if p.is_file()]
@@ -261,3 +277,111 @@ def test_a_reexport_never_copies_rows_made_under_other_redaction_rules(tmp_path:
     con.close()
     third = export(bundle, run_dir)
     assert third.reused == [] and third.redactions == first.redactions  # every cell read (and redacted) again
+
+
+# -- --no-redact: off only when asked, said loudly, recorded, and never mixed with redacted rows ---------
+
+
+def _ir_texts(run_dir: Path) -> str:
+    con = duckdb.connect(str(run_dir / "ir.duckdb"), read_only=True)
+    try:
+        rows = con.execute("SELECT coalesce(text, '') || ' ' || coalesce(target, '') FROM events").fetchall()
+        return "\n".join(r[0] for r in rows)
+    finally:
+        con.close()
+
+
+def _meta(run_dir: Path, key: str) -> str:
+    con = duckdb.connect(str(run_dir / "ir.duckdb"), read_only=True)
+    try:
+        return str(con.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchall()[0][0])
+    finally:
+        con.close()
+
+
+def test_no_redact_keeps_secrets_and_redacted_and_unredacted_rows_never_mix(tmp_path: Path) -> None:
+    from pipeline.ir.cache import rows_made_with
+    from pipeline.ir.export import export
+
+    bundle = make_bundle(tmp_path)
+    _plant(bundle)
+    run_dir = tmp_path / "run"
+    cells = len(export(bundle, run_dir).events_per_cell)
+    assert _leaks(_ir_texts(run_dir)) == [] and "redacted" not in read_json(run_dir / "run.json")["export"]
+
+    off = export(bundle, run_dir, redact=False)  # same bytes, other rules: every cell read again, none copied
+    assert off.reused == [] and off.redactions == 0 and not off.redacted
+    assert "SECRET REDACTION OFF (--no-redact)" in off.summary()
+    assert OPENAI in _ir_texts(run_dir) and BEARER in _ir_texts(run_dir)
+    assert read_json(run_dir / "run.json")["export"]["redacted"] is False
+    assert _meta(run_dir, "rows_made_with") == rows_made_with(redact=False) != rows_made_with()
+
+    again = export(bundle, run_dir, redact=False)  # unredacted rows are reused by an unredacted export
+    assert len(again.reused) == cells and OPENAI in _ir_texts(run_dir)
+
+    back = export(bundle, run_dir)  # and never by a redacting one
+    assert back.reused == [] and back.redactions == 10 and _leaks(_ir_texts(run_dir)) == []
+    assert "redacted" not in read_json(run_dir / "run.json")["export"]
+    assert _meta(run_dir, "rows_made_with") == rows_made_with()
+
+
+def test_run_no_redact_warns_records_and_shows_it_and_a_plain_rerun_redacts_again(
+    tmp_path: Path, runs_dir: Path, fake_llm: FakeOpenAI, model_settings: Any
+) -> None:
+    from pipeline.artifacts.run_info import run_command
+    from pipeline.diff import diff_run_dirs
+
+    fake_llm.handler = ledger_handler
+    bundle = make_bundle(tmp_path)
+    _plant(bundle)
+    s = model_settings()
+    args = ["run", str(bundle), "--runs-dir", str(runs_dir), "--model", s.model, "--api-base", s.api_base,
+            "--mode", "tools"]  # fmt: skip
+    res = runner.invoke(app, [*args, "--run-id", "plain"])
+    assert res.exit_code == 0, res.output
+    assert "--no-redact" not in res.stderr
+    fake_llm.reset()
+    fake_llm.handler = ledger_handler
+    res = runner.invoke(app, [*args, "--run-id", "raw", "--no-redact"])
+    assert res.exit_code == 0, res.output
+    assert "WARNING: --no-redact: secret redaction is OFF" in res.stderr  # before any work, on stderr
+    assert "SECRET REDACTION OFF" in res.stdout  # the export's own line
+    raw = runs_dir / "raw"
+    assert read_json(raw / "run.json")["export"]["redacted"] is False
+    assert any(OPENAI in json.dumps(r) for r in fake_llm.requests)  # the user asked: the prompts hold it
+    assert run_command(raw).endswith("--no-redact --resume")  # continuing keeps it off
+    st = runner.invoke(app, ["status", str(raw)])
+    assert "SECRET REDACTION OFF" in st.stdout
+    assert json.loads(runner.invoke(app, ["status", str(raw), "--json"]).stdout)["redaction"] == "off"
+    assert runner.invoke(app, ["report", str(raw)]).exit_code == 0
+    assert 'id="unredacted"' in (raw / "report.html").read_text(encoding="utf-8")
+    # a diff against the redacted run names it among the inputs
+    assert "export.redacted" in [c.path for c in diff_run_dirs(runs_dir / "plain", raw).inputs]
+    # a rerun without the flag re-exports redacted (the export's inputs changed): no secret left in the IR
+    res = runner.invoke(app, [*args, "--run-id", "raw"])
+    assert res.exit_code == 0, res.output
+    assert "[export] reused" not in res.stdout and _leaks(_ir_texts(raw)) == []
+    assert "redacted" not in read_json(raw / "run.json")["export"]
+    assert "redaction" not in json.loads(runner.invoke(app, ["status", str(raw), "--json"]).stdout)
+
+
+@pytest.mark.parametrize("redacting", [True, False])
+def test_a_worker_task_redacts_as_the_export_asks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redacting: bool
+) -> None:
+    """The worker side of a parallel export gets the switch (through the pool's initargs) and honours it."""
+    from pipeline.bundle.manifest import read_manifest
+    from pipeline.bundle.request import load_request
+    from pipeline.ir import pool
+    from pipeline.ir.rows import record_reader
+
+    bundle = make_bundle(tmp_path)
+    _plant(bundle)
+    cells = [c for c in load_request(bundle).eligible_cells if c.cell_id == "C001"]
+    worker = {"bundle": bundle, "manifest": read_manifest(bundle), "read": record_reader("native"), "redact": redacting}
+    monkeypatch.setattr(pool, "_WORKER", worker)
+    status, batch, _counts, _segments, redactions = pool._run_task(cells)
+    assert status == "ok" and batch is not None
+    texts = "\n".join(t for t in batch.column("text").to_pylist() if t)
+    assert (OPENAI in texts) is not redacting
+    assert redactions == [("C001", 10 if redacting else 0)]
