@@ -52,10 +52,16 @@ def _followup_judge(doc: Doc) -> Doc:
     return out
 
 
+def _shortlist_reused(doc: Doc) -> Doc:
+    # v3 adds ``reused`` to each of the plan's calls (a map answer taken again); a v2 call was always made.
+    return dict(doc)
+
+
 # Artifact-specific steps, in number order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "weakness-shortlist", 1, 2, _shortlist_plan, "v2 adds plan (Sol's calls and the cells each saw)"),
     Migration(2, "followup", 1, 2, _followup_judge, "v2 adds the judged part (judge, conflicts, decided_by)"),
+    Migration(3, "weakness-shortlist", 2, 3, _shortlist_reused, "v3 adds reused to plan calls (map answers)"),
 )
 
 

@@ -152,6 +152,9 @@ def test_v0_shortlist_keeps_the_digest_it_was_sealed_with(tmp_path: Path) -> Non
     assert v0.weaknesses == v1.weaknesses and v1.plan is None  # v1 had no plan; upgraded, it has none
     v2 = read_shortlist(SAMPLES / "weakness-shortlist.v2.json")
     assert v2.weaknesses == v1.weaknesses and v2.plan is not None and v2.plan.mode == "single"
+    assert not any(c.reused for c in v2.plan.calls)  # v2 had no reused: every call was made
+    v3 = read_shortlist(SAMPLES / "weakness-shortlist.v3.json")
+    assert v3.weaknesses == v2.weaknesses and v3.plan is not None and v3.plan.calls[0].reused is False
     # a v0 file edited by hand is still caught
     edited = read_json(SAMPLES / "weakness-shortlist.v0.json")
     edited["run_id"] = "someone-else"
