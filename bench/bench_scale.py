@@ -127,7 +127,18 @@ def start_server(model: ScriptedModel) -> Any:
 
 def lunasol_run(bundle: Path, runs_dir: Path, server: Any, model: ScriptedModel, context: bool) -> dict[str, Any]:
     """One ``lunasol run`` in a child process; its figures, the calls it made and its peak tree RSS."""
-    args = [str(bundle), "--runs-dir", str(runs_dir), "--run-id", "r", "--model", "openai/bench-model"]
+    # tools mode: the scripted model answers with tool calls (litellm knows no "bench-model" and would pick json)
+    args = [
+        str(bundle),
+        "--runs-dir",
+        str(runs_dir),
+        "--run-id",
+        "r",
+        "--model",
+        "openai/bench-model",
+        "--mode",
+        "tools",
+    ]
     args += ["--api-base", server.base_url]
     if context:
         args += ["--context-tokens", str(CONTEXT_TOKENS)]

@@ -124,7 +124,10 @@ def single_size(n: int, context: int, work: Path) -> int:
     run_dir = work / "runs" / f"r{n}"
     batch = load_batch(run_dir, run_dir / "ir.duckdb")
     return plan_sol(
-        batch, ModelSettings(model="openai/fixture-model", context_tokens=context), single_context(batch)
+        batch,
+        ModelSettings(model="openai/fixture-model", context_tokens=context),
+        single_context(batch),
+        count_whole=True,
     ).single_tokens
 
 
