@@ -78,7 +78,7 @@ def handler(origin: dict[str, str]) -> Any:
             text = (
                 path.read_text(encoding="utf-8")
                 if path.is_file()
-                else '{"patterns": [], "rejected_candidates": [], "none_reason": "none"}'
+                else '{"patterns": [], "rejected_candidates": [], "none_reason": "no step repeats on unchanged state"}'
             )
             data = json.loads(text.replace(f"{orig}-", f"{cell}-"))
         return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))

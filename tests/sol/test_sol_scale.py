@@ -232,7 +232,11 @@ def test_a_context_error_is_not_retried_and_names_the_budget_flag(
 
     def answer(request: dict[str, Any]) -> Reply:
         sol = request["tools"][0]["function"]["name"] == "SolAnswer"
-        data = {"weaknesses": []} if sol else {"patterns": [], "rejected_candidates": [], "none_reason": "none"}
+        data = (
+            {"weaknesses": []}
+            if sol
+            else {"patterns": [], "rejected_candidates": [], "none_reason": "no step repeats on unchanged state"}
+        )
         return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
 
     fake_llm.handler = answer
