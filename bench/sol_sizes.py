@@ -78,7 +78,7 @@ def handler(origin: dict[str, str]) -> Any:
             text = (
                 path.read_text(encoding="utf-8")
                 if path.is_file()
-                else '{"patterns": [], "rejected_candidates": [], "none_reason": "none"}'
+                else '{"patterns": [], "rejected_candidates": [], "none_reason": "no step repeats on unchanged state"}'
             )
             data = json.loads(text.replace(f"{orig}-", f"{cell}-"))
         return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
@@ -124,7 +124,10 @@ def single_size(n: int, context: int, work: Path) -> int:
     run_dir = work / "runs" / f"r{n}"
     batch = load_batch(run_dir, run_dir / "ir.duckdb")
     return plan_sol(
-        batch, ModelSettings(model="openai/fixture-model", context_tokens=context), single_context(batch)
+        batch,
+        ModelSettings(model="openai/fixture-model", context_tokens=context),
+        single_context(batch),
+        count_whole=True,
     ).single_tokens
 
 

@@ -36,9 +36,32 @@ def _shortlist_plan(doc: Doc) -> Doc:
     return dict(doc)
 
 
+def _followup_judge(doc: Doc) -> Doc:
+    # v2 adds the judged part: ``judge`` and ``conflicts`` at the top, ``decided_by`` / ``judge`` per
+    # condition. A v1 file was made by counts alone: its settled conditions were decided by the count,
+    # the rest were left to a human, and no judge was asked.
+    out = dict(doc)
+    out.setdefault("judge", None)
+    out.setdefault("conflicts", [])
+    conditions = []
+    for c in doc.get("conditions") or []:
+        if isinstance(c, dict):
+            c = {"decided_by": "human" if c.get("status") == "undetermined" else "count", "judge": None, **c}
+        conditions.append(c)
+    out["conditions"] = conditions
+    return out
+
+
+def _shortlist_reused(doc: Doc) -> Doc:
+    # v3 adds ``reused`` to each of the plan's calls (a map answer taken again); a v2 call was always made.
+    return dict(doc)
+
+
 # Artifact-specific steps, in number order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "weakness-shortlist", 1, 2, _shortlist_plan, "v2 adds plan (Sol's calls and the cells each saw)"),
+    Migration(2, "followup", 1, 2, _followup_judge, "v2 adds the judged part (judge, conflicts, decided_by)"),
+    Migration(3, "weakness-shortlist", 2, 3, _shortlist_reused, "v3 adds reused to plan calls (map answers)"),
 )
 
 

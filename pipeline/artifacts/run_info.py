@@ -16,8 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.canonical import read_json
+from pipeline.core.settings import ModelSettings
 
 RUN_SCHEMA_VERSION = VERSIONS["run"]
+DEFAULT_CONCURRENCY = ModelSettings.model_fields["concurrency"].default
 
 
 class ExportSummary(BaseModel):
@@ -52,6 +54,7 @@ class ModelInputs(BaseModel):
     max_tokens: int | None = Field(default=None, description="answer bound for every role (None: per-role default)")
     context_tokens: int | None = Field(default=None, description="--context-tokens / LUNASOL_CONTEXT_TOKENS")
     batch: bool | None = Field(default=None, description="--batch / LUNASOL_BATCH (absent when off)")
+    timeout_s: float | None = Field(default=None, description="--timeout / LUNASOL_TIMEOUT_S (absent when the default)")
 
 
 class RunInputs(BaseModel):
@@ -123,6 +126,16 @@ def run_command(run_dir: Path, *, resume: bool = True) -> str:
         parts += ["--probes", str(inputs["probes_dir"])]
     if models.get("context_tokens"):
         parts += ["--context-tokens", str(models["context_tokens"])]
+    # The settings a local server needs and the replay key holds: a resume without them would send
+    # other requests (mode, max_tokens: new keys, answers paid again) or time out (a CPU server).
+    if models.get("instructor_mode") and models.get("mode") != "replay":  # replay: the store's mode
+        parts += ["--mode", str(models["instructor_mode"])]
+    if models.get("max_tokens") is not None:
+        parts += ["--max-tokens", str(models["max_tokens"])]
+    if models.get("timeout_s"):
+        parts += ["--timeout", f"{float(models['timeout_s']):g}"]
+    if models.get("concurrency") and models["concurrency"] != DEFAULT_CONCURRENCY:
+        parts += ["--concurrency", str(models["concurrency"])]
     if models.get("batch"):
         parts.append("--batch")
     if made_unredacted(run_dir):

@@ -14,7 +14,7 @@ VERSIONS: dict[str, int] = {
     "patterns": 1,
     "cell-result": 1,
     "pattern-groups": 1,
-    "weakness-shortlist": 2,
+    "weakness-shortlist": 3,
     "proposals": 1,
     "validation": 1,
     "gate-receipt": 1,
@@ -22,7 +22,7 @@ VERSIONS: dict[str, int] = {
     "ledger": 1,
     "calls": 1,
     "block-receipt": 1,
-    "followup": 1,
+    "followup": 2,
     "recording": 1,
     "ir": 1,
 }

@@ -16,7 +16,7 @@ from pipeline.core.errors import BadInput
 Mode = Literal["live", "record", "replay"]
 InstructorMode = Literal["tools", "json_schema", "json", "md_json"]
 
-ROLE_MAX_TOKENS: dict[str, int] = {"luna": 4096, "sol": 8192, "proposer": 4096}
+ROLE_MAX_TOKENS: dict[str, int] = {"luna": 4096, "sol": 8192, "proposer": 4096, "judge": 4096}
 """Default ``max_tokens`` per role: a bound a CPU server can finish (never unbounded); ``--max-tokens`` overrides."""
 DEFAULT_MAX_TOKENS = 2048  # any other role (tests, new roles)
 FLAGS = {"timeout_s": "--timeout", "instructor_mode": "--mode"}  # fields whose flag is not --<field>

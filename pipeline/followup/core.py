@@ -19,20 +19,24 @@ atomic, canonical JSON, sealed by its own digest).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.artifacts.schemas import load_artifact
 from pipeline.core.canonical import atomic_write_text, pretty_json
 from pipeline.core.errors import BadInput
+from pipeline.core.settings import ModelSettings
 from pipeline.followup.conditions import evaluate_conditions, metric_results, predicted_direction
 from pipeline.followup.inputs import RunSide, check_lineage, load_selection, load_side
+from pipeline.followup.judge import judge, merge, not_asked
 from pipeline.followup.model import (
     FOLLOWUP_FILE,
     ChildBinding,
     ConditionResult,
     Families,
     Followup,
+    JudgeView,
     MetricResult,
     ParentBinding,
     ProposalRef,
@@ -41,6 +45,7 @@ from pipeline.followup.model import (
     VerdictBlock,
 )
 from pipeline.followup.prevalence import families, targeted_change
+from pipeline.proposals.proposer import run_model_settings
 
 METHOD = {
     "prevalence": "cells with any of the source weakness's pattern groups / eligible cells Luna analysed, "
@@ -53,6 +58,9 @@ METHOD = {
     "power": "minimum detectable difference: the smallest change in the predicted direction the pooled z-test "
     "finds with 80% power at alpha 0.05 for these sample sizes (normal approximation); none when even the "
     "largest possible change stays below 80%",
+    "judge": "one call of the judge role on the child's pattern groups and controller lines; every cited ref must "
+    "resolve in the child's IR (unresolved refs are re-asked, then the answer is undetermined); a determinate "
+    "count overrides the judge on the same condition and the disagreement is recorded in conflicts",
 }
 
 
@@ -69,7 +77,11 @@ def _pct(x: float | None) -> str:
 
 
 def decide(
-    targeted: TargetedChange, metrics: list[MetricResult], conditions: list[ConditionResult], fams: Families
+    targeted: TargetedChange,
+    metrics: list[MetricResult],
+    conditions: list[ConditionResult],
+    fams: Families,
+    behaviour: JudgeView | None = None,
 ) -> VerdictBlock:
     """The verdict and its one-sentence reason, from the computed parts (see the module docstring)."""
     t = targeted.overall
@@ -111,6 +123,12 @@ def decide(
                 f"the targeted pattern changed as predicted but {', '.join(missing)}, which the card predicted to "
                 f"improve, did not improve significantly ({figures}).",
             )
+        if behaviour is not None and behaviour.status == "not_observed":
+            return block(
+                "inconclusive",
+                f"the targeted pattern changed as predicted but the judge found the predicted behavioural change "
+                f"not shown ({figures}).",
+            )
         tail = f"; {len(pending)} rejection condition(s) await a human" if pending else ""
         return block("supported", f"the targeted pattern changed significantly as predicted {scope} ({figures}){tail}.")
     # The predicted end point as a difference: the pattern gone (rate 0) or everywhere (rate 1).
@@ -131,8 +149,22 @@ def decide(
     return block("inconclusive", f"the targeted pattern did not change significantly {scope} ({figures}).")
 
 
-def followup(parent_dir: Path, proposal_id: str, child_dir: Path, out: Path | None = None) -> FollowupResult:
-    """Judge ``proposal_id`` (selected at the parent's gate 2) on ``child_dir``; write and return followup.json."""
+def followup(
+    parent_dir: Path,
+    proposal_id: str,
+    child_dir: Path,
+    out: Path | None = None,
+    *,
+    settings: ModelSettings | None = None,
+    ask_judge: bool = True,
+    log: Callable[[str], None] = lambda _m: None,
+) -> FollowupResult:
+    """Judge ``proposal_id`` (selected at the parent's gate 2) on ``child_dir``; write and return followup.json.
+
+    The judged part asks the ``judge`` role with ``settings`` (default: the child run's own model
+    settings, so a replayed child replays its judge too); ``ask_judge=False`` leaves the conditions
+    no count settles to a human.
+    """
     selection = load_selection(parent_dir, proposal_id)
     parent = load_side(parent_dir, "parent")
     child = load_side(child_dir, "child")
@@ -146,7 +178,13 @@ def followup(parent_dir: Path, proposal_id: str, child_dir: Path, out: Path | No
     targeted, matched = targeted_change(parent, child, list(weakness.support.pattern_groups), fams, predicted)
     covered = set(fams.covered)
     metrics = metric_results(parent, child, covered, card.expected_effect.expected_metrics.model_dump())
-    conditions = evaluate_conditions(list(card.rejection_conditions), child, matched, metrics, covered)
+    counted = evaluate_conditions(list(card.rejection_conditions), child, matched, metrics, covered)
+    if ask_judge:
+        command = f"lunasol followup {parent_dir} --proposal {proposal_id} --child {child_dir}"
+        judged = judge(child, card, matched, covered, settings or run_model_settings(child_dir), command, log)
+    else:
+        judged = not_asked("not asked (--no-judge): the conditions no count settles are left to a human")
+    conditions, conflicts = merge(counted, judged)
     doc = Followup(
         parent=_parent_binding(parent, selection.proposals_digest, selection.receipt_path, selection.receipt_digest),
         child=_child_binding(child),
@@ -161,7 +199,9 @@ def followup(parent_dir: Path, proposal_id: str, child_dir: Path, out: Path | No
         targeted=targeted,
         metrics=metrics,
         conditions=conditions,
-        verdict=decide(targeted, metrics, conditions, fams),
+        judge=judged.block,
+        conflicts=conflicts,
+        verdict=decide(targeted, metrics, conditions, fams, judged.block.behavioral_change),
         method=METHOD,
     ).sealed()
     path = out or child_dir / FOLLOWUP_FILE

@@ -77,14 +77,14 @@ def _bundle_of(run_dir: Path, run: Row, what: str) -> tuple[AnalysisRequest, str
     return load_request(bundle), recorded
 
 
-def _ir_rows(run_dir: Path, sql: str) -> list[tuple[Any, ...]]:
-
+def ir_rows(run_dir: Path, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+    """Rows of a read-only query on the run's IR."""
     path = run_dir / "ir.duckdb"
     if not path.is_file():
         raise BadInput(f"{run_dir} has no ir.duckdb: export the run first")
     con = duck.connect(path, read_only=True)
     try:
-        return con.execute(sql).fetchall()
+        return con.execute(sql, params or []).fetchall()
     finally:
         con.close()
 
@@ -115,7 +115,7 @@ def load_side(run_dir: Path, what: str) -> RunSide:
     )
     skip = set(not_analysed)
     harnesses: set[str] = set()
-    for cell_id, task_id, harness in _ir_rows(
+    for cell_id, task_id, harness in ir_rows(
         run_dir, "SELECT cell_id, task_id, harness FROM cells WHERE eligibility = 'valid_behavior' ORDER BY cell_id"
     ):
         if harness:
@@ -124,7 +124,7 @@ def load_side(run_dir: Path, what: str) -> RunSide:
             side.cells[str(cell_id)] = str(task_id)
     side.harnesses = sorted(harnesses)
     cols = ("label", "quality", "completion", "cost", "stability")
-    for row in _ir_rows(run_dir, f"SELECT cell_id, {', '.join(cols)} FROM outcomes ORDER BY cell_id"):
+    for row in ir_rows(run_dir, f"SELECT cell_id, {', '.join(cols)} FROM outcomes ORDER BY cell_id"):
         if row[0] in side.cells:
             side.outcomes[str(row[0])] = dict(zip(cols, row[1:], strict=True))
     return side

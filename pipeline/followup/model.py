@@ -111,16 +111,58 @@ class MetricResult(_Strict):
     outcome: Literal["improved", "worsened", "no significant change", "no data"]
 
 
+class JudgeView(_Strict):
+    """What the judge model answered for one condition (or the behavioural change), after the ref checks."""
+
+    status: str = Field(description="triggered / not_triggered / undetermined (behaviour: observed / not_observed)")
+    reason: str
+    cells: list[str] = Field(default_factory=list, description="child cells its cited refs belong to")
+    refs: list[str] = Field(default_factory=list, description="its cited refs, as child source refs PATH#Lx-Ly")
+    problems: list[str] = Field(
+        default_factory=list, description="why an answer was set to undetermined (refs that did not resolve)"
+    )
+
+
 class ConditionResult(_Strict):
-    """One rejection condition of the card, checked where a deterministic count speaks to it."""
+    """One rejection condition: settled by a count where one speaks to it, else by the judge, else by a human."""
 
     index: int
     condition: str
-    check: str | None = Field(description="the deterministic check that evaluated it; None: left to a human")
+    check: str | None = Field(description="the deterministic check that evaluated it; None: no count speaks to it")
     status: ConditionStatus
     reason: str
     cells: list[str] = Field(default_factory=list, description="child cells the status rests on")
     refs: list[str] = Field(default_factory=list, description="child refs (PATH#Lstart-Lend) that show it")
+    decided_by: Literal["count", "judge", "human"] = Field(
+        default="count", description="count: a deterministic count; judge: the judge model; human: nobody yet"
+    )
+    judge: JudgeView | None = Field(default=None, description="the judge's answer, when it was asked")
+
+
+class Conflict(_Strict):
+    """A condition where the count and the judge both gave a determinate answer and disagree: the count wins."""
+
+    index: int
+    count_status: ConditionStatus
+    judge_status: ConditionStatus
+    count_reason: str
+    judge_reason: str
+    resolution: str = "the determinate count overrides the judge (seed 002's cascade)"
+
+
+class JudgeBlock(_Strict):
+    """The judged part: one call of the ``judge`` role on the child's evidence."""
+
+    asked: bool
+    note: str = Field(description="what was asked, or why the judge was not asked")
+    ok: bool | None = None
+    attempts: int = 0
+    errors: list[str] = Field(default_factory=list)
+    key: str | None = Field(default=None, description="replay key of the final exchange")
+    model: str | None = None
+    template_hash: str | None = None
+    evidence_cells: list[str] = Field(default_factory=list, description="child cells whose controller lines it read")
+    behavioral_change: JudgeView | None = None
 
 
 class VerdictBlock(_Strict):
@@ -144,6 +186,8 @@ class Followup(_Strict):
     targeted: TargetedChange
     metrics: list[MetricResult]
     conditions: list[ConditionResult]
+    judge: JudgeBlock | None = Field(default=None, description="the judged part (None: a v1 file, before it)")
+    conflicts: list[Conflict] = Field(default_factory=list, description="count vs judge disagreements")
     verdict: VerdictBlock
     method: dict[str, str] = Field(description="how each figure was computed, in words")
     digest: str = Field(default="", description="sha256 of the canonical JSON of every other field")

@@ -55,10 +55,29 @@ def render_text(doc: Followup) -> str:
             fig = "no data"
         need = "required" if m.required else "reported"
         lines.append(f"  {m.metric:<11} {m.outcome:<22} {fig}  [{need}; card predicts {m.predicted or 'no direction'}]")
-    lines += ["", "rejection conditions:"]
+    j = doc.judge
+    lines += [""]
+    if j is None:
+        lines.append("judge: not part of this file (written before the judged part existed)")
+    elif not j.asked:
+        lines.append(f"judge: {j.note}")
+    else:
+        state = "ok" if j.ok else f"answer not accepted after {j.attempts} attempt(s): {'; '.join(j.errors)}"
+        lines.append(f"judge ({j.model or 'model'}): {state}; {j.note}")
+        b = j.behavioral_change
+        if b is not None:
+            lines.append(f"  behavioural change: [{b.status}] {b.reason}")
+            lines += [f"     {problem}" for problem in b.problems]
+            lines += [f"     {ref}" for ref in b.refs]
+    lines += ["", "rejection conditions (decided by a count, else by the judge, else left to a human):"]
     for c in doc.conditions:
-        how = c.check or "for a human"
+        how = {"count": f"count: {c.check}", "judge": "judge", "human": "for a human"}[c.decided_by]
         lines.append(f"  {c.index}. [{c.status}] ({how}) {c.condition}")
         lines.append(f"     {c.reason}")
         lines += [f"     {ref}" for ref in c.refs]
+        if c.judge is not None and c.decided_by != "judge":
+            lines.append(f"     judge said [{c.judge.status}]: {c.judge.reason}")
+            lines += [f"       {problem}" for problem in c.judge.problems]
+    for k in doc.conflicts:
+        lines.append(f"conflict on condition {k.index}: count {k.count_status}, judge {k.judge_status}; {k.resolution}")
     return "\n".join(lines) + "\n"

@@ -103,6 +103,53 @@ def copy_cells(writer: IRWriter, path: Path, cell_ids: list[str], redactions: di
     return {str(r[0]): int(r[1]) for r in rows}
 
 
+def keep_cells(writer: IRWriter, cell_ids: list[str], redactions: dict[str, int]) -> dict[str, int]:
+    """In a copy of the previous IR (:class:`IRWriter` ``start_from``): keep only ``cell_ids``' rows.
+
+    The copy keeps the events, segments and digests of ``cell_ids`` and nothing else of any other
+    cell; the per-run tables (meta, cells, outcomes, coverage) are emptied for export to fill,
+    and a later stage's table that is not a per-cell cache is dropped (it starts afresh, as in a
+    full export). Returns the kept cells' event counts; ``redactions`` gets their redaction counts.
+    Equivalent to :func:`copy_cells` into an empty IR, without writing the unchanged rows again.
+    """
+    import pyarrow as pa
+
+    writer.register("_lunasol_keep", pa.table({"cell_id": pa.array(cell_ids, pa.string())}))
+    try:
+        rows = writer.fetch(
+            "SELECT p.cell_id, p.events, p.redactions FROM coverage p "
+            "SEMI JOIN _lunasol_keep r ON p.cell_id = r.cell_id"
+        )
+        for table in ("events", "segments", "cell_digests"):
+            writer.execute(f"DELETE FROM {table} WHERE cell_id NOT IN (SELECT cell_id FROM _lunasol_keep)")
+    finally:
+        writer.unregister("_lunasol_keep")
+    for table in ("meta", "cells", "outcomes", "coverage"):
+        writer.execute(f"DELETE FROM {table}")
+    caches = {str(r[0]) for r in writer.fetch(_CACHE_TABLES, [_catalog(writer)])}
+    tables = writer.fetch("SELECT table_name, table_type FROM information_schema.tables WHERE table_schema = 'main'")
+    for name, kind in tables:
+        if name not in TABLES and name not in caches:
+            writer.execute(f'DROP {"VIEW" if kind == "VIEW" else "TABLE"} IF EXISTS "{name}"')
+    redactions.update({str(r[0]): int(r[2]) for r in rows})
+    return {str(r[0]): int(r[1]) for r in rows}
+
+
+def prune_caches(writer: IRWriter) -> list[str]:
+    """In a copy of the previous IR: drop every per-cell cache row whose cell's content digest changed."""
+    names = [str(r[0]) for r in writer.fetch(_CACHE_TABLES, [_catalog(writer)]) if r[0] not in TABLES]
+    for name in names:
+        writer.execute(
+            f'DELETE FROM "{name}" t WHERE NOT EXISTS (SELECT 1 FROM cell_digests d '
+            "WHERE d.cell_id = t.cell_id AND d.content_digest = t.content_digest)"
+        )
+    return names
+
+
+def _catalog(writer: IRWriter) -> str:
+    return str(writer.fetch("SELECT current_database()")[0][0])
+
+
 def carry_caches(writer: IRWriter) -> list[str]:
     """Copy every per-cell cache row whose cell's content digest is unchanged; detach the previous IR."""
     try:

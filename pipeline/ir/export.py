@@ -326,11 +326,17 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None, *, reda
     sources = source_digests(bundle, request, manifest)
     previous = cache.previous_sources(ir_path, request.format, redact)
     reuse = [c.cell_id for c in cells if previous.get(c.cell_id) == sources[c.cell_id]]
+    # Most cells unchanged: edit a copy of the previous IR (drop the other cells' rows) rather than
+    # write every unchanged row again; else a new file, into which the unchanged cells are copied.
+    edit = bool(previous) and len(reuse) * 2 >= len(cells) and IRWriter.can_start_from(ir_path)
     try:
-        writer = IRWriter(ir_path)
+        writer = IRWriter(ir_path, start_from=ir_path if edit else None)
         # Cells whose raw inputs are unchanged keep their rows from the previous IR; the rest are read.
         redactions: dict[str, int] = {}
-        counts = cache.copy_cells(writer, ir_path, reuse, redactions) if previous else {}
+        if edit:
+            counts = cache.keep_cells(writer, reuse, redactions)
+        else:
+            counts = cache.copy_cells(writer, ir_path, reuse, redactions) if previous else {}
         reused = set(counts)
         fresh = [c for c in cells if c.cell_id not in reused]
         if fresh:
@@ -399,7 +405,9 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None, *, reda
             ),
         )
         _fill_digests(writer, sources)
-        if previous:
+        if edit:
+            cache.prune_caches(writer)  # later stages' per-cell results of unchanged cells stay
+        elif previous:
             cache.carry_caches(writer)  # later stages' per-cell results of unchanged cells
         writer.commit()
         written = write_parquet(ir_path, parquet_dir) if parquet_dir is not None else []

@@ -57,23 +57,31 @@ class IRWriter:
     leaves an ``ir.duckdb`` behind. Nothing is inserted row by row.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, start_from: Path | None = None) -> None:
         self.path = path
         self._tmp, self._wal = _tmp_paths(path)
-        self._open()
+        self._open(start_from)
 
-    def _open(self) -> None:
+    def _open(self, start_from: Path | None = None) -> None:
         for p in (self._tmp, self._wal, *_stale_tmp_paths(self.path)):
             if p.is_dir():  # DuckDB's spill directory (<file>.tmp) of a killed export
                 shutil.rmtree(p, ignore_errors=True)
             else:
                 p.unlink(missing_ok=True)
+        if start_from is not None:
+            # A rerun edits a copy of the previous IR (its file is never touched; commit renames the copy).
+            shutil.copyfile(start_from, self._tmp)
         self._con = duck.connect(self._tmp)
         # One checkpoint at the end instead of one per WAL threshold: the load is one transaction anyway.
         self._con.execute("SET checkpoint_threshold = '64GB'")
         # DuckDB draws a progress bar on stdout for statements over 2 s: never inside lunasol's output.
         self._con.execute("SET enable_progress_bar = false")
         self._con.execute(DDL)
+
+    @staticmethod
+    def can_start_from(path: Path) -> bool:
+        """Whether a copy of the DuckDB file at ``path`` holds all its data (no write-ahead log beside it)."""
+        return path.is_file() and not path.with_name(path.name + ".wal").exists()
 
     def reset(self) -> None:
         """Throw away everything loaded so far and start again from empty tables."""

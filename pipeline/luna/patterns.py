@@ -78,12 +78,29 @@ class LunaAnswer(BaseModel):
 
     @model_validator(mode="after")
     def _nothing_found_is_said(self) -> LunaAnswer:
-        if not self.patterns and not (self.none_reason or "").strip():
+        if self.patterns:
+            return self
+        reason = (self.none_reason or "").strip()
+        if not reason:
             raise ValueError(
                 "patterns is empty but none_reason is missing: say what in the log shows none of the three "
                 "patterns, or report the patterns you see"
             )
+        if says_nothing(reason):
+            # A small model's "No reason" must not pass as "looked, found nothing" (a cell reported ok).
+            raise ValueError(
+                f"none_reason {reason!r} says nothing: say what in the log shows none of the three patterns "
+                f"(at least {MIN_NONE_REASON_WORDS} words about this log), or report the patterns you see"
+            )
         return self
+
+
+MIN_NONE_REASON_WORDS = 3
+
+
+def says_nothing(reason: str) -> bool:
+    """True for a ``none_reason`` too short to state an observation ("none", "No reason", "n/a")."""
+    return len(re.findall(r"\w+", reason)) < MIN_NONE_REASON_WORDS
 
 
 class Pattern(BaseModel):

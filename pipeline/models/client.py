@@ -26,7 +26,6 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from pipeline.core import offline
 from pipeline.core.errors import BadInput, LunasolError
 from pipeline.core.settings import ModelSettings
 from pipeline.models import shaping
@@ -41,7 +40,7 @@ from pipeline.models.modes import INSTRUCTOR_MODES, resolve_mode
 from pipeline.models.progress import gather_bounded
 from pipeline.models.prompts import render_source, template_path
 from pipeline.models.store import RecordingStore
-from pipeline.models.transport import describe, lunasol_cause, quiet_instructor, reason_for
+from pipeline.models.transport import describe, load_litellm, lunasol_cause, quiet_instructor, reason_for
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -297,7 +296,7 @@ class ModelClient:
         if self._instructor is None:
             if not self.model:
                 raise BadInput("no model given: pass --model (e.g. openai/gpt-4o-mini) or set LUNASOL_MODEL")
-            offline.apply()  # instructor may import litellm: switches first
+            load_litellm(announce=self.log)  # the first live call says why it waits (seconds of import)
             import instructor
 
             quiet_instructor()

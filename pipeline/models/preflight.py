@@ -9,7 +9,8 @@ here, each is one line and exit 2:
   an unknown model comes with the closest known name;
 * the key env var the provider needs is set (not needed for an OpenAI-compatible ``--api-base``,
   which gets a dummy key);
-* an ``--api-base`` accepts a TCP connection.
+* an ``--api-base`` accepts a TCP connection; for ``openai/<name>`` with an ``--api-base`` this is
+  the whole check, made without importing litellm.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from urllib.parse import urlsplit
 
 from pipeline.core.errors import BadInput
 from pipeline.core.settings import ModelSettings
+from pipeline.models import modelmap
 from pipeline.models.transport import load_litellm
 
 CONNECT_TIMEOUT_S = 3.0
@@ -35,6 +37,12 @@ def preflight(settings: ModelSettings, log: Callable[[str], None] | None = None)
     if settings.effective_mode() == "replay" or not settings.model:
         return
     model = settings.model
+    if model.startswith(modelmap.PREFIX) and settings.api_base:
+        # An OpenAI-compatible server of your own: litellm's answer is fixed (provider openai, the
+        # server names its models, a dummy key), so only reachability is checked, and a run whose
+        # cells are all unchanged never pays litellm's import (seconds) for a call it will not make.
+        check_reachable(settings.api_base)
+        return
     litellm = load_litellm(announce=log)
     try:
         _, provider, _, _ = litellm.get_llm_provider(model=model, api_base=settings.api_base)

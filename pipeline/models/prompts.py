@@ -18,7 +18,7 @@ from typing import Any
 from pipeline.core.canonical import sha256_bytes
 from pipeline.models.errors import PromptError
 
-ROLES = ("luna", "sol", "sol_map", "sol_reduce", "proposer")
+ROLES = ("luna", "sol", "sol_map", "sol_reduce", "proposer", "judge")
 """The roles whose templates are hashed into run.json."""
 
 _REPO_PROMPTS = Path(__file__).resolve().parent.parent.parent / "prompts"

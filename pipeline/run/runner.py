@@ -83,6 +83,7 @@ STAGE_EXTRA_TEMPLATES: dict[str, tuple[str, ...]] = {"sol": ("sol_map", "sol_red
 # Stages that call a model: their inputs include the role's template hash and the model.
 STAGE_ROLES: dict[str, str] = {"luna": "luna", "sol": "sol"}
 
+DEFAULT_TIMEOUT_S = ModelSettings.model_fields["timeout_s"].default
 INCOMPLETE = "incomplete: "  # ledger reason of a stage that finished with failed items
 MANIFEST = "manifest.json"
 REQUEST = "analysis-request.json"
@@ -153,6 +154,8 @@ def model_inputs(settings: ModelSettings) -> dict[str, Any]:
         "context_tokens": settings.context_tokens,
         # only when on: a run without --batch keeps the run.json it always had
         **({"batch": True} if settings.batch else {}),
+        # only when not the default (same reason); the resume command repeats it (run_command)
+        **({"timeout_s": settings.timeout_s} if settings.timeout_s != DEFAULT_TIMEOUT_S else {}),
     }
 
 
@@ -301,7 +304,7 @@ def _unblock_command(ctx: RunContext, exc: Blocked) -> str:
         # the model layer does not know the bundle or run; give the exact command for this run
         extra = hint.split("lunasol run BUNDLE", 1)[1].split("(")[0].split()
         base = resume.split()
-        drop = {"--model", "--context-tokens"} & set(extra)
+        drop = {"--model", "--context-tokens", "--mode", "--max-tokens", "--timeout", "--concurrency"} & set(extra)
         if {"--record", "--replay"} & set(extra):
             drop |= {"--record", "--replay"}  # one store mode only
         for flag in drop:

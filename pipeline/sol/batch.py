@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -91,9 +92,9 @@ class Batch:
     def __post_init__(self) -> None:
         self.eligible = [c for c in self.cells if c["eligibility"] == "valid_behavior"]
 
-    @property
+    @cached_property
     def by_cell(self) -> dict[str, dict[str, Any]]:
-        """Eligible cells by id."""
+        """Eligible cells by id (built once: the reduce step looks cells up per sample)."""
         return {c["cell_id"]: c for c in self.eligible}
 
     @property

@@ -179,6 +179,11 @@ class SolCall(_Strict):
     attempts: int = 0
     key: str | None = None
     errors: list[str] = Field(default_factory=list)
+    reused: bool = Field(
+        default=False,
+        description="a map call answered from its stored answer (runs/<id>/sol_map): the same request as a "
+        "previous run's, and the answer passes this run's checks; no call was made",
+    )
 
 
 class SolPlan(_Strict):

@@ -9,9 +9,11 @@ packed the same way over the drafts (:mod:`pipeline.sol.reduce`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.core.canonical import sha256_bytes
 from pipeline.core.errors import Blocked
 from pipeline.core.settings import ModelSettings
 from pipeline.models import render
@@ -25,6 +27,9 @@ MAP_ROLE = "sol_map"
 REDUCE_ROLE = "sol_reduce"
 SAFETY = 0.9  # plan pieces at 90% of the room: sizes are measured in characters, then counted
 SAMPLE_CHARS = 60_000
+# The single call is counted whole unless a sample already puts it at over this many times the budget:
+# then counting a prompt of millions of tokens (seconds of CPU) could not change the decision.
+COUNT_WHOLE_BELOW = 2.0
 
 
 @dataclass
@@ -34,6 +39,7 @@ class MapCall:
     chunk: Chunk
     context: dict[str, Any]
     tokens: int
+    request_digest: str = ""  # what ``tokens`` counts (see :func:`request_digest`)
 
 
 @dataclass
@@ -43,10 +49,12 @@ class SolPlanDraft:
     mode: str  # "single" | "map_reduce"
     budget: RoleBudget
     single_tokens: int
+    single_estimated: bool = False  # single_tokens from a sample (far over the budget), not counted whole
     single_context: dict[str, Any] | None = None
     maps: list[MapCall] = field(default_factory=list)
     renderer: Renderer | None = None
     chars_per_token: float = 4.0
+    counts: dict[str, int] = field(default_factory=dict)  # map request digest -> tokens (kept for the next run)
 
     def describe(self) -> str:
         """One line for output: the plan and its sizes."""
@@ -54,8 +62,13 @@ class SolPlanDraft:
             return f"one call over the batch ({self.single_tokens:,} tokens; budget {self.budget.input_tokens:,})"
         tasks = {t for m in self.maps for t in m.chunk.tasks}
         biggest = max((m.tokens for m in self.maps), default=0)
+        single = (
+            f"~{self.single_tokens:,} tokens, estimated from a sample"
+            if self.single_estimated
+            else (f"{self.single_tokens:,} tokens")
+        )
         return (
-            f"map/reduce: the single call would be {self.single_tokens:,} tokens (budget "
+            f"map/reduce: the single call would be {single} (budget "
             f"{self.budget.input_tokens:,}); {len(self.maps)} map call(s) over {len(tasks)} task family(ies) "
             f"(largest {biggest:,} tokens), then reduce call(s) over their drafts"
         )
@@ -66,13 +79,44 @@ def count(budget: RoleBudget, role: str, context: dict[str, Any], response_model
     return request_tokens(budget, render(role, context).messages, response_model)
 
 
+def request_digest(budget: RoleBudget, messages: list[dict[str, Any]], response_model: type[Any]) -> str:
+    """What a count depends on: the messages, the answer's schema and how this model's tokens are counted."""
+    parts = [budget.limits.describe(), budget.limits.model, response_model.__name__, *(str(m) for m in messages)]
+    return sha256_bytes("\x00".join(parts).encode("utf-8"))
+
+
+def _count_map(
+    budget: RoleBudget, context: dict[str, Any], known: dict[str, int], used: dict[str, int]
+) -> tuple[int, str]:
+    # A map request counted by an earlier run (same digest: same text, same tokenizer) is not counted again.
+    messages = render(MAP_ROLE, context).messages
+    key = request_digest(budget, messages, SolAnswer)
+    tokens = known.get(key)
+    if tokens is None:
+        tokens = request_tokens(budget, messages, SolAnswer)
+    used[key] = tokens
+    return tokens, key
+
+
 def _fixed_tokens(budget: RoleBudget, renderer: Renderer) -> int:
     empty = map_context(renderer, Chunk(call_id="M00", tasks=[], cells=[]), 0)
     return count(budget, MAP_ROLE, empty, SolAnswer)
 
 
-def plan_maps(renderer: Renderer, settings: ModelSettings, cpt: float) -> list[MapCall]:
-    """Partition the batch so that every map request fits; each request rendered and counted."""
+def plan_maps(
+    renderer: Renderer,
+    settings: ModelSettings,
+    cpt: float,
+    known: dict[str, int] | None = None,
+    used: dict[str, int] | None = None,
+) -> list[MapCall]:
+    """Partition the batch so that every map request fits; each request rendered and counted.
+
+    ``known``: request digest -> tokens, counts an earlier run made (:func:`request_digest`);
+    ``used`` gets every count this plan made or took (halved partitions too), for the next run.
+    """
+    known = known or {}
+    used = {} if used is None else used
     budget = role_budget(settings, MAP_ROLE)
     fixed = _fixed_tokens(budget, renderer)
     room_tokens = budget.input_tokens - fixed
@@ -89,11 +133,11 @@ def plan_maps(renderer: Renderer, settings: ModelSettings, cpt: float) -> list[M
     while todo:
         chunk = todo.pop(0)
         ctx = map_context(renderer, chunk, room_chars)
-        used = len(ctx["cells_text"]) + len(ctx["groups_text"])
-        ctx = map_context(renderer, chunk, max(room_chars - used, 400))  # timelines get what is left
-        tokens = count(budget, MAP_ROLE, ctx, SolAnswer)
+        shown = len(ctx["cells_text"]) + len(ctx["groups_text"])
+        ctx = map_context(renderer, chunk, max(room_chars - shown, 400))  # timelines get what is left
+        tokens, key = _count_map(budget, ctx, known, used)
         if budget.fits(tokens):
-            out.append(MapCall(chunk=chunk, context=ctx, tokens=tokens))
+            out.append(MapCall(chunk=chunk, context=ctx, tokens=tokens, request_digest=key))
         elif len(chunk.cells) > 1:
             todo[:0] = split(chunk)
         else:
@@ -105,27 +149,46 @@ def plan_maps(renderer: Renderer, settings: ModelSettings, cpt: float) -> list[M
             )
     # stable, readable ids in partition order (halved chunks renumbered)
     for i, m in enumerate(out, 1):
-        m.chunk.call_id = f"M{i:02d}"
-        m.context["call_id"] = m.chunk.call_id
+        if m.chunk.call_id != f"M{i:02d}":  # the id is in the prompt: count the renamed request again
+            m.chunk.call_id = f"M{i:02d}"
+            m.context["call_id"] = m.chunk.call_id
+            m.tokens, m.request_digest = _count_map(budget, m.context, known, used)
     return out
 
 
-def plan_sol(batch: Batch, settings: ModelSettings, single: dict[str, Any]) -> SolPlanDraft:
-    """Decide: the single call (it fits) or map/reduce (with every map request planned)."""
+def plan_sol(
+    batch: Batch,
+    settings: ModelSettings,
+    single: dict[str, Any],
+    *,
+    known: dict[str, int] | None = None,
+    count_whole: bool = False,
+) -> SolPlanDraft:
+    """Decide: the single call (it fits) or map/reduce (with every map request planned).
+
+    The single request is counted whole unless a sample of it puts it at over
+    :data:`COUNT_WHOLE_BELOW` times the budget (``count_whole`` counts it whole anyway);
+    ``known`` holds map request counts of an earlier run (:func:`plan_maps`).
+    """
     budget = role_budget(settings, ROLE)
     rendered = render(ROLE, single)
-    tokens = request_tokens(budget, rendered.messages, SolAnswer)
-    if budget.fits(tokens):
-        return SolPlanDraft(mode="single", budget=budget, single_tokens=tokens, single_context=single)
     text = "\n".join(str(m["content"]) for m in rendered.messages)
     # characters per token of this batch's text, from a sample of the prompt (sizes are planned in characters)
     cpt = chars_per_token(budget.limits, text[len(text) // 2 : len(text) // 2 + SAMPLE_CHARS])
+    estimate = math.ceil(len(text) / cpt)
+    estimated = not count_whole and estimate > COUNT_WHOLE_BELOW * budget.input_tokens
+    tokens = estimate if estimated else request_tokens(budget, rendered.messages, SolAnswer)
+    if not estimated and budget.fits(tokens):
+        return SolPlanDraft(mode="single", budget=budget, single_tokens=tokens, single_context=single)
     renderer = Renderer(batch)
-    maps = plan_maps(renderer, settings, cpt)
+    counts: dict[str, int] = {}
+    maps = plan_maps(renderer, settings, cpt, known, counts)
     return SolPlanDraft(
+        counts=counts,
         mode="map_reduce",
         budget=budget,
         single_tokens=tokens,
+        single_estimated=estimated,
         maps=maps,
         renderer=renderer,
         chars_per_token=cpt,

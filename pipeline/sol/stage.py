@@ -17,6 +17,7 @@ from pipeline.core.canonical import digest, pretty_json, sha256_file
 from pipeline.core.errors import Blocked
 from pipeline.ir.digests import ir_digest
 from pipeline.models import CallOutcome, ModelClient, PlannedCall, template_hash
+from pipeline.models.budget import role_budget
 from pipeline.sol.batch import (
     GROUPS_FILE,
     TIMELINE_BUDGET_CHARS,
@@ -31,6 +32,7 @@ from pipeline.sol.cards import Dropped, ReduceAnswer, SolAnswer, SolCall, SolPla
 from pipeline.sol.checks import EvidenceIndex, answer_errors, check_answer
 from pipeline.sol.plan import MAP_ROLE, REDUCE_ROLE, ROLE, SolPlanDraft, plan_sol, reduce_budget, reduce_tokens
 from pipeline.sol.reduce import Draft, assemble, draft_blocks, reduce_context, reduce_errors
+from pipeline.sol.reuse import MapAnswers, StoredMap, map_key
 from pipeline.sol.shortlist import SHORTLIST_FILE, Denominator, Shortlist, write_shortlist
 from pipeline.sol.timeline import TIMELINE_KINDS, fit_timelines
 
@@ -223,18 +225,57 @@ def _outside(answer: SolAnswer, seen: set[str]) -> list[str]:
     return errs
 
 
+def _reused(stored: StoredMap, call_id: str, thash: str) -> CallOutcome[SolAnswer]:
+    """The outcome of a map call answered from its stored answer: no exchange, nothing spent."""
+    return CallOutcome(
+        ok=True,
+        value=stored.answer,
+        errors=[],
+        attempts=stored.attempts,
+        keys=list(stored.keys),
+        prompt_tokens=0,
+        completion_tokens=0,
+        cost_usd=0.0,
+        role=MAP_ROLE,
+        cell_id=call_id,
+        template_hash=thash,
+    )
+
+
 async def _run_maps(
-    client: ModelClient, batch: Batch, decision: SolPlanDraft
+    client: ModelClient, batch: Batch, decision: SolPlanDraft, run_dir: Path
 ) -> tuple[list[Draft], list[SolCall], list[Dropped]]:
+    answers = MapAnswers(run_dir)
+    thash = template_hash(MAP_ROLE)
+    reused: set[str] = set()
+
     async def one(m: Any) -> CallOutcome[SolAnswer]:
         seen = set(m.chunk.cells)
 
         def check(answer: SolAnswer) -> list[str]:
             return _outside(answer, seen) + answer_errors(answer.weaknesses, batch.index)
 
-        return await client.call(
-            role=MAP_ROLE, cell_id=m.chunk.call_id, context=m.context, response_model=SolAnswer, check=check
+        cid = m.chunk.call_id
+        key = map_key(
+            m.context,
+            template_hash=thash,
+            model=client.model,
+            instructor_mode=client.instructor_mode,
+            settings=client.settings,
         )
+        stored = answers.get(cid, key)
+        if stored is not None and not check(stored.answer):  # same request, and today's checks still pass
+            reused.add(cid)
+            return _reused(stored, cid, thash)
+        out = await client.call(role=MAP_ROLE, cell_id=cid, context=m.context, response_model=SolAnswer, check=check)
+        if out.ok and out.value is not None:
+            answers.put(
+                cid,
+                key,
+                StoredMap(out.value, out.attempts, list(out.keys)),
+                inputs={"template": thash, "model": client.model},
+            )
+        return out
 
     outcomes = await client.gather([one(m) for m in decision.maps], label="sol map")
     drafts: list[Draft] = []
@@ -260,7 +301,18 @@ async def _run_maps(
                 for wid, reasons in sorted(failed.items())
                 if wid in by_id
             ]
-        calls.append(_record(cid, MAP_ROLE, out, m.tokens, tasks=m.chunk.tasks, cells=m.chunk.cells, outputs=made))
+        calls.append(
+            _record(
+                cid,
+                MAP_ROLE,
+                out,
+                m.tokens,
+                tasks=m.chunk.tasks,
+                cells=m.chunk.cells,
+                outputs=made,
+                reused=cid in reused,
+            )
+        )
     if all(not c.ok and not c.outputs for c in calls) and not any(o.last_answer for o in outcomes):
         raise _no_answer(outcomes[0], "Sol (every map call)")
     return drafts, calls, dropped
@@ -373,7 +425,7 @@ async def _reduce(
 
 def _mine_map_reduce(ctx: RunContext, batch: Batch, decision: SolPlanDraft, client: ModelClient) -> Shortlist:
     async def go() -> tuple[list[WeaknessDraft], list[SolCall], list[Dropped]]:
-        drafts, map_calls, dropped = await _run_maps(client, batch, decision)
+        drafts, map_calls, dropped = await _run_maps(client, batch, decision, ctx.run_dir)
         if not drafts:
             return [], map_calls, dropped
         final, reduce_calls, more = await _reduce(
@@ -408,13 +460,35 @@ def _mine_map_reduce(ctx: RunContext, batch: Batch, decision: SolPlanDraft, clie
     )
 
 
+def _require_analysed_cells(batch: Batch) -> None:
+    """Block before any Sol call when Luna analysed no eligible cell (every one failed).
+
+    Sol would be paid to explain nothing, and whatever it answered (an empty list is a valid answer)
+    would reach gate 1 looking like an analysis that found nothing. Some failed cells are fine: the
+    run goes on with the others and the Luna stage stays pending.
+    """
+    failed = sorted(str(c["cell_id"]) for c in batch.coverage if c.get("luna_status") == "failed")
+    if failed and len(failed) >= len(batch.index.denominator):
+        shown = ", ".join(failed[:10]) + (f" and {len(failed) - 10} more" if len(failed) > 10 else "")
+        raise Blocked(
+            f"Luna analysed none of the {len(batch.index.denominator)} eligible cell(s) (all failed: {shown}; "
+            "see table luna_cells): Sol has nothing to explain, so no Sol call was made",
+            reason="missing_data",
+            unblock="lunasol run BUNDLE --resume  (asks exactly the failed cells again; or use another --model)",
+        )
+
+
 def mine(ctx: RunContext) -> Shortlist:
     """Mine the batch's weaknesses (one call, or map/reduce when it does not fit) and write the shortlist."""
     batch = load_batch(ctx.run_dir, ctx.ir_path)
     if not batch.index.denominator:
         raise Blocked("no eligible cell in this run: Sol has nothing to explain", reason="missing_data")
-    decision = plan_sol(batch, ctx.options.models, single_context(batch))
+    _require_analysed_cells(batch)
+    answers = MapAnswers(ctx.run_dir)
+    limits = role_budget(ctx.options.models, MAP_ROLE).limits.describe()
+    decision = plan_sol(batch, ctx.options.models, single_context(batch), known=answers.token_counts(limits))
     if decision.mode == "map_reduce":
+        answers.put_counts(limits, decision.counts)
         ctx.log(f"[sol] {decision.describe()}")
     client = ModelClient(ctx.options.models, ctx.run_dir, log=ctx.log)
     if decision.mode == "single":
@@ -432,7 +506,10 @@ def stage(ctx: RunContext) -> str:
     if sl.plan is not None and sl.plan.mode == "map_reduce":
         maps = sum(1 for c in sl.plan.calls if c.role == MAP_ROLE)
         reds = sum(1 for c in sl.plan.calls if c.role == REDUCE_ROLE)
+        again = sum(1 for c in sl.plan.calls if c.reused)
         how = f" via {maps} map + {reds} reduce call(s)"
+        if again:
+            how += f" ({again} map answer(s) reused: same request as last run)"
     return (
         f"{len(sl.weaknesses)} weakness(es) kept ({kept}){how}, {len(sl.dropped)} dropped with reasons; "
         f"shortlist {sl.digest[:19]}"

@@ -152,6 +152,9 @@ def test_v0_shortlist_keeps_the_digest_it_was_sealed_with(tmp_path: Path) -> Non
     assert v0.weaknesses == v1.weaknesses and v1.plan is None  # v1 had no plan; upgraded, it has none
     v2 = read_shortlist(SAMPLES / "weakness-shortlist.v2.json")
     assert v2.weaknesses == v1.weaknesses and v2.plan is not None and v2.plan.mode == "single"
+    assert not any(c.reused for c in v2.plan.calls)  # v2 had no reused: every call was made
+    v3 = read_shortlist(SAMPLES / "weakness-shortlist.v3.json")
+    assert v3.weaknesses == v2.weaknesses and v3.plan is not None and v3.plan.calls[0].reused is False
     # a v0 file edited by hand is still caught
     edited = read_json(SAMPLES / "weakness-shortlist.v0.json")
     edited["run_id"] = "someone-else"
@@ -263,3 +266,20 @@ def test_query_refuses_an_ir_of_another_schema(tmp_path: Path, version: str | No
 
     with pytest.raises(BadInput, match=expected):
         open_ir(run)
+
+
+def test_followup_v1_upgrades_to_v2_without_a_judge() -> None:
+    """A counts-only v1 follow-up reads as v2: settled conditions decided by the count, the rest by a human."""
+    from pipeline.followup.model import Followup
+
+    v1, v2 = read_json(SAMPLES / "followup.v1.json"), read_json(SAMPLES / "followup.v2.json")
+    assert v1["schema_version"] == 1 and VERSIONS["followup"] == 2
+    upgraded, found = schemas.load_document(SAMPLES / "followup.v1.json", "followup")
+    assert found == 1 and upgraded["schema_version"] == 2
+    doc = Followup.model_validate(upgraded)
+    assert doc.judge is None and doc.conflicts == [] and doc.digest == v1["digest"]  # the sealed digest is kept
+    assert [c.decided_by for c in doc.conditions] == [
+        "human" if c["status"] == "undetermined" else "count" for c in v1["conditions"]
+    ]
+    current, found2 = schemas.load_document(SAMPLES / "followup.v2.json", "followup")
+    assert found2 == 2 and current == v2 and Followup.model_validate(current).judge is not None

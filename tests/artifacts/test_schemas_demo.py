@@ -77,8 +77,8 @@ def test_every_artifact_validates_at_the_current_version(demo_run: Path) -> None
             model.model_validate(row)
         seen.add(name)
     # block-receipt: the demo does not block; a model-level check keeps the registry honest.
-    # followup: the demo has no child generation; tests/test_followup.py writes one and reads it back
-    # through load_artifact at the current version.
+    # followup: written on the child run (fixtures/bundles/h5-demo); tests/followup/test_followup_demo.py
+    # writes it on the demo pair and reads it back through load_artifact at the current version.
     assert seen | {"block-receipt", "followup"} == set(catalog.REGISTRY)
 
 

@@ -152,6 +152,8 @@ class Script:
             data = self.sol()
         elif name == "ProposalList":
             data = self.proposer()
+        elif name == "JudgeAnswer":
+            data = self.judge(text)
         else:
             m = re.search(r"^Cell (\S+) · task ", text, re.M)  # the cell the Luna prompt names
             assert m, name
@@ -203,6 +205,25 @@ class Script:
                                          "unchanged state digest; a change of the source before it refutes this.",
             "confidence": "medium",
         }]}  # fmt: skip
+
+    def judge(self, text: str) -> dict[str, Any]:
+        """Condition 1 (the unchanged re-review): always "not triggered", so a count that sees it disagrees;
+        condition 2: not triggered, citing a review acceptance; condition 3: undetermined. Refs are the
+        controller lines the prompt shows (planted cells' send-backs when there are any)."""
+        shown = re.findall(r"^(C\d{3}-e\d{4}) (\S+)", text, re.M)
+        accepted = [e for e, word in shown if word == "stage"] or [e for e, _ in shown]
+        return {
+            "behavioral_change": {"status": "observed", "refs": accepted[:1],
+                                  "reason": "review is accepted or the run stops; no re-dispatch on the same state"},
+            "conditions": [
+                {"index": 1, "status": "not_triggered", "refs": accepted[:1],
+                 "reason": "the controller lines shown move on after review"},
+                {"index": 2, "status": "not_triggered", "refs": accepted[:1],
+                 "reason": "no blocker is declared gone on a report change alone"},
+                {"index": 3, "status": "undetermined", "refs": [],
+                 "reason": "completion is not in the logs"},
+            ],
+        }  # fmt: skip
 
     def proposer(self) -> dict[str, Any]:
         sl = read_json(self.runs_dir / self.run_id / "weakness-shortlist.json")

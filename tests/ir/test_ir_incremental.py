@@ -16,7 +16,8 @@ import pytest
 from pipeline.bundle import freeze
 from pipeline.bundle.synth import write_bundle
 from pipeline.core.canonical import digest
-from pipeline.ir import digests
+from pipeline.ir import cache, digests
+from pipeline.ir import export as export_module
 from pipeline.ir.digests import CELL_COLUMNS, EVENT_COLUMNS
 from pipeline.ir.export import export
 from pipeline.ir.store import TABLES
@@ -148,3 +149,45 @@ def test_a_changed_request_entry_or_format_reads_every_cell(bundle: Path, tmp_pa
     again = export(bundle, run)
     assert again.reused == []
     assert _stored_digests(run) == _python_digests(run)
+
+
+def test_a_rerun_edits_a_copy_of_the_previous_ir(bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = tmp_path / "run"
+    export(bundle, run)
+    con = duckdb.connect(str(run / "ir.duckdb"))
+    try:
+        con.execute("CREATE VIEW a_view AS SELECT cell_id FROM cells")  # a later stage's view goes too
+    finally:
+        con.close()
+    previous = (run / "ir.duckdb").read_bytes()
+
+    def never(*_a: Any) -> None:
+        raise AssertionError("unchanged rows were written again")
+
+    monkeypatch.setattr(cache, "copy_cells", never)
+    monkeypatch.setattr(cache, "carry_caches", never)
+    _edit(bundle, "C004", "changed")
+    monkeypatch.setattr(export_module, "_load_cells", _failing(export_module._load_cells))
+    with pytest.raises(RuntimeError, match="killed"):
+        export(bundle, run)
+    assert (run / "ir.duckdb").read_bytes() == previous  # a failed export leaves the previous IR as it was
+    assert {p.name for p in run.iterdir()} == {"ir.duckdb", "run.json"}  # no temp copy is left behind
+    monkeypatch.undo()
+    monkeypatch.setattr(cache, "copy_cells", never)
+    again = export(bundle, run)
+    assert "7 unchanged cells reused, 1 read" in again.summary()
+    export(bundle, tmp_path / "fresh")
+    assert _tables(run) == _tables(tmp_path / "fresh")
+    con = duckdb.connect(str(run / "ir.duckdb"), read_only=True)
+    try:
+        names = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    finally:
+        con.close()
+    assert names == set(TABLES)
+
+
+def _failing(fn: Any) -> Any:
+    def run(*a: Any, **k: Any) -> Any:
+        raise RuntimeError("killed mid-export")
+
+    return run

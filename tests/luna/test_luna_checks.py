@@ -182,3 +182,15 @@ def test_split_keeps_every_event_and_places_candidates() -> None:
     assert sum(p.events for p in parts) == len(events)
     [home] = [p for p in parts if p.candidates]
     assert "C001-e0005" in home.text
+
+
+@pytest.mark.parametrize("reason", ["No reason", "none", "n/a", "  "])
+def test_an_empty_answer_must_say_what_shows_nothing(reason: str) -> None:
+    # Gemma 3 270M answered {"patterns": [], "none_reason": "No reason"}: that is not "looked, found nothing".
+    with pytest.raises(ValueError, match="none_reason"):
+        LunaAnswer.model_validate({"patterns": [], "rejected_candidates": [], "none_reason": reason})
+
+
+def test_a_short_observation_is_a_valid_nothing_found() -> None:
+    a = LunaAnswer.model_validate({"patterns": [], "rejected_candidates": [], "none_reason": "one read, one write"})
+    assert a.none_reason == "one read, one write"

@@ -30,6 +30,7 @@ from pipeline.models import ModelClient, ModelUnavailable, read_calls
 from pipeline.models import exchange as exchange_mod
 from pipeline.models.modes import capability_mode
 from pipeline.models.preflight import preflight
+from pipeline.models.transport import LOADING
 from pipeline.run.runner import run
 from pipeline.testing.openai_server import (
     FakeOpenAI,
@@ -223,7 +224,9 @@ def test_preflight_no_key_or_unknown_model_exits_2_before_export(
     for model, expect in (("openai/gpt-4o-mini", "OPENAI_API_KEY is not set"), ("openai/gpt-4o-mimi", "did you mean")):
         res = CliRunner().invoke(app, ["run", str(bundle), "--runs-dir", str(runs), "--model", model])
         assert res.exit_code == 2, res.output
-        assert expect in res.output and len(res.output.strip().splitlines()) == 1
+        # one error line; "loading model client" is progress, said only when litellm is not yet imported
+        lines = [ln for ln in res.output.strip().splitlines() if ln != LOADING]
+        assert expect in res.output and len(lines) == 1
         assert not runs.exists() or not any(runs.iterdir())  # nothing exported, no partial run
     with pytest.raises(BadInput, match="not reachable"):
         run(
@@ -292,3 +295,44 @@ def test_live_run_says_why_it_waits_for_litellm(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[('loading model client (litellm)…', False)]"
+
+
+def test_preflight_of_a_compatible_server_imports_no_litellm_and_the_first_call_says_it_loads(
+    tmp_path: Path, tiny_prompts: Path
+) -> None:
+    """``openai/...`` + ``--api-base``: preflight only connects (an unchanged rerun never imports litellm);
+    the first live call announces litellm's import before it happens."""
+    code = (
+        "import asyncio, sys\n"
+        "from pydantic import BaseModel\n"
+        "from pipeline.core.settings import ModelSettings\n"
+        "from pipeline.models import ModelClient\n"
+        "from pipeline.models.preflight import preflight\n"
+        "from pipeline.testing.openai_server import FakeOpenAI, answer\n"
+        "class A(BaseModel):\n"
+        "    summary: str\n"
+        "seen = []\n"
+        "def log(m): seen.append((m, 'litellm' in sys.modules))\n"
+        "with FakeOpenAI(answer({'summary': 'ok'})) as srv:\n"
+        "    s = ModelSettings(model='openai/local', api_base=srv.base_url, instructor_mode='tools')\n"
+        "    preflight(s, log=log)\n"
+        "    print('after preflight', 'litellm' in sys.modules)\n"
+        "    c = ModelClient(s, sys.argv[1], log=log)\n"
+        "    out = asyncio.run(c.call(role='luna', cell_id='C1', context={'cell_id': 'C1', 'text': 'e1'},"
+        " response_model=A))\n"
+        "    print(out.value.summary, [x for x in seen if 'litellm' in x[0]])\n"
+    )
+    (tiny_prompts / "luna.j2").write_text((tiny_prompts / "t.j2").read_text())  # the subprocess inherits the dir
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "run")],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "after preflight False",
+        "ok [('loading model client (litellm)…', False)]",
+    ]

@@ -17,6 +17,7 @@ import pytest
 from pydantic import BaseModel
 
 from pipeline.artifacts.proposal_card import ProposalList
+from pipeline.followup.judge import JudgeAnswer
 from pipeline.luna.patterns import LunaAnswer
 from pipeline.models import shaping
 from pipeline.models.modes import INSTRUCTOR_MODES
@@ -25,8 +26,8 @@ from pipeline.models.transport import describe, load_litellm
 from pipeline.sol.cards import ReduceAnswer, SolAnswer
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "fixtures" / "recordings" / "h0-demo"
-ROLE_MODELS: list[type[BaseModel]] = [LunaAnswer, SolAnswer, ReduceAnswer, ProposalList]
+DEMOS = [ROOT / "fixtures" / "recordings" / "h0-demo", ROOT / "fixtures" / "recordings" / "h5-demo"]
+ROLE_MODELS: list[type[BaseModel]] = [LunaAnswer, SolAnswer, ReduceAnswer, ProposalList, JudgeAnswer]
 PARAMS = {"temperature": 0.0, "max_tokens": 4096}
 
 
@@ -145,7 +146,7 @@ def _body(mode: str, args: Any, *, finish: str = "stop", content: str | None = N
 def _demo_answers() -> list[tuple[type[BaseModel], dict[str, Any]]]:
     by_name = {m.__name__: m for m in ROLE_MODELS}
     out = []
-    for path in sorted(DEMO.glob("*/*.json")):
+    for path in sorted(p for demo in DEMOS for p in demo.glob("*/*.json")):
         record = json.loads(path.read_bytes())
         call = record["response"]["choices"][0]["message"]["tool_calls"][0]["function"]
         out.append((by_name[call["name"]], json.loads(call["arguments"])))
@@ -180,9 +181,9 @@ def test_first_request_is_instructors(model: type[BaseModel], mode: str) -> None
 
 
 def test_the_demo_recordings_keys_are_rebuilt() -> None:
-    """Every demo recording's stored request is what shape_request builds from its messages (keys unchanged)."""
+    """Every demo recording's (H0 and H5, the judge's too) request is what shape_request builds (keys unchanged)."""
     by_name = {m.__name__: m for m in ROLE_MODELS}
-    records = [json.loads(p.read_bytes()) for p in sorted(DEMO.glob("*/*.json"))]
+    records = [json.loads(p.read_bytes()) for demo in DEMOS for p in sorted(demo.glob("*/*.json"))]
     assert records, "demo recordings absent"
     for record in records:
         request = dict(record["request"])

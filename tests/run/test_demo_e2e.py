@@ -189,7 +189,8 @@ def test_record_demo_routes_by_what_the_prompt_says_and_reports_missing_answers(
 
     (tmp_path / "luna").mkdir()
     (tmp_path / "luna" / "C004.json").write_text(
-        '{"patterns": [], "rejected_candidates": [], "none_reason": "none"}', encoding="utf-8"
+        '{"patterns": [], "rejected_candidates": [], "none_reason": "no step repeats on unchanged state"}',
+        encoding="utf-8",
     )
     head = "Cell C004 · task T1 · run r1 · harness H0 · part 1/1\nLog"
     req = {"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": head}]}

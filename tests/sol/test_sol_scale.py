@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import random
 import re
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +32,11 @@ from pipeline.ir.export import export
 from pipeline.ir.refs import read_refs
 from pipeline.luna.stage import TABLES_DDL
 from pipeline.models import read_calls
+from pipeline.models.budget import request_tokens as request_tokens_of
+from pipeline.sol.plan import plan_maps
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 from pipeline.sol.stage import mine
+from pipeline.sol.timeline import timeline_sql
 from pipeline.testing.openai_server import FakeOpenAI, Reply, completion_body, request_tokens
 from tests.sol.sol_helpers import make_bundle
 
@@ -227,7 +232,11 @@ def test_a_context_error_is_not_retried_and_names_the_budget_flag(
 
     def answer(request: dict[str, Any]) -> Reply:
         sol = request["tools"][0]["function"]["name"] == "SolAnswer"
-        data = {"weaknesses": []} if sol else {"patterns": [], "rejected_candidates": [], "none_reason": "none"}
+        data = (
+            {"weaknesses": []}
+            if sol
+            else {"patterns": [], "rejected_candidates": [], "none_reason": "no step repeats on unchanged state"}
+        )
         return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
 
     fake_llm.handler = answer
@@ -246,3 +255,99 @@ def test_a_context_error_is_not_retried_and_names_the_budget_flag(
     assert "--context-tokens" in result.output
     calls = [c for c in read_calls(runs / "r1") if c["role"] == "sol"]
     assert calls[-1]["outcome"] == "context_exceeded" and calls[-1]["transport_retries"] == 0
+
+
+def _map_ids(fake_llm: FakeOpenAI) -> list[str]:
+    """The partitions (M01, ...) whose map request reached the server, in order."""
+    out = []
+    for r in fake_llm.requests:
+        m = re.search(r"^This call \((M\d+)\) sees", _user(r), re.M)
+        if m:
+            out.append(m[1])
+    return out
+
+
+def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
+    scaled: tuple[RunContext, str],
+    fake_llm: FakeOpenAI,
+    model_settings: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    counted: list[str] = []  # map requests counted with the tokenizer, by partition
+
+    def spy(budget: Any, messages: list[dict[str, Any]], response_model: Any) -> int:
+        m = re.search(r"^This call \((M\d+)\) sees", str(messages[-1]["content"]), re.M)
+        if m and m[1] != "M00":  # a partition's request, not the empty one that measures the fixed part
+            counted.append(m[1])
+        return request_tokens_of(budget, messages, response_model)
+
+    # the module, not pipeline.sol's ``plan`` function of the same name
+    monkeypatch.setattr(sys.modules[plan_maps.__module__], "request_tokens", spy)
+    base, _ = scaled
+    run_dir = tmp_path / "big"
+    run_dir.mkdir()
+    for name in ("ir.duckdb", "run.json", "pattern-groups.json"):
+        shutil.copy2(base.run_dir / name, run_dir / name)
+    ctx = RunContext(options=base.options, run_dir=run_dir, log=lambda _m: None)
+    fake_llm.handler = handler
+    fake_llm.context_tokens = CONTEXT
+    ctx.options.models = model_settings(context_tokens=CONTEXT)
+
+    first = mine(ctx)
+    assert first.plan is not None
+    maps = [c for c in first.plan.calls if c.role == "sol_map"]
+    assert len(maps) >= 3 and not any(c.reused for c in first.plan.calls)
+    assert sorted(_map_ids(fake_llm)) == sorted(c.call_id for c in maps)
+
+    assert set(counted) >= {c.call_id for c in maps}
+    # nothing changed: every map answer is taken again, only the reduce is asked; no map request is counted again
+    fake_llm.requests.clear()
+    counted.clear()
+    again = mine(ctx)
+    assert counted == []
+    assert [c.request_tokens for c in again.plan.calls if c.role == "sol_map"] == [c.request_tokens for c in maps]
+    assert again.plan is not None and _map_ids(fake_llm) == []
+    assert [c.reused for c in again.plan.calls if c.role == "sol_map"] == [True] * len(maps)
+    assert len(fake_llm.requests) == 1  # the reduce call
+    assert again.weaknesses == first.weaknesses
+    for old, new in zip(maps, again.plan.calls, strict=False):
+        assert (new.call_id, new.cells, new.outputs, new.key) == (old.call_id, old.cells, old.outputs, old.key)
+
+    # one cell's timeline changes (same length, so the partitions keep their cells): its map call alone is asked
+    part = {c: m.call_id for m in maps for c in m.cells}
+    changed = FAILED_B
+    con = duckdb.connect(str(ctx.ir_path))
+    try:
+        n = con.execute(
+            "UPDATE events SET text = upper(text) WHERE cell_id = ? AND text IS NOT NULL AND text <> upper(text) "
+            f"AND event_id IN (SELECT event_id FROM ({timeline_sql()}) WHERE cell_id = ?)",
+            [changed, changed],
+        ).fetchall()
+    finally:
+        con.close()
+    assert n and n[0][0] > 0
+    fake_llm.requests.clear()
+    counted.clear()
+    third = mine(ctx)
+    assert third.plan is not None
+    assert _map_ids(fake_llm) == [part[changed]] and counted == [part[changed]]
+    assert {c.call_id for c in third.plan.calls if c.role == "sol_map" and not c.reused} == {part[changed]}
+    asked = next(_user(r) for r in fake_llm.requests if f"This call ({part[changed]})" in _user(r))
+    assert changed in asked
+    # the partitions, which call saw which cells, are recorded as before
+    assert [(c.call_id, c.cells) for c in third.plan.calls if c.role == "sol_map"] == [
+        (c.call_id, c.cells) for c in maps
+    ]
+    assert [w.weakness_id for w in third.weaknesses] == ["W-01"]
+
+    # a stored answer that no longer passes today's checks is asked again, never taken
+    other = next(c.call_id for c in maps if c.call_id != part[changed] and c.outputs)
+    path = run_dir / "sol_map" / f"{other}.json"
+    stored = read_json(path)
+    stored["value"]["answer"]["weaknesses"][0]["support"]["event_refs"] = ["C999-e9999"]
+    path.write_text(json.dumps(stored), encoding="utf-8")
+    fake_llm.requests.clear()
+    fourth = mine(ctx)
+    assert fourth.plan is not None and _map_ids(fake_llm) == [other]
+    assert read_shortlist(run_dir / SHORTLIST_FILE).digest == fourth.digest

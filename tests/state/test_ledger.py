@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from pathlib import Path
 from typing import Any
@@ -338,3 +339,92 @@ def test_sol_without_a_parseable_answer_blocks_with_what_was_tried(setup: dict[s
         assert "--model OTHER_MODEL --resume" in receipt["requested_unblock"]
         assert "--run-id r1" in receipt["requested_unblock"]
     assert not (d / "weakness-shortlist.json").exists()  # nothing partial kept
+
+
+def test_the_resume_command_keeps_the_settings_a_local_server_needs(setup: dict[str, Any]) -> None:
+    """--mode, --max-tokens, --timeout and --concurrency are in the printed resume command, and it reuses every answer.
+
+    Without them the resume would send other requests (mode and max_tokens are in every key: answers paid
+    again) at the defaults a CPU server cannot meet (120 s, 8 requests at once).
+    """
+    d = setup["run_dir"]
+
+    def by_schema(request: dict[str, Any]) -> Reply:
+        text = json.dumps(request)
+        assert not request.get("tools")  # json mode: the schema is in the prompt
+        if "LunaAnswer" in text and "C003" in json.dumps(request.get("messages")):
+            return server_error(503)
+        data = sol_answer() if "SolAnswer" in text else json.loads(handler_args(request))
+        return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
+
+    def handler_args(request: dict[str, Any]) -> str:
+        return json.dumps({"patterns": [], "rejected_candidates": [], "none_reason": "nothing repeats or is left open"})
+
+    setup["fake"].handler = by_schema
+    opts = setup["opts"]
+    opts.models = opts.models.model_copy(
+        update={"instructor_mode": "json", "max_tokens": 64, "timeout_s": 7.0, "concurrency": 2}
+    )
+    lines: list[str] = []
+    run(opts, log=lines.append)
+    (line,) = [ln for ln in lines if ln.startswith("NOT verified: luna")]
+    command = line.split("retry exactly those with: ", 1)[1]
+    argv = shlex.split(command)
+    assert argv[:2] == ["lunasol", "run"]
+    for flag, value in (("--mode", "json"), ("--max-tokens", "64"), ("--timeout", "7"), ("--concurrency", "2")):
+        assert argv[argv.index(flag) + 1] == value, (flag, command)
+    requests_before = len(setup["fake"].requests)
+    luna_before = calls(d, "luna")
+
+    def healthy(request: dict[str, Any]) -> Reply:
+        text = json.dumps(request)
+        data = sol_answer() if "SolAnswer" in text else json.loads(handler_args(request))
+        return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
+
+    setup["fake"].handler = healthy
+    res = CliRunner().invoke(app, argv[1:])
+    assert res.exit_code == 0, res.output
+    assert calls(d, "luna") == luna_before + 1  # only C003: the others' keys (same mode, same max_tokens) held
+    # C003, then Sol again (its input, Luna's patterns, changed), both asked as the first run asked
+    resumed = setup["fake"].requests[requests_before:]
+    assert len(resumed) == 2
+    assert all(r.get("max_tokens") == 64 and not r.get("tools") for r in resumed)
+    assert Ledger(d).get("luna").state == "verified"  # type: ignore[union-attr]
+
+
+def test_no_sol_call_when_luna_analysed_no_cell(setup: dict[str, Any]) -> None:
+    """Every cell's answers fail the checks (a model too weak for the task): Sol is not asked to explain nothing."""
+    d = setup["run_dir"]
+
+    def nonsense(request: dict[str, Any]) -> Reply:
+        name = request["tools"][0]["function"]["name"] if request.get("tools") else ""
+        if name == "SolAnswer":
+            return handler(request)
+        pattern = {
+            "type": "omission",
+            "concerns": "target:xxx",
+            "observed": "xxxxxxxxxxxx",
+            "definition_fit": "xxxxxxxxxxxx",
+            "evidence": ["C999-e0001"],  # no such event: the check rejects it, every time
+            "state_changed": False,
+            "candidates": [],
+            "confidence": "high",
+        }
+        data = {"patterns": [pattern], "rejected_candidates": [], "none_reason": None}
+        return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
+
+    setup["fake"].handler = nonsense
+    with pytest.raises(Blocked, match=r"Luna analysed none of the 5 eligible cell\(s\)") as exc:
+        run(setup["opts"], log=lambda _m: None)
+    assert calls(d, "sol") == 0
+    assert not [r for r in setup["fake"].requests if "SolAnswer" in json.dumps(r.get("tools"))]
+    assert exc.value.unblock.endswith("--resume") and "BUNDLE" not in exc.value.unblock
+    receipt = read_json(d / "block-receipt.json")
+    assert receipt["stage"] == "sol" and receipt["constraint_class"] == "missing_data"
+    assert Ledger(d).get("luna").state == "pending"  # type: ignore[union-attr]
+    assert not (d / "weakness-shortlist.json").exists()
+    # a resume against a model that answers asks exactly the failed cells, then Sol
+    setup["fake"].handler = handler
+    setup["opts"].resume = True
+    res = run(setup["opts"], log=lambda _m: None)
+    assert "sol" in res.ran and calls(d, "sol") == 1
