@@ -55,6 +55,11 @@ CELLS: dict[str, list[dict[str, Any]]] = {
 OUTCOMES = {"C001": "workflow_failed", "C002": "completed"}
 
 
+def padded(word: str, stage: str, n: int = 6) -> list[dict[str, Any]]:
+    """``n`` long messages (300 characters each), so a small context budget splits the cell."""
+    return [msg(f"{word} {i} {'x' * 300}", stage=stage) for i in range(n)]
+
+
 def pattern(evidence: list[str], **kw: Any) -> dict[str, Any]:
     base = {
         "type": "repeated_exploration",
@@ -221,11 +226,10 @@ def test_big_cell_is_split_by_segment_and_merged(
     model_settings: Callable[..., ModelSettings],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    long = "x" * 300
-    events = [msg(f"plan {i} {long}", stage="design", actor="candidate") for i in range(6)]
+    events = padded("plan", "design")
     events += [call("read_file", "src/a.py", stage="review", actor="reviewer"), msg("look", actor="reviewer")]
     events += [call("read_file", "src/a.py", stage="review", actor="reviewer")]
-    events += [msg(f"wrap {i} {long}", stage="finalization") for i in range(6)]
+    events += padded("wrap", "finalization")
     monkeypatch.setenv(CONTEXT_ENV, "400")  # ~1600 chars per part
     review = {
         "patterns": [pattern(["C001-e0006", "C001-e0008"], concerns="target:read_file:src/a.py")],
@@ -333,9 +337,8 @@ def test_a_split_cell_resumed_after_one_part_failed_asks_only_that_part(
     model_settings: Callable[..., ModelSettings],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    long = "x" * 300
-    events = [msg(f"plan {i} {long}", stage="design") for i in range(6)]
-    events += [msg(f"wrap {i} {long}", stage="finalization") for i in range(6)]
+    events = padded("plan", "design")
+    events += padded("wrap", "finalization")
     monkeypatch.setenv(CONTEXT_ENV, "400")
     ctx = make_ctx(tmp_path, model_settings(), {"C001": events})
     invented = {"patterns": [pattern(["C001-e9998", "C001-e9999"], candidates=[])], "rejected_candidates": []}
