@@ -44,20 +44,155 @@ def _samples(items: list[dict[str, Any]], own: set[str]) -> list[dict[str, Any]]
     return sorted(items, key=lambda r: (r["cell_id"] in own, r["cell_id"]))[:COUNTER_SAMPLES]
 
 
-def counter_evidence(con: Any, batch: Batch, draft: Draft) -> str:
+Signature = tuple[Any, Any, Any, Any]  # (stage, actor, kind, detail) of an event
+
+
+@dataclass
+class _BatchFacts:
+    """Batch-wide lookups for every draft of a reduce round, each kind from ONE query.
+
+    Per-draft queries scanned every event of the batch several times per draft: at 10,000 cells
+    and 291 drafts that was over 15 CPU minutes. The texts are the ones per-draft queries gave.
+    """
+
+    concerns: dict[str, list[str]]  # draft id -> the concern keys of its pattern groups
+    occurrences: dict[str, list[tuple[int, dict[str, Any]]]] | None  # concern -> (order, row); None: no table
+    signatures: dict[str, list[Signature]]  # draft id -> the first signatures of its cited events
+    found: dict[Signature, list[dict[str, Any]]]  # signature -> first such event per successful eligible cell
+    clean: dict[str, list[str]]  # draft id -> successful cells of its tasks without its concerns
+    last_event: dict[str, str]  # cell -> its last controller-level event (for the sampled clean cells)
+
+
+def _group_concerns(batch: Batch, drafts: list[Draft]) -> dict[str, list[str]]:
+    by_group: dict[Any, set[str]] = {}
+    for g in batch.groups:
+        by_group.setdefault(g.get("group_id"), set()).add(str(g.get("concerns")))
+    return {
+        d.draft_id: sorted(set().union(*(by_group.get(gid, set()) for gid in set(d.card.support.pattern_groups))))
+        for d in drafts
+    }
+
+
+def _temp(con: Any, name: str, columns: str, values: list[tuple[Any, ...]]) -> None:
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {name} ({columns})")
+    if values:
+        con.executemany(f"INSERT INTO {name} VALUES ({', '.join('?' * len(values[0]))})", values)
+
+
+def _occurrences(con: Any, wanted: list[str]) -> dict[str, list[tuple[int, dict[str, Any]]]] | None:
+    if not has_table(con, "pattern_occurrences"):
+        return None
+    out: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    if wanted:
+        found = rows(
+            con,
+            "SELECT occurrence_id, cell_id, task_id, events, concerns FROM pattern_occurrences "
+            f"WHERE successful_cell AND list_contains({_in_list(wanted)}, concerns) ORDER BY occurrence_id",
+        )
+        for i, r in enumerate(found):
+            out.setdefault(r["concerns"], []).append((i, r))
+    return out
+
+
+def _signatures(con: Any, drafts: list[Draft]) -> dict[str, list[Signature]]:
+    cited = [
+        (i, e) for i, d in enumerate(drafts) for e in dict.fromkeys(d.card.support.event_refs) if EVENT_ID_RE.match(e)
+    ]
+    _temp(con, "_cited", "draft INTEGER, event_id VARCHAR", cited)
+    # Sorted by DuckDB (its collation and NULL order, as ORDER BY ALL per draft did), first SIGNATURES
+    found = con.execute(
+        "SELECT draft, stage, actor, kind, detail FROM ("
+        " SELECT *, row_number() OVER (PARTITION BY draft ORDER BY stage, actor, kind, detail) AS n"
+        " FROM (SELECT DISTINCT c.draft, e.stage, e.actor, e.kind, e.detail"
+        "       FROM _cited c JOIN events e ON e.event_id = c.event_id))"
+        f" WHERE n <= {SIGNATURES} ORDER BY draft, n"
+    ).fetchall()
+    out: dict[str, list[Signature]] = {d.draft_id: [] for d in drafts}
+    for draft, stage, actor, kind, detail in found:
+        out[drafts[draft].draft_id].append((stage, actor, kind, detail))
+    return out
+
+
+def _found(con: Any, sigs: list[Signature]) -> dict[Signature, list[dict[str, Any]]]:
+    _temp(
+        con,
+        "_sigs",
+        "sig INTEGER, stage VARCHAR, actor VARCHAR, kind VARCHAR, detail VARCHAR",
+        [(i, *s) for i, s in enumerate(sigs)],
+    )
+    out: dict[Signature, list[dict[str, Any]]] = {s: [] for s in sigs}
+    if not sigs:
+        return out
+    for sig, cell_id, event_id in con.execute(
+        "SELECT s.sig, e.cell_id, min(e.event_id) FROM events e JOIN _sigs s ON e.kind = s.kind "
+        "AND e.stage IS NOT DISTINCT FROM s.stage AND e.actor IS NOT DISTINCT FROM s.actor "
+        "AND e.detail IS NOT DISTINCT FROM s.detail "
+        "JOIN outcomes o ON o.cell_id = e.cell_id JOIN cells c ON c.cell_id = e.cell_id "
+        "WHERE c.eligibility = 'valid_behavior' AND o.label = 'completed' "
+        "GROUP BY s.sig, e.cell_id ORDER BY s.sig, e.cell_id"
+    ).fetchall():
+        out[sigs[sig]].append({"cell_id": cell_id, "event_id": event_id})
+    return out
+
+
+def _clean(batch: Batch, drafts: list[Draft], concerns: dict[str, list[str]]) -> dict[str, list[str]]:
+    cells_with: dict[str, set[str]] = {}
+    for g in batch.groups:
+        if isinstance(g.get("concerns"), str):
+            cells_with.setdefault(g["concerns"], set()).update(
+                str(o.get("cell_id")) for o in g.get("occurrences") or [] if isinstance(o, dict)
+            )
+    completed: dict[str, list[str]] = {}
+    for c in batch.eligible:
+        if c.get("outcome") == "completed":
+            completed.setdefault(c["task_id"], []).append(c["cell_id"])
+    out: dict[str, list[str]] = {}
+    for d in drafts:
+        without = set().union(*(cells_with.get(k, set()) for k in concerns[d.draft_id]))
+        tasks = set(d.card.support.tasks)
+        out[d.draft_id] = [c for t in sorted(tasks) for c in completed.get(t, []) if c not in without]
+    return out
+
+
+def batch_facts(con: Any, batch: Batch, drafts: list[Draft]) -> _BatchFacts:
+    """The batch-wide lookups of :func:`counter_evidence` for every draft at once."""
+    concerns = _group_concerns(batch, drafts)
+    signatures = _signatures(con, drafts)
+    clean = _clean(batch, drafts, concerns)
+    facts = _BatchFacts(
+        concerns=concerns,
+        occurrences=_occurrences(con, sorted({k for ks in concerns.values() for k in ks})),
+        signatures=signatures,
+        found=_found(con, sorted({s for ss in signatures.values() for s in ss}, key=repr)),
+        clean=clean,
+        last_event={},
+    )
+    picks = sorted({c for d in drafts for c in _clean_samples(facts, d)})
+    if picks:
+        kinds = ", ".join(f"'{k}'" for k in TIMELINE_KINDS)
+        _temp(con, "_picks", "cell_id VARCHAR", [(p,) for p in picks])
+        facts.last_event = dict(
+            con.execute(
+                f"SELECT cell_id, max(event_id) FROM events WHERE kind IN ({kinds}) "
+                "AND cell_id IN (SELECT cell_id FROM _picks) GROUP BY cell_id"
+            ).fetchall()
+        )
+    return facts
+
+
+def _clean_samples(facts: _BatchFacts, draft: Draft) -> list[str]:
+    return [
+        p["cell_id"] for p in _samples([{"cell_id": c} for c in facts.clean[draft.draft_id]], set(draft.seen_cells))
+    ]
+
+
+def counter_evidence(facts: _BatchFacts, batch: Batch, draft: Draft) -> str:
     """Batch-wide counts of the draft's concerns in successful cells, with citable samples (text)."""
-    card = draft.card
     own = set(draft.seen_cells)
     out: list[str] = []
-    concerns = sorted(
-        {str(g.get("concerns")) for g in batch.groups if g.get("group_id") in set(card.support.pattern_groups)}
-    )
-    if concerns and has_table(con, "pattern_occurrences"):
-        occ = rows(
-            con,
-            "SELECT occurrence_id, cell_id, task_id, events, refs FROM pattern_occurrences "
-            f"WHERE successful_cell AND list_contains({_in_list(concerns)}, concerns) ORDER BY occurrence_id",
-        )
+    concerns = facts.concerns[draft.draft_id]
+    if concerns and facts.occurrences is not None:
+        occ = [r for _, r in sorted(p for k in concerns for p in facts.occurrences.get(k, []))]
         cells = sorted({r["cell_id"] for r in occ})
         head = (
             f"- same concerns ({', '.join(concerns)}) in successful cells: "
@@ -69,54 +204,21 @@ def counter_evidence(con: Any, batch: Batch, draft: Draft) -> str:
         for r in _samples(occ, own):
             ev = ", ".join(list(r["events"] or [])[:3])
             out.append(f"  {r['occurrence_id']} {r['cell_id']} ({r['task_id']}): events {ev}")
-    event_ids = [e for e in card.support.event_refs if EVENT_ID_RE.match(e)]
-    if event_ids:
-        sigs = rows(
-            con,
-            "SELECT DISTINCT stage, actor, kind, detail FROM events "
-            f"WHERE list_contains({_in_list(event_ids)}, event_id) ORDER BY ALL LIMIT {SIGNATURES}",
-        )
-        for s in sigs:
-            found = rows(
-                con,
-                "SELECT e.cell_id, min(e.event_id) AS event_id FROM events e JOIN outcomes o USING (cell_id) "
-                "JOIN cells c USING (cell_id) WHERE c.eligibility = 'valid_behavior' AND o.label = 'completed' "
-                "AND e.stage IS NOT DISTINCT FROM ? AND e.actor IS NOT DISTINCT FROM ? AND e.kind = ? "
-                "AND e.detail IS NOT DISTINCT FROM ? GROUP BY e.cell_id ORDER BY e.cell_id",
-                [s["stage"], s["actor"], s["kind"], s["detail"]],
+    for s in facts.signatures[draft.draft_id]:
+        found = facts.found[s]
+        what = f"{s[0] or '-'}/{s[1] or '-'} {s[3] or s[2]}"
+        line = f"- events like the cited {what} in successful cells: {len(found)} cell(s)"
+        if found:
+            line += " [" + by_task_outcome(
+                [batch.by_cell[r["cell_id"]] for r in found if r["cell_id"] in batch.by_cell]
             )
-            what = f"{s['stage'] or '-'}/{s['actor'] or '-'} {s['detail'] or s['kind']}"
-            line = f"- events like the cited {what} in successful cells: {len(found)} cell(s)"
-            if found:
-                line += " [" + by_task_outcome(
-                    [batch.by_cell[r["cell_id"]] for r in found if r["cell_id"] in batch.by_cell]
-                )
-                line += "]; samples: " + ", ".join(f"{r['event_id']} ({r['cell_id']})" for r in _samples(found, own))
-            out.append(line)
-    tasks = sorted(card.support.tasks)
-    with_concerns = set()
-    for g in batch.groups:
-        if g.get("concerns") in concerns:
-            with_concerns |= {str(o.get("cell_id")) for o in g.get("occurrences") or [] if isinstance(o, dict)}
-    clean = [
-        c
-        for c in batch.eligible
-        if c["task_id"] in tasks and c.get("outcome") == "completed" and c["cell_id"] not in with_concerns
-    ]
-    if tasks:
-        line = f"- successful cells of the supporting tasks without these concerns: {len(clean)}"
-        picks = _samples([{"cell_id": c["cell_id"]} for c in clean], own)
+            line += "]; samples: " + ", ".join(f"{r['event_id']} ({r['cell_id']})" for r in _samples(found, own))
+        out.append(line)
+    if draft.card.support.tasks:
+        line = f"- successful cells of the supporting tasks without these concerns: {len(facts.clean[draft.draft_id])}"
+        picks = [(c, facts.last_event[c]) for c in sorted(_clean_samples(facts, draft)) if c in facts.last_event]
         if picks:
-            kinds = ", ".join(f"'{k}'" for k in TIMELINE_KINDS)
-            last = rows(
-                con,
-                f"SELECT cell_id, max(event_id) AS event_id FROM events WHERE kind IN ({kinds}) "
-                f"AND list_contains({_in_list([p['cell_id'] for p in picks])}, cell_id) "
-                "GROUP BY cell_id ORDER BY cell_id",
-            )
-            line += "; samples (last controller-level event): " + ", ".join(
-                f"{r['event_id']} ({r['cell_id']})" for r in last
-            )
+            line += "; samples (last controller-level event): " + ", ".join(f"{e} ({c})" for c, e in picks)
         out.append(line)
     return "\n".join(out) if out else "- no batch-wide query applies (no pattern group or event cited)"
 
@@ -166,7 +268,8 @@ def draft_blocks(batch: Batch, drafts: list[Draft]) -> dict[str, str]:
     shares = shared_groups(drafts)
     con = duck.connect(batch.ir_path, read_only=True)
     try:
-        return {d.draft_id: draft_text(d, batch, shares[d.draft_id], counter_evidence(con, batch, d)) for d in drafts}
+        facts = batch_facts(con, batch, drafts)
+        return {d.draft_id: draft_text(d, batch, shares[d.draft_id], counter_evidence(facts, batch, d)) for d in drafts}
     finally:
         con.close()
 
