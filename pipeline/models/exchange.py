@@ -22,6 +22,7 @@ from pipeline.models.accounting import Accounting, Booked
 from pipeline.models.batching import BATCHED_ROLES, Batcher
 from pipeline.models.budget import context_error
 from pipeline.models.errors import EmptyAnswer, ModelUnavailable, ReplayMiss
+from pipeline.models.shaping import as_litellm_holds
 from pipeline.models.store import RecordingStore, canonical_request, check_record, make_record, request_key
 from pipeline.models.transport import (
     describe,
@@ -372,11 +373,13 @@ def response_from(body: dict[str, Any], *, openai_sdk: bool = False) -> Any:
     """The response object instructor parses, built from a stored body (live and record alike).
 
     With the openai SDK it is the SDK's ChatCompletion, built without validation as the SDK builds
-    its own (a server's extra or missing fields pass, as through litellm's ModelResponse).
+    its own (a server's extra or missing fields pass, as through litellm's ModelResponse), from the
+    message litellm would hold (:func:`shaping.as_litellm_holds`): instructor's re-asks then equal
+    litellm's and the replay's, byte for byte.
     """
     if openai_sdk:
         from openai.types.chat import ChatCompletion  # loaded already: the SDK sent the request
 
-        return ChatCompletion.construct(**body)
+        return ChatCompletion.construct(**as_litellm_holds(body))
     litellm = load_litellm()
     return litellm.ModelResponse(**body)

@@ -289,6 +289,38 @@ def dump_message(message: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def as_litellm_holds(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with each choice's message as litellm's Message holds it (for a response built without litellm).
+
+    Instructor puts the answer's message back into a re-ask from the response object; litellm
+    normalises tool-call arguments (an object becomes its JSON text, a missing one "") and an empty
+    tool-call list (None). The openai SDK's objects keep what the server sent, so a re-ask through
+    them would differ from a replay's (:func:`reask`) where a server answers loosely.
+    """
+    choices = body.get("choices")
+    if not isinstance(choices, list):
+        return body
+    out = []
+    for choice in choices:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
+            out.append(choice)
+            continue
+        message = dict(message)
+        calls = message.get("tool_calls")
+        if isinstance(calls, list):
+            message["tool_calls"] = [_tool_call(c) for c in calls if isinstance(c, dict)] or None
+        function_call = message.get("function_call")
+        if isinstance(function_call, dict):
+            message["function_call"] = {
+                **function_call,
+                "arguments": _normal_arguments(function_call.get("arguments")),
+                "name": function_call.get("name"),
+            }
+        out.append({**choice, "message": message})
+    return {**body, "choices": out}
+
+
 def reask(kwargs: dict[str, Any], body: dict[str, Any], error: Exception, mode: str) -> dict[str, Any]:
     """The next request after a parse failure: the previous answer and the error appended (instructor's reask)."""
     message = _message(body)

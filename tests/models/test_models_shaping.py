@@ -20,6 +20,7 @@ from pipeline.artifacts.proposal_card import ProposalList
 from pipeline.followup.judge import JudgeAnswer
 from pipeline.luna.patterns import LunaAnswer
 from pipeline.models import shaping
+from pipeline.models.exchange import response_from
 from pipeline.models.modes import INSTRUCTOR_MODES
 from pipeline.models.store import canonical_request, request_key
 from pipeline.models.transport import describe, load_litellm
@@ -59,19 +60,28 @@ def _messages() -> list[dict[str, Any]]:
 
 
 async def _instructor_run(
-    bodies: list[dict[str, Any]], model: type[BaseModel], mode: str, messages: list[dict[str, Any]], retries: int
+    bodies: list[dict[str, Any]],
+    model: type[BaseModel],
+    mode: str,
+    messages: list[dict[str, Any]],
+    retries: int,
+    openai_sdk: bool = False,
 ) -> tuple[list[dict[str, Any]], Any, BaseException | None]:
-    """What instructor sends (every attempt) and returns for scripted answer bodies."""
+    """What instructor sends (every attempt) and returns for scripted answer bodies.
+
+    ``openai_sdk``: the bodies reach instructor as the live openai-SDK client builds them (the SDK's
+    ChatCompletion), else as litellm's ModelResponse.
+    """
     import instructor
     from instructor.core import InstructorRetryException
 
-    litellm = load_litellm()
+    load_litellm()
     sent: list[dict[str, Any]] = []
     queue = list(bodies)
 
     async def complete(**kwargs: Any) -> Any:
         sent.append(json.loads(json.dumps(kwargs, default=lambda o: o.model_dump())))
-        return litellm.ModelResponse(**queue.pop(0))
+        return response_from(queue.pop(0), openai_sdk=openai_sdk)
 
     client: Any = instructor.from_litellm(complete, mode=getattr(instructor.Mode, INSTRUCTOR_MODES[mode]))
     try:
@@ -111,13 +121,15 @@ def _keys(sent: list[dict[str, Any]], mode: str) -> list[str]:
 
 def _same(bodies: list[dict[str, Any]], model: type[BaseModel], mode: str, retries: int = 2) -> Any:
     messages = _messages()
-    theirs = asyncio.run(_instructor_run(bodies, model, mode, messages, retries))
     ours = asyncio.run(_lunasol_run(bodies, model, mode, messages, retries))
-    assert ours[0] == theirs[0]  # every request, byte for byte as JSON (re-asks included)
-    assert _keys(ours[0], mode) == _keys(theirs[0], mode)
-    assert ours[1] == theirs[1]
-    shown = [None if e is None else describe(e) for e in (ours[2], theirs[2])]
-    assert shown[0] == shown[1]
+    # replay (shaping) against instructor live, through litellm and through the openai SDK alike
+    for openai_sdk in (False, True):
+        theirs = asyncio.run(_instructor_run(bodies, model, mode, messages, retries, openai_sdk))
+        assert ours[0] == theirs[0]  # every request, byte for byte as JSON (re-asks included)
+        assert _keys(ours[0], mode) == _keys(theirs[0], mode)
+        assert ours[1] == theirs[1]
+        shown = [None if e is None else describe(e) for e in (ours[2], theirs[2])]
+        assert shown[0] == shown[1], openai_sdk
     return ours
 
 
