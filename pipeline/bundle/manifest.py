@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.artifacts.versions import VERSIONS
-from pipeline.bundle.request import check_relative, read_bundle_json
+from pipeline.bundle.request import check_relative, parse_bundle_json, read_bundle_bytes
 from pipeline.core.canonical import sha256_bytes, sha256_file, write_json
 from pipeline.core.errors import BundleError
 
@@ -213,11 +214,49 @@ def freeze(bundle: Path) -> Manifest:
     return manifest
 
 
+# Inside remember_manifests(): sha256 of a manifest.json's bytes -> its checked (version, entries).
+_remembered: dict[str, tuple[int, tuple[FileEntry, ...]]] | None = None
+
+
+@contextmanager
+def remember_manifests() -> Iterator[None]:
+    """Inside, a manifest whose bytes were read and checked already is not parsed and checked again.
+
+    A run reads the manifest before it starts and again at export (~0.2 s at 1,000 cells each).
+    The key is the digest of the file's bytes, so an edited manifest is read afresh; the checks
+    are of the bytes alone, so they hold for any bundle whose manifest has these bytes. Each
+    read still gets its own :class:`Manifest` (``hashed_ok`` is never shared). Entries are kept
+    until the block ends (the last manifest only).
+    """
+    global _remembered
+    if _remembered is not None:  # nested: the outer block keeps and clears
+        yield
+        return
+    _remembered = {}
+    try:
+        yield
+    finally:
+        _remembered = None
+
+
 def read_manifest(bundle: Path) -> Manifest:
     """Read and check ``manifest.json`` (format, versions, path safety)."""
     if not bundle.is_dir():
         raise BundleError(f"bundle not found: {bundle}")
-    data = read_bundle_json(bundle, MANIFEST_FILE, f" (run: lunasol bundle freeze {bundle})")
+    raw = read_bundle_bytes(bundle, MANIFEST_FILE, f" (run: lunasol bundle freeze {bundle})")
+    memo = _remembered
+    key = sha256_bytes(raw) if memo is not None else ""
+    if memo is not None and key in memo:
+        version, files = memo[key]
+        return Manifest(files=files, schema_version=version)
+    manifest = _check_manifest(parse_bundle_json(MANIFEST_FILE, raw))
+    if memo is not None:
+        memo.clear()
+        memo[key] = (manifest.schema_version, manifest.files)
+    return manifest
+
+
+def _check_manifest(data: Any) -> Manifest:
     if not isinstance(data, dict) or not isinstance(data.get("files"), list):
         raise BundleError(f"{MANIFEST_FILE}: expected an object with a 'files' list")
     version = data.get("schema_version")

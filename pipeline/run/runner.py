@@ -28,7 +28,7 @@ import pipeline
 from pipeline import coordinator, probes
 from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION, run_command
 from pipeline.artifacts.schemas import load_document
-from pipeline.bundle.manifest import read_manifest, verify
+from pipeline.bundle.manifest import read_manifest, remember_manifests, verify
 from pipeline.bundle.request import load_request
 from pipeline.coordinator.probe_estimate import estimate_groups
 from pipeline.core.canonical import digest, read_json, sha256_file, write_json
@@ -379,13 +379,15 @@ def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
         return dry_run(ctx)
     if options.resume:
         _check_resume(ctx, bdigest)
-    # The bundle's own files are checked before the run dir exists, so a bad one leaves nothing behind.
-    read_manifest(options.bundle)
-    load_request(options.bundle)
-    created = not ctx.run_dir.exists()
-    ctx.run_dir.mkdir(parents=True, exist_ok=True)
-    with _exclusive_run(ctx.run_dir):
-        return _run_stages(ctx, bdigest, created)
+    # the manifest is read and checked once for the run (here, at export, when a reused export is verified)
+    with remember_manifests():
+        # The bundle's own files are checked before the run dir exists, so a bad one leaves nothing behind.
+        read_manifest(options.bundle)
+        load_request(options.bundle)
+        created = not ctx.run_dir.exists()
+        ctx.run_dir.mkdir(parents=True, exist_ok=True)
+        with _exclusive_run(ctx.run_dir):
+            return _run_stages(ctx, bdigest, created)
 
 
 def _no_model_message(ctx: RunContext) -> str:
