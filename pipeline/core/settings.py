@@ -15,6 +15,7 @@ from pipeline.core.errors import BadInput
 
 Mode = Literal["live", "record", "replay"]
 InstructorMode = Literal["tools", "json_schema", "json", "md_json"]
+Client = Literal["auto", "litellm"]
 
 ROLE_MAX_TOKENS: dict[str, int] = {"luna": 4096, "sol": 8192, "proposer": 4096, "judge": 4096}
 """Default ``max_tokens`` per role: a bound a CPU server can finish (never unbounded); ``--max-tokens`` overrides."""
@@ -51,6 +52,11 @@ class ModelSettings(BaseModel):
         default=3, ge=1, description="cells failing on transport in a row before the run blocks (provider down)"
     )
     batch: bool = Field(default=False, description="send Luna's per-cell calls as one provider batch (--batch)")
+    client: Client = Field(
+        default="auto",
+        description="library that sends live calls: auto = the openai SDK for openai/<name> with --api-base "
+        "(an OpenAI-compatible server; no litellm import), litellm for every other model; litellm = always litellm",
+    )
 
     @classmethod
     def from_env(cls, **overrides: object) -> ModelSettings:

@@ -181,7 +181,13 @@ def followup(
     counted = evaluate_conditions(list(card.rejection_conditions), child, matched, metrics, covered)
     if ask_judge:
         command = f"lunasol followup {parent_dir} --proposal {proposal_id} --child {child_dir}"
-        judged = judge(child, card, matched, covered, settings or run_model_settings(child_dir), command, log)
+        settings = settings or run_model_settings(child_dir)
+        if settings.model is None and settings.effective_mode() != "replay":
+            raise BadInput(
+                "the judge needs a model and the child run names none: pass --model, --replay DIR, "
+                "or --no-judge (counts settle what they can, the rest is left to a human)"
+            )
+        judged = judge(child, card, matched, covered, settings, command, log)
     else:
         judged = not_asked("not asked (--no-judge): the conditions no count settles are left to a human")
     conditions, conflicts = merge(counted, judged)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,7 @@ from pipeline.core.settings import ModelSettings
 from pipeline.ir.cache import cached_rows
 from pipeline.ir.redact import redact
 from pipeline.ir.store import insert_rows
-from pipeline.luna.feed import CellFeed, prepare
+from pipeline.luna.feed import LOAD_CELLS, CellFeed, prepare
 from pipeline.luna.merge import CellPatterns, Conflict, Verdict, merge_cell
 from pipeline.luna.patterns import PATTERN_ROW_SCHEMA_VERSION, LunaAnswer, Pattern, check_answer
 from pipeline.luna.render import CellIR, Part, context_budget
@@ -45,6 +46,7 @@ LUNA_CELL_COLUMNS = ("cell_id", "status", "parts", "est_tokens", "attempts", "pa
 CONFLICT_COLUMNS = ("conflict_id", "cell_id", "hit_id", "pattern_id", "kind", "model_claim", "probe_finding",
                     "resolution")  # fmt: skip
 ROLE = "luna"
+ELIGIBLE_SQL = "SELECT cell_id FROM cells WHERE eligibility = 'valid_behavior' ORDER BY cell_id"
 PARTS_DIR = "luna-parts"  # answered parts of split cells, kept until their whole cell is answered
 PROMPT_OVERHEAD_TOKENS = 6_000  # Luna's instructions, probe candidates and output schema, around the IR
 
@@ -262,30 +264,29 @@ def part_budget(settings: ModelSettings) -> int:
     return max(min(context_budget(), int(room * 0.6)), 500)
 
 
-def _prepared_cells(ir_path: Path, budget: int) -> list[tuple[CellIR, list[Part], int]]:
-    """:func:`prepare` on the run's IR, after running the probes if the IR has no hits yet."""
-    con = duck.connect(ir_path)
+def plan(ctx: RunContext) -> Iterator[PlannedCall]:
+    """Every Luna call this run would make (for ``--dry-run``), LOAD_CELLS cells at a time; calls nothing.
+
+    A generator: the dry run counts each call's tokens as it comes, so at 10,000 cells the rendered
+    prompts of the whole batch are never in memory at once (the run itself loads cells the same way).
+    """
+    budget = part_budget(ctx.options.models)
+    summaries = _task_summaries(ctx.bundle, ctx.options.redact)
+    con = duck.connect(ctx.ir_path)
     try:
         _ensure_hits(con)
-        return prepare(con, budget)
+        ids = [r[0] for r in con.execute(ELIGIBLE_SQL).fetchall()]
+        for start in range(0, len(ids), LOAD_CELLS):
+            for cell, parts, _size in prepare(con, budget, only=ids[start : start + LOAD_CELLS]):
+                for part in parts:
+                    yield PlannedCall(
+                        role="luna",
+                        cell_id=cell.cell_id,
+                        context=part_context(cell, part, summaries.get(cell.task_id, "")),
+                        response_model=LunaAnswer,
+                    )
     finally:
         con.close()
-
-
-def plan(ctx: RunContext) -> list[PlannedCall]:
-    """Every Luna call this run would make (for ``--dry-run``); calls nothing."""
-    prepared = _prepared_cells(ctx.ir_path, part_budget(ctx.options.models))
-    summaries = _task_summaries(ctx.bundle, ctx.options.redact)
-    return [
-        PlannedCall(
-            role="luna",
-            cell_id=cell.cell_id,
-            context=part_context(cell, part, summaries.get(cell.task_id, "")),
-            response_model=LunaAnswer,
-        )
-        for cell, parts, _size in prepared
-        for part in parts
-    ]
 
 
 async def _call_part(client: ModelClient, cell: CellIR, part: Part, context: dict[str, Any]) -> CallOutcome[LunaAnswer]:
@@ -320,9 +321,7 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
     con = duck.connect(ctx.ir_path)
     try:
         _ensure_hits(con)
-        eligible = con.execute(
-            "SELECT cell_id, task_id FROM cells WHERE eligibility = 'valid_behavior' ORDER BY cell_id"
-        ).fetchall()
+        eligible = con.execute(ELIGIBLE_SQL.replace("SELECT cell_id", "SELECT cell_id, task_id")).fetchall()
         # the IR's stored per-cell digests (an IR not made by export has none: nothing is cached then)
         cell_digests = _content_digests(con)
         reused = _cached_runs(con, stamp, {r[0]: summaries.get(r[1], "") for r in eligible}, store)
@@ -435,7 +434,7 @@ def stage(ctx: RunContext) -> str:
     if not ctx.ir_path.is_file():
         raise BadInput(f"no IR at {ctx.ir_path}: export must run before luna")
     if ctx.options.dry_run:
-        return f"dry run: {len(plan(ctx))} luna calls planned"
+        return f"dry run: {sum(1 for _ in plan(ctx))} luna calls planned"
     results = asyncio.run(run_luna(ctx))
     patterns, _ = write_outputs(ctx.ir_path, ctx.run_dir, results)
     failed = [r for r in results if r.status == "failed"]

@@ -296,7 +296,8 @@ class ModelClient:
         if self._instructor is None:
             if not self.model:
                 raise BadInput("no model given: pass --model (e.g. openai/gpt-4o-mini) or set LUNASOL_MODEL")
-            load_litellm(announce=self.log)  # the first live call says why it waits (seconds of import)
+            if not self.exchange.openai_sdk:
+                load_litellm(announce=self.log)  # the first live call says why it waits (seconds of import)
             import instructor
 
             quiet_instructor()

@@ -7,6 +7,7 @@ checked against instructor by the tests); nothing is sent.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,7 +155,7 @@ def _price(model: str, prompt_tokens: int, completion_tokens: int) -> float | No
         return None
 
 
-def estimate(planned: list[PlannedCall], settings: ModelSettings) -> Estimate:
+def estimate(planned: Iterable[PlannedCall], settings: ModelSettings) -> Estimate:
     """Render and count every planned call; price from litellm's bundled map (offline)."""
     model = settings.model or ASSUMED_MODEL
     limits = model_limits(settings)

@@ -26,15 +26,18 @@ from pipeline.models.store import RecordingStore, canonical_request, check_recor
 from pipeline.models.transport import (
     describe,
     is_context_error,
+    is_transient,
     load_litellm,
     no_wait,
     reason_for,
     refusal,
     retry_after,
-    retryable_types,
+    uses_openai_sdk,
 )
 
 DUMMY_API_KEY = "sk-lunasol-no-key"  # a bare OpenAI-compatible --api-base needs *some* key string
+# litellm.acompletion arguments the openai SDK takes on its client instead (base URL, key, timeout, no retries)
+_LITELLM_ONLY = frozenset({"num_retries", "max_retries", "api_base", "api_key", "timeout"})
 
 
 @dataclass
@@ -88,10 +91,16 @@ class Exchange:
         self._sem: asyncio.Semaphore | None = None
         self._openai_clients: dict[int, Any] = {}
         self.batcher: Batcher | None = None  # --batch: set by the client (pipeline.models.batching)
+        self.refused: LunasolError | None = None  # a refusal stops every later request of the client
 
     async def complete(self, **kwargs: Any) -> Any:
-        """One exchange as instructor needs it: a coroutine function returning litellm's response object."""
-        return response_from(await self.answer(**kwargs))
+        """One exchange as instructor needs it: a coroutine function returning a response object."""
+        return response_from(await self.answer(**kwargs), openai_sdk=self.openai_sdk)
+
+    @property
+    def openai_sdk(self) -> bool:
+        """True when live calls go through the openai SDK without litellm (:func:`uses_openai_sdk`)."""
+        return uses_openai_sdk(self.settings, self.model)
 
     async def answer(self, **kwargs: Any) -> dict[str, Any]:
         """One exchange for the current call (:data:`CALL_STATE`): the answer's body (the raw HTTP JSON).
@@ -223,14 +232,26 @@ class Exchange:
             self._openai_clients[loop_id] = client
         return client
 
+    async def _send(self, call_kwargs: dict[str, Any], state: CallState) -> Any:
+        """One HTTP request: through the openai SDK (an OpenAI-compatible --api-base) or litellm."""
+        if self.openai_sdk:
+            sdk_kwargs = {k: v for k, v in call_kwargs.items() if k not in _LITELLM_ONLY}
+            sdk_kwargs["model"] = str(self.model).removeprefix("openai/")  # as litellm sends it
+            try:
+                return await self._openai_client().chat.completions.create(**sdk_kwargs)
+            except ValueError:  # the SDK could not read the body (a garbage 200): the captured body says why
+                return None
+        response = await load_litellm().acompletion(**call_kwargs)
+        state.add(self.accounting.book(response))
+        return response
+
     async def _live(self, kwargs: dict[str, Any], persist: Callable[[dict[str, Any], str], None]) -> dict[str, Any]:
-        """``litellm.acompletion`` with tenacity retries on transport faults and empty answers.
+        """One request with tenacity retries on transport faults and empty answers.
 
         Returns the answer's body (the raw HTTP JSON when captured), already persisted.
         """
-        litellm = load_litellm()
         # tenacity loads only for a live call (startup cost of replay).
-        from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+        from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
         state = CALL_STATE.get()
         fallback = wait_random_exponential(multiplier=0.5, max=20)
@@ -253,10 +274,10 @@ class Exchange:
 
         call_kwargs = {**kwargs, **self._transport_kwargs(), "model": self.model}
         use_capture = self._is_openai()
-        if use_capture:
+        if use_capture and not self.openai_sdk:
             call_kwargs["client"] = self._openai_client()
         retrying = AsyncRetrying(
-            retry=retry_if_exception_type((*retryable_types(), EmptyAnswer)),
+            retry=retry_if_exception(lambda exc: isinstance(exc, EmptyAnswer) or is_transient(exc)),
             stop=stop_after_attempt(self.settings.transport_retries + 1),
             wait=wait,
             before_sleep=before_sleep,
@@ -272,11 +293,16 @@ class Exchange:
                             # Budget checked and spend booked while holding the slot, so calls queued
                             # behind the bound never start on a budget that is already spent.
                             self.accounting.check_budget()
-                            response = await litellm.acompletion(**call_kwargs)
-                            state.add(self.accounting.book(response))
+                            if self.refused is not None:  # a call queued behind the refused one never sends
+                                raise self.refused
+                            response = await self._send(call_kwargs, state)
                     finally:
                         _CAPTURE.reset(tok)
                     raw = _json_object(slot[-1]) if slot else None
+                    if self.openai_sdk:
+                        if raw is None:  # litellm calls such a body a server fault (500): retried alike
+                            raise EmptyAnswer("the answer's body is not a JSON object")
+                        state.add(self.accounting.book(raw))
                     body, source = (
                         (raw, "http_body") if raw is not None else (response.model_dump(mode="json"), "litellm")
                     )
@@ -300,6 +326,7 @@ class Exchange:
                 raise context_error(exc, self.settings, state.role, state.cell_id) from exc
             refused = refusal(exc, str(self.model), self.settings.api_base)
             if refused is not None:
+                self.refused = refused
                 raise refused from None
             tried = [{"action": "transport retries", "outcome": f"{state.transport_retries} retries, then failed"}]
             raise ModelUnavailable(
@@ -341,7 +368,15 @@ def unusable(body: dict[str, Any]) -> str | None:
     return "the answer has neither a tool call nor any content"
 
 
-def response_from(body: dict[str, Any]) -> Any:
-    """The response object instructor parses, built from a stored body (live and replay alike)."""
+def response_from(body: dict[str, Any], *, openai_sdk: bool = False) -> Any:
+    """The response object instructor parses, built from a stored body (live and record alike).
+
+    With the openai SDK it is the SDK's ChatCompletion, built without validation as the SDK builds
+    its own (a server's extra or missing fields pass, as through litellm's ModelResponse).
+    """
+    if openai_sdk:
+        from openai.types.chat import ChatCompletion  # loaded already: the SDK sent the request
+
+        return ChatCompletion.construct(**body)
     litellm = load_litellm()
     return litellm.ModelResponse(**body)

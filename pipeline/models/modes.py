@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pipeline.core.errors import BadInput
 from pipeline.core.settings import ModelSettings
+from pipeline.models import modelmap
 from pipeline.models.store import RecordingStore
 from pipeline.models.transport import load_litellm
 
@@ -25,6 +26,8 @@ def recorded_modes(store: RecordingStore) -> set[str]:
 
 def capability_mode(model: str) -> str:
     """The mode litellm's capability map suggests for ``model`` (json when it knows nothing)."""
+    if modelmap.lookup(model) is None:
+        return "json"  # a model litellm's map does not know claims no capability (asked without importing it)
     litellm = load_litellm()
     for mode, probe in (("tools", "supports_function_calling"), ("json_schema", "supports_response_schema")):
         try:

@@ -1,4 +1,4 @@
-"""Transport helpers of the model client: lazy litellm, retry classification, Retry-After, messages."""
+"""Transport helpers of the model client: lazy litellm, which client sends, retry classification, Retry-After."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 from pipeline.core import offline
 from pipeline.core.errors import LunasolError
+from pipeline.core.settings import ModelSettings
 from pipeline.models.errors import ModelRefused
 
 LOADING = "loading model client (litellm)…"
@@ -59,18 +60,49 @@ def lunasol_cause(exc: BaseException) -> LunasolError | None:
     return None
 
 
-def retryable_types() -> tuple[type[BaseException], ...]:
-    """Litellm exception classes that are transport faults (retried with backoff)."""
-    litellm = load_litellm()
-    names = (
-        "RateLimitError",
-        "Timeout",
-        "APIConnectionError",
-        "InternalServerError",  # also what "connection refused" and a garbage 200 body map to
-        "ServiceUnavailableError",
-        "BadGatewayError",
-    )
-    return tuple(getattr(litellm, n) for n in names if isinstance(getattr(litellm, n, None), type))
+def uses_openai_sdk(settings: ModelSettings, model: str | None) -> bool:
+    """True when live calls go straight through the openai SDK, without litellm.
+
+    ``openai/<name>`` with ``--api-base`` is an OpenAI-compatible server (vLLM, llama.cpp, Ollama,
+    LM Studio): litellm's own route for it is the openai SDK with the prefix stripped, after
+    importing itself (~2.5 CPU s, most of a one-cell rerun). ``LUNASOL_CLIENT=litellm`` keeps litellm.
+    """
+    return settings.client == "auto" and bool(model) and str(model).startswith("openai/") and bool(settings.api_base)
+
+
+def _litellm_types(*names: str) -> tuple[type[BaseException], ...]:
+    # litellm's own classes, only when it is loaded: an error from the openai SDK is never one of them.
+    litellm = sys.modules.get("litellm")
+    return tuple(t for n in names if isinstance(t := getattr(litellm, n, None), type)) if litellm else ()
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A transport fault worth retrying with backoff: rate limit, timeout, connection, 5xx.
+
+    litellm's exception classes subclass the openai SDK's, so one test covers both clients.
+    """
+    import openai  # loaded already: an exception of a live call is being classified
+
+    if is_context_error(exc) or refusal_kind(exc) is not None:
+        return False  # a 500 that says the prompt is too long (llama.cpp) is not transient either
+    if isinstance(exc, openai.RateLimitError | openai.APIConnectionError | openai.InternalServerError):
+        return True  # APITimeoutError is an APIConnectionError; litellm maps "connection refused" to a 500
+    return isinstance(exc, openai.APIStatusError) and exc.status_code >= 500  # litellm's 502 / 503 classes
+
+
+def refusal_kind(exc: BaseException) -> str | None:
+    """The kind of a provider error retrying cannot fix (credential, not_found, bad_request), else None."""
+    import openai  # loaded already: an exception of a live call is being classified
+
+    if is_context_error(exc):
+        return None  # the prompt is too long for this model: the context budget handles it
+    if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
+        return "credential"
+    if isinstance(exc, openai.NotFoundError):
+        return "not_found"
+    if isinstance(exc, openai.BadRequestError | openai.UnprocessableEntityError):
+        return "bad_request"  # litellm's UnsupportedParamsError is a BadRequestError
+    return None
 
 
 def retry_after(exc: BaseException) -> float | None:
@@ -91,17 +123,7 @@ def retry_after(exc: BaseException) -> float | None:
 def reason_for(exc: BaseException) -> str:
     """Block receipt constraint class for a provider error."""
     # seed 001's constraint classes: a refused key is a credential problem, the rest is the provider's.
-    litellm = load_litellm()
-    refused = tuple(
-        t
-        for t in (getattr(litellm, "AuthenticationError", None), getattr(litellm, "PermissionDeniedError", None))
-        if isinstance(t, type)
-    )
-    return "credential" if refused and isinstance(exc, refused) else "external_system"
-
-
-def _types(litellm: Any, *names: str) -> tuple[type[BaseException], ...]:
-    return tuple(t for n in names if isinstance(t := getattr(litellm, n, None), type))
+    return "credential" if refusal_kind(exc) == "credential" else "external_system"
 
 
 def refusal(exc: BaseException, model: str, api_base: str | None) -> ModelRefused | None:
@@ -111,22 +133,20 @@ def refusal(exc: BaseException, model: str, api_base: str | None) -> ModelRefuse
     configuration errors; a context-window overflow is not one of them (the prompt is too long for
     this model, which the context budget handles).
     """
-    litellm = load_litellm()
-    if isinstance(exc, _types(litellm, "ContextWindowExceededError")):
-        return None
+    kind = refusal_kind(exc)
     where = f" at {api_base}" if api_base else ""
-    if isinstance(exc, _types(litellm, "AuthenticationError", "PermissionDeniedError")):
+    if kind == "credential":
         return ModelRefused(
             f"the provider refused the key for {model}{where} ({describe(exc)}); set a valid key in the provider's "
             "env var (e.g. OPENAI_API_KEY), or point --api-base at a server that needs none",
             reason="credential",
         )
-    if isinstance(exc, _types(litellm, "NotFoundError")):
+    if kind == "not_found":
         return ModelRefused(
             f"model {model} was not found{where} ({describe(exc)}); pass a --model the provider serves",
             reason="not_found",
         )
-    if isinstance(exc, _types(litellm, "BadRequestError", "UnprocessableEntityError", "UnsupportedParamsError")):
+    if kind == "bad_request":
         return ModelRefused(
             f"the provider rejected the request for {model}{where} as invalid ({describe(exc)}); a server without "
             "tool calls or JSON schemas needs --mode json, one without max_tokens --max-tokens 0",
@@ -147,9 +167,7 @@ _MAX_CONTEXT = re.compile(r"maximum context length is (\d[\d,]*)")
 
 def is_context_error(exc: BaseException) -> bool:
     """True when the provider refused a request for its size (OpenAI ``context_length_exceeded``)."""
-    litellm = load_litellm()
-    kind = getattr(litellm, "ContextWindowExceededError", None)
-    if isinstance(kind, type) and isinstance(exc, kind):
+    if isinstance(exc, _litellm_types("ContextWindowExceededError")):
         return True
     code = getattr(exc, "code", None)
     text = f"{code} {exc}".lower()

@@ -13,11 +13,12 @@ call plus the downstream steps. A :class:`~pipeline.core.errors.Blocked` error w
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import platform
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -57,7 +58,7 @@ class Stage:
     """One stage of the flow: ``run(ctx) -> one-line summary``; model stages also ``plan(ctx)`` their calls."""
 
     run: Callable[[RunContext], str]
-    plan: Callable[[RunContext], list[PlannedCall]] | None = None
+    plan: Callable[[RunContext], Iterable[PlannedCall]] | None = None
 
 
 # The order is the flow of DESIGN.md.
@@ -565,7 +566,7 @@ def dry_run(ctx: RunContext) -> RunResult:
     Deterministic stages run in a temporary directory, role modules' ``plan(ctx)`` list their
     calls, and :func:`pipeline.models.estimate` prices them.
     """
-    planned: list[PlannedCall] = []
+    planned: list[Iterable[PlannedCall]] = []
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="lunasol-dry-") as tmp:
         tctx = RunContext(options=ctx.options, run_dir=Path(tmp) / ctx.run_dir.name, log=lambda _m: None)
@@ -573,10 +574,13 @@ def dry_run(ctx: RunContext) -> RunResult:
         model_stage_seen = False
         for name, target in STAGES:
             if target.plan is not None:
-                calls = list(target.plan(tctx))
-                planned += calls
                 model_stage_seen = True
-                if name != "luna" and not calls:
+                if name == "luna":  # one call per cell part: counted as they come, never all held at once
+                    planned.append(target.plan(tctx))
+                    continue
+                calls = list(target.plan(tctx))
+                planned.append(calls)
+                if not calls:
                     notes.append(f"{name}: nothing to plan yet")
             elif not model_stage_seen:
                 target.run(tctx)  # deterministic stage: needed to render real prompts
@@ -589,7 +593,7 @@ def dry_run(ctx: RunContext) -> RunResult:
                 )
             else:
                 notes.append(f"{name}: deterministic, runs after the model stages (no model call)")
-        est = estimate(planned, ctx.options.models)
+        est = estimate(itertools.chain.from_iterable(planned), ctx.options.models)
     ctx.log(format_estimate(est))
     for n in notes:
         ctx.log(f"note: {n}")

@@ -302,10 +302,20 @@ def test_refusals_are_one_line_and_write_nothing(world: dict[str, Any], tmp_path
     shutil.copy(child / "weakness-shortlist.json", runs / "child-other" / "weakness-shortlist.json")
     line = _one_line_exit_2(["followup", str(parent), "--proposal", "P-01", "--child", str(runs / "child-other")])
     assert "implements P-02, not P-01" in line
+    # a child made without a model (export only): the judge cannot be asked, and the line says how to go on
+    bare = tmp_path / "b-bare"
+    write_generation(bare, run_id="child-bare", families=FAMILIES[:1], runs=1, planted=lambda f, r: False,
+                     harness="H1", generation=1, implements={**impl, "proposal_id": "P-01"})  # fmt: skip
+    export(bare, runs / "child-bare")
+    for name in ("pattern-groups.json", "weakness-shortlist.json"):
+        shutil.copy(child / name, runs / "child-bare" / name)
+    line = _one_line_exit_2(["followup", str(parent), "--proposal", "P-01", "--child", str(runs / "child-bare")])
+    assert "the judge needs a model" in line and "--no-judge" in line and "--model" in line
     # the parent's own bundle as a child
     with pytest.raises(BadInput, match="same bundle"):
         followup(parent, "P-01", parent)
     assert not (child / "followup.json").exists() and not (runs / "child-other" / "followup.json").exists()
+    assert not (runs / "child-bare" / "followup.json").exists()
     assert not (parent / "followup.json").exists()
 
 

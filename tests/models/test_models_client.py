@@ -163,13 +163,14 @@ TRANSPORT_FAULTS = {
 }
 
 
+@pytest.mark.parametrize("via", ["auto", "litellm"])  # openai SDK straight, and through litellm
 @pytest.mark.parametrize("fault", list(TRANSPORT_FAULTS))
 async def test_transport_fault_is_retried_and_recovered(
-    fault: str, tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+    via: str, fault: str, tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
 ) -> None:
     fake_llm.push(TRANSPORT_FAULTS[fault])
     fake_llm.push_answer(GOOD)
-    client = ModelClient(model_settings(timeout_s=0.5), tmp_path / "r")
+    client = ModelClient(model_settings(client=via, timeout_s=0.5), tmp_path / "r")
     out = await one(client)
     assert out.ok and out.value == Finding(**GOOD)
     assert out.transport_retries == 1 and out.attempts == 1
@@ -177,37 +178,44 @@ async def test_transport_fault_is_retried_and_recovered(
     assert read_calls(tmp_path / "r")[0]["transport_retries"] == 1
 
 
+@pytest.mark.parametrize("via", ["auto", "litellm"])  # openai SDK straight, and through litellm
 async def test_persistent_5xx_blocks_after_bounded_retries(
-    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+    via: str, tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
 ) -> None:
     fake_llm.handler = lambda _req: server_error(500)
-    client = ModelClient(model_settings(transport_retries=2), tmp_path / "r")
+    client = ModelClient(model_settings(client=via, transport_retries=2), tmp_path / "r")
     with pytest.raises(ModelUnavailable, match="after 2 retries") as err:
         await one(client)
     assert err.value.exit_code == 3 and len(fake_llm.requests) == 3
     assert read_calls(tmp_path / "r")[0]["outcome"] == "model_unavailable"
 
 
+@pytest.mark.parametrize("via", ["auto", "litellm"])  # openai SDK straight, and through litellm
 async def test_client_error_is_not_retried(
-    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+    via: str, tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
 ) -> None:
     fake_llm.push(Reply(status=400, body={"error": {"message": "bad request"}}))
     with pytest.raises(ModelRefused) as err:
-        await one(ModelClient(model_settings(), tmp_path / "r"))
+        await one(ModelClient(model_settings(client=via), tmp_path / "r"))
     assert len(fake_llm.requests) == 1
     # a configuration error: exit 2, and the line says what to change instead of "--resume"
     assert err.value.exit_code == 2 and err.value.reason == "bad_request"
     assert "--mode json" in err.value.one_line() and "--resume" not in err.value.one_line()
 
 
+@pytest.mark.parametrize("via", ["auto", "litellm"])  # openai SDK straight, and through litellm
 async def test_retry_after_is_honoured(
-    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings], monkeypatch: pytest.MonkeyPatch
+    via: str,
+    tmp_path: Path,
+    fake_llm: FakeOpenAI,
+    model_settings: Callable[..., ModelSettings],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("LUNASOL_TEST_NO_WAIT")
     fake_llm.push(rate_limited(0.4))
     fake_llm.push_answer(GOOD)
     start = time.perf_counter()
-    out = await one(ModelClient(model_settings(), tmp_path / "r"))
+    out = await one(ModelClient(model_settings(client=via), tmp_path / "r"))
     assert out.ok and time.perf_counter() - start >= 0.4
 
 
@@ -372,23 +380,27 @@ async def test_no_model_is_bad_input(tmp_path: Path) -> None:
         await one(ModelClient(ModelSettings(), tmp_path))
 
 
+@pytest.mark.parametrize("via", ["auto", "litellm"])  # openai SDK straight, and through litellm
 async def test_auth_error_is_a_credential_refusal_never_retried(
-    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+    via: str, tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
 ) -> None:
     fake_llm.push(unauthorized())
     with pytest.raises(ModelRefused) as err:
-        await one(ModelClient(model_settings(), tmp_path / "r"), soft_fail=True)  # not a per-cell failure either
+        await one(
+            ModelClient(model_settings(client=via), tmp_path / "r"), soft_fail=True
+        )  # not a per-cell failure either
     assert err.value.reason == "credential" and err.value.exit_code == 2 and len(fake_llm.requests) == 1
     assert "OPENAI_API_KEY" in err.value.one_line() and "--resume" not in err.value.one_line()
     assert read_calls(tmp_path / "r")[0]["outcome"] == "model_refused"
 
 
+@pytest.mark.parametrize("via", ["auto", "litellm"])  # openai SDK straight, and through litellm
 async def test_unknown_model_404_is_not_retried(
-    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+    via: str, tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
 ) -> None:
     fake_llm.push(Reply(status=404, body={"error": {"message": "model 'nope' not found", "type": "not_found"}}))
     with pytest.raises(ModelRefused) as err:
-        await one(ModelClient(model_settings(), tmp_path / "r"))
+        await one(ModelClient(model_settings(client=via), tmp_path / "r"))
     assert err.value.reason == "not_found" and len(fake_llm.requests) == 1 and "--model" in err.value.one_line()
 
 

@@ -67,21 +67,23 @@ async def one(client: ModelClient, cell: str = "C1", **kw: Any) -> Any:
 # -- empty answers -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("via", ["auto", "litellm"])  # openai SDK straight, and through litellm
 @pytest.mark.parametrize("content", [False, True], ids=["no-choices", "empty-content"])
 async def test_empty_answer_is_retried_like_a_5xx(
-    content: bool, tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+    via: str, content: bool, tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
 ) -> None:
     fake_llm.push(lambda r: empty_choices(r, content=content), answer(GOOD))
-    out = await one(ModelClient(model_settings(), tmp_path / "r"))
+    out = await one(ModelClient(model_settings(client=via), tmp_path / "r"))
     assert out.ok and out.value == Finding(**GOOD)
     assert len(fake_llm.requests) == 2 and out.transport_retries == 1
 
 
+@pytest.mark.parametrize("via", ["auto", "litellm"])  # openai SDK straight, and through litellm
 async def test_persistent_empty_answers_fail_the_call_softly_or_block(
-    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+    via: str, tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
 ) -> None:
     fake_llm.handler = empty_choices
-    client = ModelClient(model_settings(transport_retries=2, max_consecutive_failures=2), tmp_path / "r")
+    client = ModelClient(model_settings(client=via, transport_retries=2, max_consecutive_failures=2), tmp_path / "r")
     soft = await one(client, soft_fail=True)  # one cell among many: that cell fails, the run goes on
     assert not soft.ok and soft.value is None and len(fake_llm.requests) == 3
     assert "no choices" in soft.errors[0]
@@ -89,7 +91,7 @@ async def test_persistent_empty_answers_fail_the_call_softly_or_block(
     with pytest.raises(ModelUnavailable, match="2 calls in a row"):  # the second in a row: provider down
         await one(client, cell="C2", soft_fail=True)
     with pytest.raises(ModelUnavailable, match="no usable answer"):  # a single call (Sol) blocks at once
-        await one(ModelClient(model_settings(transport_retries=0), tmp_path / "r2"))
+        await one(ModelClient(model_settings(client=via, transport_retries=0), tmp_path / "r2"))
 
 
 async def test_an_answer_that_says_nothing_is_invalid_not_ok(
@@ -117,12 +119,13 @@ async def test_missing_usage_is_zero_tokens_and_replays_identically(
     assert rec.tokens == rep.tokens
 
 
+@pytest.mark.parametrize("via", ["auto", "litellm"])  # openai SDK straight, and through litellm
 async def test_slow_answer_times_out_and_fails_only_that_call(
-    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+    via: str, tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
 ) -> None:
     fake_llm.push(Reply(body=None, delay_s=1.5))
     fake_llm.handler = answer(GOOD)
-    client = ModelClient(model_settings(timeout_s=0.5, transport_retries=0), tmp_path / "r")
+    client = ModelClient(model_settings(client=via, timeout_s=0.5, transport_retries=0), tmp_path / "r")
     slow = await one(client, soft_fail=True)
     assert not slow.ok and "Timeout" in slow.errors[0]
     assert (await one(client, cell="C2", soft_fail=True)).ok  # the next cell goes on
@@ -170,7 +173,7 @@ async def test_kill_between_receipt_and_parse_never_pays_twice(
     store = {"mode": "record", "store": tmp_path / "s"} if mode == "record" else {}
     real = exchange_mod.response_from
 
-    def killed(body: dict[str, Any]) -> Any:
+    def killed(body: dict[str, Any], **_: Any) -> Any:
         raise Killed
 
     monkeypatch.setattr(exchange_mod, "response_from", killed)
@@ -197,7 +200,7 @@ def test_sigkill_right_after_the_answer_arrived_is_resumed_without_a_new_request
         from pipeline.core.settings import ModelSettings
         from pipeline.models import ModelClient, exchange
         from tests.models.test_models_real import Finding
-        exchange.response_from = lambda body: os.kill(os.getpid(), signal.SIGKILL)
+        exchange.response_from = lambda body, **_: os.kill(os.getpid(), signal.SIGKILL)
         settings = ModelSettings(model="openai/test-model", api_base={fake_llm.base_url!r}, instructor_mode="tools")
         client = ModelClient(settings, {str(tmp_path / "r")!r})
         asyncio.run(client.call(role="t", cell_id="C1", context={{"cell_id": "C1", "text": "e1 x"}},
@@ -297,11 +300,12 @@ def test_live_run_says_why_it_waits_for_litellm(tmp_path: Path) -> None:
     assert out.stdout.strip() == "[('loading model client (litellm)…', False)]"
 
 
-def test_preflight_of_a_compatible_server_imports_no_litellm_and_the_first_call_says_it_loads(
-    tmp_path: Path, tiny_prompts: Path
+@pytest.mark.parametrize("via", ["auto", "litellm"])
+def test_a_compatible_server_is_called_without_litellm_unless_asked_for(
+    via: str, tmp_path: Path, tiny_prompts: Path
 ) -> None:
-    """``openai/...`` + ``--api-base``: preflight only connects (an unchanged rerun never imports litellm);
-    the first live call announces litellm's import before it happens."""
+    """``openai/...`` + ``--api-base``: preflight only connects, and the live call goes through the openai
+    SDK without importing litellm (~2.5 CPU s); ``client="litellm"`` imports it, announced before it happens."""
     code = (
         "import asyncio, sys\n"
         "from pydantic import BaseModel\n"
@@ -314,13 +318,15 @@ def test_preflight_of_a_compatible_server_imports_no_litellm_and_the_first_call_
         "seen = []\n"
         "def log(m): seen.append((m, 'litellm' in sys.modules))\n"
         "with FakeOpenAI(answer({'summary': 'ok'})) as srv:\n"
-        "    s = ModelSettings(model='openai/local', api_base=srv.base_url, instructor_mode='tools')\n"
+        "    s = ModelSettings(model='openai/local', api_base=srv.base_url, instructor_mode='tools',"
+        f" client={via!r})\n"
         "    preflight(s, log=log)\n"
         "    print('after preflight', 'litellm' in sys.modules)\n"
         "    c = ModelClient(s, sys.argv[1], log=log)\n"
         "    out = asyncio.run(c.call(role='luna', cell_id='C1', context={'cell_id': 'C1', 'text': 'e1'},"
         " response_model=A))\n"
-        "    print(out.value.summary, [x for x in seen if 'litellm' in x[0]])\n"
+        "    print(out.value.summary, [x for x in seen if 'litellm' in x[0]], 'litellm' in sys.modules)\n"
+        "    print(srv.requests[0]['model'])\n"
     )
     (tiny_prompts / "luna.j2").write_text((tiny_prompts / "t.j2").read_text())  # the subprocess inherits the dir
     out = subprocess.run(
@@ -332,7 +338,5 @@ def test_preflight_of_a_compatible_server_imports_no_litellm_and_the_first_call_
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == [
-        "after preflight False",
-        "ok [('loading model client (litellm)…', False)]",
-    ]
+    called = "ok [] False" if via == "auto" else "ok [('loading model client (litellm)…', False)] True"
+    assert out.stdout.splitlines() == ["after preflight False", called, "local"]  # the prefix stripped as litellm does
