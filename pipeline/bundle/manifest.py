@@ -190,12 +190,32 @@ def _stat_key(st: os.stat_result) -> tuple[int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
-def _hash_many(paths: list[Path]) -> list[str]:
-    # hashlib releases the GIL on large buffers, so a few threads hash a big bundle in parallel.
-    if len(paths) < 4:
-        return [sha256_file(p) for p in paths]
-    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) + 1)) as pool:
-        return list(pool.map(sha256_file, paths))
+HASH_CHUNK_BYTES = 16 << 20  # bytes of files one thread hashes per task
+
+
+def _hash_all(paths: list[Path]) -> list[str]:
+    return [sha256_file(p) for p in paths]
+
+
+def _hash_many(paths: list[Path], sizes: list[int]) -> list[str]:
+    """The sha256 of every file, in order; big bundles hashed by a few threads, ~16 MiB per task.
+
+    hashlib releases the GIL on large buffers, so threads hash big files in parallel; a task per
+    file cost more than the hashing itself on a bundle of small files (11,500 files: 0.49 CPU s,
+    against 0.21 in one thread).
+    """
+    chunks: list[list[Path]] = [[]]
+    size = 0
+    for p, n in zip(paths, sizes, strict=True):
+        if size >= HASH_CHUNK_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(p)
+        size += n
+    if len(chunks) == 1:
+        return _hash_all(paths)
+    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) + 1, len(chunks))) as pool:
+        return [d for part in pool.map(_hash_all, chunks) for d in part]
 
 
 def freeze(bundle: Path) -> Manifest:
@@ -207,7 +227,7 @@ def freeze(bundle: Path) -> Manifest:
     if not [r for r in rels if r != MANIFEST_FILE]:
         raise BundleError(f"nothing to freeze: {bundle} holds no files")
     paths = [bundle / r for r in rels]
-    digests = _hash_many(paths)
+    digests = _hash_many(paths, [found[r] for r in rels])
     files = tuple(FileEntry(r, d, p.stat().st_size) for r, d, p in zip(rels, digests, paths, strict=True))
     manifest = Manifest(files=files)
     write_json(bundle / MANIFEST_FILE, manifest.to_json())
@@ -301,7 +321,7 @@ def verify(bundle: Path, manifest: Manifest | None = None) -> VerifyReport:
         else:
             to_hash.append((entry, bundle / entry.path))
     stats = [_stat_key(os.stat(p)) for _, p in to_hash]
-    digests = _hash_many([p for _, p in to_hash])
+    digests = _hash_many([p for _, p in to_hash], [e.size for e, _ in to_hash])
     for (entry, _), dig, key in zip(to_hash, digests, stats, strict=True):
         if dig != entry.sha256:
             report.changed.append(entry.path)

@@ -261,3 +261,14 @@ def test_remembered_manifest_is_checked_once_per_content(bundle: Path, monkeypat
             read_manifest(bundle)
         assert len(checked) == 4
     assert manifest_mod._remembered is None  # nothing kept after the block
+
+
+def test_hashing_in_chunks_gives_every_file_its_digest(bundle: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    one = freeze(bundle)  # one chunk: hashed in this thread
+    monkeypatch.setattr(manifest_mod, "HASH_CHUNK_BYTES", 1)  # a chunk per file: the thread pool
+    assert freeze(bundle) == one
+    assert [f.sha256 for f in one.files] == [sha256_file(bundle / f.path) for f in one.files]
+    last = bundle / one.files[-1].path
+    data = last.read_bytes()
+    last.write_bytes(bytes([data[0] ^ 1]) + data[1:])  # same size: only the hash can tell
+    assert verify(bundle).changed == [one.files[-1].path]
