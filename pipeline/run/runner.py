@@ -37,7 +37,7 @@ from pipeline.core.context import RunContext, RunOptions
 from pipeline.core.errors import BadInput, Blocked, BundleError
 from pipeline.core.settings import ModelSettings
 from pipeline.ir import export
-from pipeline.ir.digests import has_cell_digests, ir_cell_digests, ir_digest
+from pipeline.ir.digests import ir_cell_digests, stored_ir_digest
 from pipeline.ir.schema import IR_SCHEMA_VERSION
 from pipeline.luna.stage import plan as luna_plan
 from pipeline.luna.stage import stage as luna_run
@@ -214,8 +214,8 @@ def stage_outputs(name: str, ctx: RunContext) -> dict[str, str] | None:
     """Digests of a stage's outputs (None when one is missing)."""
     if name == "export":
         # an IR without its stored per-cell digests (an older lunasol's) is re-exported
-        ok = ctx.ir_path.is_file() and has_cell_digests(ctx.ir_path)
-        return {"ir.duckdb#content": ir_digest(ctx.ir_path)} if ok else None
+        content = stored_ir_digest(ctx.ir_path) if ctx.ir_path.is_file() else None
+        return {"ir.duckdb#content": content} if content is not None else None
     return output_digests(ctx.run_dir, STAGE_OUTPUTS.get(name, ()))
 
 

@@ -124,9 +124,14 @@ class EvidenceIndex:
         return None, f"{ref}: not an event id (C004-e0012) or a source ref (PATH#Lx-Ly)"
 
 
-def load_index(ir_path: Path, groups: dict[str, set[str]] | None = None) -> EvidenceIndex:
-    """The index of the run's DuckDB IR (and the Coordinator's pattern groups): cells now, events when cited."""
-    con = duck.connect(ir_path, read_only=True)
+def load_index(ir_path: Path, groups: dict[str, set[str]] | None = None, con: Any = None) -> EvidenceIndex:
+    """The index of the run's DuckDB IR (and the Coordinator's pattern groups): cells now, events when cited.
+
+    ``con``: an open connection to ``ir_path`` to read the cells with (else one is opened and closed).
+    """
+    own = con is None
+    if own:
+        con = duck.connect(ir_path, read_only=True)
     try:
         cells = {
             r[0]: CellInfo(
@@ -137,7 +142,8 @@ def load_index(ir_path: Path, groups: dict[str, set[str]] | None = None) -> Evid
             ).fetchall()
         }
     finally:
-        con.close()
+        if own:
+            con.close()
     return EvidenceIndex(cells=cells, groups=dict(groups or {}), ir_path=ir_path)
 
 
