@@ -111,9 +111,12 @@ FILL_SQL = _FILL_TEMPLATE.format(cell_json=_CELL_JSON, event_json=_EXACT, event_
 # When no event's JSON holds a \u escape (nearly always) the exact path is never taken, and planning
 # its expression (24 columns x 34 nested replaces) costs more than the digests: 0.23 s per export.
 FILL_FAST_SQL = _FILL_TEMPLATE.format(cell_json=_CELL_JSON, event_json="r.j", event_array=_EVENT_ARRAY)
+# The cells without digests are found first, from event cell ids alone: filtering the anti join
+# built every event's JSON (0.28 CPU s at 1,000 cells) when a rerun re-exports one cell.
 NEEDS_EXACT_SQL = (
-    f"SELECT count(*) FROM events e ANTI JOIN cell_digests k ON e.cell_id = k.cell_id "
-    f"WHERE contains({_EVENT_ARRAY}, '\\u')"
+    "SELECT count(*) FROM events e "
+    "WHERE e.cell_id IN (SELECT cell_id FROM events ANTI JOIN cell_digests USING (cell_id)) "
+    f"AND contains({_EVENT_ARRAY}, '\\u')"
 )
 
 # Events per fill statement: bounds the aggregate's memory (~2 KiB of JSON per event) whatever the batch.
