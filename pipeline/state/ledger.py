@@ -16,6 +16,7 @@ repeats a finished call.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -28,7 +29,15 @@ from pydantic import BaseModel, ConfigDict, Field
 import pipeline
 from pipeline.artifacts.schemas import artifact_from_bytes
 from pipeline.artifacts.versions import VERSIONS
-from pipeline.core.canonical import atomic_write_bytes, digest, pretty_json_plain, read_json, sha256_file, write_json
+from pipeline.core.canonical import (
+    atomic_write_bytes,
+    digest,
+    pretty_json_plain,
+    read_json,
+    sha256_bytes,
+    sha256_file,
+    write_json,
+)
 
 LEDGER_FILE = "ledger.json"
 LEDGER_LOCK = ".ledger.lock"
@@ -352,13 +361,18 @@ class CellResults:
 
     def stored(self) -> dict[str, dict[str, Any]]:
         """Every stored result: cell id -> the file's content."""
-        out: dict[str, dict[str, Any]] = {}
+        return {cell: raw for cell, (raw, _) in self.stored_files().items()}
+
+    def stored_files(self) -> dict[str, tuple[dict[str, Any], str]]:
+        """Every stored result: cell id -> (the file's content, the digest of its bytes), each file read once."""
+        out: dict[str, tuple[dict[str, Any], str]] = {}
         if self.dir.is_dir():
             for p in sorted(self.dir.glob("*.json")):
+                data = p.read_bytes()
                 try:
-                    raw = read_json(p)
-                except ValueError:
+                    raw = json.loads(data.decode("utf-8"))
+                except ValueError:  # not JSON, or not UTF-8 (UnicodeDecodeError is a ValueError)
                     continue
                 if isinstance(raw, dict) and "key" in raw:
-                    out[p.stem] = raw
+                    out[p.stem] = (raw, sha256_bytes(data))
         return out
