@@ -85,6 +85,11 @@ def read_document(path: Path, kind: Kind = "json") -> Any:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise BadInput(f"{path} is not UTF-8 text") from None
+    return parse_document(text, path, kind)
+
+
+def parse_document(text: str, path: Path, kind: Kind = "json") -> Any:
+    """Parse the text of artifact file ``path`` (read by the caller); unreadable content is one BadInput line."""
     if kind == "yaml":
         import yaml  # only proposals files are YAML; most readers never need it
 
@@ -109,6 +114,21 @@ def load_document(path: Path, name: str, kind: Kind = "json") -> tuple[Doc, int]
 def load_artifact(path: Path, name: str, model: type[M], kind: Kind = "json") -> M:
     """Read, version-check, upgrade and validate artifact ``name`` into ``model``."""
     doc, _ = load_document(path, name, kind)
+    return _validate(doc, path, name, model)
+
+
+def artifact_from_bytes(raw: bytes, path: Path, name: str, model: type[M], kind: Kind = "json") -> M:
+    """:func:`load_artifact` of bytes the caller read from ``path`` (which it may compare with later reads)."""
+    current_version(name)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadInput(f"{path} is not UTF-8 text") from None
+    doc, _ = upgrade(parse_document(text, path, kind), name, str(path))
+    return _validate(doc, path, name, model)
+
+
+def _validate(doc: Doc, path: Path, name: str, model: type[M]) -> M:
     try:
         return model.model_validate(doc)
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
@@ -124,10 +144,12 @@ def upgrade_rows(rows: list[Any], name: str, source: str) -> list[Doc]:
 
 __all__ = [
     "Kind",
+    "artifact_from_bytes",
     "current_version",
     "load_artifact",
     "load_document",
     "migrations_for",
+    "parse_document",
     "read_document",
     "upgrade",
     "upgrade_rows",

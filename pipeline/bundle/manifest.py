@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.artifacts.versions import VERSIONS
-from pipeline.bundle.request import check_relative, read_bundle_json
+from pipeline.bundle.request import check_relative, parse_bundle_json, read_bundle_bytes
 from pipeline.core.canonical import sha256_bytes, sha256_file, write_json
 from pipeline.core.errors import BundleError
 
@@ -189,12 +190,32 @@ def _stat_key(st: os.stat_result) -> tuple[int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
-def _hash_many(paths: list[Path]) -> list[str]:
-    # hashlib releases the GIL on large buffers, so a few threads hash a big bundle in parallel.
-    if len(paths) < 4:
-        return [sha256_file(p) for p in paths]
-    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) + 1)) as pool:
-        return list(pool.map(sha256_file, paths))
+HASH_CHUNK_BYTES = 16 << 20  # bytes of files one thread hashes per task
+
+
+def _hash_all(paths: list[Path]) -> list[str]:
+    return [sha256_file(p) for p in paths]
+
+
+def _hash_many(paths: list[Path], sizes: list[int]) -> list[str]:
+    """The sha256 of every file, in order; big bundles hashed by a few threads, ~16 MiB per task.
+
+    hashlib releases the GIL on large buffers, so threads hash big files in parallel; a task per
+    file cost more than the hashing itself on a bundle of small files (11,500 files: 0.49 CPU s,
+    against 0.21 in one thread).
+    """
+    chunks: list[list[Path]] = [[]]
+    size = 0
+    for p, n in zip(paths, sizes, strict=True):
+        if size >= HASH_CHUNK_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(p)
+        size += n
+    if len(chunks) == 1:
+        return _hash_all(paths)
+    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) + 1, len(chunks))) as pool:
+        return [d for part in pool.map(_hash_all, chunks) for d in part]
 
 
 def freeze(bundle: Path) -> Manifest:
@@ -206,18 +227,56 @@ def freeze(bundle: Path) -> Manifest:
     if not [r for r in rels if r != MANIFEST_FILE]:
         raise BundleError(f"nothing to freeze: {bundle} holds no files")
     paths = [bundle / r for r in rels]
-    digests = _hash_many(paths)
+    digests = _hash_many(paths, [found[r] for r in rels])
     files = tuple(FileEntry(r, d, p.stat().st_size) for r, d, p in zip(rels, digests, paths, strict=True))
     manifest = Manifest(files=files)
     write_json(bundle / MANIFEST_FILE, manifest.to_json())
     return manifest
 
 
+# Inside remember_manifests(): sha256 of a manifest.json's bytes -> its checked (version, entries).
+_remembered: dict[str, tuple[int, tuple[FileEntry, ...]]] | None = None
+
+
+@contextmanager
+def remember_manifests() -> Iterator[None]:
+    """Inside, a manifest whose bytes were read and checked already is not parsed and checked again.
+
+    A run reads the manifest before it starts and again at export (~0.2 s at 1,000 cells each).
+    The key is the digest of the file's bytes, so an edited manifest is read afresh; the checks
+    are of the bytes alone, so they hold for any bundle whose manifest has these bytes. Each
+    read still gets its own :class:`Manifest` (``hashed_ok`` is never shared). Entries are kept
+    until the block ends (the last manifest only).
+    """
+    global _remembered
+    if _remembered is not None:  # nested: the outer block keeps and clears
+        yield
+        return
+    _remembered = {}
+    try:
+        yield
+    finally:
+        _remembered = None
+
+
 def read_manifest(bundle: Path) -> Manifest:
     """Read and check ``manifest.json`` (format, versions, path safety)."""
     if not bundle.is_dir():
         raise BundleError(f"bundle not found: {bundle}")
-    data = read_bundle_json(bundle, MANIFEST_FILE, f" (run: lunasol bundle freeze {bundle})")
+    raw = read_bundle_bytes(bundle, MANIFEST_FILE, f" (run: lunasol bundle freeze {bundle})")
+    memo = _remembered
+    key = sha256_bytes(raw) if memo is not None else ""
+    if memo is not None and key in memo:
+        version, files = memo[key]
+        return Manifest(files=files, schema_version=version)
+    manifest = _check_manifest(parse_bundle_json(MANIFEST_FILE, raw))
+    if memo is not None:
+        memo.clear()
+        memo[key] = (manifest.schema_version, manifest.files)
+    return manifest
+
+
+def _check_manifest(data: Any) -> Manifest:
     if not isinstance(data, dict) or not isinstance(data.get("files"), list):
         raise BundleError(f"{MANIFEST_FILE}: expected an object with a 'files' list")
     version = data.get("schema_version")
@@ -262,7 +321,7 @@ def verify(bundle: Path, manifest: Manifest | None = None) -> VerifyReport:
         else:
             to_hash.append((entry, bundle / entry.path))
     stats = [_stat_key(os.stat(p)) for _, p in to_hash]
-    digests = _hash_many([p for _, p in to_hash])
+    digests = _hash_many([p for _, p in to_hash], [e.size for e, _ in to_hash])
     for (entry, _), dig, key in zip(to_hash, digests, stats, strict=True):
         if dig != entry.sha256:
             report.changed.append(entry.path)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -142,14 +142,20 @@ def _duplicates(values: list[str]) -> list[str]:
     return dups
 
 
-def check_relative(path: str, what: str) -> PurePosixPath:
-    """A bundle-relative POSIX path: not absolute, no ``..``, no backslashes. Raise BundleError otherwise."""
-    p = PurePosixPath(path)
-    if not path or path.startswith(("/", "\\")) or p.is_absolute() or re.match(r"^[A-Za-z]:", path):
+_DRIVE = re.compile(r"[A-Za-z]:")
+
+
+def check_relative(path: str, what: str) -> None:
+    """A bundle-relative POSIX path: not absolute, no ``..``, no backslashes. Raise BundleError otherwise.
+
+    String tests only (a manifest holds one path per file, checked on every read): a POSIX path
+    is absolute exactly when it starts with ``/``, and its ``..`` parts are its ``/``-separated
+    ``..`` pieces (``PurePosixPath`` keeps them).
+    """
+    if not path or path.startswith(("/", "\\")) or _DRIVE.match(path):
         raise BundleError(f"{what} {path!r} is absolute; bundle paths must be relative")
-    if "\\" in path or ".." in p.parts or "\x00" in path:
+    if "\\" in path or "\x00" in path or (".." in path and ".." in path.split("/")):
         raise BundleError(f"{what} {path!r} escapes the bundle")
-    return p
 
 
 def request_json_schema() -> dict[str, Any]:
@@ -177,11 +183,20 @@ def read_bundle_json(bundle: Path, name: str, missing_hint: str = "") -> Any:
     (which value would count?), no nesting past the parser's depth, at most
     ``LUNASOL_MAX_DOC_BYTES``.
     """
+    return parse_bundle_json(name, read_bundle_bytes(bundle, name, missing_hint))
+
+
+def read_bundle_bytes(bundle: Path, name: str, missing_hint: str = "") -> bytes:
+    """The bytes of ``bundle/name`` (missing, or over ``LUNASOL_MAX_DOC_BYTES``: one BundleError line)."""
     path = bundle / name
     if not path.is_file():
         raise BundleError(f"missing {name} in bundle {bundle}{missing_hint}")
     check_size(path.stat().st_size, "LUNASOL_MAX_DOC_BYTES", name, "the file")
-    raw = path.read_bytes()
+    return path.read_bytes()
+
+
+def parse_bundle_json(name: str, raw: bytes) -> Any:
+    """The bytes of bundle file ``name`` parsed as :func:`read_bundle_json` does (strict; one BundleError line)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -28,9 +28,59 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_default)
 
 
+_PLAIN_SCALARS = frozenset({str, int, bool, type(None)})
+_STR_ONLY = frozenset({str})
+_PLAIN_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
+
+
+def _is_plain(obj: Any) -> bool:
+    """True when ``obj`` holds only dicts with str keys, lists, tuples, str, int, bool and None (exact types).
+
+    For such data orjson writes the bytes ``json.dumps`` would (floats are spelt differently, and
+    anything else goes through :func:`_default`); one pass over the tree costs a fraction of
+    ``json.dumps(indent=2)``, which runs in pure Python (its C encoder does not indent).
+    """
+    stack = [obj]
+    pop, extend = stack.pop, stack.extend
+    while stack:
+        x = pop()
+        t = type(x)
+        if t is dict:
+            if not _STR_ONLY.issuperset(map(type, x)):
+                return False
+            extend(x.values())
+        elif t is list or t is tuple:
+            extend(x)
+        elif t not in _PLAIN_SCALARS:
+            return False
+    return True
+
+
+def _orjson_pretty(obj: Any) -> bytes | None:
+    """The pretty bytes of plain data from orjson (equal to json.dumps'); None when json.dumps must spell it."""
+    try:
+        # orjson first: it refuses what it cannot spell (other types, ints past 64 bits, lone
+        # surrogates, nesting past 254 levels), so the walk below never meets a cycle
+        data = orjson.dumps(obj, option=_PLAIN_OPTIONS)
+    except orjson.JSONEncodeError:
+        return None
+    return data + b"\n" if _is_plain(obj) else None
+
+
+def _json_pretty(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False, default=_default) + "\n"
+
+
 def pretty_json(obj: Any) -> str:
     """Sorted keys and indentation for artifacts people read; still deterministic."""
-    return json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False, default=_default) + "\n"
+    fast = _orjson_pretty(obj)
+    return fast.decode("utf-8") if fast is not None else _json_pretty(obj)
+
+
+def pretty_json_bytes(obj: Any) -> bytes:
+    """:func:`pretty_json` as UTF-8 bytes (orjson for plain data, see :func:`_is_plain`: the same bytes)."""
+    fast = _orjson_pretty(obj)
+    return fast if fast is not None else _json_pretty(obj).encode("utf-8")
 
 
 def pretty_json_plain(obj: Any) -> bytes:
@@ -126,7 +176,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def write_json(path: Path, obj: Any) -> str:
     """Atomically write ``obj`` as pretty canonical JSON; return the digest of the written bytes."""
-    data = pretty_json(obj).encode("utf-8")
+    data = pretty_json_bytes(obj)
     atomic_write_bytes(path, data)
     return sha256_bytes(data)
 

@@ -103,9 +103,10 @@ def update_probe_hits(
     digests: dict[str, str] = (
         dict(con.execute("SELECT cell_id, content_digest FROM cell_digests").fetchall()) if _has_digests(con) else {}
     )
+    # a cached cell's row is kept as it is: it is the canonical JSON of these hits (same lunasol, same probes)
+    cached: dict[str, str] = dict(cached_rows(con, CACHE_TABLE, "t.cell_id, t.hits", stamp))
     by_cell: dict[str, list[ProbeHit]] = {
-        cell: [ProbeHit.model_validate(h) for h in json.loads(raw)]
-        for cell, raw in cached_rows(con, CACHE_TABLE, "t.cell_id, t.hits", stamp)
+        cell: [ProbeHit.model_validate(h) for h in json.loads(raw)] for cell, raw in cached.items()
     }
     todo = [c for c in cells if c not in by_cell]
     if todo:
@@ -119,7 +120,12 @@ def update_probe_hits(
     write_probe_hits(con, hits)
     con.execute(CACHE_DDL)
     rows = [
-        [cell, digests[cell], stamp, canonical_json([h.model_dump(mode="json") for h in by_cell[cell]])]
+        [
+            cell,
+            digests[cell],
+            stamp,
+            cached.get(cell) or canonical_json([h.model_dump(mode="json") for h in by_cell[cell]]),
+        ]
         for cell in sorted(digests)
         if cell in by_cell
     ]

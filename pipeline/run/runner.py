@@ -29,7 +29,7 @@ import pipeline
 from pipeline import coordinator, probes
 from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION, run_command
 from pipeline.artifacts.schemas import load_document
-from pipeline.bundle.manifest import read_manifest, verify
+from pipeline.bundle.manifest import read_manifest, remember_manifests, verify
 from pipeline.bundle.request import load_request
 from pipeline.coordinator.probe_estimate import estimate_groups
 from pipeline.core.canonical import digest, read_json, sha256_file, write_json
@@ -37,7 +37,7 @@ from pipeline.core.context import RunContext, RunOptions
 from pipeline.core.errors import BadInput, Blocked, BundleError
 from pipeline.core.settings import ModelSettings
 from pipeline.ir import export
-from pipeline.ir.digests import has_cell_digests, ir_cell_digests, ir_digest
+from pipeline.ir.digests import ir_cell_digests, stored_ir_digest
 from pipeline.ir.schema import IR_SCHEMA_VERSION
 from pipeline.luna.stage import plan as luna_plan
 from pipeline.luna.stage import stage as luna_run
@@ -214,8 +214,8 @@ def stage_outputs(name: str, ctx: RunContext) -> dict[str, str] | None:
     """Digests of a stage's outputs (None when one is missing)."""
     if name == "export":
         # an IR without its stored per-cell digests (an older lunasol's) is re-exported
-        ok = ctx.ir_path.is_file() and has_cell_digests(ctx.ir_path)
-        return {"ir.duckdb#content": ir_digest(ctx.ir_path)} if ok else None
+        content = stored_ir_digest(ctx.ir_path) if ctx.ir_path.is_file() else None
+        return {"ir.duckdb#content": content} if content is not None else None
     return output_digests(ctx.run_dir, STAGE_OUTPUTS.get(name, ()))
 
 
@@ -273,13 +273,13 @@ def _record_cells(ctx: RunContext, ledger: Ledger, role: str) -> None:
 
 
 def _record_results(ctx: RunContext, ledger: Ledger, role: str, store: CellResults) -> None:
-    for cell, raw in store.stored().items():
+    for cell, (raw, file_digest) in store.stored_files().items():  # each file read once: parsed and hashed
         inputs = {k: str(v) for k, v in (raw.get("inputs") or {}).items() if v is not None}
         inputs["key"] = str(raw["key"])
         rel = f"{role}/{cell}.json"
         name = f"{role}/{cell}"
         entry = ledger.get(name)
-        outs = {rel: sha256_file(ctx.run_dir / rel)}
+        outs = {rel: file_digest}
         if entry is not None and entry.state == "verified" and entry.outputs != outs:
             # recomputed: keep the old result's record as invalidated, with why
             ledger.invalidate(name, f"{cell}: {describe_changes(entry.inputs, inputs)}; recomputed")
@@ -380,13 +380,15 @@ def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
         return dry_run(ctx)
     if options.resume:
         _check_resume(ctx, bdigest)
-    # The bundle's own files are checked before the run dir exists, so a bad one leaves nothing behind.
-    read_manifest(options.bundle)
-    load_request(options.bundle)
-    created = not ctx.run_dir.exists()
-    ctx.run_dir.mkdir(parents=True, exist_ok=True)
-    with _exclusive_run(ctx.run_dir):
-        return _run_stages(ctx, bdigest, created)
+    # the manifest is read and checked once for the run (here, at export, when a reused export is verified)
+    with remember_manifests():
+        # The bundle's own files are checked before the run dir exists, so a bad one leaves nothing behind.
+        read_manifest(options.bundle)
+        load_request(options.bundle)
+        created = not ctx.run_dir.exists()
+        ctx.run_dir.mkdir(parents=True, exist_ok=True)
+        with _exclusive_run(ctx.run_dir):
+            return _run_stages(ctx, bdigest, created)
 
 
 def _no_model_message(ctx: RunContext) -> str:

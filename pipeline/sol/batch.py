@@ -123,9 +123,9 @@ def load_batch(run_dir: Path, ir_path: Path) -> Batch:
     doc = read_json(run_dir / GROUPS_FILE) if (run_dir / GROUPS_FILE).is_file() else {}
     groups = _group_list(doc)
     index_groups = {gid: group_cells(g) for g in groups if (gid := group_id(g))}
-    index = load_index(ir_path, index_groups)
     con = duck.connect(ir_path, read_only=True)
     try:
+        index = load_index(ir_path, index_groups, con)  # one connection for the batch (~20 ms each)
         cells = rows(
             con,
             "SELECT c.cell_id, c.task_id, c.run_id, c.harness, c.eligibility, c.exclusion_reason, "

@@ -124,9 +124,14 @@ class EvidenceIndex:
         return None, f"{ref}: not an event id (C004-e0012) or a source ref (PATH#Lx-Ly)"
 
 
-def load_index(ir_path: Path, groups: dict[str, set[str]] | None = None) -> EvidenceIndex:
-    """The index of the run's DuckDB IR (and the Coordinator's pattern groups): cells now, events when cited."""
-    con = duck.connect(ir_path, read_only=True)
+def load_index(ir_path: Path, groups: dict[str, set[str]] | None = None, con: Any = None) -> EvidenceIndex:
+    """The index of the run's DuckDB IR (and the Coordinator's pattern groups): cells now, events when cited.
+
+    ``con``: an open connection to ``ir_path`` to read the cells with (else one is opened and closed).
+    """
+    own = con is None
+    if own:
+        con = duck.connect(ir_path, read_only=True)
     try:
         cells = {
             r[0]: CellInfo(
@@ -137,7 +142,8 @@ def load_index(ir_path: Path, groups: dict[str, set[str]] | None = None) -> Evid
             ).fetchall()
         }
     finally:
-        con.close()
+        if own:
+            con.close()
     return EvidenceIndex(cells=cells, groups=dict(groups or {}), ir_path=ir_path)
 
 
@@ -226,6 +232,12 @@ def _texts(d: WeaknessDraft) -> Iterable[tuple[str, str, bool]]:
 MIN_PREDICTION_CHARS = 20
 
 
+def cited_refs(d: WeaknessDraft) -> list[str]:
+    """Every ref a draft cites (support, first divergence, counter-evidence)."""
+    counter = [r for item in d.counter_evidence.items for r in item.refs]
+    return [*d.support.event_refs, *d.first_divergence.event_refs, *counter]
+
+
 def check_card(d: WeaknessDraft, index: EvidenceIndex) -> tuple[WeaknessCard | None, list[str]]:
     """Check one draft card; return the checked card (support computed) or the list of errors."""
     errs: list[str] = []
@@ -234,10 +246,7 @@ def check_card(d: WeaknessDraft, index: EvidenceIndex) -> tuple[WeaknessCard | N
     def err(path: str, msg: str) -> None:
         errs.append(f"{wid}: {path}: {msg}")
 
-    # every ref the card cites, read from the IR in one query
-    index.load(
-        [*d.support.event_refs, *d.first_divergence.event_refs, *(r for i in d.counter_evidence.items for r in i.refs)]
-    )
+    index.load(cited_refs(d))  # every ref the card cites, read from the IR in one query
 
     def check_cell(path: str, cell: str) -> bool:
         info = index.cells.get(cell)
@@ -345,6 +354,7 @@ def check_answer(drafts: list[WeaknessDraft], index: EvidenceIndex) -> tuple[lis
     cards: list[WeaknessCard] = []
     failed: dict[str, list[str]] = {}
     seen: set[str] = set()
+    index.load([r for d in drafts for r in cited_refs(d)])  # one query for the whole answer, not one per card
     for d in drafts:
         if d.weakness_id in seen:
             failed.setdefault(d.weakness_id, []).append(f"{d.weakness_id}: weakness_id used twice")

@@ -74,6 +74,18 @@ class Renderer:
                 if isinstance(o, dict) and o.get("cell_id"):
                     self.occ_by_cell.setdefault(str(o["cell_id"]), []).append((gid, o))
         self._headers: dict[str, str] = {}
+        # each occurrence line and cell size is asked for several times per plan (partition, then
+        # every map context): made once (pure functions of the batch)
+        self._occ_lines: dict[str, str] = {}
+        self._sizes: dict[tuple[str, int], tuple[int, set[str]]] = {}
+        self._by_task: str | None = None
+
+    @property
+    def batch_by_task(self) -> str:
+        """:func:`by_task_outcome` of every eligible cell (the same line in every map call)."""
+        if self._by_task is None:
+            self._by_task = by_task_outcome(self.batch.eligible)
+        return self._by_task
 
     def group_header(self, gid: str) -> str:
         """A group's one-line header: type, concerns, batch-wide counts per task and outcome."""
@@ -89,6 +101,13 @@ class Renderer:
 
     def occurrence_line(self, o: dict[str, Any]) -> str:
         """One occurrence with a bounded list of its events and refs (the rest counted)."""
+        oid = str(o["occurrence_id"])
+        line = self._occ_lines.get(oid)
+        if line is None:
+            line = self._occ_lines[oid] = self._occurrence_line(o)
+        return line
+
+    def _occurrence_line(self, o: dict[str, Any]) -> str:
         cell = self.cells.get(str(o["cell_id"]), {})
         events = list(o.get("events") or [])
         refs = list(o.get("refs") or [])
@@ -120,6 +139,12 @@ class Renderer:
 
     def cell_size(self, cell: str, timeline_cap: int) -> tuple[int, set[str]]:
         """Characters a cell adds to a map prompt (without group headers) and the groups it brings."""
+        known = self._sizes.get((cell, timeline_cap))
+        if known is None:
+            known = self._sizes[(cell, timeline_cap)] = self._cell_size(cell, timeline_cap)
+        return known
+
+    def _cell_size(self, cell: str, timeline_cap: int) -> tuple[int, set[str]]:
         size = len(cell_line(self.cells[cell], self.coverage.get(cell))) + 1
         gids: set[str] = set()
         for gid, o in self.occ_by_cell.get(cell, []):
@@ -193,7 +218,7 @@ def map_context(renderer: Renderer, chunk: Chunk, timeline_chars: int) -> dict[s
         "run_id": batch.run_id,
         "harnesses": batch.harnesses,
         "eligible_count": len(batch.eligible),
-        "batch_by_task": by_task_outcome(batch.eligible),
+        "batch_by_task": renderer.batch_by_task,
         "tasks": chunk.tasks,
         "cell_count": len(cells),
         "cells_text": "\n".join(cell_line(c, renderer.coverage.get(c["cell_id"])) for c in cells),

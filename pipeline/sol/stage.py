@@ -29,7 +29,7 @@ from pipeline.sol.batch import (
     timeline_budget,
 )
 from pipeline.sol.cards import Dropped, ReduceAnswer, SolAnswer, SolCall, SolPlan, WeaknessCard, WeaknessDraft
-from pipeline.sol.checks import EvidenceIndex, answer_errors, check_answer
+from pipeline.sol.checks import EvidenceIndex, answer_errors, check_answer, cited_refs
 from pipeline.sol.plan import MAP_ROLE, REDUCE_ROLE, ROLE, SolPlanDraft, plan_sol, reduce_budget, reduce_tokens
 from pipeline.sol.reduce import Draft, assemble, draft_blocks, reduce_context, reduce_errors
 from pipeline.sol.reuse import MapAnswers, StoredMap, map_key
@@ -249,13 +249,8 @@ async def _run_maps(
     thash = template_hash(MAP_ROLE)
     reused: set[str] = set()
 
-    async def one(m: Any) -> CallOutcome[SolAnswer]:
-        seen = set(m.chunk.cells)
-
-        def check(answer: SolAnswer) -> list[str]:
-            return _outside(answer, seen) + answer_errors(answer.weaknesses, batch.index)
-
-        cid = m.chunk.call_id
+    keyed: list[tuple[Any, str, StoredMap | None]] = []
+    for m in decision.maps:
         key = map_key(
             m.context,
             template_hash=thash,
@@ -263,7 +258,17 @@ async def _run_maps(
             instructor_mode=client.instructor_mode,
             settings=client.settings,
         )
-        stored = answers.get(cid, key)
+        keyed.append((m, key, answers.get(m.chunk.call_id, key)))
+    # every stored answer is checked again below: the events they cite are read in one query
+    batch.index.load([r for _, _, s in keyed if s is not None for d in s.answer.weaknesses for r in cited_refs(d)])
+
+    async def one(m: Any, key: str, stored: StoredMap | None) -> CallOutcome[SolAnswer]:
+        seen = set(m.chunk.cells)
+
+        def check(answer: SolAnswer) -> list[str]:
+            return _outside(answer, seen) + answer_errors(answer.weaknesses, batch.index)
+
+        cid = m.chunk.call_id
         if stored is not None and not check(stored.answer):  # same request, and today's checks still pass
             reused.add(cid)
             return _reused(stored, cid, thash)
@@ -277,7 +282,7 @@ async def _run_maps(
             )
         return out
 
-    outcomes = await client.gather([one(m) for m in decision.maps], label="sol map")
+    outcomes = await client.gather([one(*k) for k in keyed], label="sol map")
     drafts: list[Draft] = []
     calls: list[SolCall] = []
     dropped: list[Dropped] = []

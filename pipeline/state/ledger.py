@@ -16,6 +16,7 @@ repeats a finished call.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -26,9 +27,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 import pipeline
-from pipeline.artifacts.schemas import load_artifact
+from pipeline.artifacts.schemas import artifact_from_bytes
 from pipeline.artifacts.versions import VERSIONS
-from pipeline.core.canonical import atomic_write_bytes, digest, pretty_json_plain, read_json, sha256_file, write_json
+from pipeline.core.canonical import (
+    atomic_write_bytes,
+    digest,
+    pretty_json_plain,
+    read_json,
+    sha256_bytes,
+    sha256_file,
+    write_json,
+)
 
 LEDGER_FILE = "ledger.json"
 LEDGER_LOCK = ".ledger.lock"
@@ -126,6 +135,8 @@ class Ledger:
 
     Each change reloads, changes and saves the file under a lock; inside :meth:`batch` many
     changes share one reload and one save, so a stage records its per-cell entries in O(cells).
+    The reload parses the file only when its bytes differ from those :attr:`data` was read from or
+    saved as (another writer changed it): a run's own changes, in order, re-read nothing.
     """
 
     def __init__(self, run_dir: Path) -> None:
@@ -133,16 +144,30 @@ class Ledger:
         self.path = run_dir / LEDGER_FILE
         self._lock = threading.Lock()
         self._batch_owner: int | None = None  # the thread inside batch(), if any
-        self.data = self._load()
+        self._clean: bytes | None = None  # the file's bytes that self.data holds, unchanged (None: unknown)
+        self.data = LedgerData()
+        self._load()
 
-    def _load(self) -> LedgerData:
-        if not self.path.is_file():
-            return LedgerData()
-        return load_artifact(self.path, "ledger", LedgerData)  # newer refused (exit 2), older upgraded
+    def _load(self) -> None:
+        """``data`` as the file holds it now (parsed only when the bytes differ from ``_clean``)."""
+        try:
+            raw = self.path.read_bytes()
+        except (FileNotFoundError, IsADirectoryError):  # no ledger yet
+            self.data, self._clean = LedgerData(), None
+            return
+        if raw == self._clean:
+            return  # nobody wrote since this object read or saved it: data is what the file holds
+        self._clean = None  # until the parse below succeeds
+        # newer refused (exit 2), older upgraded
+        self.data = artifact_from_bytes(raw, self.path, "ledger", LedgerData)
+        self._clean = raw
 
     def save(self) -> None:
         """Write the ledger atomically (no floats in it: the fast writer gives pretty_json's bytes)."""
-        atomic_write_bytes(self.path, pretty_json_plain(self.data.model_dump(mode="json")))
+        self._clean = None  # a failed write leaves the file's bytes unknown
+        raw = pretty_json_plain(self.data.model_dump(mode="json"))
+        atomic_write_bytes(self.path, raw)
+        self._clean = raw
 
     @contextmanager
     def _mutate(self) -> Iterator[None]:
@@ -159,8 +184,12 @@ class Ledger:
             fd = os.open(self.run_dir / LEDGER_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
-                self.data = self._load()
-                yield
+                self._load()
+                try:
+                    yield
+                except BaseException:
+                    self._clean = None  # data may be half changed: the next change reads the file again
+                    raise
                 self.save()
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
@@ -332,13 +361,18 @@ class CellResults:
 
     def stored(self) -> dict[str, dict[str, Any]]:
         """Every stored result: cell id -> the file's content."""
-        out: dict[str, dict[str, Any]] = {}
+        return {cell: raw for cell, (raw, _) in self.stored_files().items()}
+
+    def stored_files(self) -> dict[str, tuple[dict[str, Any], str]]:
+        """Every stored result: cell id -> (the file's content, the digest of its bytes), each file read once."""
+        out: dict[str, tuple[dict[str, Any], str]] = {}
         if self.dir.is_dir():
             for p in sorted(self.dir.glob("*.json")):
+                data = p.read_bytes()
                 try:
-                    raw = read_json(p)
-                except ValueError:
+                    raw = json.loads(data.decode("utf-8"))
+                except ValueError:  # not JSON, or not UTF-8 (UnicodeDecodeError is a ValueError)
                     continue
                 if isinstance(raw, dict) and "key" in raw:
-                    out[p.stem] = raw
+                    out[p.stem] = (raw, sha256_bytes(data))
         return out

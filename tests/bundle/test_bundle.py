@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
+import re
+from pathlib import Path, PurePosixPath
 
 import pytest
 from typer.testing import CliRunner
 
 from pipeline.bundle import AnalysisRequest, freeze, load_request, read_manifest, request_json_schema, verify
-from pipeline.bundle.manifest import MANIFEST_FILE, iter_files
+from pipeline.bundle import manifest as manifest_mod
+from pipeline.bundle.manifest import MANIFEST_FILE, iter_files, remember_manifests
+from pipeline.bundle.request import check_relative
 from pipeline.bundle.synth import write_bundle
 from pipeline.cli.app import app
 from pipeline.core.canonical import sha256_file
@@ -209,3 +212,63 @@ def test_read_frozen_rehashes_a_file_changed_after_verify(bundle: Path) -> None:
         read_frozen(bundle, rel, manifest)
     with pytest.raises(BundleError, match="changed since the bundle was frozen"):
         read_frozen(bundle, rel, read_manifest(bundle))
+
+
+def _old_check_relative(path: str) -> str | None:
+    """check_relative as it was with PurePosixPath (the verdict the string tests must keep)."""
+    p = PurePosixPath(path)
+    if not path or path.startswith(("/", "\\")) or p.is_absolute() or re.match(r"^[A-Za-z]:", path):
+        return "absolute"
+    if "\\" in path or ".." in p.parts or "\x00" in path:
+        return "escapes"
+    return None
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "", "a", "a/b.txt", "./a", "a/./b", "a//b", "a/", "/a", "//a", "\\a", "a\\b", "C:x", "c:/x", "1:x",
+        "..", "../a", "a/..", "a/../b", "a/..b", "a..", "..a/b", "a/b..", "...", "a/.../b", "a\x00b", " a",
+        "a/ ../b", ".", "./..", "a/.", "é/..", "cells/C001/sessions/01.jsonl",
+    ],
+)  # fmt: skip
+def test_check_relative_keeps_its_verdicts(path: str) -> None:
+    try:
+        check_relative(path, "p")
+        got = None
+    except BundleError as exc:
+        got = "absolute" if "absolute" in str(exc) else "escapes"
+    assert got == _old_check_relative(path)
+
+
+def test_remembered_manifest_is_checked_once_per_content(bundle: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    checked: list[int] = []
+    check = manifest_mod._check_manifest
+    monkeypatch.setattr(manifest_mod, "_check_manifest", lambda data: checked.append(1) or check(data))
+    outside = [read_manifest(bundle), read_manifest(bundle)]
+    assert len(checked) == 2  # no block: every read parses and checks
+    with remember_manifests():
+        first, again = read_manifest(bundle), read_manifest(bundle)
+        assert len(checked) == 3
+        assert first == again == outside[0] and first is not again
+        assert verify(bundle, first).ok
+        assert first.hashed_ok and not again.hashed_ok  # what verify hashed is never shared
+        # an edited manifest (another file's digest) is read and checked afresh, and refused when bad
+        data = json.loads((bundle / MANIFEST_FILE).read_text())
+        data["files"].append({"path": "../x", "sha256": "sha256:" + "0" * 64, "size": 1})
+        (bundle / MANIFEST_FILE).write_text(json.dumps(data))
+        with pytest.raises(BundleError, match="escapes the bundle"):
+            read_manifest(bundle)
+        assert len(checked) == 4
+    assert manifest_mod._remembered is None  # nothing kept after the block
+
+
+def test_hashing_in_chunks_gives_every_file_its_digest(bundle: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    one = freeze(bundle)  # one chunk: hashed in this thread
+    monkeypatch.setattr(manifest_mod, "HASH_CHUNK_BYTES", 1)  # a chunk per file: the thread pool
+    assert freeze(bundle) == one
+    assert [f.sha256 for f in one.files] == [sha256_file(bundle / f.path) for f in one.files]
+    last = bundle / one.files[-1].path
+    data = last.read_bytes()
+    last.write_bytes(bytes([data[0] ^ 1]) + data[1:])  # same size: only the hash can tell
+    assert verify(bundle).changed == [one.files[-1].path]

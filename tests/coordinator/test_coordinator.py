@@ -4,6 +4,8 @@ negatives from outcomes, and coverage including cells with zero patterns."""
 from __future__ import annotations
 
 import json
+import random
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -153,3 +155,47 @@ def test_output_file_is_canonical_and_rerun_identical(tmp_path: Path) -> None:
 
 def test_sql_files_ship_with_the_package() -> None:
     assert sql_files()[0] == "00_macros.sql" and len(sql_files()) >= 4
+
+
+_WINDOW_INCIDENTS = """
+SELECT cell_id, event_id, seq,
+    CASE WHEN actor = 'controller'
+        THEN first_value(event_id) OVER (PARTITION BY cell_id, ts, kind, detail, text, target ORDER BY seq)
+        ELSE event_id
+    END AS incident_id
+FROM events
+"""
+
+
+def test_incidents_are_the_first_line_of_each_controller_key_as_a_window_defines_them() -> None:
+    """01_incidents.sql (hash aggregates) gives what a window over every event gives (NULLs, other actors)."""
+    rng = random.Random(7)
+    rows = []
+    for cell in ("C001", "C002", "C003"):
+        for seq in range(400):  # few distinct values: many duplicate keys, across actors, with NULLs
+            rows.append(
+                (
+                    cell,
+                    f"{cell}-e{seq:04d}",
+                    seq,
+                    rng.choice([None, "t1", "t2"]),
+                    rng.choice(["message", "tool_call"]),
+                    rng.choice([None, "d"]),
+                    rng.choice([None, "same line", "other line"]),
+                    rng.choice([None, "x"]),
+                    rng.choice([None, "controller", "controller", "reviewer"]),
+                )
+            )
+    rng.shuffle(rows)
+    con = duckdb.connect(":memory:")
+    con.execute(
+        "CREATE TABLE events (cell_id VARCHAR, event_id VARCHAR, seq INTEGER, ts VARCHAR, kind VARCHAR, "
+        "detail VARCHAR, text VARCHAR, target VARCHAR, actor VARCHAR)"
+    )
+    con.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    sql = (resources.files("pipeline.coordinator") / "sql" / "01_incidents.sql").read_text(encoding="utf-8")
+    con.execute(sql)
+    got = sorted(con.execute("SELECT * FROM event_incidents").fetchall())
+    want = sorted(con.execute(_WINDOW_INCIDENTS).fetchall())
+    assert got == want
+    assert sum(1 for r in want if r[1] != r[3]) > 50  # the case is exercised: many lines share an incident

@@ -20,6 +20,7 @@ from pipeline.gates import gate1 as gates
 from pipeline.models import read_calls
 from pipeline.run.runner import run
 from pipeline.state import handoff
+from pipeline.state import ledger as ledger_mod
 from pipeline.state.ledger import CellResults, Ledger, cell_key
 from pipeline.testing.openai_server import FakeOpenAI, Reply, completion_body, server_error
 from tests.sol.sol_helpers import change_cell, make_bundle
@@ -43,6 +44,34 @@ def test_ledger_states_history_and_reasons(tmp_path: Path) -> None:
     again = Ledger(tmp_path).get("a")  # persisted
     assert again is not None and again.state == "invalidated" and again.reason == "because I said so"
     assert again.history[-1].state == "verified"  # the earlier state is kept, not deleted
+
+
+def test_a_ledger_parses_the_file_only_when_another_writer_changed_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parsed: list[int] = []
+    parse = ledger_mod.artifact_from_bytes
+    monkeypatch.setattr(ledger_mod, "artifact_from_bytes", lambda *a, **k: parsed.append(1) or parse(*a, **k))
+    run = Ledger(tmp_path)
+    for i in range(5):  # a run's own changes, one after the other: nothing to parse again
+        run.mark_verified(f"s{i}", "s", {"x": str(i)})
+        with run.batch():
+            run.mark_pending(f"c{i}", "s", {})
+    assert parsed == []
+    gate = Ledger(tmp_path)  # another writer (a gate decision) parses it once and changes it
+    assert len(parsed) == 1
+    gate.mark_verified("gate1", "gate1", {"d": "1"})
+    run.mark_verified("s9", "s", {})  # the run sees the gate's entry: parsed again, nothing lost
+    assert len(parsed) == 2
+    assert {"gate1", "s9"} <= set(Ledger(tmp_path).data.entries)
+    assert run.get("gate1") is not None
+    # a batch that raises saves nothing; the next change starts from the file, not the half change
+    with pytest.raises(RuntimeError), run.batch():
+        run.mark_verified("half", "s", {})
+        raise RuntimeError("stage failed")
+    run.mark_verified("s10", "s", {})
+    assert run.get("half") is None and Ledger(tmp_path).get("half") is None
+    assert Ledger(tmp_path).data == run.data
 
 
 def test_cell_results_are_keyed(tmp_path: Path) -> None:
