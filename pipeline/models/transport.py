@@ -84,7 +84,7 @@ def is_transient(exc: BaseException) -> bool:
     import openai  # loaded already: an exception of a live call is being classified
 
     if is_context_error(exc) or refusal_kind(exc) is not None:
-        return False  # a 500 that says the prompt is too long (llama.cpp) is not transient either
+        return False  # a 5xx whose body says the prompt is too long is not transient either
     if isinstance(exc, openai.RateLimitError | openai.APIConnectionError | openai.InternalServerError):
         return True  # APITimeoutError is an APIConnectionError; litellm maps "connection refused" to a 500
     return isinstance(exc, openai.APIStatusError) and exc.status_code >= 500  # litellm's 502 / 503 classes

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from pipeline.core.canonical import canonical_json
 from pipeline.core.settings import ModelSettings
 from pipeline.models import BudgetExceeded, ModelClient, ModelUnavailable, ReplayMiss, read_calls
-from pipeline.models.errors import ModelRefused
+from pipeline.models.errors import ContextExceeded, ModelRefused
 from pipeline.testing.openai_server import FakeOpenAI, Reply, rate_limited, raw_answer, server_error, unauthorized
 
 pytestmark = pytest.mark.usefixtures("tiny_prompts")
@@ -446,3 +446,20 @@ async def test_cached_prompt_tokens_are_logged_and_replayed(
     summary = summarise(tmp_path / "rep")
     assert summary["totals"]["cached_tokens"] == 32
     assert "cached" in format_summary(summary).splitlines()[0]
+
+
+@pytest.mark.parametrize("status", [400, 500])
+@pytest.mark.parametrize("via", ["auto", "litellm"])  # openai SDK straight, and through litellm
+async def test_a_context_overflow_is_never_retried_even_as_a_5xx(
+    via: str, status: int, tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+) -> None:
+    # OpenAI's body; some OpenAI-compatible servers send it with a 500
+    message = "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens."
+    fake_llm.handler = lambda _req: Reply(
+        status=status,
+        body={"error": {"message": message, "type": "invalid_request_error", "code": "context_length_exceeded"}},
+    )
+    with pytest.raises(ContextExceeded) as err:
+        await one(ModelClient(model_settings(client=via, context_tokens=16000), tmp_path / "r"))
+    assert len(fake_llm.requests) == 1 and err.value.exit_code == 3
+    assert "--context-tokens 8192" in str(err.value.unblock)  # lowered to what the provider said
