@@ -31,7 +31,7 @@ def render_text(doc: Followup) -> str:
         + (f"; does not cover: {', '.join(v.does_not_cover)}" if v.does_not_cover else ""),
         "",
         f"targeted pattern (predicted {t.predicted}): {doc.proposal.targeted_pattern_change.strip()}",
-        f"{'task family':<32} {'parent':>15}  {'child':>15}  {'diff':>6} {'95% CI (points)':>16}  "
+        f"{'task family':<32} {'parent':^15}  {'child':^15}  {'diff':>6} {'95% CI (points)':>16}  "
         f"{'Fisher p':>8}  {'MDD':>6}",
     ]
     lines += [_row(r.task_id, r.test) for r in t.per_family]
