@@ -9,7 +9,9 @@ for, and the token goes to the provider as batch metadata; the id is written as 
 provider answers. A process killed in between leaves a record without an id: the next flush
 finds the batch by its token in the provider's list (adopting it) or, if the provider never
 accepted it, submits those keys again. The answer is the provider's raw response body, which the
-exchange records exactly as a synchronous answer.
+exchange records exactly as a synchronous answer. ``batches.json`` is read and written under a
+lock, but the provider is waited on outside it: a later flush (Luna's next chunk of cells) is
+submitted while earlier batches run, and a request already in a running flush waits for that one.
 
 * not finished within ``LUNASOL_BATCH_MAX_WAIT_S``: :class:`BatchPending` (a block; ``--resume``
   collects the same batch);
@@ -90,12 +92,14 @@ class Batcher:
         max_wait = os.environ.get("LUNASOL_BATCH_MAX_WAIT_S")
         self.max_wait_s: float | None = _env_float("LUNASOL_BATCH_MAX_WAIT_S", 0.0) if max_wait else None
         self._waiting: dict[str, tuple[dict[str, Any], asyncio.Future[dict[str, Any] | None]]] = {}
+        self._taken: dict[str, tuple[dict[str, Any], asyncio.Future[dict[str, Any] | None]]] = {}  # in a flush
         self._flusher: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
     async def answer(self, key: str, kwargs: dict[str, Any]) -> dict[str, Any] | None:
         """The raw body answering this request (its replay key), or None: ask it synchronously."""
-        entry = self._waiting.get(key)
+        # the same request again while its first ask waits (a flush may already be running it): one answer
+        entry = self._waiting.get(key) or self._taken.get(key)
         if entry is None:
             future: asyncio.Future[dict[str, Any] | None] = asyncio.get_running_loop().create_future()
             entry = (kwargs, future)
@@ -111,20 +115,27 @@ class Batcher:
             await asyncio.sleep(IDLE_S)
         batch = dict(self._waiting)
         self._waiting.clear()
-        # A request arriving from now on starts its own flush (which waits for this one's lock).
+        self._taken.update(batch)
+        # A request arriving from now on starts its own flush, submitted while this one's batch runs.
         self._flusher = None
         try:
-            async with self._lock:
-                await self._flush(batch)
+            await self._flush(batch)
         except BaseException as exc:  # every waiting call learns what went wrong
             for _, fut in batch.values():
                 if not fut.done():
                     fut.set_exception(exc if isinstance(exc, Exception) else asyncio.CancelledError())
             if not isinstance(exc, Exception):
                 raise
+        finally:
+            for k in batch:
+                self._taken.pop(k, None)
 
     async def _flush(self, waiting: dict[str, tuple[dict[str, Any], asyncio.Future[dict[str, Any] | None]]]) -> None:
-        batches = await self._settle_intents(read_batches(self.run_dir))
+        # batches.json is read and written under the lock; the provider is waited on outside it, so
+        # the requests of a later flush (Luna's next chunk of cells) are submitted while this
+        # batch runs, not after it finished (each batch can take hours).
+        async with self._lock:
+            batches = await self._settle_intents(read_batches(self.run_dir))
         where: dict[str, dict[str, Any]] = {}
         for b in batches:  # a later batch of the same key wins (a resubmission after expiry)
             for k in b["keys"]:
@@ -147,22 +158,27 @@ class Batcher:
             lines = [batch_line(k, body) for k, body in zip(retry, bodies, strict=True)]
             intent = uuid.uuid4().hex
             record: dict[str, Any] = {"id": None, "intent": intent, "keys": retry, "status": "submitting"}
-            batches.append(record)
-            _write_batches(self.run_dir, batches)  # before the provider can accept anything
-            bid = await self.endpoint.submit(lines, metadata={"lunasol_run": self.run_dir.name, INTENT_KEY: intent})
-            record.update(id=bid, status="submitted")
-            _write_batches(self.run_dir, batches)
+            async with self._lock:
+                batches = read_batches(self.run_dir)  # another flush may have added its batch meanwhile
+                batches.append(record)
+                _write_batches(self.run_dir, batches)  # before the provider can accept anything
+                bid = await self.endpoint.submit(lines, metadata={"lunasol_run": self.run_dir.name, INTENT_KEY: intent})
+                record.update(id=bid, status="submitted")
+                _write_batches(self.run_dir, batches)
+            del lines, bodies  # the provider holds them now
             self.log(f"batch {bid}: {len(retry)} requests submitted (stored in {BATCHES_NAME})")
             state, items = await self._collect(bid)
             states[bid] = state
             for k in retry:
-                where[k] = batches[-1]
+                where[k] = record
             results.update(items)
+        async with self._lock:
+            batches = read_batches(self.run_dir)
+            for b in batches:
+                if b["id"] in states:
+                    b["status"] = states[b["id"]].status
+            _write_batches(self.run_dir, batches)
         # 3. answer every waiting call
-        for b in batches:
-            if b["id"] in states:
-                b["status"] = states[b["id"]].status
-        _write_batches(self.run_dir, batches)
         pending = [k for k in waiting if not states[where[k]["id"]].done]
         expired = [k for k in waiting if k not in pending and not _ok(results.get(k)) and _expired(states, where, k)]
         for key, (_, fut) in waiting.items():

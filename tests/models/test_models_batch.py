@@ -179,7 +179,7 @@ async def test_three_hundred_calls_go_out_as_one_batch_each_key_once(
     assert sorted(b["keys"]) == sorted(r["keys"][0] for r in read_calls(tmp_path))
 
 
-async def test_a_request_arriving_during_a_flush_gets_its_own_batch(
+async def test_a_request_arriving_during_a_flush_gets_its_own_batch_submitted_while_the_first_runs(
     tmp_path: Any, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import asyncio
@@ -188,18 +188,29 @@ async def test_a_request_arriving_during_a_flush_gets_its_own_batch(
 
     monkeypatch.setenv("LUNASOL_BATCH_POLL_S", "0.02")
     fake_llm.handler = by_cell
-    fake_llm.batch.plan(BatchPlan(validating_polls=15))  # the first batch is still open when k2 arrives
+    fake_llm.batch.plan(BatchPlan(validating_polls=10**9))  # the first batch runs until the test ends it
     b = Batcher(MODEL, tmp_path, api_base=fake_llm.base_url, timeout_s=5, log=lambda _m: None)
     first = asyncio.create_task(b.answer("k1", kw("C1")))
     while not read_batches(tmp_path):
         await asyncio.sleep(0.01)
-    second = await asyncio.wait_for(b.answer("k2", kw("C2")), timeout=30)
-    answers = [await first, second]
+    second = asyncio.create_task(b.answer("k2", kw("C2")))
+    again = asyncio.create_task(b.answer("k1", kw("C1")))  # the same request while its batch runs: no new item
+    for _ in range(1000):  # the second batch goes out while the first is still open (not after it)
+        if fake_llm.batch.created == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert fake_llm.batch.created == 2 and not first.done()
+    (b1,) = [x for x in read_batches(tmp_path) if x["keys"] == ["k1"]]
+    fake_llm.batch.batches[b1["id"]].plan = BatchPlan(validating_polls=0, in_progress_polls=0)
+    answers = [await asyncio.wait_for(t, timeout=30) for t in (first, second, again)]
     assert [json.loads(a["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]) for a in answers if a] == [
         {"summary": "finding for C1"},
         {"summary": "finding for C2"},
+        {"summary": "finding for C1"},
     ]
-    assert [x["keys"] for x in read_batches(tmp_path)] == [["k1"], ["k2"]] and fake_llm.batch.created == 2
+    batches = read_batches(tmp_path)
+    assert [x["keys"] for x in batches] == [["k1"], ["k2"]] and fake_llm.batch.created == 2
+    assert [x["status"] for x in batches] == ["completed", "completed"]
 
 
 class _Killed(Exception):
