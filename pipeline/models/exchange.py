@@ -241,6 +241,8 @@ class Exchange:
             try:
                 return await self._openai_client().chat.completions.create(**sdk_kwargs)
             except ValueError:  # the SDK could not read the body (a garbage 200): the captured body says why
+                if not _CAPTURE.get():
+                    raise  # nothing came back: an argument the SDK refused, not the server's answer
                 return None
         response = await load_litellm().acompletion(**call_kwargs)
         state.add(self.accounting.book(response))
