@@ -60,6 +60,7 @@ class _BatchFacts:
     signatures: dict[str, list[Signature]]  # draft id -> the first signatures of its cited events
     found: dict[Signature, list[dict[str, Any]]]  # signature -> first such event per successful eligible cell
     clean: dict[str, list[str]]  # draft id -> successful cells of its tasks without its concerns
+    clean_samples: dict[str, list[str]]  # draft id -> the clean cells shown (outside its partition first)
     last_event: dict[str, str]  # cell -> its last controller-level event (for the sampled clean cells)
 
 
@@ -73,10 +74,13 @@ def _group_concerns(batch: Batch, drafts: list[Draft]) -> dict[str, list[str]]:
     }
 
 
-def _temp(con: Any, name: str, columns: str, values: list[tuple[Any, ...]]) -> None:
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {name} ({columns})")
-    if values:
-        con.executemany(f"INSERT INTO {name} VALUES ({', '.join('?' * len(values[0]))})", values)
+def _register(con: Any, name: str, columns: dict[str, tuple[str, list[Any]]]) -> None:
+    # An Arrow table registered as a view, as the other stages feed DuckDB lists of rows (executemany
+    # inserts row by row); it works on the read-only connection too.
+    import pyarrow as pa  # third-party, loaded by the IR export already; kept off Sol's import path
+
+    kinds = {"int": pa.int64(), "str": pa.string()}
+    con.register(name, pa.table({c: pa.array(values, kinds[kind]) for c, (kind, values) in columns.items()}))
 
 
 def _occurrences(con: Any, wanted: list[str]) -> dict[str, list[tuple[int, dict[str, Any]]]] | None:
@@ -98,7 +102,7 @@ def _signatures(con: Any, drafts: list[Draft]) -> dict[str, list[Signature]]:
     cited = [
         (i, e) for i, d in enumerate(drafts) for e in dict.fromkeys(d.card.support.event_refs) if EVENT_ID_RE.match(e)
     ]
-    _temp(con, "_cited", "draft INTEGER, event_id VARCHAR", cited)
+    _register(con, "_cited", {"draft": ("int", [i for i, _ in cited]), "event_id": ("str", [e for _, e in cited])})
     # Sorted by DuckDB (its collation and NULL order, as ORDER BY ALL per draft did), first SIGNATURES
     found = con.execute(
         "SELECT draft, stage, actor, kind, detail FROM ("
@@ -114,15 +118,11 @@ def _signatures(con: Any, drafts: list[Draft]) -> dict[str, list[Signature]]:
 
 
 def _found(con: Any, sigs: list[Signature]) -> dict[Signature, list[dict[str, Any]]]:
-    _temp(
-        con,
-        "_sigs",
-        "sig INTEGER, stage VARCHAR, actor VARCHAR, kind VARCHAR, detail VARCHAR",
-        [(i, *s) for i, s in enumerate(sigs)],
-    )
     out: dict[Signature, list[dict[str, Any]]] = {s: [] for s in sigs}
     if not sigs:
         return out
+    columns = {name: ("str", [s[i] for s in sigs]) for i, name in enumerate(("stage", "actor", "kind", "detail"))}
+    _register(con, "_sigs", {"sig": ("int", list(range(len(sigs)))), **columns})
     for sig, cell_id, event_id in con.execute(
         "SELECT s.sig, e.cell_id, min(e.event_id) FROM events e JOIN _sigs s ON e.kind = s.kind "
         "AND e.stage IS NOT DISTINCT FROM s.stage AND e.actor IS NOT DISTINCT FROM s.actor "
@@ -159,18 +159,23 @@ def batch_facts(con: Any, batch: Batch, drafts: list[Draft]) -> _BatchFacts:
     concerns = _group_concerns(batch, drafts)
     signatures = _signatures(con, drafts)
     clean = _clean(batch, drafts, concerns)
+    samples = {
+        d.draft_id: [p["cell_id"] for p in _samples([{"cell_id": c} for c in clean[d.draft_id]], set(d.seen_cells))]
+        for d in drafts
+    }
     facts = _BatchFacts(
         concerns=concerns,
         occurrences=_occurrences(con, sorted({k for ks in concerns.values() for k in ks})),
         signatures=signatures,
         found=_found(con, sorted({s for ss in signatures.values() for s in ss}, key=repr)),
         clean=clean,
+        clean_samples=samples,
         last_event={},
     )
-    picks = sorted({c for d in drafts for c in _clean_samples(facts, d)})
+    picks = sorted({c for cells in samples.values() for c in cells})
     if picks:
         kinds = ", ".join(f"'{k}'" for k in TIMELINE_KINDS)
-        _temp(con, "_picks", "cell_id VARCHAR", [(p,) for p in picks])
+        _register(con, "_picks", {"cell_id": ("str", picks)})
         facts.last_event = dict(
             con.execute(
                 f"SELECT cell_id, max(event_id) FROM events WHERE kind IN ({kinds}) "
@@ -178,12 +183,6 @@ def batch_facts(con: Any, batch: Batch, drafts: list[Draft]) -> _BatchFacts:
             ).fetchall()
         )
     return facts
-
-
-def _clean_samples(facts: _BatchFacts, draft: Draft) -> list[str]:
-    return [
-        p["cell_id"] for p in _samples([{"cell_id": c} for c in facts.clean[draft.draft_id]], set(draft.seen_cells))
-    ]
 
 
 def counter_evidence(facts: _BatchFacts, batch: Batch, draft: Draft) -> str:
@@ -216,7 +215,7 @@ def counter_evidence(facts: _BatchFacts, batch: Batch, draft: Draft) -> str:
         out.append(line)
     if draft.card.support.tasks:
         line = f"- successful cells of the supporting tasks without these concerns: {len(facts.clean[draft.draft_id])}"
-        picks = [(c, facts.last_event[c]) for c in sorted(_clean_samples(facts, draft)) if c in facts.last_event]
+        picks = [(c, facts.last_event[c]) for c in sorted(facts.clean_samples[draft.draft_id]) if c in facts.last_event]
         if picks:
             line += "; samples (last controller-level event): " + ", ".join(f"{e} ({c})" for c, e in picks)
         out.append(line)
