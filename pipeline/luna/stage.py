@@ -46,7 +46,7 @@ LUNA_CELL_COLUMNS = ("cell_id", "status", "parts", "est_tokens", "attempts", "pa
 CONFLICT_COLUMNS = ("conflict_id", "cell_id", "hit_id", "pattern_id", "kind", "model_claim", "probe_finding",
                     "resolution")  # fmt: skip
 ROLE = "luna"
-ELIGIBLE_SQL = "SELECT cell_id FROM cells WHERE eligibility = 'valid_behavior' ORDER BY cell_id"
+ELIGIBLE_SQL = "SELECT cell_id, task_id FROM cells WHERE eligibility = 'valid_behavior' ORDER BY cell_id"
 PARTS_DIR = "luna-parts"  # answered parts of split cells, kept until their whole cell is answered
 PROMPT_OVERHEAD_TOKENS = 6_000  # Luna's instructions, probe candidates and output schema, around the IR
 
@@ -321,7 +321,7 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
     con = duck.connect(ctx.ir_path)
     try:
         _ensure_hits(con)
-        eligible = con.execute(ELIGIBLE_SQL.replace("SELECT cell_id", "SELECT cell_id, task_id")).fetchall()
+        eligible = con.execute(ELIGIBLE_SQL).fetchall()
         # the IR's stored per-cell digests (an IR not made by export has none: nothing is cached then)
         cell_digests = _content_digests(con)
         reused = _cached_runs(con, stamp, {r[0]: summaries.get(r[1], "") for r in eligible}, store)
