@@ -128,11 +128,19 @@ def start_server(model: ScriptedModel) -> Any:
 
 
 def lunasol_run(
-    bundle: Path, runs_dir: Path, server: Any, model: ScriptedModel, context: bool, progress: Path | None = None
+    bundle: Path,
+    runs_dir: Path,
+    server: Any,
+    model: ScriptedModel,
+    context: bool,
+    progress: Path | None = None,
+    extra_args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One ``lunasol run`` in a child process; its figures, the calls it made and its peak tree RSS.
 
     ``progress``: a file rewritten with the peak RSS per stage so far, at each stage change.
+    ``extra_args`` / ``extra_env``: more flags and env vars for the run (e.g. ``--batch``).
     """
     args = [str(bundle), "--runs-dir", str(runs_dir), "--run-id", "r", "--model", "openai/bench-model"]
     # tool calls: the scripted model routes by the answer's schema, the tool's name (an unknown model would
@@ -140,7 +148,8 @@ def lunasol_run(
     args += ["--api-base", server.base_url, "--mode", "tools"]
     if context:
         args += ["--context-tokens", str(CONTEXT_TOKENS)]
-    env = {**os.environ, "OPENAI_API_KEY": "sk-bench-not-a-key", "LUNASOL_CONCURRENCY": "8"}
+    args += extra_args
+    env = {**os.environ, "OPENAI_API_KEY": "sk-bench-not-a-key", "LUNASOL_CONCURRENCY": "8", **(extra_env or {})}
     proc = subprocess.Popen(
         [sys.executable, "-c", _CHILD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
@@ -183,6 +192,7 @@ def lunasol_run(
     calls, largest = model.take()
     result.update(wall_s=wall, peak_tree_rss_mib=peak / 2**20, calls=calls, largest_request_chars=largest)
     result["stage_peak_rss_mib"] = {k: round(v / 2**20) for k, v in stage_peak.items()}
+    result["lines"] = lines[:-1]  # everything the run printed
     result["log"] = [line for line in lines[:-1] if line.startswith("[")]
     if result["exit"] != 0:
         result["error"] = err.strip()[-500:]
