@@ -16,7 +16,7 @@ from pipeline.artifacts.run_info import analysis_run_id
 from pipeline.core import duck
 from pipeline.core.canonical import read_json
 from pipeline.sol.checks import EvidenceIndex, load_index
-from pipeline.sol.timeline import timeline_lines, timeline_sql
+from pipeline.sol.timeline import read_timelines
 
 GROUPS_FILE = "pattern-groups.json"
 TIMELINE_BUDGET_CHARS = 400_000  # ~100K tokens; larger batches are trimmed visibly (fit_timelines)
@@ -135,7 +135,7 @@ def load_batch(run_dir: Path, ir_path: Path) -> Batch:
         coverage = rows(con, "SELECT * FROM coverage ORDER BY cell_id") if has_table(con, "coverage") else []
         if isinstance(doc, dict) and isinstance(doc.get("coverage"), list):
             coverage = doc["coverage"]  # the Coordinator's coverage carries pattern counts per cell
-        events = rows(con, timeline_sql())
+        timeline = read_timelines(con)
     finally:
         con.close()
     return Batch(
@@ -144,6 +144,6 @@ def load_batch(run_dir: Path, ir_path: Path) -> Batch:
         cells=cells,
         coverage=coverage,
         groups=groups,
-        timeline=timeline_lines(events),
+        timeline=timeline,
         index=index,
     )
