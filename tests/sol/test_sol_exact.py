@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import re
-import sys
 from typing import Any
 
 import duckdb
 
-from pipeline.sol.timeline import WHITESPACE_CODES, read_timelines
+from pipeline.sol.timeline import read_timelines
 
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 
@@ -24,11 +23,7 @@ def python_timeline(events: list[dict[str, Any]]) -> dict[str, list[tuple[str, s
     return out
 
 
-def test_whitespace_codes_are_what_python_splits_on() -> None:
-    assert list(WHITESPACE_CODES) == [c for c in range(sys.maxunicode + 1) if chr(c).isspace()]
-
-
-def test_timeline_lines_made_in_sql_equal_the_python_ones() -> None:
+def test_timeline_lines_from_sql_rows_equal_the_per_event_python_ones() -> None:
     digest = "ab12" * 16
     texts = [
         None,
