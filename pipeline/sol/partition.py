@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.sol.batch import Batch, group_id
-from pipeline.sol.timeline import fit_timelines
+from pipeline.sol.timeline import fit_timelines, timeline_chars
 
 OCCURRENCE_SAMPLE = 8  # occurrences of one group shown with events and refs per call; the rest by id
 EVENTS_PER_OCCURRENCE = 4
@@ -150,7 +150,7 @@ class Renderer:
         for gid, o in self.occ_by_cell.get(cell, []):
             size += len(self.occurrence_line(o)) + 1
             gids.add(gid)
-        size += min(sum(len(ln) + 1 for _, ln in self.batch.timeline.get(cell, [])), timeline_cap)
+        size += min(timeline_chars(self.batch.timeline.get(cell, [])), timeline_cap)
         return size, gids
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import random
 import re
 from typing import Any
 
 import duckdb
 
-from pipeline.sol.timeline import read_timelines
+from pipeline.sol.timeline import LOW_VALUE, fit_timelines, read_timelines, timeline_chars
 
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 
@@ -57,3 +58,62 @@ def test_timeline_lines_from_sql_rows_equal_the_per_event_python_ones() -> None:
     # as the SQL selects them: the first 200 characters of the text
     events = [dict(zip(names, (*r[:-1], (r[-1] or "")[:200]), strict=True)) for r in ordered]
     assert read_timelines(con) == python_timeline(events)
+
+
+def reference_fit(lines: dict[str, list[tuple[str, str]]], budget: int) -> tuple[dict[str, list[str]], int]:
+    """fit_timelines as it was written before its sizes were counted with map (the reference)."""
+
+    def size(t: dict[str, list[str]]) -> int:
+        return sum(len(x) + 1 for v in t.values() for x in v)
+
+    full = {c: [ln for _, ln in v] for c, v in lines.items()}
+    if size(full) <= budget:
+        return full, 0
+    kept = {c: [ln for d, ln in v if d not in LOW_VALUE] for c, v in lines.items()}
+    omitted = sum(len(v) for v in lines.values()) - sum(len(v) for v in kept.values())
+    if size(kept) > budget and kept:
+        per_cell = max(budget // len(kept) - 120, 200)
+        for c, v in kept.items():
+            if sum(len(x) + 1 for x in v) <= per_cell:
+                continue
+            head: list[str] = []
+            tail: list[str] = []
+            used = 0
+            i, j = 0, len(v) - 1
+            while i <= j:
+                nxt = v[i] if len(head) <= len(tail) else v[j]
+                if used + len(nxt) + 1 > per_cell:
+                    break
+                used += len(nxt) + 1
+                if len(head) <= len(tail):
+                    head.append(nxt)
+                    i += 1
+                else:
+                    tail.insert(0, nxt)
+                    j -= 1
+            cut = len(v) - len(head) - len(tail)
+            omitted += cut
+            kept[c] = [*head, f"[... {cut} events omitted here to fit the prompt ...]", *tail]
+    if omitted:
+        for c in kept:
+            dropped_low = sum(1 for d, _ in lines[c] if d in LOW_VALUE)
+            if dropped_low:
+                kept[c].insert(0, f"[{dropped_low} stage-start / handoff / artifact lines omitted in this cell]")
+    return kept, omitted
+
+
+def test_fit_timelines_equals_the_reference_on_every_path() -> None:
+    rng = random.Random(7)
+    keys = [*sorted(LOW_VALUE), "transition", "message", "error"]
+    for _ in range(300):
+        lines = {
+            f"C{c:03d}": [
+                (rng.choice(keys), f"C{c:03d}-e{k:04d} " + "x" * rng.randrange(0, 160))
+                for k in range(rng.randrange(0, 30))
+            ]
+            for c in range(rng.randrange(0, 12))
+        }
+        total = sum(timeline_chars(v) for v in lines.values())
+        assert total == sum(len(ln) + 1 for v in lines.values() for _, ln in v)
+        for budget in (0, 1, 400, total // 3, total // 2, total - 1, total, total + 1):
+            assert fit_timelines(lines, budget) == reference_fit(lines, budget)
