@@ -144,8 +144,12 @@ def role_budget(settings: ModelSettings, role: str) -> RoleBudget:
     return RoleBudget(role=role, limits=limits, answer_tokens=min(answer, limits.context_tokens // 4))
 
 
+@functools.lru_cache(maxsize=8)
 def count_text(limits: ModelLimits, text: str) -> int:
-    """Tokens of ``text`` for this model (exact or the conservative estimate)."""
+    """Tokens of ``text`` for this model (exact or the conservative estimate).
+
+    Kept for the last few texts: a request planned and counted is counted again before it is sent.
+    """
     if not text:
         return 0
     n = modelmap.count_tokens(text)  # what litellm.encode(model=_COUNT_WITH) counts, without litellm

@@ -207,8 +207,32 @@ def split(chunk: Chunk) -> list[Chunk]:
 
 def map_context(renderer: Renderer, chunk: Chunk, timeline_chars: int) -> dict[str, Any]:
     """The template context of one map call over ``chunk``."""
-    batch = renderer.batch
     cells = [renderer.cells[c] for c in chunk.cells]
+    return _map_context(renderer, chunk, cells, _cells_text(renderer, cells), timeline_chars)
+
+
+def fitted_map_context(renderer: Renderer, chunk: Chunk, room_chars: int) -> dict[str, Any]:
+    """:func:`map_context` whose timelines get what the cells and groups leave of ``room_chars`` (400 at least)."""
+    cells = [renderer.cells[c] for c in chunk.cells]
+    cells_text = _cells_text(renderer, cells)
+    groups_text = renderer.groups_text(chunk.cells)
+    timeline_chars = max(room_chars - len(cells_text) - len(groups_text), 400)
+    return _map_context(renderer, chunk, cells, cells_text, timeline_chars, groups_text)
+
+
+def _cells_text(renderer: Renderer, cells: list[dict[str, Any]]) -> str:
+    return "\n".join(cell_line(c, renderer.coverage.get(c["cell_id"])) for c in cells)
+
+
+def _map_context(
+    renderer: Renderer,
+    chunk: Chunk,
+    cells: list[dict[str, Any]],
+    cells_text: str,
+    timeline_chars: int,
+    groups_text: str | None = None,
+) -> dict[str, Any]:
+    batch = renderer.batch
     lines = {c: batch.timeline[c] for c in chunk.cells if c in batch.timeline}
     timelines, omitted = fit_timelines(lines, timeline_chars)
     outcome = {c["cell_id"]: f"{c['task_id']}, {outcome_of(c)}" for c in cells}
@@ -221,9 +245,9 @@ def map_context(renderer: Renderer, chunk: Chunk, timeline_chars: int) -> dict[s
         "batch_by_task": renderer.batch_by_task,
         "tasks": chunk.tasks,
         "cell_count": len(cells),
-        "cells_text": "\n".join(cell_line(c, renderer.coverage.get(c["cell_id"])) for c in cells),
+        "cells_text": cells_text,
         "negatives": negatives,
-        "groups_text": renderer.groups_text(chunk.cells),
+        "groups_text": renderer.groups_text(chunk.cells) if groups_text is None else groups_text,
         "timelines_note": (
             "complete"
             if not omitted

@@ -20,7 +20,7 @@ from pipeline.models import render
 from pipeline.models.budget import RoleBudget, chars_per_token, request_tokens, role_budget
 from pipeline.sol.batch import Batch
 from pipeline.sol.cards import ReduceAnswer, SolAnswer
-from pipeline.sol.partition import Chunk, Renderer, map_context, partition, split
+from pipeline.sol.partition import Chunk, Renderer, fitted_map_context, map_context, partition, split
 
 ROLE = "sol"
 MAP_ROLE = "sol_map"
@@ -132,9 +132,7 @@ def plan_maps(
     todo = partition(renderer, room_chars)
     while todo:
         chunk = todo.pop(0)
-        ctx = map_context(renderer, chunk, room_chars)
-        shown = len(ctx["cells_text"]) + len(ctx["groups_text"])
-        ctx = map_context(renderer, chunk, max(room_chars - shown, 400))  # timelines get what is left
+        ctx = fitted_map_context(renderer, chunk, room_chars)  # timelines get what cells and groups leave
         tokens, key = _count_map(budget, ctx, known, used)
         if budget.fits(tokens):
             out.append(MapCall(chunk=chunk, context=ctx, tokens=tokens, request_digest=key))
