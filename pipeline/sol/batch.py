@@ -16,7 +16,7 @@ from pipeline.artifacts.run_info import analysis_run_id
 from pipeline.core import duck
 from pipeline.core.canonical import read_json
 from pipeline.sol.checks import EvidenceIndex, load_index
-from pipeline.sol.timeline import read_timelines
+from pipeline.sol.timeline_cache import Timelines, load_timelines
 
 GROUPS_FILE = "pattern-groups.json"
 TIMELINE_BUDGET_CHARS = 400_000  # ~100K tokens; larger batches are trimmed visibly (fit_timelines)
@@ -87,6 +87,7 @@ class Batch:
     groups: list[dict[str, Any]]
     timeline: dict[str, list[tuple[str, str]]]  # cell -> (detail, line), unfitted
     index: EvidenceIndex
+    timeline_store: Timelines | None = field(default=None, repr=False)  # what the timeline store must learn
     eligible: list[dict[str, Any]] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -135,7 +136,8 @@ def load_batch(run_dir: Path, ir_path: Path) -> Batch:
         coverage = rows(con, "SELECT * FROM coverage ORDER BY cell_id") if has_table(con, "coverage") else []
         if isinstance(doc, dict) and isinstance(doc.get("coverage"), list):
             coverage = doc["coverage"]  # the Coordinator's coverage carries pattern counts per cell
-        timeline = read_timelines(con)
+        eligible = [str(c["cell_id"]) for c in cells if c["eligibility"] == "valid_behavior"]
+        found = load_timelines(con, run_dir, eligible)  # unchanged cells' lines from the last run
     finally:
         con.close()
     return Batch(
@@ -144,6 +146,7 @@ def load_batch(run_dir: Path, ir_path: Path) -> Batch:
         cells=cells,
         coverage=coverage,
         groups=groups,
-        timeline=timeline,
+        timeline=found.lines,
         index=index,
+        timeline_store=found,
     )

@@ -35,6 +35,7 @@ from pipeline.sol.reduce import Draft, assemble, draft_blocks, reduce_context, r
 from pipeline.sol.reuse import MapAnswers, StoredMap, map_key
 from pipeline.sol.shortlist import SHORTLIST_FILE, Denominator, Shortlist, write_shortlist
 from pipeline.sol.timeline import TIMELINE_KINDS, fit_timelines
+from pipeline.sol.timeline_cache import save_timelines
 
 if TYPE_CHECKING:
     from pipeline.core.context import RunContext
@@ -494,6 +495,8 @@ def mine(ctx: RunContext) -> Shortlist:
     decision = plan_sol(batch, ctx.options.models, single_context(batch), known=answers.token_counts(limits))
     if decision.mode == "map_reduce":
         answers.put_counts(limits, decision.counts)
+        if batch.timeline_store is not None:
+            save_timelines(ctx.run_dir, [c["cell_id"] for c in batch.eligible], batch.timeline_store)
         ctx.log(f"[sol] {decision.describe()}")
     client = ModelClient(ctx.options.models, ctx.run_dir, log=ctx.log)
     if decision.mode == "single":

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import random
 import re
+from pathlib import Path
 from typing import Any
 
 import duckdb
 
+from pipeline.ir.export import export
 from pipeline.sol.timeline import LOW_VALUE, fit_timelines, read_timelines, timeline_chars
+from pipeline.sol.timeline_cache import TIMELINES_FILE, load_timelines, save_timelines
+from tests.sol.sol_helpers import make_bundle
 
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 
@@ -117,3 +122,36 @@ def test_fit_timelines_equals_the_reference_on_every_path() -> None:
         assert total == sum(len(ln) + 1 for v in lines.values() for _, ln in v)
         for budget in (0, 1, 400, total // 3, total // 2, total - 1, total, total + 1):
             assert fit_timelines(lines, budget) == reference_fit(lines, budget)
+
+
+def test_the_timeline_store_gives_the_ir_lines_and_reads_again_what_may_have_changed(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    export(make_bundle(tmp_path), run_dir)
+    con = duckdb.connect(str(run_dir / "ir.duckdb"), read_only=True)
+    try:
+        eligible = [
+            r[0]
+            for r in con.execute("SELECT cell_id FROM cells WHERE eligibility = 'valid_behavior' ORDER BY 1").fetchall()
+        ]
+        truth = read_timelines(con)
+        first = load_timelines(con, run_dir, eligible)
+        assert first.read == eligible and first.lines == truth and list(first.lines) == list(truth)
+        save_timelines(run_dir, eligible, first)
+        again = load_timelines(con, run_dir, eligible)
+        assert again.read == [] and again.lines == truth and list(again.lines) == list(truth)
+        path = run_dir / "sol_map" / TIMELINES_FILE
+        stored = json.loads(path.read_text())
+        # a cell whose digest is not the stored one (its IR changed) is read again, alone
+        changed = dict(stored)
+        changed["cells"] = {**stored["cells"], eligible[1]: ["sha256:" + "0" * 64, ["x"], ["stale line"]]}
+        path.write_text(json.dumps(changed))
+        one = load_timelines(con, run_dir, eligible)
+        assert one.read == [eligible[1]] and one.lines == truth
+        # lines made by other code or libraries are never taken
+        path.write_text(json.dumps({**stored, "made_with": "sha256:" + "1" * 64}))
+        assert load_timelines(con, run_dir, eligible).read == eligible
+        path.write_text(json.dumps(stored)[:-10])  # a torn file (cannot happen: written atomically)
+        assert load_timelines(con, run_dir, eligible).read == eligible
+    finally:
+        con.close()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
@@ -28,15 +29,17 @@ from pipeline.cli.app import app
 from pipeline.coordinator.core import run_coordinator
 from pipeline.core.canonical import read_json
 from pipeline.core.context import RunContext, RunOptions
+from pipeline.ir.digests import fill_sql
 from pipeline.ir.export import export
 from pipeline.ir.refs import read_refs
 from pipeline.luna.stage import TABLES_DDL
 from pipeline.models import read_calls
 from pipeline.models.budget import request_tokens as request_tokens_of
+from pipeline.sol import timeline_cache
 from pipeline.sol.plan import plan_maps
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 from pipeline.sol.stage import mine
-from pipeline.sol.timeline import timeline_sql
+from pipeline.sol.timeline import read_timelines, timeline_sql
 from pipeline.testing.openai_server import FakeOpenAI, Reply, completion_body, request_tokens
 from tests.sol.sol_helpers import make_bundle
 
@@ -120,6 +123,23 @@ def handler(request: dict[str, Any]) -> Reply:
     # a reduce prompt lists the map calls; a map prompt names its partition ("This call (M01) sees")
     data = reduce_answer(text) if re.search(r"^## Map calls", text, re.M) else map_answer(text)
     return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
+
+
+def again_lines(run_dir: Path, cell: str) -> list[tuple[str, str]]:
+    """The timeline lines of ``cell`` kept for the next run."""
+    stored = read_json(run_dir / "sol_map" / timeline_cache.TIMELINES_FILE)["cells"][cell]
+    return list(zip(stored[1], stored[2], strict=True))
+
+
+def refresh_cell_digest(con: Any, cell: str) -> None:
+    """Recompute one cell's stored content digest after its events were edited in place (what the export does)."""
+    source = con.execute("SELECT source_digest FROM cell_digests WHERE cell_id = ?", [cell]).fetchone()[0]
+    con.execute("DELETE FROM cell_digests WHERE cell_id = ?", [cell])
+    con.register("_lunasol_sources", pa.table({"cell_id": [cell], "source_digest": [source]}))
+    macros, fill = fill_sql()
+    con.execute(macros)
+    con.execute(fill, {"lo": cell, "hi": cell})
+    con.unregister("_lunasol_sources")
 
 
 def _outcomes(bundle: Path) -> dict[str, str]:
@@ -284,6 +304,13 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
 
     # the module, not pipeline.sol's ``plan`` function of the same name
     monkeypatch.setattr(sys.modules[plan_maps.__module__], "request_tokens", spy)
+    read: list[str] = []  # which cells' timelines were read from the IR (the rest came from the last run)
+
+    def read_spy(con: Any, where_cells: str = "TRUE") -> dict[str, Any]:
+        read.append(where_cells)
+        return read_timelines(con, where_cells)
+
+    monkeypatch.setattr(timeline_cache, "read_timelines", read_spy)
     base, _ = scaled
     run_dir = tmp_path / "big"
     run_dir.mkdir()
@@ -298,14 +325,16 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
     assert first.plan is not None
     maps = [c for c in first.plan.calls if c.role == "sol_map"]
     assert len(maps) >= 3 and not any(c.reused for c in first.plan.calls)
+    assert read == ["TRUE"] and (run_dir / "sol_map" / timeline_cache.TIMELINES_FILE).is_file()
     assert sorted(_map_ids(fake_llm)) == sorted(c.call_id for c in maps)
 
     assert set(counted) >= {c.call_id for c in maps}
     # nothing changed: every map answer is taken again, only the reduce is asked; no map request is counted again
     fake_llm.requests.clear()
     counted.clear()
+    read.clear()
     again = mine(ctx)
-    assert counted == []
+    assert counted == [] and read == []  # every timeline from the last run: no cell changed
     assert [c.request_tokens for c in again.plan.calls if c.role == "sol_map"] == [c.request_tokens for c in maps]
     assert again.plan is not None and _map_ids(fake_llm) == []
     assert [c.reused for c in again.plan.calls if c.role == "sol_map"] == [True] * len(maps)
@@ -317,6 +346,7 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
     # one cell's timeline changes (same length, so the partitions keep their cells): its map call alone is asked
     part = {c: m.call_id for m in maps for c in m.cells}
     changed = FAILED_B
+    before = again_lines(run_dir, changed)
     con = duckdb.connect(str(ctx.ir_path))
     try:
         n = con.execute(
@@ -324,13 +354,22 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
             f"AND event_id IN (SELECT event_id FROM ({timeline_sql()}) WHERE cell_id = ?)",
             [changed, changed],
         ).fetchall()
+        refresh_cell_digest(con, changed)  # as the export of a changed cell leaves the IR
     finally:
         con.close()
     assert n and n[0][0] > 0
     fake_llm.requests.clear()
     counted.clear()
+    read.clear()
     third = mine(ctx)
     assert third.plan is not None
+    assert read == [f"e.cell_id IN ('{changed}')"]  # the changed cell's timeline alone is read again
+    con = duckdb.connect(str(ctx.ir_path), read_only=True)
+    try:
+        now = read_timelines(con)[changed]
+    finally:
+        con.close()
+    assert again_lines(run_dir, changed) == now != before  # the store learned the changed lines
     assert _map_ids(fake_llm) == [part[changed]] and counted == [part[changed]]
     assert {c.call_id for c in third.plan.calls if c.role == "sol_map" and not c.reused} == {part[changed]}
     asked = next(_user(r) for r in fake_llm.requests if f"This call ({part[changed]})" in _user(r))
