@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.core.canonical import sha256_bytes
+from pipeline.core.canonical import canonical_json, sha256_bytes, sha256_text
 from pipeline.core.errors import Blocked
 from pipeline.core.settings import ModelSettings
 from pipeline.models import render
@@ -40,6 +40,19 @@ class MapCall:
     context: dict[str, Any]
     tokens: int
     request_digest: str = ""  # what ``tokens`` counts (see :func:`request_digest`)
+    _canonical: str | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def canonical(self) -> str:
+        """The canonical JSON of the context (made once: the map key and the shortlist's inputs digest it)."""
+        if self._canonical is None:
+            self._canonical = canonical_json(self.context)
+        return self._canonical
+
+
+def maps_digest(maps: list[MapCall]) -> str:
+    """``digest({"maps": [every map context]})`` from the contexts' canonical texts (the same bytes, made once)."""
+    return sha256_text('{"maps":[' + ",".join(m.canonical for m in maps) + "]}")
 
 
 @dataclass

@@ -42,11 +42,24 @@ def _schema_digest() -> str:
 
 
 def map_key(
-    context: dict[str, Any], *, template_hash: str, model: str | None, instructor_mode: str, settings: ModelSettings
+    context: dict[str, Any] | None,
+    *,
+    template_hash: str,
+    model: str | None,
+    instructor_mode: str,
+    settings: ModelSettings,
+    context_digest: str | None = None,
 ) -> str:
-    """Digest of everything a map call's first request is made of (equal key: the same request)."""
+    """Digest of everything a map call's first request is made of (equal key: the same request).
+
+    ``context_digest``: ``digest(context)`` when the caller has it already (then ``context`` may be None).
+    """
+    if context_digest is None:
+        if context is None:
+            raise ValueError("map_key needs the context or its digest")
+        context_digest = digest(context)
     return cell_key(
-        context=digest(context),
+        context=context_digest,
         template=template_hash,
         schema=_schema_digest(),
         model=model,

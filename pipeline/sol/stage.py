@@ -13,7 +13,7 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.core.canonical import digest, pretty_json, sha256_file
+from pipeline.core.canonical import digest, pretty_json, sha256_file, sha256_text
 from pipeline.core.errors import Blocked
 from pipeline.ir.digests import ir_digest
 from pipeline.models import CallOutcome, ModelClient, PlannedCall, template_hash
@@ -30,7 +30,16 @@ from pipeline.sol.batch import (
 )
 from pipeline.sol.cards import Dropped, ReduceAnswer, SolAnswer, SolCall, SolPlan, WeaknessCard, WeaknessDraft
 from pipeline.sol.checks import EvidenceIndex, answer_errors, check_answer, cited_refs
-from pipeline.sol.plan import MAP_ROLE, REDUCE_ROLE, ROLE, SolPlanDraft, plan_sol, reduce_budget, reduce_tokens
+from pipeline.sol.plan import (
+    MAP_ROLE,
+    REDUCE_ROLE,
+    ROLE,
+    SolPlanDraft,
+    maps_digest,
+    plan_sol,
+    reduce_budget,
+    reduce_tokens,
+)
 from pipeline.sol.reduce import Draft, assemble, draft_blocks, reduce_context, reduce_errors
 from pipeline.sol.reuse import MapAnswers, StoredMap, map_key
 from pipeline.sol.shortlist import SHORTLIST_FILE, Denominator, Shortlist, write_shortlist
@@ -105,12 +114,19 @@ def build_context(run_dir: Path, ir_path: Path) -> tuple[dict[str, Any], Evidenc
 # -- the stage --------------------------------------------------------------------------------------
 
 
-def _made_from(ctx: RunContext, context: dict[str, Any], extra: dict[str, str] | None = None) -> dict[str, str | None]:
+def _made_from(
+    ctx: RunContext, context: dict[str, Any] | str, extra: dict[str, str] | None = None
+) -> dict[str, str | None]:
+    """What the shortlist was made from; ``context``: the calls' context, or its digest already made."""
     groups = ctx.run_dir / GROUPS_FILE
     made: dict[str, str | None] = {
         "ir": ir_digest(ctx.ir_path),
         "pattern_groups": sha256_file(groups) if groups.is_file() else None,
-        "context": digest({k: v for k, v in context.items() if not k.endswith("_json")}),
+        "context": (
+            context
+            if isinstance(context, str)
+            else digest({k: v for k, v in context.items() if not k.endswith("_json")})
+        ),
         "template": template_hash(ROLE),
         "model": ctx.options.models.model,
     }
@@ -253,11 +269,12 @@ async def _run_maps(
     keyed: list[tuple[Any, str, StoredMap | None]] = []
     for m in decision.maps:
         key = map_key(
-            m.context,
+            None,
             template_hash=thash,
             model=client.model,
             instructor_mode=client.instructor_mode,
             settings=client.settings,
+            context_digest=sha256_text(m.canonical),  # = digest(m.context), its text made once
         )
         keyed.append((m, key, answers.get(m.chunk.call_id, key)))
     # every stored answer is checked again below: the events they cite are read in one query
@@ -454,12 +471,11 @@ def _mine_map_reduce(ctx: RunContext, batch: Batch, decision: SolPlanDraft, clie
         "key": last.key,
     }
     extra = {f"template:{r}": template_hash(r) for r in (MAP_ROLE, REDUCE_ROLE)}
-    context = {"maps": [m.context for m in decision.maps]}
     return make_shortlist(
         batch.run_id,
         batch.index,
         final,
-        made_from=_made_from(ctx, context, extra),
+        made_from=_made_from(ctx, maps_digest(decision.maps), extra),  # digest({"maps": [contexts]})
         call=call,
         plan=plan,
         dropped_before=dropped,

@@ -10,7 +10,11 @@ from typing import Any
 
 import duckdb
 
+from pipeline.core.canonical import digest, sha256_text
 from pipeline.ir.export import export
+from pipeline.sol.partition import Chunk
+from pipeline.sol.plan import MapCall, maps_digest
+from pipeline.sol.reuse import map_key
 from pipeline.sol.timeline import LOW_VALUE, fit_timelines, read_timelines, timeline_chars
 from pipeline.sol.timeline_cache import TIMELINES_FILE, load_timelines, save_timelines
 from tests.sol.sol_helpers import make_bundle
@@ -155,3 +159,24 @@ def test_the_timeline_store_gives_the_ir_lines_and_reads_again_what_may_have_cha
         assert load_timelines(con, run_dir, eligible).read == eligible
     finally:
         con.close()
+
+
+def test_the_map_contexts_canonical_text_gives_the_digests_of_the_contexts(model_settings: Any) -> None:
+    contexts: list[dict[str, Any]] = [
+        {"call_id": f"M{i:02d}", "cells_text": "C1 täsk=x\n\"quoted\" \\ back", "tasks": ["b", "a"], "n": i,
+         "nested": {"z": [1, None, True], "a": "日本"}}
+        for i in range(1, 4)
+    ]  # fmt: skip
+    maps = [MapCall(chunk=Chunk(call_id=c["call_id"], tasks=[], cells=[]), context=c, tokens=1) for c in contexts]
+    assert maps_digest(maps) == digest({"maps": contexts})
+    settings = model_settings()
+    kw = {"template_hash": "sha256:t", "model": "openai/m", "instructor_mode": "tools", "settings": settings}
+    for m in maps:
+        assert map_key(None, context_digest=sha256_text(m.canonical), **kw) == map_key(m.context, **kw)
+    # a changed cell in a partition changes that partition's key, and the digest of them all
+    before = [map_key(m.context, **kw) for m in maps]
+    changed = {**contexts[1], "cells_text": contexts[1]["cells_text"] + "!"}
+    maps[1] = MapCall(chunk=maps[1].chunk, context=changed, tokens=1)
+    after = [map_key(None, context_digest=sha256_text(m.canonical), **kw) for m in maps]
+    assert [a == b for a, b in zip(after, before, strict=True)] == [True, False, True]
+    assert maps_digest(maps) == digest({"maps": [contexts[0], changed, contexts[2]]}) != digest({"maps": contexts})
