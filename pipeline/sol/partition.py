@@ -77,6 +77,7 @@ class Renderer:
         # each occurrence line and cell size is asked for several times per plan (partition, then
         # every map context): made once (pure functions of the batch)
         self._occ_lines: dict[str, str] = {}
+        self._cell_lines: dict[str, str] = {}
         self._sizes: dict[tuple[str, int], tuple[int, set[str]]] = {}
         self._by_task: str | None = None
 
@@ -98,6 +99,13 @@ class Renderer:
                 f"in {len({c['cell_id'] for c in cells})} cell(s) [{by_task_outcome(cells)}]"
             )
         return self._headers[gid]
+
+    def cell_line(self, cell: str) -> str:
+        """:func:`cell_line` of an eligible cell (made once: partition sizes it, its map context shows it)."""
+        line = self._cell_lines.get(cell)
+        if line is None:
+            line = self._cell_lines[cell] = cell_line(self.cells[cell], self.coverage.get(cell))
+        return line
 
     def occurrence_line(self, o: dict[str, Any]) -> str:
         """One occurrence with a bounded list of its events and refs (the rest counted)."""
@@ -145,7 +153,7 @@ class Renderer:
         return known
 
     def _cell_size(self, cell: str, timeline_cap: int) -> tuple[int, set[str]]:
-        size = len(cell_line(self.cells[cell], self.coverage.get(cell))) + 1
+        size = len(self.cell_line(cell)) + 1
         gids: set[str] = set()
         for gid, o in self.occ_by_cell.get(cell, []):
             size += len(self.occurrence_line(o)) + 1
@@ -221,7 +229,7 @@ def fitted_map_context(renderer: Renderer, chunk: Chunk, room_chars: int) -> dic
 
 
 def _cells_text(renderer: Renderer, cells: list[dict[str, Any]]) -> str:
-    return "\n".join(cell_line(c, renderer.coverage.get(c["cell_id"])) for c in cells)
+    return "\n".join(renderer.cell_line(c["cell_id"]) for c in cells)
 
 
 def _map_context(
