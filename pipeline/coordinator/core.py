@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core import duck
-from pipeline.core.canonical import write_json
+from pipeline.core.canonical import atomic_write_bytes, pretty_json_plain
 from pipeline.core.errors import BadInput
 
 GROUPS_FILE = "pattern-groups.json"
@@ -217,5 +217,6 @@ def run_coordinator(ir_path: Path, run_dir: Path) -> dict[str, Any]:
         doc = coordinate(con)
     finally:
         con.close()
-    write_json(run_dir / GROUPS_FILE, doc)
+    # strings, whole numbers, booleans and None only: orjson's bytes are pretty_json's (pipeline.core.canonical)
+    atomic_write_bytes(run_dir / GROUPS_FILE, pretty_json_plain(doc))
     return doc

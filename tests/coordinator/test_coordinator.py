@@ -199,3 +199,77 @@ def test_incidents_are_the_first_line_of_each_controller_key_as_a_window_defines
     want = sorted(con.execute(_WINDOW_INCIDENTS).fetchall())
     assert got == want
     assert sum(1 for r in want if r[1] != r[3]) > 50  # the case is exercised: many lines share an incident
+
+
+# The occurrences as first written: every cited event joined row by row, then grouped twice. The
+# shipped 02_occurrences.sql aggregates per pattern first; both must give the same table.
+_ROW_BY_ROW_OCCURRENCES = """
+WITH mapped AS (
+    SELECT p.pattern_id, p.cell_id, p.type, p.concerns, ev.event_id, i.incident_id, e.seq,
+           e.source_path || '#L' || e.line_start || '-L' || e.line_end AS ref
+    FROM patterns p, unnest(p.evidence) AS ev(event_id)
+    JOIN event_incidents i ON i.event_id = ev.event_id
+    JOIN events e ON e.event_id = ev.event_id
+),
+per_pattern AS (
+    SELECT pattern_id, list_sort(list_distinct(list(incident_id))) AS signature FROM mapped GROUP BY pattern_id
+),
+tagged AS (SELECT m.*, pp.signature FROM mapped m JOIN per_pattern pp USING (pattern_id)),
+occ AS (
+    SELECT type, concerns, cell_id, signature, list_sort(list(DISTINCT pattern_id)) AS pattern_ids
+    FROM tagged GROUP BY type, concerns, cell_id, signature
+),
+occ_events AS (
+    SELECT type, concerns, cell_id, signature, list(event_id ORDER BY seq) AS events,
+           list(ref ORDER BY seq) AS refs, min(seq) AS first_seq
+    FROM (SELECT DISTINCT type, concerns, cell_id, signature, event_id, seq, ref FROM tagged)
+    GROUP BY type, concerns, cell_id, signature
+),
+o AS (
+    SELECT o.type, o.concerns, o.cell_id, c.task_id, c.run_id, o.pattern_ids, oe.events, oe.refs,
+           o.signature AS incidents, len(oe.events) - len(o.signature) AS collapsed_lines,
+           (o.type = 'repeated_exploration' AND len(o.signature) < 2) AS duplicate_lines_only, oe.first_seq,
+           coalesce(lunasol_successful(oc.label), FALSE) AS successful_cell
+    FROM occ o JOIN occ_events oe USING (type, concerns, cell_id, signature)
+    JOIN cells c ON c.cell_id = o.cell_id LEFT JOIN outcomes oc ON oc.cell_id = o.cell_id
+)
+SELECT g.group_id
+       || printf('-O%02d', row_number() OVER (PARTITION BY g.group_id ORDER BY o.cell_id, o.first_seq, o.events)),
+       g.group_id, o.*
+FROM o JOIN pattern_groups g USING (type, concerns)
+"""
+
+
+def test_occurrences_are_those_of_the_row_by_row_join(tmp_path: Path) -> None:
+    """02_occurrences.sql (per-pattern aggregates) gives the table a join of every cited event gives."""
+    rng = random.Random(11)
+    cells: dict[str, list[dict[str, Any]]] = {}
+    for c in range(12):
+        evs: list[dict[str, Any]] = []
+        for _ in range(40):  # repeated controller lines (one incident, several lines) among other events
+            evs.append(sent_back(len(evs) + 1) if rng.random() < 0.3 else msg(rng.choice(["a", "b", "c"])))
+        cells[f"C{c:03d}"] = evs
+    outcomes = {cell: rng.choice(["completed", "workflow_failed"]) for cell in cells}
+    ir = write_ir(tmp_path / "run" / "ir.duckdb", cells, outcomes=outcomes, task_of={c: "t" for c in cells})
+    rows = []
+    for cell, evs in cells.items():
+        for n in range(1, rng.randint(2, 9)):
+            ids = [f"{cell}-e{rng.randrange(len(evs)):04d}" for _ in range(rng.randint(1, 4))]
+            if rng.random() < 0.1:
+                ids.append(f"{cell}-e9999")  # not an event of the IR: dropped, as by the join
+            typ = rng.choice(["repeated_exploration", "omission"])
+            rows.append(pat(f"{cell}-P{n:02d}", cell, typ, rng.choice(["target:a", "target:b"]), sorted(set(ids))))
+    con = duckdb.connect(str(ir))
+    con.execute(TABLES_DDL)
+    con.executemany("INSERT INTO patterns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    con.close()
+    run_coordinator(ir, tmp_path / "run")
+    con = duckdb.connect(str(ir))
+    try:
+        con.execute((resources.files("pipeline.coordinator") / "sql" / "00_macros.sql").read_text(encoding="utf-8"))
+        got = sorted(con.execute("SELECT * FROM pattern_occurrences").fetchall())
+        want = sorted(con.execute(_ROW_BY_ROW_OCCURRENCES).fetchall())
+    finally:
+        con.close()
+    assert got == want
+    assert any(r[11] > 0 for r in want) and any(len(r[7]) > 1 for r in want)  # collapsed lines, merged patterns
