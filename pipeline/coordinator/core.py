@@ -17,12 +17,14 @@ import duckdb
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.artifacts.versions import VERSIONS
+from pipeline.coordinator.incidents import update_incidents
 from pipeline.core import duck
 from pipeline.core.canonical import atomic_write_bytes, pretty_json_plain
 from pipeline.core.errors import BadInput
 
 GROUPS_FILE = "pattern-groups.json"
 GROUPS_SCHEMA_VERSION = VERSIONS["pattern-groups"]
+INCIDENTS_SQL = "01_incidents.sql"
 
 
 class _Doc(BaseModel):
@@ -150,7 +152,10 @@ def coordinate(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
         raise BadInput("no patterns table in the IR: the luna stage must run before the coordinator")
     con.execute(_FALLBACK_DDL)
     for name in sql_files():
-        con.execute(_sql(name))
+        if name == INCIDENTS_SQL:  # the rule runs on the cells whose incidents are not cached
+            update_incidents(con, _sql(name))
+        else:
+            con.execute(_sql(name))
     groups = _rows(con, "SELECT * FROM pattern_groups ORDER BY group_id")
     occurrences = _rows(con, "SELECT * FROM pattern_occurrences ORDER BY occurrence_id")
     coverage = _rows(con, "SELECT * FROM pattern_coverage ORDER BY cell_id")

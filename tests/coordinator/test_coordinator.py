@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import duckdb
 
 from pipeline.coordinator import GROUPS_FILE, run_coordinator, sql_files
+from pipeline.coordinator.incidents import CACHE_TABLE, update_incidents
 from pipeline.luna.stage import TABLES_DDL
 from pipeline.probes.synthetic import write_ir
 
@@ -168,7 +170,7 @@ FROM events
 
 
 def test_incidents_are_the_first_line_of_each_controller_key_as_a_window_defines_them() -> None:
-    """01_incidents.sql (hash aggregates) gives what a window over every event gives (NULLs, other actors)."""
+    """01_incidents.sql (hash aggregates, links only) gives what a window over every event gives (NULLs, actors)."""
     rng = random.Random(7)
     rows = []
     for cell in ("C001", "C002", "C003"):
@@ -194,7 +196,7 @@ def test_incidents_are_the_first_line_of_each_controller_key_as_a_window_defines
     )
     con.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
     sql = (resources.files("pipeline.coordinator") / "sql" / "01_incidents.sql").read_text(encoding="utf-8")
-    con.execute(sql)
+    assert update_incidents(con, sql) == (3, 3)  # no cell_digests: every cell looked at, nothing cached
     got = sorted(con.execute("SELECT * FROM event_incidents").fetchall())
     want = sorted(con.execute(_WINDOW_INCIDENTS).fetchall())
     assert got == want
@@ -273,3 +275,31 @@ def test_occurrences_are_those_of_the_row_by_row_join(tmp_path: Path) -> None:
         con.close()
     assert got == want
     assert any(r[11] > 0 for r in want) and any(len(r[7]) > 1 for r in want)  # collapsed lines, merged patterns
+
+
+def test_a_rerun_looks_again_only_at_changed_cells_and_gives_every_incident_a_fresh_run_gives(
+    demo_gate1: Path, tmp_path: Path
+) -> None:
+    """Incidents of unchanged cells come from the cache; the view holds what computing every cell gives."""
+    rule = (resources.files("pipeline.coordinator") / "sql" / "01_incidents.sql").read_text(encoding="utf-8")
+    ir = tmp_path / "ir.duckdb"
+    shutil.copy(demo_gate1 / "ir.duckdb", ir)
+    con = duckdb.connect(str(ir))
+    try:
+        con.execute(f"DROP TABLE IF EXISTS {CACHE_TABLE}")
+        cells = [r[0] for r in con.execute("SELECT DISTINCT cell_id FROM events ORDER BY 1").fetchall()]
+        assert update_incidents(con, rule) == (len(cells), len(cells))
+        fresh = sorted(con.execute("SELECT * FROM event_incidents").fetchall())
+        assert sum(1 for r in fresh if r[1] != r[3]) > 0  # the demo has repeated controller lines
+        assert update_incidents(con, rule) == (0, len(cells))  # nothing changed: nothing looked at
+        assert sorted(con.execute("SELECT * FROM event_incidents").fetchall()) == fresh
+        # a cell whose content changed is looked at again; one cached by another rule too
+        con.execute("UPDATE cell_digests SET content_digest = 'sha256:changed' WHERE cell_id = ?", [cells[0]])
+        con.execute(f"UPDATE {CACHE_TABLE} SET made_with = 'older rule' WHERE cell_id = ?", [cells[1]])
+        assert update_incidents(con, rule) == (2, len(cells))
+        assert sorted(con.execute("SELECT * FROM event_incidents").fetchall()) == fresh
+        cached = con.execute(f"SELECT cell_id, content_digest, made_with FROM {CACHE_TABLE} ORDER BY 1").fetchall()
+        assert [r[0] for r in cached] == cells and len({r[2] for r in cached}) == 1
+        assert dict((r[0], r[1]) for r in cached)[cells[0]] == "sha256:changed"
+    finally:
+        con.close()

@@ -2,8 +2,8 @@
 -- of incidents are one occurrence (duplicate controller lines collapse); every event and ref is kept.
 -- Numbered by 03_groups.sql, which writes the table; this draft is a temp table (never stored).
 CREATE OR REPLACE TEMP TABLE pattern_occurrences_draft AS
-WITH shared AS (  -- an event is its own incident unless event_incidents says otherwise (repeated controller lines)
-    SELECT event_id, incident_id FROM event_incidents WHERE incident_id <> event_id
+WITH shared AS (  -- an event is its own incident unless it repeats a controller line (01_incidents.sql)
+    SELECT event_id, incident_id FROM incident_links
 ),
 cited AS (  -- unnest in the select list: a lateral unnest carries each whole list along every row (2x the join)
     SELECT pattern_id, cell_id, type, concerns, unnest(evidence) AS event_id FROM patterns
