@@ -147,7 +147,12 @@ def resolve_in_bundle(bundle: Path, rel: str, what: str = "manifest path") -> Pa
 
 
 def _walk(bundle: Path) -> dict[str, int]:
-    """Every file under the bundle (POSIX relative path -> size), manifest.json left out.
+    """Every file under the bundle (POSIX relative path -> size), manifest.json left out (see :func:`_walk_stats`)."""
+    return {rel: key[0] for rel, key in _walk_stats(bundle).items()}
+
+
+def _walk_stats(bundle: Path) -> dict[str, tuple[int, int, int]]:
+    """Every file under the bundle (POSIX relative path -> (size, mtime_ns, inode)), manifest.json left out.
 
     Symlinks are not followed: a symlink to a file inside the bundle is listed (its content is
     hashed); a symlink to a directory inside is skipped (its files are listed where they live);
@@ -155,7 +160,7 @@ def _walk(bundle: Path) -> dict[str, int]:
     one system call per file, which matters for bundles of thousands of files.
     """
     root = bundle.resolve()
-    found: dict[str, int] = {}
+    found: dict[str, tuple[int, int, int]] = {}
     stack: list[tuple[str, str]] = [(str(root), "")]
     while stack:
         path, prefix = stack.pop()
@@ -170,12 +175,12 @@ def _walk(bundle: Path) -> dict[str, int]:
                         continue  # never walk through links, even inside
                     if not target.is_file():
                         raise BundleError(f"bundle entry {rel!r} is a symlink to something that is not a file")
-                    found[rel] = target.stat().st_size
+                    found[rel] = _stat_key(target.stat())
                 elif entry.is_dir(follow_symlinks=False):
                     stack.append((entry.path, rel + "/"))
                 elif entry.is_file(follow_symlinks=False):
                     if rel != MANIFEST_FILE:
-                        found[rel] = entry.stat(follow_symlinks=False).st_size
+                        found[rel] = _stat_key(entry.stat(follow_symlinks=False))
                 else:
                     raise BundleError(f"bundle entry {rel!r} is not a regular file")
     return found
@@ -191,6 +196,10 @@ def _stat_key(st: os.stat_result) -> tuple[int, int, int]:
 
 
 HASH_CHUNK_BYTES = 16 << 20  # bytes of files one thread hashes per task
+# Below this many bytes one thread hashes everything: threads save little wall time on it (~0.25 s
+# per 100 MB in one thread) and cost CPU (88 MB of a 1,000-cell bundle: 0.33 CPU s in threads, 0.24
+# in one), which every rerun pays.
+HASH_THREADS_FROM = 256 << 20
 
 
 def _hash_all(paths: list[Path]) -> list[str]:
@@ -198,12 +207,14 @@ def _hash_all(paths: list[Path]) -> list[str]:
 
 
 def _hash_many(paths: list[Path], sizes: list[int]) -> list[str]:
-    """The sha256 of every file, in order; big bundles hashed by a few threads, ~16 MiB per task.
+    """The sha256 of every file, in order; bundles of :data:`HASH_THREADS_FROM` bytes or more by a few threads.
 
     hashlib releases the GIL on large buffers, so threads hash big files in parallel; a task per
     file cost more than the hashing itself on a bundle of small files (11,500 files: 0.49 CPU s,
-    against 0.21 in one thread).
+    against 0.21 in one thread), so each thread takes ~16 MiB of files per task.
     """
+    if sum(sizes) < HASH_THREADS_FROM:
+        return _hash_all(paths)
     chunks: list[list[Path]] = [[]]
     size = 0
     for p, n in zip(paths, sizes, strict=True):
@@ -305,22 +316,25 @@ def verify(bundle: Path, manifest: Manifest | None = None) -> VerifyReport:
     """Re-hash every listed file; report changed, missing and extra files (path escapes raise)."""
     manifest = manifest or read_manifest(bundle)
     report = VerifyReport(bundle=str(bundle), files=len(manifest.files))
-    found = _walk(bundle)  # raises on any symlink out, so every file found is safe to read
+    # raises on any symlink out, so every file found is safe to read; its stat (taken before the file
+    # is hashed) is what read_frozen compares to skip a second hash
+    found = _walk_stats(bundle)
     to_hash: list[tuple[FileEntry, Path]] = []
+    stats: list[tuple[int, int, int]] = []
     for entry in manifest.files:
-        size = found.get(entry.path)
-        if size is None:
+        key = found.get(entry.path)
+        if key is None:
             # Not seen by the walk: missing, behind a directory link, or escaping. Resolve to tell.
             path = resolve_in_bundle(bundle, entry.path)
             if not path.is_file():
                 report.missing.append(entry.path)
                 continue
-            size = path.stat().st_size
-        if size != entry.size:
+            key = _stat_key(path.stat())
+        if key[0] != entry.size:
             report.changed.append(entry.path)  # no need to hash: the size already differs
         else:
             to_hash.append((entry, bundle / entry.path))
-    stats = [_stat_key(os.stat(p)) for _, p in to_hash]
+            stats.append(key)
     digests = _hash_many([p for _, p in to_hash], [e.size for e, _ in to_hash])
     for (entry, _), dig, key in zip(to_hash, digests, stats, strict=True):
         if dig != entry.sha256:

@@ -265,7 +265,8 @@ def test_remembered_manifest_is_checked_once_per_content(bundle: Path, monkeypat
 
 def test_hashing_in_chunks_gives_every_file_its_digest(bundle: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     one = freeze(bundle)  # one chunk: hashed in this thread
-    monkeypatch.setattr(manifest_mod, "HASH_CHUNK_BYTES", 1)  # a chunk per file: the thread pool
+    monkeypatch.setattr(manifest_mod, "HASH_THREADS_FROM", 0)  # any bundle: the thread pool
+    monkeypatch.setattr(manifest_mod, "HASH_CHUNK_BYTES", 1)  # a chunk per file
     assert freeze(bundle) == one
     assert [f.sha256 for f in one.files] == [sha256_file(bundle / f.path) for f in one.files]
     last = bundle / one.files[-1].path
