@@ -273,13 +273,13 @@ def _record_cells(ctx: RunContext, ledger: Ledger, role: str) -> None:
 
 
 def _record_results(ctx: RunContext, ledger: Ledger, role: str, store: CellResults) -> None:
-    for cell, (raw, file_digest) in store.stored_files().items():  # each file read once: parsed and hashed
-        inputs = {k: str(v) for k, v in (raw.get("inputs") or {}).items() if v is not None}
-        inputs["key"] = str(raw["key"])
+    for cell, record in store.records().items():  # files the stage just read or wrote are not read again
+        inputs = {k: str(v) for k, v in record.inputs.items() if v is not None}
+        inputs["key"] = record.key
         rel = f"{role}/{cell}.json"
         name = f"{role}/{cell}"
         entry = ledger.get(name)
-        outs = {rel: file_digest}
+        outs = {rel: record.file_digest}
         if entry is not None and entry.state == "verified" and entry.outputs != outs:
             # recomputed: keep the old result's record as invalidated, with why
             ledger.invalidate(name, f"{cell}: {describe_changes(entry.inputs, inputs)}; recomputed")

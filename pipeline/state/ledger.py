@@ -21,6 +21,7 @@ import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -315,6 +316,32 @@ def cell_key(**parts: str | None) -> str:
     return digest({k: v for k, v in sorted(parts.items())})
 
 
+@dataclass(frozen=True)
+class ResultRecord:
+    """What the ledger records of one stored per-cell result: its key, its inputs, the digest of its bytes."""
+
+    key: str
+    inputs: dict[str, Any]
+    file_digest: str
+
+
+# What this process read or wrote of each result file (by path), with the file's stat at that moment.
+# After a model stage the runner records every stored result: the stage has just read (reused cells)
+# or written (the others) each of them, so a file whose stat is unchanged is not read a second time.
+_seen: dict[str, tuple[tuple[int, int, int, int], ResultRecord]] = {}
+
+
+def _stat_key(st: os.stat_result) -> tuple[int, int, int, int]:
+    # an atomic write is a new inode; an edit in place changes the size, mtime or ctime
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+def _record_of(raw: Any, data: bytes) -> ResultRecord | None:
+    if not isinstance(raw, dict) or "key" not in raw:
+        return None
+    return ResultRecord(str(raw["key"]), dict(raw.get("inputs") or {}), sha256_bytes(data))
+
+
 class CellResults:
     """Per-cell model answers persisted as they complete: ``runs/<id>/<role>/<cell>.json``.
 
@@ -338,11 +365,17 @@ class CellResults:
         if not p.is_file():
             return None
         try:
-            # bytes decoded, not read_text: the same text for JSON (newline translation only touches
-            # whitespace or what is invalid anyway) without a text stream per file (1,000 per rerun)
-            raw = json.loads(p.read_bytes().decode("utf-8"))
+            with p.open("rb") as fh:
+                data = fh.read()
+                st = os.fstat(fh.fileno())
+            raw = json.loads(data.decode("utf-8"))
+        except FileNotFoundError:
+            return None
         except ValueError:  # a torn file cannot happen with atomic writes, but never trust it
             return None
+        record = _record_of(raw, data)
+        if record is not None:
+            _seen[str(p)] = (_stat_key(st), record)
         if not isinstance(raw, dict) or raw.get("key") != key:
             return None
         return raw.get("value")
@@ -358,22 +391,41 @@ class CellResults:
             "value": value,
             "lunasol": pipeline.__version__,
         }
-        return write_json(self.path(cell_id), payload)
+        path = self.path(cell_id)
+        file_digest = write_json(path, payload)
+        _seen[str(path)] = (_stat_key(path.stat()), ResultRecord(key, payload["inputs"], file_digest))
+        return file_digest
 
-    def stored(self) -> dict[str, dict[str, Any]]:
-        """Every stored result: cell id -> the file's content."""
-        return {cell: raw for cell, (raw, _) in self.stored_files().items()}
+    def records(self) -> dict[str, ResultRecord]:
+        """Every stored result: cell id -> its key, inputs and file digest.
 
-    def stored_files(self) -> dict[str, tuple[dict[str, Any], str]]:
-        """Every stored result: cell id -> (the file's content, the digest of its bytes), each file read once."""
-        out: dict[str, tuple[dict[str, Any], str]] = {}
-        if self.dir.is_dir():
-            for p in sorted(self.dir.glob("*.json")):
-                data = p.read_bytes()
-                try:
-                    raw = json.loads(data.decode("utf-8"))
-                except ValueError:  # not JSON, or not UTF-8 (UnicodeDecodeError is a ValueError)
-                    continue
-                if isinstance(raw, dict) and "key" in raw:
-                    out[p.stem] = (raw, sha256_bytes(data))
+        A file this process read or wrote and whose stat is unchanged since is not read again
+        (see ``_seen``); any other is read, parsed and hashed. Files that are not results are left out.
+        """
+        out: dict[str, ResultRecord] = {}
+        if not self.dir.is_dir():
+            return out
+        with os.scandir(self.dir) as it:
+            entries = sorted((e.name, e.path) for e in it if e.name.endswith(".json") and e.is_file())
+        for name, path in entries:
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            seen = _seen.get(path)
+            if seen is not None and seen[0] == _stat_key(st):
+                out[name[: -len(".json")]] = seen[1]
+                continue
+            try:
+                with open(path, "rb") as fh:
+                    data = fh.read()
+                    st = os.fstat(fh.fileno())
+                record = _record_of(json.loads(data.decode("utf-8")), data)
+            except FileNotFoundError:
+                continue
+            except ValueError:  # not JSON, or not UTF-8 (UnicodeDecodeError is a ValueError)
+                continue
+            if record is not None:
+                _seen[path] = (_stat_key(st), record)
+                out[name[: -len(".json")]] = record
         return out

@@ -255,7 +255,7 @@ def test_a_cell_failing_on_transport_leaves_luna_pending_and_resume_retries_exac
     assert any(line.startswith("NOT verified: luna: 1 cell(s) failed (C003)") and "--resume" in line for line in lines)
     entry = Ledger(d).get("luna")
     assert entry is not None and entry.state == "pending" and "C003" in (entry.reason or "")
-    assert set(CellResults(d, "luna").stored()) == {"C001", "C002", "C004", "C005"}
+    assert set(CellResults(d, "luna").records()) == {"C001", "C002", "C004", "C005"}
     ok_before = calls(d, "luna")
     setup["fake"].handler = handler
     setup["opts"].resume = True
@@ -457,3 +457,36 @@ def test_no_sol_call_when_luna_analysed_no_cell(setup: dict[str, Any]) -> None:
     setup["opts"].resume = True
     res = run(setup["opts"], log=lambda _m: None)
     assert "sol" in res.ran and calls(d, "sol") == 1
+
+
+def test_records_read_only_files_this_process_has_not_seen_as_they_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = CellResults(tmp_path, "luna")
+    written = {c: store.put(c, f"k-{c}", {"n": i}, inputs={"cell": f"d-{c}"}) for i, c in enumerate(["C1", "C2"])}
+    opened: list[str] = []
+    real_open = open
+
+    def counting_open(path: Any, *a: Any, **k: Any) -> Any:
+        opened.append(str(path))
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(ledger_mod, "open", counting_open, raising=False)
+    records = store.records()
+    assert {c: r.file_digest for c, r in records.items()} == written and opened == []  # just written: not read
+    assert records["C1"].key == "k-C1" and records["C1"].inputs == {"cell": "d-C1"}
+    # changed behind this process's back (same key, other bytes): read again, the new digest recorded
+    other = json.loads(store.path("C1").read_text())
+    other["value"] = {"n": 99}
+    store.path("C1").write_text(json.dumps(other))
+    again = store.records()
+    assert opened == [str(store.path("C1"))]
+    assert again["C1"].file_digest == ledger_mod.sha256_bytes(store.path("C1").read_bytes()) != written["C1"]
+    assert again["C2"] == records["C2"]
+    # a new process (nothing seen) reads every file and finds the same records
+    monkeypatch.setattr(ledger_mod, "_seen", {})
+    assert CellResults(tmp_path, "luna").records() == again
+    # what is not a result is left out, read or not
+    (tmp_path / "luna" / "C3.json").write_text("not json")
+    (tmp_path / "luna" / "C4.json").write_text('{"no": "key"}')
+    assert set(store.records()) == {"C1", "C2"}
