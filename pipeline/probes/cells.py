@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import duckdb
+from pydantic import TypeAdapter
 
 import pipeline
 from pipeline.core.canonical import canonical_json, digest
@@ -20,6 +21,7 @@ from pipeline.probes.core import PROBES, ProbeHit, run_probes, write_probe_hits
 from pipeline.probes.files import Probe, base_sql
 
 CACHE_TABLE = "probe_cache"
+_HITS = TypeAdapter(list[ProbeHit])  # a cell's cached hits validated in one call, not one per hit
 PROBE_EVENTS = 100_000  # events probed at once (see _chunks): ~250 MiB of DuckDB at the demo's shape
 CACHE_DDL = f"""
 CREATE OR REPLACE TABLE {CACHE_TABLE} (
@@ -85,6 +87,26 @@ def _rows_table(rows: list[list[str]]) -> object:
     return pa.table({n: pa.array(list(c), pa.string()) for n, c in zip(names, cols, strict=True)})
 
 
+_CACHE_SHAPE = [("cell_id", "VARCHAR"), ("content_digest", "VARCHAR"), ("made_with", "VARCHAR"), ("hits", "VARCHAR")]
+
+
+def _keep_only(con: duckdb.DuckDBPyConnection, keep: list[str]) -> None:
+    """Table ``probe_cache`` holding only the rows of ``keep`` (made anew when absent or of another shape)."""
+    shape = con.execute(
+        "SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = current_database() "
+        "AND schema_name = 'main' AND table_name = ? ORDER BY column_index",
+        [CACHE_TABLE],
+    ).fetchall()
+    if shape != _CACHE_SHAPE:
+        con.execute(CACHE_DDL)
+        return
+    con.register("_lunasol_probe_keep", _cell_table(keep))
+    try:
+        con.execute(f"DELETE FROM {CACHE_TABLE} WHERE cell_id NOT IN (SELECT cell_id FROM _lunasol_probe_keep)")
+    finally:
+        con.unregister("_lunasol_probe_keep")
+
+
 def _has_digests(con: duckdb.DuckDBPyConnection) -> bool:
     sql = "SELECT count(*) FROM information_schema.tables WHERE table_name = 'cell_digests'"
     return bool(con.execute(sql).fetchall()[0][0])
@@ -105,9 +127,7 @@ def update_probe_hits(
     )
     # a cached cell's row is kept as it is: it is the canonical JSON of these hits (same lunasol, same probes)
     cached: dict[str, str] = dict(cached_rows(con, CACHE_TABLE, "t.cell_id, t.hits", stamp))
-    by_cell: dict[str, list[ProbeHit]] = {
-        cell: [ProbeHit.model_validate(h) for h in json.loads(raw)] for cell, raw in cached.items()
-    }
+    by_cell: dict[str, list[ProbeHit]] = {cell: _HITS.validate_python(json.loads(raw)) for cell, raw in cached.items()}
     todo = [c for c in cells if c not in by_cell]
     if todo:
         fresh: dict[str, list[ProbeHit]] = {c: [] for c in todo}
@@ -118,20 +138,16 @@ def update_probe_hits(
         by_cell.update(fresh)
     hits = [h for cell in sorted(by_cell) for h in by_cell[cell]]
     write_probe_hits(con, hits)
-    con.execute(CACHE_DDL)
+    _keep_only(con, sorted(cached))  # the valid rows stay as they are: unchanged cells are not written again
     rows = [
-        [
-            cell,
-            digests[cell],
-            stamp,
-            cached.get(cell) or canonical_json([h.model_dump(mode="json") for h in by_cell[cell]]),
-        ]
+        [cell, digests[cell], stamp, canonical_json([h.model_dump(mode="json") for h in by_cell[cell]])]
         for cell in sorted(digests)
-        if cell in by_cell
+        if cell in by_cell and cell not in cached
     ]
-    con.register("_lunasol_probe_cache", _rows_table(rows))
-    try:
-        con.execute(f"INSERT INTO {CACHE_TABLE} SELECT * FROM _lunasol_probe_cache")
-    finally:
-        con.unregister("_lunasol_probe_cache")
+    if rows:
+        con.register("_lunasol_probe_cache", _rows_table(rows))
+        try:
+            con.execute(f"INSERT INTO {CACHE_TABLE} SELECT * FROM _lunasol_probe_cache")
+        finally:
+            con.unregister("_lunasol_probe_cache")
     return hits, len(todo), len(cells)

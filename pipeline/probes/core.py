@@ -8,6 +8,7 @@ event" carry ``proves_unchanged``: where a model claims a change inside such a s
 
 from __future__ import annotations
 
+import functools
 import re
 
 import duckdb
@@ -163,8 +164,12 @@ def read_probe_hits(
 
 
 _KEY_KINDS = ("obligation", "target", "transition")
+_ARROW = re.compile(r"\s*(->|→)\s*")
 
 
+# Memoised: a batch names the same few keys thousands of times (every pattern a rerun reuses is
+# validated again), and the function depends on its argument only.
+@functools.lru_cache(maxsize=1 << 16)
 def normalise_key(key: str) -> str:
     """Normalise a concerns key: ``kind:value``, lower case, whitespace folded to one space.
 
@@ -175,5 +180,5 @@ def normalise_key(key: str) -> str:
     kind, sep, value = text.partition(":")
     if not sep or kind.strip() not in _KEY_KINDS:
         kind, value = "target", text
-    value = re.sub(r"\s*(->|→)\s*", "->", value.strip().strip("`'\""))
+    value = _ARROW.sub("->", value.strip().strip("`'\""))
     return f"{kind.strip()}:{value}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import duckdb
 
 from pipeline.coordinator import GROUPS_FILE, run_coordinator, sql_files
+from pipeline.coordinator.incidents import CACHE_TABLE, update_incidents
 from pipeline.luna.stage import TABLES_DDL
 from pipeline.probes.synthetic import write_ir
 
@@ -168,7 +170,7 @@ FROM events
 
 
 def test_incidents_are_the_first_line_of_each_controller_key_as_a_window_defines_them() -> None:
-    """01_incidents.sql (hash aggregates) gives what a window over every event gives (NULLs, other actors)."""
+    """01_incidents.sql (hash aggregates, links only) gives what a window over every event gives (NULLs, actors)."""
     rng = random.Random(7)
     rows = []
     for cell in ("C001", "C002", "C003"):
@@ -194,8 +196,110 @@ def test_incidents_are_the_first_line_of_each_controller_key_as_a_window_defines
     )
     con.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
     sql = (resources.files("pipeline.coordinator") / "sql" / "01_incidents.sql").read_text(encoding="utf-8")
-    con.execute(sql)
+    assert update_incidents(con, sql) == (3, 3)  # no cell_digests: every cell looked at, nothing cached
     got = sorted(con.execute("SELECT * FROM event_incidents").fetchall())
     want = sorted(con.execute(_WINDOW_INCIDENTS).fetchall())
     assert got == want
     assert sum(1 for r in want if r[1] != r[3]) > 50  # the case is exercised: many lines share an incident
+
+
+# The occurrences as first written: every cited event joined row by row, then grouped twice. The
+# shipped 02_occurrences.sql aggregates per pattern first; both must give the same table.
+_ROW_BY_ROW_OCCURRENCES = """
+WITH mapped AS (
+    SELECT p.pattern_id, p.cell_id, p.type, p.concerns, ev.event_id, i.incident_id, e.seq,
+           e.source_path || '#L' || e.line_start || '-L' || e.line_end AS ref
+    FROM patterns p, unnest(p.evidence) AS ev(event_id)
+    JOIN event_incidents i ON i.event_id = ev.event_id
+    JOIN events e ON e.event_id = ev.event_id
+),
+per_pattern AS (
+    SELECT pattern_id, list_sort(list_distinct(list(incident_id))) AS signature FROM mapped GROUP BY pattern_id
+),
+tagged AS (SELECT m.*, pp.signature FROM mapped m JOIN per_pattern pp USING (pattern_id)),
+occ AS (
+    SELECT type, concerns, cell_id, signature, list_sort(list(DISTINCT pattern_id)) AS pattern_ids
+    FROM tagged GROUP BY type, concerns, cell_id, signature
+),
+occ_events AS (
+    SELECT type, concerns, cell_id, signature, list(event_id ORDER BY seq) AS events,
+           list(ref ORDER BY seq) AS refs, min(seq) AS first_seq
+    FROM (SELECT DISTINCT type, concerns, cell_id, signature, event_id, seq, ref FROM tagged)
+    GROUP BY type, concerns, cell_id, signature
+),
+o AS (
+    SELECT o.type, o.concerns, o.cell_id, c.task_id, c.run_id, o.pattern_ids, oe.events, oe.refs,
+           o.signature AS incidents, len(oe.events) - len(o.signature) AS collapsed_lines,
+           (o.type = 'repeated_exploration' AND len(o.signature) < 2) AS duplicate_lines_only, oe.first_seq,
+           coalesce(lunasol_successful(oc.label), FALSE) AS successful_cell
+    FROM occ o JOIN occ_events oe USING (type, concerns, cell_id, signature)
+    JOIN cells c ON c.cell_id = o.cell_id LEFT JOIN outcomes oc ON oc.cell_id = o.cell_id
+)
+SELECT g.group_id
+       || printf('-O%02d', row_number() OVER (PARTITION BY g.group_id ORDER BY o.cell_id, o.first_seq, o.events)),
+       g.group_id, o.*
+FROM o JOIN pattern_groups g USING (type, concerns)
+"""
+
+
+def test_occurrences_are_those_of_the_row_by_row_join(tmp_path: Path) -> None:
+    """02_occurrences.sql (per-pattern aggregates) gives the table a join of every cited event gives."""
+    rng = random.Random(11)
+    cells: dict[str, list[dict[str, Any]]] = {}
+    for c in range(12):
+        evs: list[dict[str, Any]] = []
+        for _ in range(40):  # repeated controller lines (one incident, several lines) among other events
+            evs.append(sent_back(len(evs) + 1) if rng.random() < 0.3 else msg(rng.choice(["a", "b", "c"])))
+        cells[f"C{c:03d}"] = evs
+    outcomes = {cell: rng.choice(["completed", "workflow_failed"]) for cell in cells}
+    ir = write_ir(tmp_path / "run" / "ir.duckdb", cells, outcomes=outcomes, task_of={c: "t" for c in cells})
+    rows = []
+    for cell, evs in cells.items():
+        for n in range(1, rng.randint(2, 9)):
+            ids = [f"{cell}-e{rng.randrange(len(evs)):04d}" for _ in range(rng.randint(1, 4))]
+            if rng.random() < 0.1:
+                ids.append(f"{cell}-e9999")  # not an event of the IR: dropped, as by the join
+            typ = rng.choice(["repeated_exploration", "omission"])
+            rows.append(pat(f"{cell}-P{n:02d}", cell, typ, rng.choice(["target:a", "target:b"]), sorted(set(ids))))
+    con = duckdb.connect(str(ir))
+    con.execute(TABLES_DDL)
+    con.executemany("INSERT INTO patterns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    con.close()
+    run_coordinator(ir, tmp_path / "run")
+    con = duckdb.connect(str(ir))
+    try:
+        con.execute((resources.files("pipeline.coordinator") / "sql" / "00_macros.sql").read_text(encoding="utf-8"))
+        got = sorted(con.execute("SELECT * FROM pattern_occurrences").fetchall())
+        want = sorted(con.execute(_ROW_BY_ROW_OCCURRENCES).fetchall())
+    finally:
+        con.close()
+    assert got == want
+    assert any(r[11] > 0 for r in want) and any(len(r[7]) > 1 for r in want)  # collapsed lines, merged patterns
+
+
+def test_a_rerun_looks_again_only_at_changed_cells_and_gives_every_incident_a_fresh_run_gives(
+    demo_gate1: Path, tmp_path: Path
+) -> None:
+    """Incidents of unchanged cells come from the cache; the view holds what computing every cell gives."""
+    rule = (resources.files("pipeline.coordinator") / "sql" / "01_incidents.sql").read_text(encoding="utf-8")
+    ir = tmp_path / "ir.duckdb"
+    shutil.copy(demo_gate1 / "ir.duckdb", ir)
+    con = duckdb.connect(str(ir))
+    try:
+        con.execute(f"DROP TABLE IF EXISTS {CACHE_TABLE}")
+        cells = [r[0] for r in con.execute("SELECT DISTINCT cell_id FROM events ORDER BY 1").fetchall()]
+        assert update_incidents(con, rule) == (len(cells), len(cells))
+        fresh = sorted(con.execute("SELECT * FROM event_incidents").fetchall())
+        assert sum(1 for r in fresh if r[1] != r[3]) > 0  # the demo has repeated controller lines
+        assert update_incidents(con, rule) == (0, len(cells))  # nothing changed: nothing looked at
+        assert sorted(con.execute("SELECT * FROM event_incidents").fetchall()) == fresh
+        # a cell whose content changed is looked at again; one cached by another rule too
+        con.execute("UPDATE cell_digests SET content_digest = 'sha256:changed' WHERE cell_id = ?", [cells[0]])
+        con.execute(f"UPDATE {CACHE_TABLE} SET made_with = 'older rule' WHERE cell_id = ?", [cells[1]])
+        assert update_incidents(con, rule) == (2, len(cells))
+        assert sorted(con.execute("SELECT * FROM event_incidents").fetchall()) == fresh
+        cached = con.execute(f"SELECT cell_id, content_digest, made_with FROM {CACHE_TABLE} ORDER BY 1").fetchall()
+        assert [r[0] for r in cached] == cells and len({r[2] for r in cached}) == 1
+        assert dict((r[0], r[1]) for r in cached)[cells[0]] == "sha256:changed"
+    finally:
+        con.close()

@@ -341,3 +341,34 @@ def test_probing_in_chunks_of_cells_finds_the_hits_of_one_whole_run(
     chunked, many = hits(500)
     assert one == 1 and many > 5
     assert whole and [h.model_dump() for h in chunked] == [h.model_dump() for h in whole]
+
+
+def test_a_rerun_keeps_valid_cache_rows_and_makes_the_cache_a_fresh_probing_makes(
+    demo_gate1: Path, tmp_path: Path
+) -> None:
+    # The cache is updated in place (stale rows out, changed cells in), never rewritten whole:
+    # it must still hold exactly what probing every cell from scratch writes.
+    from pipeline.probes import cells
+
+    ir = tmp_path / "ir.duckdb"
+    shutil.copy(demo_gate1 / "ir.duckdb", ir)
+    con = duckdb.connect(str(ir))
+    try:
+        con.execute(f"DROP TABLE IF EXISTS {cells.CACHE_TABLE}")
+        cells.update_probe_hits(con)
+        ids = [r[0] for r in con.execute("SELECT cell_id FROM cells ORDER BY cell_id").fetchall()]
+        changed, stale = ids[0], ids[1]
+        con.execute("UPDATE cell_digests SET content_digest = 'sha256:changed' WHERE cell_id = ?", [changed])
+        con.execute(f"UPDATE {cells.CACHE_TABLE} SET made_with = 'older probes' WHERE cell_id = ?", [stale])
+        con.execute(f"INSERT INTO {cells.CACHE_TABLE} VALUES ('C999', 'sha256:x', 'older probes', '[]')")  # gone cell
+        hits, probed, total = cells.update_probe_hits(con)
+        assert (probed, total) == (2, len(ids))
+        kept = sorted(con.execute(f"SELECT * FROM {cells.CACHE_TABLE}").fetchall())
+        con.execute(f"DROP TABLE {cells.CACHE_TABLE}")
+        again, probed_all, _ = cells.update_probe_hits(con)
+        assert probed_all == len(ids)
+        assert kept == sorted(con.execute(f"SELECT * FROM {cells.CACHE_TABLE}").fetchall())
+        assert [h.model_dump() for h in hits] == [h.model_dump() for h in again]
+        assert {r[0] for r in kept} == set(ids) and all(r[2] != "older probes" for r in kept)
+    finally:
+        con.close()

@@ -3,25 +3,30 @@
 -- every event with that cell, ts, kind, detail, text and target). Every other event is its own incident.
 -- Hash aggregates over the keys of controller lines only (NULLs equal, as in a PARTITION BY): a
 -- window over every event sorted all of them by their text (2x the CPU at 1,000 cells).
-CREATE OR REPLACE TABLE event_incidents AS
-WITH keys AS (
-    SELECT DISTINCT cell_id, ts, kind, detail, text, target FROM events WHERE actor = 'controller'
+--
+-- Run by pipeline.coordinator.incidents for the cells in temp table incident_cells only (a cell's
+-- incidents depend on its own events: the other cells' links are cached by content digest). It
+-- writes temp table incident_links_fresh: the events whose incident is another event's id.
+CREATE OR REPLACE TEMP TABLE incident_links_fresh AS
+WITH ev AS (
+    SELECT e.cell_id, e.event_id, e.seq, e.ts, e.kind, e.detail, e.text, e.target, e.actor
+    FROM events e SEMI JOIN incident_cells c ON e.cell_id = c.cell_id
+),
+keys AS (
+    SELECT DISTINCT cell_id, ts, kind, detail, text, target FROM ev WHERE actor = 'controller'
 ),
 firsts AS (
     SELECT e.cell_id, e.ts, e.kind, e.detail, e.text, e.target, arg_min(e.event_id, e.seq) AS first_id
-    FROM events e SEMI JOIN keys k
+    FROM ev e SEMI JOIN keys k
       ON e.cell_id = k.cell_id AND e.kind = k.kind AND e.ts IS NOT DISTINCT FROM k.ts
      AND e.detail IS NOT DISTINCT FROM k.detail AND e.text IS NOT DISTINCT FROM k.text
      AND e.target IS NOT DISTINCT FROM k.target
     GROUP BY ALL
 )
-SELECT
-    e.cell_id,
-    e.event_id,
-    e.seq,
-    CASE WHEN e.actor = 'controller' THEN f.first_id ELSE e.event_id END AS incident_id
-FROM events e
-LEFT JOIN firsts f
-  ON e.actor = 'controller' AND f.cell_id = e.cell_id AND f.kind = e.kind AND f.ts IS NOT DISTINCT FROM e.ts
+SELECT e.cell_id, e.event_id, f.first_id AS incident_id
+FROM ev e
+JOIN firsts f
+  ON f.cell_id = e.cell_id AND f.kind = e.kind AND f.ts IS NOT DISTINCT FROM e.ts
  AND f.detail IS NOT DISTINCT FROM e.detail AND f.text IS NOT DISTINCT FROM e.text
- AND f.target IS NOT DISTINCT FROM e.target;
+ AND f.target IS NOT DISTINCT FROM e.target
+WHERE e.actor = 'controller' AND f.first_id <> e.event_id;

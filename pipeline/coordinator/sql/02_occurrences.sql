@@ -1,44 +1,39 @@
 -- Occurrences: the patterns of one cell with the same type and concerns key that cite the same set
 -- of incidents are one occurrence (duplicate controller lines collapse); every event and ref is kept.
-CREATE OR REPLACE TABLE pattern_occurrences AS
-WITH mapped AS (
-    SELECT p.pattern_id, p.cell_id, p.type, p.concerns, ev.event_id, i.incident_id, e.seq,
-           e.source_path || '#L' || e.line_start || '-L' || e.line_end AS ref
-    FROM patterns p, unnest(p.evidence) AS ev(event_id)
-    JOIN event_incidents i ON i.event_id = ev.event_id
-    JOIN events e ON e.event_id = ev.event_id
+-- Numbered by 03_groups.sql, which writes the table; this draft is a temp table (never stored).
+CREATE OR REPLACE TEMP TABLE pattern_occurrences_draft AS
+WITH shared AS (  -- an event is its own incident unless it repeats a controller line (01_incidents.sql)
+    SELECT event_id, incident_id FROM incident_links
 ),
-per_pattern AS (
-    SELECT pattern_id, list_sort(list_distinct(list(incident_id))) AS signature
-    FROM mapped GROUP BY pattern_id
+cited AS (  -- unnest in the select list: a lateral unnest carries each whole list along every row (2x the join)
+    SELECT pattern_id, cell_id, type, concerns, unnest(evidence) AS event_id FROM patterns
 ),
-tagged AS (
-    SELECT m.*, pp.signature FROM mapped m JOIN per_pattern pp USING (pattern_id)
+per_pattern AS (  -- each pattern: the set of incidents it cites, and its events with their seq and ref
+    SELECT p.pattern_id, p.cell_id, p.type, p.concerns,
+           list_sort(list_distinct(list(coalesce(s.incident_id, p.event_id)))) AS signature,
+           list({'seq': e.seq, 'event_id': p.event_id,
+                 'ref': e.source_path || '#L' || e.line_start || '-L' || e.line_end}) AS cited_events
+    FROM cited p
+    JOIN events e ON e.event_id = p.event_id
+    LEFT JOIN shared s ON s.event_id = p.event_id
+    GROUP BY p.pattern_id, p.cell_id, p.type, p.concerns
 ),
-occ AS (
-    SELECT type, concerns, cell_id, signature, list_sort(list(DISTINCT pattern_id)) AS pattern_ids
-    FROM tagged GROUP BY type, concerns, cell_id, signature
-),
-occ_events AS (
-    SELECT type, concerns, cell_id, signature,
-           list(event_id ORDER BY seq) AS events,
-           list(ref ORDER BY seq) AS refs,
-           min(seq) AS first_seq
-    FROM (SELECT DISTINCT type, concerns, cell_id, signature, event_id, seq, ref FROM tagged)
-    GROUP BY type, concerns, cell_id, signature
+occ AS (  -- their union, each event once, in seq order
+    SELECT type, concerns, cell_id, signature, list_sort(list(pattern_id)) AS pattern_ids,
+           list_sort(list_distinct(flatten(list(cited_events)))) AS cited_events
+    FROM per_pattern GROUP BY type, concerns, cell_id, signature
 )
 SELECT
     o.type, o.concerns, o.cell_id, c.task_id, c.run_id,
     o.pattern_ids,
-    oe.events,
-    oe.refs,
+    [x.event_id FOR x IN o.cited_events] AS events,
+    [x.ref FOR x IN o.cited_events] AS refs,
     o.signature AS incidents,
-    len(oe.events) - len(o.signature) AS collapsed_lines,
+    len(o.cited_events) - len(o.signature) AS collapsed_lines,
     -- a "repeat" made only of duplicate lines of one incident is one event, not a repetition
     (o.type = 'repeated_exploration' AND len(o.signature) < 2) AS duplicate_lines_only,
-    oe.first_seq,
+    o.cited_events[1].seq AS first_seq,
     coalesce(lunasol_successful(oc.label), FALSE) AS successful_cell
 FROM occ o
-JOIN occ_events oe USING (type, concerns, cell_id, signature)
 JOIN cells c ON c.cell_id = o.cell_id
 LEFT JOIN outcomes oc ON oc.cell_id = o.cell_id;

@@ -15,7 +15,7 @@ SELECT
     count(*) FILTER (WHERE successful_cell) AS negative_occurrences,
     coalesce(list_sort(list(DISTINCT cell_id) FILTER (WHERE successful_cell)), []) AS negative_cells,
     sum(collapsed_lines) AS collapsed_lines
-FROM pattern_occurrences
+FROM pattern_occurrences_draft
 GROUP BY type, concerns;
 
 -- Occurrence ids follow their group: '<group>-O<nn>' ordered by cell and first evidence.
@@ -25,5 +25,7 @@ SELECT
         AS occurrence_id,
     g.group_id,
     o.*
-FROM pattern_occurrences o
+FROM pattern_occurrences_draft o
 JOIN pattern_groups g USING (type, concerns);
+
+DROP TABLE pattern_occurrences_draft;
