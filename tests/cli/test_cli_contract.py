@@ -369,6 +369,22 @@ def test_real_process_prints_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()
 
 
+def test_the_console_entry_point_tunes_the_collector_and_freezes_it_before_exit(tmp_path: Path) -> None:
+    # the process's collector settings, read after main() returns as the interpreter would exit
+    code = (
+        "import gc, json\n"
+        "from pipeline.cli.app import GC_THRESHOLDS, main\n"
+        "before = gc.get_threshold()\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    rc = e.code\n"
+        "print(json.dumps([before, gc.get_threshold(), list(GC_THRESHOLDS), gc.get_freeze_count(), rc]))"
+    )
+    args = ["run", str(DEMO_BUNDLE), "--runs-dir", str(tmp_path / "runs"), "--concurrency", "0"]
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
+    before, after, wanted, frozen, rc = json.loads(out.stdout.splitlines()[-1])
+    assert before != wanted and after == wanted
+    assert frozen > 0 and rc == EXIT_BAD_INPUT  # frozen even when the command fails
+
+
 def test_a_run_missing_an_artifact_does_not_pass_for_finished(demo: Path, tmp_path: Path) -> None:
     from pipeline.run.status import missing_outputs
 
