@@ -135,11 +135,6 @@ def _sql(name: str) -> str:
     return resources.files("pipeline.coordinator").joinpath("sql", name).read_text(encoding="utf-8")
 
 
-def _has(con: duckdb.DuckDBPyConnection, table: str) -> bool:
-    row = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]).fetchone()
-    return bool(row and row[0])
-
-
 def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
     cur = con.execute(sql)
     names = [d[0] for d in cur.description]
@@ -175,7 +170,7 @@ ORDER BY g.group_id
 
 def coordinate(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     """Run the SQL over the IR on ``con`` (tables written there) and return the groups document."""
-    if not _has(con, "patterns"):
+    if not duck.has_table(con, "patterns"):
         raise BadInput("no patterns table in the IR: the luna stage must run before the coordinator")
     con.execute(_FALLBACK_DDL)
     for name in sql_files():

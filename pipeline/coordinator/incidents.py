@@ -16,6 +16,7 @@ from __future__ import annotations
 import duckdb
 
 import pipeline
+from pipeline.core import duck
 from pipeline.core.canonical import digest
 from pipeline.ir.cache import cached_rows
 
@@ -56,15 +57,6 @@ def _kind(con: duckdb.DuckDBPyConnection, name: str) -> str | None:
     return str(rows[0][0]) if rows else None
 
 
-def _shape(con: duckdb.DuckDBPyConnection, table: str) -> list[tuple[str, str]]:
-    rows = con.execute(
-        "SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = current_database() "
-        "AND schema_name = 'main' AND table_name = ? ORDER BY column_index",
-        [table],
-    ).fetchall()
-    return [(str(a), str(b)) for a, b in rows]
-
-
 def update_incidents(con: duckdb.DuckDBPyConnection, rule_sql: str) -> tuple[int, int]:
     """``incident_links`` and the ``event_incidents`` view for the whole IR, the rule run only on uncached cells.
 
@@ -73,8 +65,8 @@ def update_incidents(con: duckdb.DuckDBPyConnection, rule_sql: str) -> tuple[int
     import pyarrow as pa  # here, not at module top: `lunasol --help` never loads Arrow
 
     stamp = made_with(rule_sql)
-    digests = _kind(con, "cell_digests") is not None  # an IR built without export has none: nothing cached
-    if digests and _shape(con, CACHE_TABLE) != _CACHE_SHAPE:
+    digests = duck.has_table(con, "cell_digests")  # an IR built without export has none: nothing cached
+    if digests and duck.table_shape(con, CACHE_TABLE) != _CACHE_SHAPE:
         con.execute(CACHE_DDL)  # absent, or written by another version: every cell is looked at
     kept = [str(r[0]) for r in cached_rows(con, CACHE_TABLE, "t.cell_id", stamp)] if digests else []
     cells = [str(r[0]) for r in con.execute("SELECT DISTINCT cell_id FROM events ORDER BY cell_id").fetchall()]

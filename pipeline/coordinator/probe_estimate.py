@@ -28,10 +28,7 @@ def estimate_groups(ir_path: Path, run_dir: Path) -> int:
     con = duck.connect(ir_path)
     try:
         con.execute(_PATTERNS_DDL)
-        has_hits = con.execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'probe_hits'"
-        ).fetchone()
-        if not has_hits or not has_hits[0]:
+        if not duck.has_table(con, "probe_hits"):
             return 0
         con.execute(
             "INSERT INTO patterns SELECT cell_id || '-H' || lpad(CAST(row_number() OVER (PARTITION BY cell_id "

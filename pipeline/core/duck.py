@@ -39,6 +39,22 @@ def memory_limit() -> str:
     return raw
 
 
+def has_table(con: Any, name: str) -> bool:
+    """Whether a table or view called ``name`` is visible on ``con`` (temporary ones count)."""
+    row = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchone()
+    return bool(row and row[0])
+
+
+def table_shape(con: Any, name: str) -> list[tuple[str, str]]:
+    """(column, type) of table ``name`` in the current database's main schema, in order; [] when absent."""
+    rows = con.execute(
+        "SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = current_database() "
+        "AND schema_name = 'main' AND table_name = ? ORDER BY column_index",
+        [name],
+    ).fetchall()
+    return [(str(a), str(b)) for a, b in rows]
+
+
 def connect(
     path: Path | str, *, read_only: bool = False, config: dict[str, Any] | None = None
 ) -> duckdb.DuckDBPyConnection:

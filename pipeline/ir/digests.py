@@ -173,16 +173,18 @@ def read_cell_digests(con: Any) -> dict[str, tuple[str | None, str]]:
     return {r[0]: (r[1], r[2]) for r in rows}
 
 
-def _has_cell_digests(con: Any) -> bool:
-    row = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'cell_digests'").fetchone()
-    return bool(row and row[0])
+def content_digests(con: Any) -> dict[str, str] | None:
+    """Cell id -> content digest as stored at export; None when the IR stores none (not made by export)."""
+    if not duck.has_table(con, "cell_digests"):
+        return None
+    return dict(con.execute("SELECT cell_id, content_digest FROM cell_digests").fetchall())
 
 
 def has_cell_digests(ir_path: Path) -> bool:
     """Whether the IR stores its per-cell digests (older IRs are re-exported by ``lunasol run``)."""
     con = _connect(ir_path)
     try:
-        return _has_cell_digests(con)
+        return duck.has_table(con, "cell_digests")
     finally:
         con.close()
 
@@ -191,7 +193,7 @@ def stored_ir_digest(ir_path: Path) -> str | None:
     """:func:`ir_digest` of an IR that stores its per-cell digests, else None (one connection: ~20 ms each)."""
     con = _connect(ir_path)
     try:
-        return _ir_digest(con) if _has_cell_digests(con) else None
+        return _ir_digest(con) if duck.has_table(con, "cell_digests") else None
     finally:
         con.close()
 

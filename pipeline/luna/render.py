@@ -14,6 +14,7 @@ from typing import Any
 
 import duckdb
 
+from pipeline.core import duck
 from pipeline.probes.core import ProbeHit, read_probe_hits
 
 # Rough token estimate: characters / 4 (no tokenizer needed offline, good enough for a budget).
@@ -139,12 +140,6 @@ _EVENT_SQL = (
 )
 
 
-def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
-    return bool(
-        con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchall()[0][0]
-    )
-
-
 def load_cells(con: duckdb.DuckDBPyConnection, only: list[str] | None = None) -> list[CellIR]:
     """Every eligible cell's IR as Luna sees it (segments in order, probe hits), ordered by cell id.
 
@@ -183,7 +178,7 @@ def _load(con: duckdb.DuckDBPyConnection) -> list[CellIR]:
         ev = dict(zip(names, tup, strict=True))
         by_cell.setdefault(ev["cell_id"], []).append(ev)
     hits_of: dict[str, list[ProbeHit]] = {}
-    if _has_table(con, "probe_hits"):
+    if duck.has_table(con, "probe_hits"):
         for h in read_probe_hits(con, within="_lunasol_luna_cells"):  # only these cells' hits: a chunk reads its own
             hits_of.setdefault(h.cell_id, []).append(h)
     out: list[CellIR] = []

@@ -27,6 +27,7 @@ from pipeline.core.canonical import atomic_write_bytes, canonical_json, digest, 
 from pipeline.core.errors import BadInput
 from pipeline.core.settings import ModelSettings
 from pipeline.ir.cache import cached_rows
+from pipeline.ir.digests import content_digests
 from pipeline.ir.redact import redact
 from pipeline.ir.store import insert_rows
 from pipeline.luna.feed import LOAD_CELLS, CellFeed, prepare
@@ -147,13 +148,6 @@ def cache_stamp(thash: str, model: str | None, budget: int) -> str:
     )
 
 
-def _content_digests(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
-    sql = "SELECT count(*) FROM information_schema.tables WHERE table_name = 'cell_digests'"
-    if not con.execute(sql).fetchall()[0][0]:
-        return {}
-    return dict(con.execute("SELECT cell_id, content_digest FROM cell_digests").fetchall())
-
-
 def _cached_runs(
     con: duckdb.DuckDBPyConnection, stamp: str, summaries: dict[str, str], store: CellResults
 ) -> dict[str, CellRun]:
@@ -248,8 +242,7 @@ def part_context(cell: CellIR, part: Part, task_summary: str) -> dict[str, Any]:
 
 def _ensure_hits(con: duckdb.DuckDBPyConnection) -> None:
 
-    row = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'probe_hits'").fetchall()[0]
-    if not row[0]:
+    if not duck.has_table(con, "probe_hits"):
         write_probe_hits(con, run_probes(con))
 
 
@@ -323,7 +316,7 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
         _ensure_hits(con)
         eligible = con.execute(ELIGIBLE_SQL).fetchall()
         # the IR's stored per-cell digests (an IR not made by export has none: nothing is cached then)
-        cell_digests = _content_digests(con)
+        cell_digests = content_digests(con) or {}
         reused = _cached_runs(con, stamp, {r[0]: summaries.get(r[1], "") for r in eligible}, store)
     finally:
         con.close()

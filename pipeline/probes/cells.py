@@ -15,8 +15,10 @@ import duckdb
 from pydantic import TypeAdapter
 
 import pipeline
+from pipeline.core import duck
 from pipeline.core.canonical import canonical_json, digest
 from pipeline.ir.cache import cached_rows
+from pipeline.ir.digests import content_digests
 from pipeline.probes.core import PROBES, ProbeHit, run_probes, write_probe_hits
 from pipeline.probes.files import Probe, base_sql
 
@@ -92,12 +94,7 @@ _CACHE_SHAPE = [("cell_id", "VARCHAR"), ("content_digest", "VARCHAR"), ("made_wi
 
 def _keep_only(con: duckdb.DuckDBPyConnection, keep: list[str]) -> None:
     """Table ``probe_cache`` holding only the rows of ``keep`` (made anew when absent or of another shape)."""
-    shape = con.execute(
-        "SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = current_database() "
-        "AND schema_name = 'main' AND table_name = ? ORDER BY column_index",
-        [CACHE_TABLE],
-    ).fetchall()
-    if shape != _CACHE_SHAPE:
+    if duck.table_shape(con, CACHE_TABLE) != _CACHE_SHAPE:
         con.execute(CACHE_DDL)
         return
     con.register("_lunasol_probe_keep", _cell_table(keep))
@@ -105,11 +102,6 @@ def _keep_only(con: duckdb.DuckDBPyConnection, keep: list[str]) -> None:
         con.execute(f"DELETE FROM {CACHE_TABLE} WHERE cell_id NOT IN (SELECT cell_id FROM _lunasol_probe_keep)")
     finally:
         con.unregister("_lunasol_probe_keep")
-
-
-def _has_digests(con: duckdb.DuckDBPyConnection) -> bool:
-    sql = "SELECT count(*) FROM information_schema.tables WHERE table_name = 'cell_digests'"
-    return bool(con.execute(sql).fetchall()[0][0])
 
 
 def update_probe_hits(
@@ -122,9 +114,7 @@ def update_probe_hits(
     stamp = made_with(probes)
     cells = [r[0] for r in con.execute("SELECT cell_id FROM cells ORDER BY cell_id").fetchall()]
     # An IR built without export (tests, tools) may hold no digests: those cells are probed, never cached.
-    digests: dict[str, str] = (
-        dict(con.execute("SELECT cell_id, content_digest FROM cell_digests").fetchall()) if _has_digests(con) else {}
-    )
+    digests = content_digests(con) or {}
     # a cached cell's row is kept as it is: it is the canonical JSON of these hits (same lunasol, same probes)
     cached: dict[str, str] = dict(cached_rows(con, CACHE_TABLE, "t.cell_id, t.hits", stamp))
     by_cell: dict[str, list[ProbeHit]] = {cell: _HITS.validate_python(json.loads(raw)) for cell, raw in cached.items()}

@@ -65,12 +65,6 @@ def rows(con: Any, sql: str, params: list[Any] | None = None) -> list[dict[str, 
     return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
-def has_table(con: Any, name: str) -> bool:
-    """True when the IR has this table."""
-    row = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchone()
-    return bool(row and row[0])
-
-
 def timeline_budget() -> int:
     """Characters the timelines may take in Sol's single prompt (env ``LUNASOL_SOL_TIMELINE_CHARS``)."""
     return int(os.environ.get("LUNASOL_SOL_TIMELINE_CHARS", TIMELINE_BUDGET_CHARS))
@@ -133,7 +127,7 @@ def load_batch(run_dir: Path, ir_path: Path) -> Batch:
             "o.label AS outcome, o.quality, o.completion, o.cost, o.stability "
             "FROM cells c LEFT JOIN outcomes o USING (cell_id) ORDER BY c.cell_id",
         )
-        coverage = rows(con, "SELECT * FROM coverage ORDER BY cell_id") if has_table(con, "coverage") else []
+        coverage = rows(con, "SELECT * FROM coverage ORDER BY cell_id") if duck.has_table(con, "coverage") else []
         if isinstance(doc, dict) and isinstance(doc.get("coverage"), list):
             coverage = doc["coverage"]  # the Coordinator's coverage carries pattern counts per cell
         eligible = [str(c["cell_id"]) for c in cells if c["eligibility"] == "valid_behavior"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.core import duck
-from pipeline.sol.batch import Batch, has_table, rows
+from pipeline.sol.batch import Batch, rows
 from pipeline.sol.cards import MergedWeakness, SupportDraft, WeaknessCard, WeaknessDraft
 from pipeline.sol.checks import EVENT_ID_RE, answer_errors
 from pipeline.sol.partition import by_task_outcome, outcome_of
@@ -84,7 +84,7 @@ def _register(con: Any, name: str, columns: dict[str, tuple[str, list[Any]]]) ->
 
 
 def _occurrences(con: Any, wanted: list[str]) -> dict[str, list[tuple[int, dict[str, Any]]]] | None:
-    if not has_table(con, "pattern_occurrences"):
+    if not duck.has_table(con, "pattern_occurrences"):
         return None
     out: dict[str, list[tuple[int, dict[str, Any]]]] = {}
     if wanted:

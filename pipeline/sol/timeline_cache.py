@@ -27,6 +27,7 @@ import orjson
 
 import pipeline
 from pipeline.core.canonical import atomic_write_bytes, digest, sha256_bytes
+from pipeline.ir.digests import content_digests
 from pipeline.sol import timeline
 from pipeline.sol.reuse import MAP_ANSWERS_DIR
 from pipeline.sol.timeline import read_timelines
@@ -75,10 +76,8 @@ def _stored(run_dir: Path) -> dict[str, Any]:
 
 
 def _cell_digests(con: Any) -> dict[str, str] | None:
-    row = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'cell_digests'").fetchone()
-    if not (row and row[0]):
-        return None
-    return {c: d for c, d in con.execute("SELECT cell_id, content_digest FROM cell_digests").fetchall() if d}
+    stored = content_digests(con)
+    return None if stored is None else {c: d for c, d in stored.items() if d}
 
 
 def _quoted(cells: list[str]) -> str:
