@@ -15,9 +15,9 @@ from typing import Any
 import orjson
 
 from pipeline.adapters.contract import Record, SourceEvent
-from pipeline.bundle.manifest import MANIFEST_FILE, Manifest, _stat_key, read_frozen, resolve_in_bundle
+from pipeline.bundle.manifest import MANIFEST_FILE, Manifest, read_frozen, resolve_in_bundle
 from pipeline.bundle.request import CellSpec, check_relative
-from pipeline.core.canonical import canonical_json, sha256_bytes
+from pipeline.core.canonical import canonical_json, sha256_bytes, stat_key
 from pipeline.core.errors import BundleError
 from pipeline.core.limits import check_lines, check_size, parse_json
 
@@ -282,7 +282,7 @@ def _read_log(bundle: Path, rel: str, path: Path | None, manifest: Manifest) -> 
     try:
         with path.open("rb") as fh:
             data = fh.read()
-            key = _stat_key(os.fstat(fh.fileno()))
+            key = stat_key(os.fstat(fh.fileno()))
     except OSError:
         return read_frozen(bundle, rel, manifest)  # vanished or changed type meanwhile: the full checks say what
     if len(data) == entry.size and manifest.hashed_ok.get(rel) == key:

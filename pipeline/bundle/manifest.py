@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.bundle.request import check_relative, parse_bundle_json, read_bundle_bytes
-from pipeline.core.canonical import sha256_bytes, sha256_file, write_json
+from pipeline.core.canonical import StatKey, sha256_bytes, sha256_file, stat_key, write_json
 from pipeline.core.errors import BundleError
 
 MANIFEST_FILE = "manifest.json"
@@ -66,9 +66,9 @@ class Manifest:
     files: tuple[FileEntry, ...]
     schema_version: int = MANIFEST_SCHEMA_VERSION
     by_path: dict[str, FileEntry] = field(init=False, repr=False, compare=False)
-    # path -> (size, mtime_ns, inode) of files whose bytes verify() hashed and found equal: a later
+    # path -> stat_key (size, mtime_ns, ctime_ns, inode) of files whose bytes verify() hashed and found equal: a later
     # read_frozen of an unchanged file need not hash it again (the same idea as git's stat cache).
-    hashed_ok: dict[str, tuple[int, int, int]] = field(default_factory=dict, repr=False, compare=False)
+    hashed_ok: dict[str, StatKey] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "by_path", {f.path: f for f in self.files})
@@ -151,8 +151,8 @@ def _walk(bundle: Path) -> dict[str, int]:
     return {rel: key[0] for rel, key in _walk_stats(bundle).items()}
 
 
-def _walk_stats(bundle: Path) -> dict[str, tuple[int, int, int]]:
-    """Every file under the bundle (POSIX relative path -> (size, mtime_ns, inode)), manifest.json left out.
+def _walk_stats(bundle: Path) -> dict[str, StatKey]:
+    """Every file under the bundle (POSIX relative path -> its stat_key), manifest.json left out.
 
     Symlinks are not followed: a symlink to a file inside the bundle is listed (its content is
     hashed); a symlink to a directory inside is skipped (its files are listed where they live);
@@ -160,7 +160,7 @@ def _walk_stats(bundle: Path) -> dict[str, tuple[int, int, int]]:
     one system call per file, which matters for bundles of thousands of files.
     """
     root = bundle.resolve()
-    found: dict[str, tuple[int, int, int]] = {}
+    found: dict[str, StatKey] = {}
     stack: list[tuple[str, str]] = [(str(root), "")]
     while stack:
         path, prefix = stack.pop()
@@ -175,12 +175,12 @@ def _walk_stats(bundle: Path) -> dict[str, tuple[int, int, int]]:
                         continue  # never walk through links, even inside
                     if not target.is_file():
                         raise BundleError(f"bundle entry {rel!r} is a symlink to something that is not a file")
-                    found[rel] = _stat_key(target.stat())
+                    found[rel] = stat_key(target.stat())
                 elif entry.is_dir(follow_symlinks=False):
                     stack.append((entry.path, rel + "/"))
                 elif entry.is_file(follow_symlinks=False):
                     if rel != MANIFEST_FILE:
-                        found[rel] = _stat_key(entry.stat(follow_symlinks=False))
+                        found[rel] = stat_key(entry.stat(follow_symlinks=False))
                 else:
                     raise BundleError(f"bundle entry {rel!r} is not a regular file")
     return found
@@ -189,10 +189,6 @@ def _walk_stats(bundle: Path) -> dict[str, tuple[int, int, int]]:
 def iter_files(bundle: Path) -> Iterator[str]:
     """Every file of the bundle as a sorted POSIX relative path (see :func:`_walk` for symlinks)."""
     return iter(sorted(_walk(bundle)))
-
-
-def _stat_key(st: os.stat_result) -> tuple[int, int, int]:
-    return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 HASH_CHUNK_BYTES = 16 << 20  # bytes of files one thread hashes per task
@@ -320,7 +316,7 @@ def verify(bundle: Path, manifest: Manifest | None = None) -> VerifyReport:
     # is hashed) is what read_frozen compares to skip a second hash
     found = _walk_stats(bundle)
     to_hash: list[tuple[FileEntry, Path]] = []
-    stats: list[tuple[int, int, int]] = []
+    stats: list[StatKey] = []
     for entry in manifest.files:
         key = found.get(entry.path)
         if key is None:
@@ -329,7 +325,7 @@ def verify(bundle: Path, manifest: Manifest | None = None) -> VerifyReport:
             if not path.is_file():
                 report.missing.append(entry.path)
                 continue
-            key = _stat_key(path.stat())
+            key = stat_key(path.stat())
         if key[0] != entry.size:
             report.changed.append(entry.path)  # no need to hash: the size already differs
         else:
@@ -349,7 +345,7 @@ def verify(bundle: Path, manifest: Manifest | None = None) -> VerifyReport:
 def read_frozen(bundle: Path, rel: str, manifest: Manifest) -> bytes:
     """The bytes of one listed file, checked against the manifest (size and sha256) before use.
 
-    A file that :func:`verify` hashed with this manifest object and whose size, mtime and inode
+    A file that :func:`verify` hashed with this manifest object and whose size, mtime, ctime and inode
     are unchanged is not hashed twice (a fresh ``read_manifest`` always hashes).
     """
     entry = manifest.get(rel)
@@ -357,11 +353,11 @@ def read_frozen(bundle: Path, rel: str, manifest: Manifest) -> bytes:
     try:
         with path.open("rb") as fh:
             data = fh.read()
-            key = _stat_key(os.fstat(fh.fileno()))
+            key = stat_key(os.fstat(fh.fileno()))
     except FileNotFoundError:
         raise BundleError(f"{rel} is listed in {MANIFEST_FILE} but missing") from None
     if len(data) == entry.size and manifest.hashed_ok.get(rel) == key:
-        return data  # hashed by verify() moments ago and untouched since (same size, mtime, inode)
+        return data  # hashed by verify() moments ago and untouched since (same size, mtime, ctime, inode)
     if len(data) != entry.size or sha256_bytes(data) != entry.sha256:
         raise BundleError(f"{rel} changed since the bundle was frozen (sha256 differs from {MANIFEST_FILE})")
     return data

@@ -107,6 +107,17 @@ def digest(obj: Any) -> str:
     return sha256_text(canonical_json(obj))
 
 
+StatKey = tuple[int, int, int, int]
+
+
+def stat_key(st: os.stat_result) -> StatKey:
+    """(size, mtime_ns, ctime_ns, inode): equal keys mean a file hashed once need not be hashed again.
+
+    An atomic write is a new inode; an edit in place changes the size, the mtime or the ctime.
+    """
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     """Digest of a file's bytes, streamed."""
     h = hashlib.sha256()

@@ -31,11 +31,13 @@ import pipeline
 from pipeline.artifacts.schemas import artifact_from_bytes
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.canonical import (
+    StatKey,
     atomic_write_bytes,
     digest,
     pretty_json_plain,
     sha256_bytes,
     sha256_file,
+    stat_key,
     write_json,
 )
 
@@ -328,18 +330,23 @@ class ResultRecord:
 # What this process read or wrote of each result file (by path), with the file's stat at that moment.
 # After a model stage the runner records every stored result: the stage has just read (reused cells)
 # or written (the others) each of them, so a file whose stat is unchanged is not read a second time.
-_seen: dict[str, tuple[tuple[int, int, int, int], ResultRecord]] = {}
+_seen: dict[str, tuple[StatKey, ResultRecord]] = {}
 
 
-def _stat_key(st: os.stat_result) -> tuple[int, int, int, int]:
-    # an atomic write is a new inode; an edit in place changes the size, mtime or ctime
-    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+def _read_result(path: str) -> tuple[Any, ResultRecord | None]:
+    """A result file's parsed content and its record (None: not a result), remembered in ``_seen``.
 
-
-def _record_of(raw: Any, data: bytes) -> ResultRecord | None:
+    Raises FileNotFoundError, or ValueError for bytes that are not UTF-8 JSON.
+    """
+    with open(path, "rb") as fh:
+        data = fh.read()
+        st = os.fstat(fh.fileno())
+    raw = json.loads(data.decode("utf-8"))  # UnicodeDecodeError is a ValueError too
     if not isinstance(raw, dict) or "key" not in raw:
-        return None
-    return ResultRecord(str(raw["key"]), dict(raw.get("inputs") or {}), sha256_bytes(data))
+        return raw, None
+    record = ResultRecord(str(raw["key"]), dict(raw.get("inputs") or {}), sha256_bytes(data))
+    _seen[path] = (stat_key(st), record)
+    return raw, record
 
 
 class CellResults:
@@ -365,17 +372,9 @@ class CellResults:
         if not p.is_file():
             return None
         try:
-            with p.open("rb") as fh:
-                data = fh.read()
-                st = os.fstat(fh.fileno())
-            raw = json.loads(data.decode("utf-8"))
-        except FileNotFoundError:
+            raw, _ = _read_result(str(p))
+        except (FileNotFoundError, ValueError):  # a torn file cannot happen with atomic writes, but never trust it
             return None
-        except ValueError:  # a torn file cannot happen with atomic writes, but never trust it
-            return None
-        record = _record_of(raw, data)
-        if record is not None:
-            _seen[str(p)] = (_stat_key(st), record)
         if not isinstance(raw, dict) or raw.get("key") != key:
             return None
         return raw.get("value")
@@ -393,7 +392,7 @@ class CellResults:
         }
         path = self.path(cell_id)
         file_digest = write_json(path, payload)
-        _seen[str(path)] = (_stat_key(path.stat()), ResultRecord(key, payload["inputs"], file_digest))
+        _seen[str(path)] = (stat_key(path.stat()), ResultRecord(key, payload["inputs"], file_digest))
         return file_digest
 
     def records(self) -> dict[str, ResultRecord]:
@@ -413,19 +412,13 @@ class CellResults:
             except FileNotFoundError:
                 continue
             seen = _seen.get(path)
-            if seen is not None and seen[0] == _stat_key(st):
+            if seen is not None and seen[0] == stat_key(st):
                 out[name[: -len(".json")]] = seen[1]
                 continue
             try:
-                with open(path, "rb") as fh:
-                    data = fh.read()
-                    st = os.fstat(fh.fileno())
-                record = _record_of(json.loads(data.decode("utf-8")), data)
-            except FileNotFoundError:
-                continue
-            except ValueError:  # not JSON, or not UTF-8 (UnicodeDecodeError is a ValueError)
+                _, record = _read_result(path)
+            except (FileNotFoundError, ValueError):  # gone meanwhile, or not a JSON document
                 continue
             if record is not None:
-                _seen[path] = (_stat_key(st), record)
                 out[name[: -len(".json")]] = record
         return out
