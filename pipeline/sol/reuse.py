@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pipeline
 from pipeline.core.canonical import digest
@@ -42,22 +41,12 @@ def _schema_digest() -> str:
 
 
 def map_key(
-    context: dict[str, Any] | None,
-    *,
-    template_hash: str,
-    model: str | None,
-    instructor_mode: str,
-    settings: ModelSettings,
-    context_digest: str | None = None,
+    context_digest: str, *, template_hash: str, model: str | None, instructor_mode: str, settings: ModelSettings
 ) -> str:
     """Digest of everything a map call's first request is made of (equal key: the same request).
 
-    ``context_digest``: ``digest(context)`` when the caller has it already (then ``context`` may be None).
+    ``context_digest``: ``digest(context)`` of the call's template context.
     """
-    if context_digest is None:
-        if context is None:
-            raise ValueError("map_key needs the context or its digest")
-        context_digest = digest(context)
     return cell_key(
         context=context_digest,
         template=template_hash,

@@ -269,12 +269,11 @@ async def _run_maps(
     keyed: list[tuple[Any, str, StoredMap | None]] = []
     for m in decision.maps:
         key = map_key(
-            None,
+            sha256_text(m.canonical),  # = digest(m.context), its text made once
             template_hash=thash,
             model=client.model,
             instructor_mode=client.instructor_mode,
             settings=client.settings,
-            context_digest=sha256_text(m.canonical),  # = digest(m.context), its text made once
         )
         keyed.append((m, key, answers.get(m.chunk.call_id, key)))
     # every stored answer is checked again below: the events they cite are read in one query

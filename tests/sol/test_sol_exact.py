@@ -172,11 +172,11 @@ def test_the_map_contexts_canonical_text_gives_the_digests_of_the_contexts(model
     settings = model_settings()
     kw = {"template_hash": "sha256:t", "model": "openai/m", "instructor_mode": "tools", "settings": settings}
     for m in maps:
-        assert map_key(None, context_digest=sha256_text(m.canonical), **kw) == map_key(m.context, **kw)
+        assert map_key(sha256_text(m.canonical), **kw) == map_key(digest(m.context), **kw)
     # a changed cell in a partition changes that partition's key, and the digest of them all
-    before = [map_key(m.context, **kw) for m in maps]
+    before = [map_key(digest(m.context), **kw) for m in maps]
     changed = {**contexts[1], "cells_text": contexts[1]["cells_text"] + "!"}
     maps[1] = MapCall(chunk=maps[1].chunk, context=changed, tokens=1)
-    after = [map_key(None, context_digest=sha256_text(m.canonical), **kw) for m in maps]
+    after = [map_key(sha256_text(m.canonical), **kw) for m in maps]
     assert [a == b for a, b in zip(after, before, strict=True)] == [True, False, True]
     assert maps_digest(maps) == digest({"maps": [contexts[0], changed, contexts[2]]}) != digest({"maps": contexts})
