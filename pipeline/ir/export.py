@@ -256,6 +256,12 @@ def _fill_digests(writer: IRWriter, sources: dict[str, str]) -> None:
     """Table ``cell_digests``: every cell's source digest and content digest, computed in DuckDB."""
     import pyarrow as pa
 
+    todo = writer.fetch(
+        "SELECT c.cell_id, count(e.seq) FROM cells c LEFT JOIN events e USING (cell_id) "
+        "ANTI JOIN cell_digests k ON c.cell_id = k.cell_id GROUP BY c.cell_id"
+    )
+    if not todo:
+        return  # every cell's digests came with its rows (the check below scans every event when none is to do)
     # the exact escape path only when some event needs it (its plan alone costs more than the digests)
     exact = bool(writer.fetch(digests.NEEDS_EXACT_SQL)[0][0])
     macros, fill = digests.fill_sql(exact)
@@ -266,10 +272,6 @@ def _fill_digests(writer: IRWriter, sources: dict[str, str]) -> None:
     writer.register("_lunasol_sources", table)
     try:
         writer.execute(macros)
-        todo = writer.fetch(
-            "SELECT c.cell_id, count(e.seq) FROM cells c LEFT JOIN events e USING (cell_id) "
-            "ANTI JOIN cell_digests k ON c.cell_id = k.cell_id GROUP BY c.cell_id"
-        )
         for lo, hi in digests.fill_ranges([(cell, n) for cell, n in todo]):
             writer.execute(fill, {"lo": lo, "hi": hi})
     finally:
