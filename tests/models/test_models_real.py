@@ -305,7 +305,8 @@ def test_a_compatible_server_is_called_without_litellm_unless_asked_for(
     via: str, tmp_path: Path, tiny_prompts: Path
 ) -> None:
     """``openai/...`` + ``--api-base``: preflight only connects, and the live call goes through the openai
-    SDK without importing litellm (~2.5 CPU s); ``client="litellm"`` imports it, announced before it happens."""
+    SDK without importing litellm (~2.5 CPU s) or the SDK's resource modules (~0.5 s); ``client="litellm"``
+    imports it, announced before it happens."""
     code = (
         "import asyncio, sys\n"
         "from pydantic import BaseModel\n"
@@ -326,7 +327,7 @@ def test_a_compatible_server_is_called_without_litellm_unless_asked_for(
         "    out = asyncio.run(c.call(role='luna', cell_id='C1', context={'cell_id': 'C1', 'text': 'e1'},"
         " response_model=A))\n"
         "    print(out.value.summary, [x for x in seen if 'litellm' in x[0]], 'litellm' in sys.modules)\n"
-        "    print(srv.requests[0]['model'])\n"
+        "    print(srv.requests[0]['model'], 'openai.resources' in sys.modules)\n"
     )
     (tiny_prompts / "luna.j2").write_text((tiny_prompts / "t.j2").read_text())  # the subprocess inherits the dir
     out = subprocess.run(
@@ -339,4 +340,26 @@ def test_a_compatible_server_is_called_without_litellm_unless_asked_for(
     )
     assert out.returncode == 0, out.stderr
     called = "ok [] False" if via == "auto" else "ok [('loading model client (litellm)…', False)] True"
-    assert out.stdout.splitlines() == ["after preflight False", called, "local"]  # the prefix stripped as litellm does
+    assert out.stdout.splitlines() == ["after preflight False", called, "local False"]  # prefix stripped (litellm)
+
+
+@pytest.mark.parametrize("mode", ["tools", "json", "md_json", "json_schema"])
+async def test_the_sdk_request_is_the_one_chat_completions_create_sends(
+    mode: str,
+    tmp_path: Path,
+    fake_llm: FakeOpenAI,
+    model_settings: Callable[..., ModelSettings],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The SDK path posts the body and bearer key ``chat.completions.create`` would send for the same call."""
+    from openai import AsyncOpenAI
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-the-users-key")
+    fake_llm.push(answer(GOOD), answer(GOOD))
+    out = await one(ModelClient(model_settings(instructor_mode=mode), tmp_path / "r"))
+    assert out.ok
+    ours, our_headers = fake_llm.requests[0], fake_llm.headers[0]
+    theirs = AsyncOpenAI(api_key="sk-the-users-key", base_url=fake_llm.base_url)
+    await theirs.chat.completions.create(**ours)
+    assert fake_llm.requests[1] == ours
+    assert our_headers.get("authorization") == fake_llm.headers[1].get("authorization") == "Bearer sk-the-users-key"
