@@ -13,7 +13,8 @@ and symlinks are never followed out.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -97,6 +98,8 @@ class VerifyReport:
     changed: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)
+    unchanged_stat: int = 0  # files not hashed again: stat and manifest entry as when last hashed
+    started_ns: int = 0  # wall clock before the first stat (what a stat cache must be older than)
 
     @property
     def ok(self) -> bool:
@@ -308,10 +311,18 @@ def _check_manifest(data: Any) -> Manifest:
     return Manifest(files=tuple(entries), schema_version=version)
 
 
-def verify(bundle: Path, manifest: Manifest | None = None) -> VerifyReport:
-    """Re-hash every listed file; report changed, missing and extra files (path escapes raise)."""
+def verify(
+    bundle: Path, manifest: Manifest | None = None, known: Mapping[str, tuple[StatKey, str]] | None = None
+) -> VerifyReport:
+    """Re-hash every listed file; report changed, missing and extra files (path escapes raise).
+
+    ``known``: path -> (stat key, sha256) of files an earlier verify hashed
+    (:mod:`pipeline.bundle.verified`); a file whose stat key and manifest sha256 are both unchanged
+    is not hashed again. Without it every byte is hashed.
+    """
     manifest = manifest or read_manifest(bundle)
-    report = VerifyReport(bundle=str(bundle), files=len(manifest.files))
+    known = known or {}
+    report = VerifyReport(bundle=str(bundle), files=len(manifest.files), started_ns=time.time_ns())
     # raises on any symlink out, so every file found is safe to read; its stat (taken before the file
     # is hashed) is what read_frozen compares to skip a second hash
     found = _walk_stats(bundle)
@@ -328,6 +339,9 @@ def verify(bundle: Path, manifest: Manifest | None = None) -> VerifyReport:
             key = stat_key(path.stat())
         if key[0] != entry.size:
             report.changed.append(entry.path)  # no need to hash: the size already differs
+        elif known.get(entry.path) == (key, entry.sha256):
+            manifest.hashed_ok[entry.path] = key
+            report.unchanged_stat += 1
         else:
             to_hash.append((entry, bundle / entry.path))
             stats.append(key)

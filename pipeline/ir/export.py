@@ -24,6 +24,7 @@ from pipeline.adapters import cell_block, cell_harness, reader_for, step_index_b
 from pipeline.adapters.native import iter_lines
 from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION
 from pipeline.artifacts.schemas import load_document
+from pipeline.bundle import verified
 from pipeline.bundle.manifest import MANIFEST_FILE, Manifest, read_frozen, read_manifest, verify
 from pipeline.bundle.request import AnalysisRequest, CellSpec, load_request
 from pipeline.core.canonical import canonical_json, digest, sha256_bytes, write_json
@@ -307,7 +308,7 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None, *, reda
         if out is not None and _inside(bundle, out):
             raise BadInput(f"{what} {out} is inside the bundle; lunasol never writes inside a bundle")
     manifest = read_manifest(bundle)
-    report = verify(bundle, manifest)
+    report = verify(bundle, manifest, verified.load(run_dir, bundle))  # files this run hashed before: by stat
     if not report.ok:
         raise BundleError(f"bundle {bundle} differs from its {MANIFEST_FILE}: {report.summary()}")
     request = load_request(bundle)
@@ -449,6 +450,7 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None, *, reda
             **({} if redact else {"redacted": False}),  # absent: redacted (the default, and older runs)
         },
     )
+    verified.save(run_dir, bundle, manifest, report)
     return result
 
 

@@ -29,6 +29,7 @@ import pipeline
 from pipeline import coordinator, probes
 from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION, run_command
 from pipeline.artifacts.schemas import load_document
+from pipeline.bundle import verified
 from pipeline.bundle.manifest import read_manifest, remember_manifests, verify
 from pipeline.bundle.request import load_request
 from pipeline.coordinator.probe_estimate import estimate_groups
@@ -442,7 +443,7 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
                 ok, why = False, "an output is missing or was modified outside lunasol"
         if ok and outputs is not None:
             if name == "export":
-                _verify_bundle(options.bundle)
+                _verify_bundle(options.bundle, ctx.run_dir)
             log(f"[{name}] reused (verified, inputs unchanged)")
             result.reused.append(name)
             upstream = (name, fingerprint(inputs, outputs))
@@ -532,15 +533,17 @@ def _blocked(ctx: RunContext, stage: str, exc: Blocked) -> Blocked:
     )
 
 
-def _verify_bundle(bundle: Path) -> None:
-    """A reused export still needs the frozen bytes to be the frozen bytes."""
-    report = verify(bundle)
+def _verify_bundle(bundle: Path, run_dir: Path) -> None:
+    """A reused export still needs the frozen bytes to be the frozen bytes (files unchanged since hashed: by stat)."""
+    manifest = read_manifest(bundle)
+    report = verify(bundle, manifest, verified.load(run_dir, bundle))
     bad = [*report.changed, *report.missing]
     if bad:
         raise BundleError(
             f"bundle changed since it was frozen: {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''} "
             f"(re-freeze with: lunasol bundle freeze {bundle})"
         )
+    verified.save(run_dir, bundle, manifest, report)
 
 
 def _check_resume(ctx: RunContext, bdigest: str) -> None:

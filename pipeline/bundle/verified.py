@@ -1,0 +1,92 @@
+"""Which bundle files a run has already hashed, kept across reruns (git's stat cache, one per run).
+
+``verify`` hashes every file of a bundle, and a run verifies it every time: 0.25 CPU s on a
+1,000-cell bundle of 88 MB, a twentieth of a rerun with one changed cell, and seconds on the
+bundles of gigabytes researchers freeze. A file whose size, mtime, ctime and inode are those it had
+when it was hashed and found equal to the manifest has the same bytes (an edit in place changes
+the mtime or the size, and always the ctime, which no user can set back; an atomic write is a new
+inode), so its hash is taken from ``runs/<id>/verified-files.json`` instead.
+
+The file is only trusted whole: it is read when it parses, names this bundle's resolved path and
+holds well-formed entries; each entry counts only when its stat key and its manifest sha256 are
+both unchanged. ``lunasol bundle verify`` never reads it: it always hashes every byte.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pipeline.bundle.manifest import Manifest, VerifyReport
+from pipeline.core.canonical import StatKey, atomic_write_bytes
+
+VERIFIED_FILE = "verified-files.json"
+SCHEMA = 1
+RACY_NS = 3_000_000_000
+"""A file changed less than this before its stat was taken is not kept.
+
+Filesystems stamp times coarsely (a few ms on ext4, 2 s on FAT): an edit made in the same tick
+as the stat, after the hash, would leave the stat key unchanged (git's "racy" entries).
+"""
+
+Known = dict[str, tuple[StatKey, str]]
+"""Bundle-relative path -> (its stat key when hashed, the sha256 it had)."""
+
+
+def _entry(value: Any) -> tuple[StatKey, str] | None:
+    if (
+        isinstance(value, list)
+        and len(value) == 5
+        and all(type(v) is int for v in value[:4])
+        and isinstance(value[4], str)
+    ):
+        return (value[0], value[1], value[2], value[3]), value[4]
+    return None
+
+
+def load(run_dir: Path, bundle: Path) -> Known:
+    """The files of ``bundle`` this run hashed before, with what they hashed to (empty when unknown)."""
+    path = run_dir / VERIFIED_FILE
+    try:
+        raw = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):  # absent or torn: hash everything
+        return {}
+    if not (
+        isinstance(raw, dict)
+        and raw.get("schema") == SCHEMA
+        and raw.get("bundle") == str(bundle.resolve())
+        and isinstance(raw.get("files"), dict)
+    ):
+        return {}
+    known: Known = {}
+    for rel, value in raw["files"].items():
+        entry = _entry(value)
+        if entry is None:
+            return {}  # never trust part of a file someone edited
+        known[rel] = entry
+    return known
+
+
+def save(run_dir: Path, bundle: Path, manifest: Manifest, report: VerifyReport) -> None:
+    """Keep every file ``report``'s :func:`~pipeline.bundle.manifest.verify` found equal, with its stat key.
+
+    Files whose mtime or ctime is less than :data:`RACY_NS` older than the verify are left out.
+    """
+    settled = report.started_ns - RACY_NS
+    files = {
+        rel: [*key, manifest.by_path[rel].sha256]
+        for rel, key in sorted(manifest.hashed_ok.items())
+        if key[1] < settled and key[2] < settled
+    }
+    if not files:
+        return  # a bundle frozen moments ago: hashed again next time
+    data = orjson.dumps({"schema": SCHEMA, "bundle": str(bundle.resolve()), "files": files})
+    path = run_dir / VERIFIED_FILE
+    try:
+        if path.read_bytes() == data:
+            return  # nothing new: no write, no fsync
+    except OSError:
+        pass
+    atomic_write_bytes(path, data)
