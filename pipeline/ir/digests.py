@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core import duck
-from pipeline.core.canonical import digest
+from pipeline.core.canonical import StatKey, digest, stat_key
 from pipeline.core.errors import BadInput
 
 CELL_COLUMNS = ("cell_id", "task_id", "run_id", "eligibility", "exclusion_reason", "harness")
@@ -182,42 +182,66 @@ def content_digests(con: Any) -> dict[str, str] | None:
 
 def has_cell_digests(ir_path: Path) -> bool:
     """Whether the IR stores its per-cell digests (older IRs are re-exported by ``lunasol run``)."""
+    return _stored(ir_path)[1] is not None
+
+
+# The last IR read (its path and stat key -> its digests): a run asks for them three times in a row
+# after export (the ledger's output, its per-cell entries, Sol's made_from), and each connection
+# costs ~25 ms. An IR written again is a new inode (export renames it in) or a new mtime; writes not
+# yet checkpointed are in its WAL, whose stat is part of the key too.
+_LAST: dict[tuple[str, StatKey, StatKey | None], tuple[str | None, dict[str, str] | None]] = {}
+
+
+def _file_key(path: Path) -> StatKey | None:
+    try:
+        return stat_key(path.stat())
+    except FileNotFoundError:
+        return None
+
+
+def _stored(ir_path: Path) -> tuple[str | None, dict[str, str] | None]:
+    """(ir digest, cell -> content digest) of an IR that stores its per-cell digests, else (None, None)."""
+    wal = ir_path.with_name(ir_path.name + ".wal")
+    key = (str(ir_path.resolve()), stat_key(ir_path.stat()), _file_key(wal))
+    hit = _LAST.get(key)
+    if hit is not None:
+        return hit
     con = _connect(ir_path)
     try:
-        return duck.has_table(con, "cell_digests")
+        if duck.has_table(con, "cell_digests"):
+            cells = {cell: content for cell, (_source, content) in read_cell_digests(con).items()}
+            got: tuple[str | None, dict[str, str] | None] = (_ir_digest(con, cells), cells)
+        else:
+            got = (None, None)
     finally:
         con.close()
+    _LAST.clear()
+    _LAST[key] = got
+    return got
 
 
 def stored_ir_digest(ir_path: Path) -> str | None:
-    """:func:`ir_digest` of an IR that stores its per-cell digests, else None (one connection: ~20 ms each)."""
-    con = _connect(ir_path)
-    try:
-        return _ir_digest(con) if duck.has_table(con, "cell_digests") else None
-    finally:
-        con.close()
+    """:func:`ir_digest` of an IR that stores its per-cell digests, else None."""
+    return _stored(ir_path)[0]
 
 
 def ir_cell_digests(ir_path: Path) -> dict[str, str]:
     """Digest of each cell's IR content (its cell row and its events in order), by cell id."""
-    con = _connect(ir_path)
-    try:
-        return {cell: content for cell, (_source, content) in read_cell_digests(con).items()}
-    finally:
-        con.close()
+    cells = _stored(ir_path)[1]
+    if cells is None:
+        raise BadInput("the IR has no cell_digests table (written by an older lunasol): re-export it")
+    return dict(cells)
 
 
 def ir_digest(ir_path: Path) -> str:
     """Digest of the IR's content: every cell's digest plus the outcome sidecar."""
-    con = _connect(ir_path)
-    try:
-        return _ir_digest(con)
-    finally:
-        con.close()
+    got = _stored(ir_path)[0]
+    if got is None:
+        raise BadInput("the IR has no cell_digests table (written by an older lunasol): re-export it")
+    return got
 
 
-def _ir_digest(con: Any) -> str:
-    cells = {cell: content for cell, (_source, content) in read_cell_digests(con).items()}
+def _ir_digest(con: Any, cells: dict[str, str]) -> str:
     outcomes = con.execute(
         "SELECT cell_id, label, quality, completion, cost, stability, extra FROM outcomes ORDER BY cell_id"
     ).fetchall()

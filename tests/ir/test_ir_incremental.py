@@ -191,3 +191,27 @@ def _failing(fn: Any) -> Any:
         raise RuntimeError("killed mid-export")
 
     return run
+
+
+def test_the_stored_digests_are_read_once_per_state_of_the_ir(
+    bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tmp_path / "run"
+    export(bundle, run)
+    ir = run / "ir.duckdb"
+    opened: list[bool] = []
+    real = digests._connect
+    monkeypatch.setattr(digests, "_connect", lambda p: opened.append(True) or real(p))
+    cells = digests.ir_cell_digests(ir)
+    first = digests.ir_digest(ir)
+    assert digests.stored_ir_digest(ir) == first and cells == _stored_digests(run) and len(opened) == 1
+    cells["C001"] = "tampered"  # a caller's copy: the remembered digests stay as read
+    assert digests.ir_cell_digests(ir) == _stored_digests(run) and len(opened) == 1
+    con = duckdb.connect(str(ir))
+    con.execute("UPDATE outcomes SET label = 'changed' WHERE cell_id = (SELECT min(cell_id) FROM outcomes)")
+    con.close()
+    assert digests.ir_digest(ir) != first and len(opened) == 2  # the file changed: read again
+    _edit(bundle, "C002", "one more line")
+    freeze(bundle)
+    export(bundle, run)  # a new IR renamed in
+    assert digests.ir_cell_digests(ir) == _stored_digests(run) and len(opened) == 3
