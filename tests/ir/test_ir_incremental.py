@@ -201,7 +201,12 @@ def test_the_stored_digests_are_read_once_per_state_of_the_ir(
     ir = run / "ir.duckdb"
     opened: list[bool] = []
     real = digests._connect
-    monkeypatch.setattr(digests, "_connect", lambda p: opened.append(True) or real(p))
+
+    def counted(path: Path) -> Any:
+        opened.append(True)
+        return real(path)
+
+    monkeypatch.setattr(digests, "_connect", counted)
     cells = digests.ir_cell_digests(ir)
     first = digests.ir_digest(ir)
     assert digests.stored_ir_digest(ir) == first and cells == _stored_digests(run) and len(opened) == 1
