@@ -25,6 +25,7 @@ from typing import Any
 
 import duckdb
 
+from pipeline.core import duck
 from pipeline.core.canonical import read_json
 from pipeline.eval.checks import run_checks
 from pipeline.eval.events import USER_ACTORS, Event
@@ -139,7 +140,8 @@ def from_weakness_cards(run_dir: Path, events: dict[str, list[Event]]) -> tuple[
 
 
 def _probe_rows(con: duckdb.DuckDBPyConnection) -> tuple[list[tuple[str, str, int]], str]:
-    tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    sql = f"SELECT table_name FROM information_schema.tables WHERE {duck.CURRENT}"
+    tables = {r[0] for r in con.execute(sql).fetchall()}
     if "probe_hits" in tables:
         rows = con.execute("SELECT cell_id, probe_id, first_seq FROM probe_hits").fetchall()
         return [(r[0], r[1], int(r[2])) for r in rows], "table probe_hits"

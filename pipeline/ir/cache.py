@@ -167,7 +167,7 @@ def carry_caches(writer: IRWriter) -> list[str]:
 def cached_rows(con: duckdb.DuckDBPyConnection, table: str, columns: str, made_with: str) -> list[tuple[Any, ...]]:
     """Rows of cache ``table`` still valid: made from the cell's current content and with ``made_with``."""
     # fetchall, not fetchone: DuckDB refuses register() on a connection with an unfinished result
-    sql = "SELECT count(*) FROM information_schema.tables WHERE table_name IN (?, 'cell_digests')"
+    sql = f"SELECT count(*) FROM information_schema.tables WHERE table_name IN (?, 'cell_digests') AND {duck.CURRENT}"
     if con.execute(sql, [table]).fetchall()[0][0] < 2:
         return []
     return con.execute(

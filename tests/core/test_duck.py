@@ -47,3 +47,55 @@ def test_a_bad_value_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.Monk
     with pytest.raises(BadInput, match="LUNASOL_DUCKDB_MEMORY"):
         duck.connect(tmp_path / "a.duckdb")
     assert not (tmp_path / "a.duckdb").exists()  # refused before anything is opened
+
+
+def _other_process(code: str) -> str:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    return (out.stdout + out.stderr).strip().splitlines()[-1]
+
+
+def test_a_file_is_held_exactly_while_a_connection_to_it_is_open(tmp_path: Path) -> None:
+    path = tmp_path / "a.duckdb"
+    opened = f"import duckdb; c = duckdb.connect({str(path)!r}"
+    writes = f"{opened}); c.execute('CREATE TABLE IF NOT EXISTS u (i INT)'); print('wrote')"
+    con = duck.connect(path)
+    con.execute("CREATE TABLE t AS SELECT range AS i FROM range(1000)")
+    assert "lock" in _other_process(writes).lower()  # held, as a file connection holds it
+    con.close()
+    assert _other_process(writes) == "wrote"  # released, and the table was checkpointed into the file
+    reads = f"{opened}, read_only=True); print(c.execute('SELECT count(*) FROM t').fetchall()[0][0])"
+    assert _other_process(reads) == "1000"
+
+
+def test_connections_share_one_instance_yet_see_only_their_own_file(tmp_path: Path) -> None:
+    a, b = duck.connect(tmp_path / "a.duckdb"), duck.connect(tmp_path / "b.duckdb")
+    try:
+        a.execute("CREATE TABLE only_a (i INT)")
+        b.execute("CREATE TEMP TABLE only_b_temp (i INT)")
+        assert duck.has_table(a, "only_a") and not duck.has_table(b, "only_a")
+        assert duck.has_table(b, "only_b_temp") and not duck.has_table(a, "only_b_temp")  # temp: per connection
+        again = duck.connect(tmp_path / "a.duckdb")  # a second connection to an attached file
+        assert duck.has_table(again, "only_a")
+        again.close()
+        assert duck.has_table(a, "only_a")  # the first one is still open
+        dbs = {r[0] for r in a.execute("SELECT database_name FROM duckdb_databases()").fetchall()}
+        assert {"a", "b"} <= dbs  # one instance holds both files
+    finally:
+        a.close()
+        b.close()
+
+
+def test_the_same_file_read_only_and_read_write_at_once_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "a.duckdb"
+    duck.connect(path).close()
+    ro = duck.connect(path, read_only=True)
+    try:
+        with pytest.raises(duckdb.ConnectionException, match="different configuration"):
+            duck.connect(path)
+    finally:
+        ro.close()
+    rw = duck.connect(path)  # after the read-only one closed: fine
+    rw.close()
