@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")  # before anything imports litellm
@@ -15,9 +17,12 @@ os.environ["LUNASOL_TEST_NO_WAIT"] = "1"  # retry waits are zero in tests
 # are in the page cache (pipeline.core.canonical). =0 keeps the syncs (to measure their cost).
 os.environ.setdefault("LUNASOL_TEST_NO_FSYNC", "1")
 os.environ.setdefault("LUNASOL_PROGRESS_EVERY", "0")  # no timed progress lines in a slow CI's one-line checks
+# Per-user caches (the tokenizer's parsed ranks) go to a directory of this test process, never the home.
+os.environ["LUNASOL_CACHE_DIR"] = tempfile.mkdtemp(prefix="lunasol-test-cache-")
 
 import pytest
 
+atexit.register(shutil.rmtree, os.environ["LUNASOL_CACHE_DIR"], True)
 pytest_plugins = ["pipeline.testing.pytest_plugin"]
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -121,9 +121,9 @@ def _encoding() -> Any:
     if folder is not None:
         # litellm points tiktoken at its bundled files the same way: no download, ever.
         os.environ["TIKTOKEN_CACHE_DIR"] = str(folder)
-    import tiktoken
+    from pipeline.models import tokenizer  # tiktoken with it: only when a count needs it
 
-    return tiktoken.get_encoding("cl100k_base")
+    return tokenizer.encoding(Path(folder) if folder is not None else None)
 
 
 def count_tokens(text: str) -> int:
