@@ -213,15 +213,15 @@ def compile_lunasol() -> None:
 
 
 def settle() -> None:
-    """Wait as long as a run's stat cache ignores files for (``verified.RACY_NS``), as if frozen earlier.
+    """Wait as long as a run's stat cache ignores files for (``canonical.RACY_NS``), as if frozen earlier.
 
     A user freezes a bundle and runs it later; this bench builds it moments before its first run,
     whose stat cache would then keep none of its files and the rerun would hash them all again.
     The wait is wall time only: no run's CPU includes it.
     """
-    from pipeline.bundle import verified
+    from pipeline.core import canonical
 
-    time.sleep(verified.RACY_NS / 1e9 + 0.5)
+    time.sleep(canonical.RACY_NS / 1e9 + 0.5)
 
 
 def scenario(root: Path, sizes: list[int], reruns: bool = True) -> dict[str, Any]:

@@ -20,16 +20,10 @@ from typing import Any
 import orjson
 
 from pipeline.bundle.manifest import Manifest, VerifyReport
-from pipeline.core.canonical import StatKey, atomic_write_bytes
+from pipeline.core.canonical import StatKey, atomic_write_bytes, settled
 
 VERIFIED_FILE = "verified-files.json"
 SCHEMA = 1
-RACY_NS = 3_000_000_000
-"""A file changed less than this before its stat was taken is not kept.
-
-Filesystems stamp times coarsely (a few ms on ext4, 2 s on FAT): an edit made in the same tick
-as the stat, after the hash, would leave the stat key unchanged (git's "racy" entries).
-"""
 
 Known = dict[str, tuple[StatKey, str]]
 """Bundle-relative path -> (its stat key when hashed, the sha256 it had)."""
@@ -72,13 +66,13 @@ def load(run_dir: Path, bundle: Path) -> Known:
 def save(run_dir: Path, bundle: Path, manifest: Manifest, report: VerifyReport) -> None:
     """Keep every file ``report``'s :func:`~pipeline.bundle.manifest.verify` found equal, with its stat key.
 
-    Files whose mtime or ctime is less than :data:`RACY_NS` older than the verify are left out.
+    Files whose mtime or ctime is less than :data:`~pipeline.core.canonical.RACY_NS` older than the verify
+    are left out.
     """
-    settled = report.started_ns - RACY_NS
     files = {
         rel: [*key, manifest.by_path[rel].sha256]
         for rel, key in sorted(manifest.hashed_ok.items())
-        if key[1] < settled and key[2] < settled
+        if settled(key, report.started_ns)
     }
     if not files:
         return  # a bundle frozen moments ago: hashed again next time

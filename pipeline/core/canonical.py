@@ -110,6 +110,19 @@ def digest(obj: Any) -> str:
 StatKey = tuple[int, int, int, int]
 
 
+RACY_NS = 3_000_000_000
+"""A file changed less than this before its stat was taken is never trusted by that stat later.
+
+Filesystems stamp times coarsely (a few ms on ext4, 2 s on FAT): an edit made in the same tick as
+the stat, after the read, would leave the stat key unchanged (git's "racy" entries).
+"""
+
+
+def settled(key: StatKey, now_ns: int) -> bool:
+    """Whether a stat key taken at ``now_ns`` (wall clock) may stand for the file's bytes later."""
+    return key[1] < now_ns - RACY_NS and key[2] < now_ns - RACY_NS
+
+
 def stat_key(st: os.stat_result) -> StatKey:
     """(size, mtime_ns, ctime_ns, inode): equal keys mean a file hashed once need not be hashed again.
 

@@ -12,6 +12,7 @@ from pipeline.bundle import manifest as manifest_mod
 from pipeline.bundle import verified
 from pipeline.bundle.manifest import freeze, read_manifest, verify
 from pipeline.bundle.synth import write_bundle
+from pipeline.core import canonical
 from pipeline.ir.export import export
 
 SESSION = "cells/C001/sessions/01-proposal-candidate.jsonl"
@@ -27,7 +28,7 @@ def bundle(tmp_path: Path) -> Path:
 @pytest.fixture
 def settled(monkeypatch: pytest.MonkeyPatch) -> None:
     """Files written by the test count as settled (else only files older than RACY_NS are kept)."""
-    monkeypatch.setattr(verified, "RACY_NS", 0)
+    monkeypatch.setattr(canonical, "RACY_NS", 0)
 
 
 @pytest.fixture
