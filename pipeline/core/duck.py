@@ -24,6 +24,7 @@ settings) get an instance of their own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
@@ -136,7 +137,10 @@ class _Hub:
                     n += 1
                     alias = f"{stem}_{n}"
                 self._con.execute(f"SET memory_limit = '{limit}'")
-                self._con.execute(f"SET temp_directory = {_quoted(key + '.tmp', chr(39))}")  # as a file's own
+                # Spills next to the file, as its own instance's would (never the working directory);
+                # refused while another file's query is spilling: that directory stays in use meanwhile.
+                with contextlib.suppress(duckdb.Error):
+                    self._con.execute(f"SET temp_directory = {_quoted(key + '.tmp', chr(39))}")
                 opts = " (READ_ONLY)" if read_only else ""
                 self._con.execute(f"ATTACH {_quoted(key, chr(39))} AS {_quoted(alias, chr(34))}{opts}")
                 db = self._files[key] = _Attached(alias, read_only)

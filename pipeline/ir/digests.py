@@ -156,6 +156,9 @@ def fill_ranges(counts: list[tuple[str, int]], limit: int | None = None) -> list
     return ranges
 
 
+_NO_DIGESTS = "the IR has no cell_digests table (written by an older lunasol): re-export it"
+
+
 def _connect(ir_path: Path) -> Any:
 
     return duck.connect(ir_path, read_only=True)
@@ -168,7 +171,7 @@ def read_cell_digests(con: Any) -> dict[str, tuple[str | None, str]]:
         rows = con.execute(sql).fetchall()
     except Exception as exc:  # duckdb.CatalogException: an IR written before the digests were stored
         if "cell_digests" in str(exc):
-            raise BadInput("the IR has no cell_digests table (written by an older lunasol): re-export it") from None
+            raise BadInput(_NO_DIGESTS) from None
         raise
     return {r[0]: (r[1], r[2]) for r in rows}
 
@@ -229,7 +232,7 @@ def ir_cell_digests(ir_path: Path) -> dict[str, str]:
     """Digest of each cell's IR content (its cell row and its events in order), by cell id."""
     cells = _stored(ir_path)[1]
     if cells is None:
-        raise BadInput("the IR has no cell_digests table (written by an older lunasol): re-export it")
+        raise BadInput(_NO_DIGESTS)
     return dict(cells)
 
 
@@ -237,7 +240,7 @@ def ir_digest(ir_path: Path) -> str:
     """Digest of the IR's content: every cell's digest plus the outcome sidecar."""
     got = _stored(ir_path)[0]
     if got is None:
-        raise BadInput("the IR has no cell_digests table (written by an older lunasol): re-export it")
+        raise BadInput(_NO_DIGESTS)
     return got
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import duckdb
@@ -83,6 +84,8 @@ def test_connections_share_one_instance_yet_see_only_their_own_file(tmp_path: Pa
         assert duck.has_table(a, "only_a")  # the first one is still open
         dbs = {r[0] for r in a.execute("SELECT database_name FROM duckdb_databases()").fetchall()}
         assert {"a", "b"} <= dbs  # one instance holds both files
+        spills = a.execute("SELECT current_setting('temp_directory')").fetchall()[0][0]
+        assert spills == os.path.realpath(tmp_path / "b.duckdb") + ".tmp"  # next to a file, never the cwd
     finally:
         a.close()
         b.close()
