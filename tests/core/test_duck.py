@@ -102,3 +102,19 @@ def test_the_same_file_read_only_and_read_write_at_once_is_refused(tmp_path: Pat
         ro.close()
     rw = duck.connect(path)  # after the read-only one closed: fine
     rw.close()
+
+
+def test_the_last_close_hands_the_instance_memory_back_and_the_next_open_has_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(duck.MEMORY_ENV, raising=False)
+    con = duck.connect(tmp_path / "a.duckdb")
+    con.execute("CREATE TABLE t AS SELECT range AS i FROM range(100000)")
+    con.close()
+    hub = duck._HUB._con
+    assert hub.execute("SELECT current_setting('memory_limit')").fetchall()[0][0] != "512.0 MiB"  # asked back
+    again = duck.connect(tmp_path / "a.duckdb", read_only=True)
+    try:
+        assert _limit(again) == "512.0 MiB"
+    finally:
+        again.close()
