@@ -10,13 +10,10 @@ packed the same way over the drafts (:mod:`pipeline.sol.reduce`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
-from pipeline.core.canonical import canonical_json, pretty_json, sha256_bytes, sha256_text
+from pipeline.core.canonical import canonical_json, sha256_bytes, sha256_text
 from pipeline.core.errors import Blocked
 from pipeline.core.settings import ModelSettings
 from pipeline.models import render
@@ -65,9 +62,7 @@ class SolPlanDraft:
     mode: str  # "single" | "map_reduce"
     budget: RoleBudget
     single_tokens: int
-    # how single_tokens was found when not counted whole (far over the budget): "sample" of the rendered
-    # prompt, or "floor" (its pattern groups alone, the prompt not even built); "" counted
-    single_estimated: str = ""
+    single_estimated: bool = False  # single_tokens from a sample (far over the budget), not counted whole
     single_context: dict[str, Any] | None = None
     maps: list[MapCall] = field(default_factory=list)
     renderer: Renderer | None = None
@@ -80,10 +75,11 @@ class SolPlanDraft:
             return f"one call over the batch ({self.single_tokens:,} tokens; budget {self.budget.input_tokens:,})"
         tasks = {t for m in self.maps for t in m.chunk.tasks}
         biggest = max((m.tokens for m in self.maps), default=0)
-        single = {
-            "sample": f"~{self.single_tokens:,} tokens, estimated from a sample",
-            "floor": f"over ~{self.single_tokens:,} tokens, estimated from its pattern groups alone",
-        }.get(self.single_estimated, f"{self.single_tokens:,} tokens")
+        single = (
+            f"~{self.single_tokens:,} tokens, estimated from a sample"
+            if self.single_estimated
+            else (f"{self.single_tokens:,} tokens")
+        )
         return (
             f"map/reduce: the single call would be {single} (budget "
             f"{self.budget.input_tokens:,}); {len(self.maps)} map call(s) over {len(tasks)} task family(ies) "
@@ -171,49 +167,22 @@ def plan_maps(
     return out
 
 
-def groups_floor(budget: RoleBudget, groups: list[dict[str, Any]]) -> tuple[int, float]:
-    """(tokens, characters per token) of the batch's pattern groups alone: a floor of the single request.
-
-    The single prompt holds the groups pretty-printed, so their compact JSON is no longer than that
-    part of it. The characters per token come from the pretty JSON of the middle groups, the spelling
-    the prompt has where its middle falls (the groups are most of it).
-    """
-    compact = orjson.dumps(groups).decode("utf-8")
-    middle: list[dict[str, Any]] = []
-    size = 0
-    for group in groups[len(groups) // 2 :] or groups:
-        middle.append(group)
-        size += len(orjson.dumps(group))
-        if size >= SAMPLE_CHARS:
-            break
-    cpt = chars_per_token(budget.limits, pretty_json(middle)[:SAMPLE_CHARS])
-    return math.ceil(len(compact) / cpt), cpt
-
-
 def plan_sol(
     batch: Batch,
     settings: ModelSettings,
-    single: Callable[[], dict[str, Any]],
+    single: dict[str, Any],
     *,
     known: dict[str, int] | None = None,
     count_whole: bool = False,
 ) -> SolPlanDraft:
     """Decide: the single call (it fits) or map/reduce (with every map request planned).
 
-    ``single`` builds the single call's context. It is not built when the pattern groups alone are
-    over :data:`COUNT_WHOLE_BELOW` times the budget (:func:`groups_floor`): at 10,000 cells that
-    prompt is 56M characters, 1.4 CPU s and ~200 MiB to make and throw away. Otherwise the single
-    request is counted whole unless a sample of it puts it that far over the budget
-    (``count_whole`` counts it whole anyway); ``known`` holds map request counts of an earlier run
-    (:func:`plan_maps`).
+    The single request is counted whole unless a sample of it puts it at over
+    :data:`COUNT_WHOLE_BELOW` times the budget (``count_whole`` counts it whole anyway);
+    ``known`` holds map request counts of an earlier run (:func:`plan_maps`).
     """
     budget = role_budget(settings, ROLE)
-    if not count_whole and batch.groups:
-        floor, cpt = groups_floor(budget, batch.groups)
-        if floor > COUNT_WHOLE_BELOW * budget.input_tokens:
-            return _map_reduce(batch, settings, budget, cpt, known, single_tokens=floor, estimated="floor")
-    context = single()
-    rendered = render(ROLE, context)
+    rendered = render(ROLE, single)
     text = "\n".join(str(m["content"]) for m in rendered.messages)
     # characters per token of this batch's text, from a sample of the prompt (sizes are planned in characters)
     cpt = chars_per_token(budget.limits, text[len(text) // 2 : len(text) // 2 + SAMPLE_CHARS])
@@ -221,22 +190,7 @@ def plan_sol(
     estimated = not count_whole and estimate > COUNT_WHOLE_BELOW * budget.input_tokens
     tokens = estimate if estimated else request_tokens(budget, rendered.messages, SolAnswer)
     if not estimated and budget.fits(tokens):
-        return SolPlanDraft(mode="single", budget=budget, single_tokens=tokens, single_context=context)
-    return _map_reduce(
-        batch, settings, budget, cpt, known, single_tokens=tokens, estimated="sample" if estimated else ""
-    )
-
-
-def _map_reduce(
-    batch: Batch,
-    settings: ModelSettings,
-    budget: RoleBudget,
-    cpt: float,
-    known: dict[str, int] | None,
-    *,
-    single_tokens: int,
-    estimated: str,
-) -> SolPlanDraft:
+        return SolPlanDraft(mode="single", budget=budget, single_tokens=tokens, single_context=single)
     renderer = Renderer(batch)
     counts: dict[str, int] = {}
     maps = plan_maps(renderer, settings, cpt, known, counts)
@@ -244,7 +198,7 @@ def _map_reduce(
         counts=counts,
         mode="map_reduce",
         budget=budget,
-        single_tokens=single_tokens,
+        single_tokens=tokens,
         single_estimated=estimated,
         maps=maps,
         renderer=renderer,

@@ -507,7 +507,7 @@ def mine(ctx: RunContext) -> Shortlist:
     _require_analysed_cells(batch)
     answers = MapAnswers(ctx.run_dir)
     limits = role_budget(ctx.options.models, MAP_ROLE).limits.describe()
-    decision = plan_sol(batch, ctx.options.models, lambda: single_context(batch), known=answers.token_counts(limits))
+    decision = plan_sol(batch, ctx.options.models, single_context(batch), known=answers.token_counts(limits))
     if decision.mode == "map_reduce":
         answers.put_counts(limits, decision.counts)
         if batch.timeline_store is not None:
@@ -582,7 +582,7 @@ def plan(ctx: RunContext) -> list[PlannedCall]:
     batch = load_batch(ctx.run_dir, ctx.ir_path)
     if not batch.index.denominator:
         return []
-    decision = plan_sol(batch, ctx.options.models, lambda: single_context(batch))
+    decision = plan_sol(batch, ctx.options.models, single_context(batch))
     note = decision.describe()
     if decision.mode == "single":
         return [

@@ -390,36 +390,3 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
     fourth = mine(ctx)
     assert fourth.plan is not None and _map_ids(fake_llm) == [other]
     assert read_shortlist(run_dir / SHORTLIST_FILE).digest == fourth.digest
-
-
-def test_the_single_prompt_is_not_built_when_its_pattern_groups_alone_are_far_over_the_budget(
-    scaled: tuple[RunContext, str], model_settings: Any
-) -> None:
-    import importlib
-
-    from pipeline.models import render
-    from pipeline.models.budget import role_budget
-    from pipeline.sol.batch import load_batch
-    from pipeline.sol.cards import SolAnswer
-    from pipeline.sol.stage import single_context
-
-    plan = importlib.import_module("pipeline.sol.plan")  # the module (pipeline.sol re-exports a function `plan`)
-    ctx, _ = scaled
-    batch = load_batch(ctx.run_dir, ctx.ir_path)
-    built: list[int] = []
-
-    def single() -> dict[str, Any]:
-        built.append(1)
-        return single_context(batch)
-
-    small = model_settings(context_tokens=CONTEXT)
-    budget = role_budget(small, plan.ROLE)
-    floor, _cpt = plan.groups_floor(budget, batch.groups)
-    whole = request_tokens_of(budget, render(plan.ROLE, single_context(batch)).messages, SolAnswer)
-    assert floor <= whole  # a floor: the prompt holds the groups pretty-printed, and more
-    assert floor > plan.COUNT_WHOLE_BELOW * budget.input_tokens  # this batch: far over the small budget
-    decision = plan.plan_sol(batch, small, single)
-    assert decision.mode == "map_reduce" and built == [] and decision.single_estimated == "floor"
-    assert "estimated from its pattern groups alone" in decision.describe()
-    roomy = plan.plan_sol(batch, model_settings(context_tokens=10_000_000), single)
-    assert roomy.mode == "single" and built == [1]  # a batch that may fit is rendered and counted whole
