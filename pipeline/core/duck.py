@@ -158,7 +158,7 @@ class _Hub:
                 self._release(key)
                 raise
             db.refs += 1
-            return _Connection(cur, self, key)
+            return _Connection(cur, self, key, read_only)
 
     def close(self, key: str) -> None:
         with self._lock:
@@ -184,14 +184,19 @@ _HUB = _Hub()
 class _Connection:
     """A hub cursor standing for a connection to one file: closing it may detach the file."""
 
-    def __init__(self, cursor: Any, hub: _Hub, key: str) -> None:
+    def __init__(self, cursor: Any, hub: _Hub, key: str, read_only: bool) -> None:
         self._cursor = cursor
         self._hub = hub
         self._key = key
+        self._read_only = read_only
         self._open = True
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cursor, name)
+
+    def cursor(self) -> _Connection:
+        """Another connection to the same file (a bare hub cursor would see the hub's own database)."""
+        return self._hub.open(Path(self._key), self._read_only, memory_limit())
 
     def close(self) -> None:
         """Close the cursor; the last connection to the file detaches it."""

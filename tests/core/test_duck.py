@@ -81,6 +81,9 @@ def test_connections_share_one_instance_yet_see_only_their_own_file(tmp_path: Pa
         again = duck.connect(tmp_path / "a.duckdb")  # a second connection to an attached file
         assert duck.has_table(again, "only_a")
         again.close()
+        cur = a.cursor()  # a cursor of a connection sees the same file, not the hub's own database
+        assert duck.has_table(cur, "only_a")
+        cur.close()
         assert duck.has_table(a, "only_a")  # the first one is still open
         dbs = {r[0] for r in a.execute("SELECT database_name FROM duckdb_databases()").fetchall()}
         assert {"a", "b"} <= dbs  # one instance holds both files
