@@ -28,6 +28,7 @@ import contextlib
 import os
 import re
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -102,8 +103,18 @@ def connect(
     return con
 
 
-def _quoted(text: str, quote: str) -> str:
-    return quote + text.replace(quote, quote * 2) + quote
+def literal(text: str) -> str:
+    """``text`` as a SQL string literal (single quotes, each inner one doubled)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def literals(values: Iterable[str]) -> str:
+    """Comma-separated SQL string literals (for ``IN (...)`` or a list ``[...]``)."""
+    return ", ".join(map(literal, values))
+
+
+def _identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 @dataclass
@@ -140,9 +151,9 @@ class _Hub:
                 # Spills next to the file, as its own instance's would (never the working directory);
                 # refused while another file's query is spilling: that directory stays in use meanwhile.
                 with contextlib.suppress(duckdb.Error):
-                    self._con.execute(f"SET temp_directory = {_quoted(key + '.tmp', chr(39))}")
+                    self._con.execute(f"SET temp_directory = {literal(key + '.tmp')}")
                 opts = " (READ_ONLY)" if read_only else ""
-                self._con.execute(f"ATTACH {_quoted(key, chr(39))} AS {_quoted(alias, chr(34))}{opts}")
+                self._con.execute(f"ATTACH {literal(key)} AS {_identifier(alias)}{opts}")
                 db = self._files[key] = _Attached(alias, read_only)
             elif db.read_only != read_only:
                 mode = "read-only" if db.read_only else "read-write"
@@ -152,7 +163,7 @@ class _Hub:
                 )
             cur = self._con.cursor()
             try:
-                cur.execute(f"USE {_quoted(db.alias, chr(34))}")
+                cur.execute(f"USE {_identifier(db.alias)}")
             except BaseException:
                 cur.close()
                 self._release(key)
@@ -170,7 +181,7 @@ class _Hub:
         db = self._files.get(key)
         if db is not None and db.refs <= 0:
             del self._files[key]
-            self._con.execute(f"DETACH {_quoted(db.alias, chr(34))}")  # checkpoints it and drops its lock
+            self._con.execute(f"DETACH {_identifier(db.alias)}")  # checkpoints it and drops its lock
             if not self._files:
                 # The instance keeps what its queries allocated (~200 MiB after one grouped query over
                 # a 10,000-cell IR), on top of every later stage's peak, until a limit asks it back;

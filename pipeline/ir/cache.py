@@ -31,10 +31,6 @@ _CACHE_TABLES = (
 )
 
 
-def _sql_str(text: str) -> str:
-    return text.replace("'", "''")
-
-
 def rows_made_with(redact: bool = True) -> str:
     """What a cell's rows depend on besides its raw bytes: the redaction rules (or none) and the trim limit.
 
@@ -83,7 +79,7 @@ def copy_cells(writer: IRWriter, path: Path, cell_ids: list[str], redactions: di
     """
     import pyarrow as pa
 
-    writer.execute(f"ATTACH '{_sql_str(str(path))}' AS {PREVIOUS} (READ_ONLY)")
+    writer.execute(f"ATTACH {duck.literal(str(path))} AS {PREVIOUS} (READ_ONLY)")
     if not cell_ids:
         return {}
     writer.register("_lunasol_reuse", pa.table({"cell_id": pa.array(cell_ids, pa.string())}))

@@ -226,7 +226,7 @@ def write_parquet(ir_path: Path, out_dir: Path) -> list[Path]:
             try:
                 order = " ORDER BY ALL" if name != "events" else " ORDER BY cell_id, seq"
                 con.execute(
-                    f"COPY (SELECT * FROM {name}{order}) TO '{_sql_str(tmp)}' (FORMAT parquet, COMPRESSION zstd)"
+                    f"COPY (SELECT * FROM {name}{order}) TO {duck.literal(str(tmp))} (FORMAT parquet, COMPRESSION zstd)"
                 )
                 os.replace(tmp, dest)
             finally:
@@ -235,10 +235,6 @@ def write_parquet(ir_path: Path, out_dir: Path) -> list[Path]:
     finally:
         con.close()
     return written
-
-
-def _sql_str(path: Path) -> str:
-    return str(path).replace("'", "''")
 
 
 def open_ir(run_dir: Path) -> duckdb.DuckDBPyConnection:

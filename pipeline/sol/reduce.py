@@ -36,7 +36,7 @@ class Draft:
 
 
 def _in_list(values: list[str]) -> str:
-    return "[" + ", ".join("'" + v.replace("'", "''") + "'" for v in values) + "]" if values else "[]"
+    return "[" + duck.literals(values) + "]"
 
 
 def _samples(items: list[dict[str, Any]], own: set[str]) -> list[dict[str, Any]]:

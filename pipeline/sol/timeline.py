@@ -21,6 +21,8 @@ import operator
 import re
 from typing import Any
 
+from pipeline.core import duck
+
 TIMELINE_KINDS = ("stage", "state_change", "handoff", "obligation", "artifact", "error")
 CONTROLLER_ACTORS = ("controller", "harness", "system")
 NOT_ROLES = ("tool", "environment")  # actors whose "messages" are output, not a role speaking
@@ -28,10 +30,6 @@ PERMISSION_RE = "permission|approv|consent"
 TIMELINE_TEXT = 200
 LOW_VALUE = frozenset({"stage_started", "handoff", "artifact_written"})
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
-
-
-def _quoted(values: tuple[str, ...]) -> str:
-    return ", ".join(f"'{v}'" for v in values)
 
 
 def timeline_sql(where_cells: str = "TRUE") -> str:
@@ -49,11 +47,11 @@ SELECT e.event_id, e.cell_id, e.seq, e.stage, e.actor, e.kind, e.detail,
        substr(coalesce(e.text, ''), 1, {TIMELINE_TEXT}) AS text
 FROM events e JOIN cells c USING (cell_id) LEFT JOIN main_worker w USING (cell_id)
 WHERE c.eligibility = 'valid_behavior' AND ({where_cells}) AND (
-    e.kind IN ({_quoted(TIMELINE_KINDS)})
-    OR (lower(coalesce(e.actor, '')) IN ({_quoted(CONTROLLER_ACTORS)}) AND e.kind <> 'tool_result')
+    e.kind IN ({duck.literals(TIMELINE_KINDS)})
+    OR (lower(coalesce(e.actor, '')) IN ({duck.literals(CONTROLLER_ACTORS)}) AND e.kind <> 'tool_result')
     OR regexp_matches(lower(coalesce(e.tool_name, '') || ' ' || coalesce(e.detail, '')), '{PERMISSION_RE}')
     OR (e.kind = 'message' AND e.actor IS NOT NULL AND e.actor IS DISTINCT FROM w.actor
-        AND lower(e.actor) NOT IN ({_quoted(NOT_ROLES)}))
+        AND lower(e.actor) NOT IN ({duck.literals(NOT_ROLES)}))
 )
 ORDER BY e.cell_id, e.seq
 """

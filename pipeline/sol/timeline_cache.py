@@ -26,6 +26,7 @@ import duckdb
 import orjson
 
 import pipeline
+from pipeline.core import duck
 from pipeline.core.canonical import atomic_write_bytes, digest, sha256_bytes
 from pipeline.ir.digests import content_digests
 from pipeline.sol import timeline
@@ -80,10 +81,6 @@ def _cell_digests(con: Any) -> dict[str, str] | None:
     return None if stored is None else {c: d for c, d in stored.items() if d}
 
 
-def _quoted(cells: list[str]) -> str:
-    return ", ".join("'" + c.replace("'", "''") + "'" for c in cells)
-
-
 def load_timelines(con: Any, run_dir: Path, eligible: list[str]) -> Timelines:
     """The timelines of the ``eligible`` cells (in that order): stored lines where the cell's digest is unchanged."""
     digests = _cell_digests(con)
@@ -108,7 +105,7 @@ def load_timelines(con: Any, run_dir: Path, eligible: list[str]) -> Timelines:
     if len(todo) == len(eligible):
         fresh = read_timelines(con)
     else:
-        fresh = read_timelines(con, f"e.cell_id IN ({_quoted(todo)})") if todo else {}
+        fresh = read_timelines(con, f"e.cell_id IN ({duck.literals(todo)})") if todo else {}
     lines: dict[str, Lines] = {}
     for cell in eligible:  # the query's order (by cell id); a cell without controller-level events is left out
         got = reuse[cell] if cell in reuse else fresh.get(cell, [])
