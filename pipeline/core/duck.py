@@ -61,8 +61,8 @@ the hub's other attached files are in its catalog too."""
 def has_table(con: Any, name: str) -> bool:
     """Whether a table or view called ``name`` is visible on ``con`` (temporary ones count)."""
     sql = f"SELECT count(*) FROM information_schema.tables WHERE table_name = ? AND {CURRENT}"
-    row = con.execute(sql, [name]).fetchone()
-    return bool(row and row[0])
+    # fetchall, not fetchone: DuckDB refuses register() on a connection with an unfinished result
+    return bool(con.execute(sql, [name]).fetchall()[0][0])
 
 
 def table_shape(con: Any, name: str) -> list[tuple[str, str]]:

@@ -162,9 +162,7 @@ def carry_caches(writer: IRWriter) -> list[str]:
 
 def cached_rows(con: duckdb.DuckDBPyConnection, table: str, columns: str, made_with: str) -> list[tuple[Any, ...]]:
     """Rows of cache ``table`` still valid: made from the cell's current content and with ``made_with``."""
-    # fetchall, not fetchone: DuckDB refuses register() on a connection with an unfinished result
-    sql = f"SELECT count(*) FROM information_schema.tables WHERE table_name IN (?, 'cell_digests') AND {duck.CURRENT}"
-    if con.execute(sql, [table]).fetchall()[0][0] < 2:
+    if not (duck.has_table(con, table) and duck.has_table(con, "cell_digests")):
         return []
     return con.execute(
         f'SELECT {columns} FROM "{table}" t SEMI JOIN cell_digests d '
