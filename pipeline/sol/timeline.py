@@ -93,13 +93,14 @@ def _short_digest(m: re.Match[str]) -> str:
 _line = operator.itemgetter(1)
 
 
-def timeline_chars(lines: list[tuple[str, str]]) -> int:
-    """Characters a cell's whole timeline takes in a prompt (each line and its newline)."""
-    return sum(map(len, map(_line, lines))) + len(lines)
-
-
 def _chars(lines: list[str]) -> int:
+    """Characters these lines take in a prompt (each line and its newline)."""
     return sum(map(len, lines)) + len(lines)
+
+
+def timeline_chars(lines: list[tuple[str, str]]) -> int:
+    """Characters a cell's whole timeline takes in a prompt (:func:`_chars` of its lines)."""
+    return _chars(list(map(_line, lines)))
 
 
 def fit_timelines(lines: dict[str, list[tuple[str, str]]], budget: int) -> tuple[dict[str, list[str]], int]:
