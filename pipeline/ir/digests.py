@@ -183,11 +183,6 @@ def content_digests(con: Any) -> dict[str, str] | None:
     return dict(con.execute("SELECT cell_id, content_digest FROM cell_digests").fetchall())
 
 
-def has_cell_digests(ir_path: Path) -> bool:
-    """Whether the IR stores its per-cell digests (older IRs are re-exported by ``lunasol run``)."""
-    return _stored(ir_path)[1] is not None
-
-
 # The last IR read (its path and stat key -> its digests): a run asks for them three times in a row
 # after export (the ledger's output, its per-cell entries, Sol's made_from), and each connection
 # costs ~25 ms. An IR written again is a new inode (export renames it in) or a new mtime; writes not
