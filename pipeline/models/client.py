@@ -40,7 +40,7 @@ from pipeline.models.modes import INSTRUCTOR_MODES, resolve_mode
 from pipeline.models.progress import gather_bounded
 from pipeline.models.prompts import render_source, template_path
 from pipeline.models.store import RecordingStore
-from pipeline.models.transport import describe, load_litellm, lunasol_cause, quiet_instructor, reason_for
+from pipeline.models.transport import describe, load_litellm, load_openai, lunasol_cause, quiet_instructor, reason_for
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -296,7 +296,9 @@ class ModelClient:
         if self._instructor is None:
             if not self.model:
                 raise BadInput("no model given: pass --model (e.g. openai/gpt-4o-mini) or set LUNASOL_MODEL")
-            if not self.exchange.openai_sdk:
+            if self.exchange.openai_sdk:
+                load_openai()  # before instructor's first call imports it: without the SDK's aiohttp transport
+            else:
                 load_litellm(announce=self.log)  # the first live call says why it waits (seconds of import)
             import instructor
 

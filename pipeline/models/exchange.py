@@ -3,7 +3,7 @@
 :class:`Exchange` is the function instructor calls instead of ``litellm.acompletion``. For every
 request (re-asks included) it computes the replay key, then answers from the store (replay, or a
 key already recorded) or calls live: ``litellm.acompletion`` under the concurrency bound, with
-tenacity retries on transport faults and the raw HTTP body captured by an httpx hook.
+tenacity retries on transport faults and the raw HTTP body captured by an HTTP client hook.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pipeline.models.transport import (
     is_context_error,
     is_transient,
     load_litellm,
+    load_openai,
     no_wait,
     reason_for,
     refusal,
@@ -208,23 +209,25 @@ class Exchange:
         return bool(self.model) and str(self.model).startswith("openai/")
 
     def _openai_client(self) -> Any:
-        """An AsyncOpenAI (one per event loop) whose httpx hook captures the raw response body."""
+        """An AsyncOpenAI (one per event loop) whose HTTP client hook captures the raw response body."""
         loop_id = id(asyncio.get_running_loop())
         client = self._openai_clients.get(loop_id)
         if client is None:
-            # openai and httpx load only for a live call (replay and --help never need them).
-            import httpx
-            from openai import AsyncOpenAI
+            # openai and httpx2 (its own HTTP client) load only for a live call (replay and --help never
+            # need them); httpx itself is never imported on this path (~0.08 CPU s with its CLI's rich).
+            import httpx2
 
-            async def capture(response: httpx.Response) -> None:
+            openai = load_openai()
+
+            async def capture(response: httpx2.Response) -> None:
                 slot = _CAPTURE.get()
                 if slot is not None and response.request.method == "POST":
                     await response.aread()
                     slot.append(response.content)
 
             base = self.settings.api_base or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
-            http_client: Any = httpx.AsyncClient(event_hooks={"response": [capture]}, timeout=self.settings.timeout_s)
-            client = AsyncOpenAI(
+            http_client = httpx2.AsyncClient(event_hooks={"response": [capture]}, timeout=self.settings.timeout_s)
+            client = openai.AsyncOpenAI(
                 api_key=os.environ.get("OPENAI_API_KEY") or DUMMY_API_KEY,
                 base_url=base,
                 max_retries=0,
@@ -243,10 +246,10 @@ class Exchange:
             # path, body and bearer auth): only the captured raw body is used, and ``client.chat`` would
             # import every resource module of the SDK (~0.5 CPU s, a tenth of a one-cell rerun).
             # HTTP errors still raise the SDK's status classes, which the retry rules read.
-            import httpx
+            import httpx2
 
             return await self._openai_client().post(
-                "/chat/completions", body=sdk_kwargs, cast_to=httpx.Response, options=_BEARER
+                "/chat/completions", body=sdk_kwargs, cast_to=httpx2.Response, options=_BEARER
             )
         response = await load_litellm().acompletion(**call_kwargs)
         state.add(self.accounting.book(response))

@@ -33,6 +33,31 @@ def load_litellm(announce: Callable[[str], None] | None = None) -> Any:
     return litellm
 
 
+# openai's optional aiohttp transport (``openai.DefaultAioHttpClient``), which lunasol never uses
+_OPENAI_AIOHTTP = "openai._vendor.httpx_aiohttp"
+
+
+def load_openai() -> Any:
+    """Import the openai SDK; when neither it nor aiohttp is loaded yet, without its aiohttp transport.
+
+    The SDK imports that optional transport (and with it aiohttp, ~0.25 CPU s, a twentieth of a
+    one-cell rerun) only to offer ``openai.DefaultAioHttpClient``; lunasol hands it an httpx2 client
+    of its own. A module set to None in ``sys.modules`` fails to import, which the SDK takes as
+    "aiohttp extra not installed"; the marker goes right after, so a later import of the transport
+    works. litellm never uses the SDK's aiohttp client (it has its own aiohttp transport).
+    """
+    if "openai" not in sys.modules and "aiohttp" not in sys.modules and _OPENAI_AIOHTTP not in sys.modules:
+        sys.modules[_OPENAI_AIOHTTP] = None  # type: ignore[assignment]  # import system: "not importable"
+        try:
+            import openai
+        finally:
+            if _OPENAI_AIOHTTP in sys.modules and sys.modules[_OPENAI_AIOHTTP] is None:
+                del sys.modules[_OPENAI_AIOHTTP]
+    import openai
+
+    return openai
+
+
 def quiet_instructor() -> None:
     """Instructor logs every failed attempt at ERROR; the call log records them, so keep stderr to one line.
 

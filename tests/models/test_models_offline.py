@@ -139,3 +139,57 @@ def test_litellm_is_loaded_with_the_offline_switches(monkeypatch: pytest.MonkeyP
         monkeypatch.delenv(var, raising=False)
     load_litellm()
     assert (os.environ["LITELLM_OFFLINE_MODE"], os.environ["HF_HUB_OFFLINE"]) == ("true", "1")
+
+
+LIVE_SCRIPT = r"""
+import asyncio, json, sys
+from pydantic import BaseModel
+from pipeline.core.settings import ModelSettings
+from pipeline.models import ModelClient
+
+class F(BaseModel):
+    summary: str
+    event_ids: list[str]
+
+async def main():
+    settings = ModelSettings(model="openai/test-model", api_base=sys.argv[1], mode="live", timeout_s=5.0,
+                             transport_retries=0, instructor_mode="tools")
+    out = await ModelClient(settings, sys.argv[2]).call(
+        role="t", cell_id="C1", context={"cell_id": "C1", "text": "x"}, response_model=F)
+    import openai
+    print(json.dumps({"value": out.value.model_dump(), "loaded": sorted(m for m in ("aiohttp", "httpx", "litellm")
+                      if m in sys.modules), "marker": "openai._vendor.httpx_aiohttp" in sys.modules,
+                      "aiohttp_client": openai.DefaultAioHttpClient.__name__}))
+asyncio.run(main())
+"""
+
+
+def test_a_live_sdk_call_loads_neither_aiohttp_nor_httpx(
+    tmp_path: Path, tiny_prompts: Path, fake_llm: FakeOpenAI
+) -> None:
+    """A live call to an OpenAI-compatible server imports the openai SDK without its aiohttp transport and
+    sends through httpx2 (~0.3 CPU s of imports a one-cell rerun no longer pays); the answer is unchanged."""
+    fake_llm.push_answer({"summary": "s", "event_ids": ["C1-e1"]})
+    proc = subprocess.run(
+        [sys.executable, "-c", LIVE_SCRIPT, fake_llm.base_url, str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        env=_env(tiny_prompts),
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["value"] == {"summary": "s", "event_ids": ["C1-e1"]}
+    assert got["loaded"] == [] and got["marker"] is False
+    assert got["aiohttp_client"] == "_MissingAioHttpClient"  # the SDK's own "no aiohttp extra" stand-in
+
+
+def test_load_openai_keeps_the_aiohttp_transport_once_aiohttp_is_loaded() -> None:
+    """With aiohttp already imported (litellm's path loads it), the SDK is imported as it is, transport and all."""
+    code = (
+        "import sys, aiohttp; from pipeline.models.transport import load_openai; openai = load_openai();"
+        "print(openai.DefaultAioHttpClient.__name__, 'openai._vendor.httpx_aiohttp' in sys.modules)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(ROOT), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["_InstalledAioHttpClient", "True"]
