@@ -79,6 +79,16 @@ def test_content_digests_equal_the_python_canonical_json(bundle: Path, tmp_path:
     assert len(stored) == 9  # every cell, the excluded one too
 
 
+def test_a_re_exported_cell_needing_escapes_gets_the_exact_digest(bundle: Path, tmp_path: Path) -> None:
+    # A re-export fills the digests of the changed cell alone: its \\u escapes must still take the exact path.
+    run = tmp_path / "run"
+    export(bundle, run)
+    _edit(bundle, "C004", "".join(chr(i) for i in range(32)) + "\u2028 é")
+    again = export(bundle, run)
+    assert "1 read" in again.summary()
+    assert _stored_digests(run) == _python_digests(run)
+
+
 def test_digests_filled_range_by_range_equal_one_statement(
     bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
