@@ -30,13 +30,11 @@ Known = dict[str, tuple[StatKey, str]]
 
 
 def _entry(value: Any) -> tuple[StatKey, str] | None:
-    if (
-        isinstance(value, list)
-        and len(value) == 5
-        and all(type(v) is int for v in value[:4])
-        and isinstance(value[4], str)
-    ):
-        return (value[0], value[1], value[2], value[3]), value[4]
+    # One call per bundle file (115,000 at 10,000 cells): unpacked and checked inline, not by a generator.
+    if type(value) is list and len(value) == 5:
+        size, mtime, ctime, inode, sha = value
+        if type(size) is int and type(mtime) is int and type(ctime) is int and type(inode) is int and type(sha) is str:
+            return (size, mtime, ctime, inode), sha
     return None
 
 

@@ -100,8 +100,9 @@ def test_a_cache_that_is_torn_edited_or_of_another_bundle_is_not_used(
     copy.mkdir()
     (copy / verified.VERIFIED_FILE).write_text(json.dumps(good))
     assert verified.load(copy, tmp_path / "elsewhere") == {}  # names another bundle
-    bad_entry = {**good, "files": {**good["files"], SESSION: ["12", 1, 2, 3, "sha256:x"]}}
-    for text in (path.read_text()[:-9], json.dumps({**good, "schema": 99}), json.dumps(bad_entry)):
+    bad_values = (["12", 1, 2, 3, "sha256:x"], [True, 1, 2, 3, "sha256:x"], [12, 1, 2, "sha256:x"], [12, 1, 2, 3, 4])
+    bad_entries = [json.dumps({**good, "files": {**good["files"], SESSION: v}}) for v in bad_values]
+    for text in (path.read_text()[:-9], json.dumps({**good, "schema": 99}), *bad_entries):
         path.write_text(text)
         assert verified.load(run_dir, bundle) == {}
         hashed.clear()
