@@ -92,17 +92,17 @@ class Batch:
         """Eligible cells by id (built once: the reduce step looks cells up per sample)."""
         return {c["cell_id"]: c for c in self.eligible}
 
-    @property
+    @cached_property
     def harnesses(self) -> list[str]:
         """Harnesses of the eligible cells."""
         return sorted({str(c["harness"]) for c in self.eligible if c["harness"]})
 
-    @property
+    @cached_property
     def negatives(self) -> list[str]:
         """Successful eligible cells (counter-evidence candidates)."""
         return [c["cell_id"] for c in self.eligible if c["outcome"] == "completed"]
 
-    @property
+    @cached_property
     def excluded(self) -> list[dict[str, Any]]:
         """Cells outside the denominator, with the reason."""
         return [
