@@ -55,7 +55,7 @@ def _samples(by_cell: list[dict[str, Any]], own: set[str]) -> list[dict[str, Any
 
 
 def _by_cell(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return sorted(items, key=lambda r: str(r["cell_id"]))
+    return sorted(items, key=lambda r: r["cell_id"])
 
 
 Signature = tuple[Any, Any, Any, Any]  # (stage, actor, kind, detail) of an event

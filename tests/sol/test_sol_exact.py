@@ -180,3 +180,16 @@ def test_the_map_contexts_canonical_text_gives_the_digests_of_the_contexts(model
     after = [map_key(sha256_text(m.canonical), **kw) for m in maps]
     assert [a == b for a, b in zip(after, before, strict=True)] == [True, False, True]
     assert maps_digest(maps) == digest({"maps": [contexts[0], changed, contexts[2]]}) != digest({"maps": contexts})
+
+
+def test_counter_evidence_samples_equal_the_sort_they_replace() -> None:
+    """The reduce step's samples (outside the draft's partition first, by cell id) without a sort per draft
+    equal what sorting every row by (inside, cell id) gave, ties in their order included."""
+    from pipeline.sol.reduce import COUNTER_SAMPLES, _by_cell, _samples
+
+    rng = random.Random(7)
+    for _ in range(300):
+        rows = [{"cell_id": f"C{rng.randrange(12):03d}", "n": i} for i in range(rng.randrange(0, 30))]
+        own = {f"C{rng.randrange(12):03d}" for _ in range(rng.randrange(0, 12))}
+        expected = sorted(rows, key=lambda r: (r["cell_id"] in own, r["cell_id"]))[:COUNTER_SAMPLES]
+        assert _samples(_by_cell(rows), own) == expected
