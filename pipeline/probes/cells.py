@@ -109,10 +109,13 @@ def update_probe_hits(
 ) -> tuple[list[ProbeHit], int, int]:
     """Table ``probe_hits`` for the whole IR, probing only the cells without valid cached hits.
 
-    Returns every hit (cell order, then hit order), the number of cells probed and of all cells.
+    Returns every hit (cell order, then hit order), and how many eligible cells were probed, of how
+    many: the counts export and Luna report (an excluded cell has no events; it is probed all the same).
     """
     stamp = made_with(probes)
-    cells = [r[0] for r in con.execute("SELECT cell_id FROM cells ORDER BY cell_id").fetchall()]
+    listed = con.execute("SELECT cell_id, eligibility = 'valid_behavior' FROM cells ORDER BY cell_id").fetchall()
+    cells = [r[0] for r in listed]
+    eligible = {r[0] for r in listed if r[1]}
     # An IR built without export (tests, tools) may hold no digests: those cells are probed, never cached.
     digests = content_digests(con) or {}
     # a cached cell's row is kept as it is: it is the canonical JSON of these hits (same lunasol, same probes)
@@ -140,4 +143,4 @@ def update_probe_hits(
             con.execute(f"INSERT INTO {CACHE_TABLE} SELECT * FROM _lunasol_probe_cache")
         finally:
             con.unregister("_lunasol_probe_cache")
-    return hits, len(todo), len(cells)
+    return hits, sum(1 for c in todo if c in eligible), len(eligible)

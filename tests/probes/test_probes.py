@@ -357,16 +357,17 @@ def test_a_rerun_keeps_valid_cache_rows_and_makes_the_cache_a_fresh_probing_make
         con.execute(f"DROP TABLE IF EXISTS {cells.CACHE_TABLE}")
         cells.update_probe_hits(con)
         ids = [r[0] for r in con.execute("SELECT cell_id FROM cells ORDER BY cell_id").fetchall()]
+        eligible = con.execute("SELECT count(*) FROM cells WHERE eligibility = 'valid_behavior'").fetchall()[0][0]
         changed, stale = ids[0], ids[1]
         con.execute("UPDATE cell_digests SET content_digest = 'sha256:changed' WHERE cell_id = ?", [changed])
         con.execute(f"UPDATE {cells.CACHE_TABLE} SET made_with = 'older probes' WHERE cell_id = ?", [stale])
         con.execute(f"INSERT INTO {cells.CACHE_TABLE} VALUES ('C999', 'sha256:x', 'older probes', '[]')")  # gone cell
         hits, probed, total = cells.update_probe_hits(con)
-        assert (probed, total) == (2, len(ids))
+        assert (probed, total) == (2, eligible) and eligible < len(ids)  # the counts are of eligible cells
         kept = sorted(con.execute(f"SELECT * FROM {cells.CACHE_TABLE}").fetchall())
         con.execute(f"DROP TABLE {cells.CACHE_TABLE}")
         again, probed_all, _ = cells.update_probe_hits(con)
-        assert probed_all == len(ids)
+        assert probed_all == eligible
         assert kept == sorted(con.execute(f"SELECT * FROM {cells.CACHE_TABLE}").fetchall())
         assert [h.model_dump() for h in hits] == [h.model_dump() for h in again]
         assert {r[0] for r in kept} == set(ids) and all(r[2] != "older probes" for r in kept)
