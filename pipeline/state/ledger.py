@@ -147,6 +147,11 @@ class Ledger:
         self._lock = threading.Lock()
         self._batch_owner: int | None = None  # the thread inside batch(), if any
         self._clean: bytes | None = None  # the file's bytes that self.data holds, unchanged (None: unknown)
+        # Each entry's JSON form as last saved, and the entries changed since (their forms are stale):
+        # a save dumps only those (a run saves ~11 times; at 10,000 cells a full dump of its 20,000
+        # entries took 0.13 CPU s). Every change of an entry goes through _move or _invalidate.
+        self._dumped: dict[str, tuple[Entry, dict[str, Any]]] = {}
+        self._dirty: set[str] = set()
         self.data = LedgerData()
         self._load()
 
@@ -156,10 +161,12 @@ class Ledger:
             raw = self.path.read_bytes()
         except (FileNotFoundError, IsADirectoryError):  # no ledger yet
             self.data, self._clean = LedgerData(), None
+            self._dumped.clear()
             return
         if raw == self._clean:
             return  # nobody wrote since this object read or saved it: data is what the file holds
         self._clean = None  # until the parse below succeeds
+        self._dumped.clear()  # new entry objects: every one is dumped at the next save
         # newer refused (exit 2), older upgraded
         self.data = artifact_from_bytes(raw, self.path, "ledger", LedgerData)
         self._clean = raw
@@ -167,9 +174,22 @@ class Ledger:
     def save(self) -> None:
         """Write the ledger atomically (no floats in it: the fast writer gives pretty_json's bytes)."""
         self._clean = None  # a failed write leaves the file's bytes unknown
-        raw = pretty_json_plain(self.data.model_dump(mode="json"))
+        raw = pretty_json_plain(self._document())
         atomic_write_bytes(self.path, raw)
         self._clean = raw
+
+    def _document(self) -> dict[str, Any]:
+        """``self.data.model_dump(mode="json")``, re-dumping only the entries changed since the last save."""
+        entries: dict[str, dict[str, Any]] = {}
+        for name, entry in self.data.entries.items():
+            kept = self._dumped.get(name)
+            if kept is None or kept[0] is not entry or name in self._dirty:
+                kept = self._dumped[name] = (entry, entry.model_dump(mode="json"))
+            entries[name] = kept[1]
+        for gone in self._dumped.keys() - self.data.entries.keys():
+            del self._dumped[gone]
+        self._dirty.clear()
+        return {**self.data.model_dump(mode="json", exclude={"entries"}), "entries": entries}
 
     @contextmanager
     def _mutate(self) -> Iterator[None]:
@@ -252,6 +272,7 @@ class Ledger:
 
     def _move(self, name: str, state: State, stage: str, inputs: Mapping[str, str], *, history_from: State) -> Entry:
         """Entry ``name`` (created when new) now in ``state`` from ``inputs``; leaving ``history_from`` is kept."""
+        self._dirty.add(name)
         entry = self.get(name)
         if entry is None:
             entry = Entry(state=state, stage=stage)
@@ -282,6 +303,7 @@ class Ledger:
         entry = self.get(name)
         if entry is None or entry.state == "invalidated":
             return False
+        self._dirty.add(name)
         self._push_history(entry)
         entry.state = "invalidated"
         entry.reason = reason

@@ -28,6 +28,38 @@ from tests.sol.sol_helpers import change_cell, make_bundle
 # -- unit ----------------------------------------------------------------------------------------------
 
 
+def test_a_save_writes_what_a_full_dump_writes_after_any_changes(tmp_path: Path) -> None:
+    """Saves re-dump only the entries changed since the last one; the file stays the whole ledger's dump,
+    through batches, invalidations, another writer's change and a batch that raised."""
+    from pipeline.core.canonical import pretty_json_plain
+
+    def full(led: Ledger) -> bytes:  # what the ledger holds in memory, dumped whole
+        return pretty_json_plain(led.data.model_dump(mode="json"))
+
+    led = Ledger(tmp_path)
+    with led.batch():
+        for i in range(30):
+            led.mark_verified(f"luna/C{i:03d}", "luna", {"ir": f"d{i}"})
+    assert (tmp_path / "ledger.json").read_bytes() == full(led)
+    led.mark_pending("luna/C004", "luna", {"ir": "new"}, reason="running")
+    led.invalidate_many(["luna/C001", "luna/C002"], "upstream changed")
+    assert (tmp_path / "ledger.json").read_bytes() == full(led)
+    other = Ledger(tmp_path)  # another writer (a gate decision) changes one entry
+    other.mark_verified("luna/C010", "luna", {"ir": "other"})
+    led.mark_verified("luna/C011", "luna", {"ir": "mine"})  # reloads the other's change first
+    saved = json.loads((tmp_path / "ledger.json").read_text())
+    assert saved["entries"]["luna/C010"]["inputs"] == {"ir": "other"}
+    assert saved["entries"]["luna/C011"]["inputs"] == {"ir": "mine"}
+    assert (tmp_path / "ledger.json").read_bytes() == full(led)
+    with pytest.raises(RuntimeError), led.batch():
+        led.mark_verified("luna/C012", "luna", {"ir": "lost"})
+        raise RuntimeError("the stage failed")
+    led.mark_verified("luna/C013", "luna", {"ir": "after"})
+    saved = json.loads((tmp_path / "ledger.json").read_text())
+    assert saved["entries"]["luna/C012"]["inputs"] == {"ir": "d12"}  # the failed batch saved nothing
+    assert (tmp_path / "ledger.json").read_bytes() == full(led)
+
+
 def test_ledger_states_history_and_reasons(tmp_path: Path) -> None:
     led = Ledger(tmp_path)
     (tmp_path / "out.json").write_text("{}", encoding="utf-8")
