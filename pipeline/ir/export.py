@@ -254,7 +254,12 @@ def source_digests(bundle: Path, request: AnalysisRequest, manifest: Manifest) -
 
 
 def _fill_digests(writer: IRWriter, sources: dict[str, str]) -> None:
-    """Table ``cell_digests``: every cell's source digest and content digest, computed in DuckDB."""
+    """Table ``cell_digests``: the source and content digests of every cell that has none yet.
+
+    Those are the cells read by this export (the copied ones came with theirs). A few cells' digests
+    (at most :data:`~pipeline.ir.digests.PYTHON_FILL_EVENTS` events) are made in Python from their
+    rows; more are computed in DuckDB, range by range.
+    """
     import pyarrow as pa
 
     todo = writer.fetch(
@@ -263,10 +268,20 @@ def _fill_digests(writer: IRWriter, sources: dict[str, str]) -> None:
     )
     if not todo:
         return  # every cell's digests came with its rows (the check below scans every event when none is to do)
+    string = pa.string()
+    if sum(n for _, n in todo) <= digests.PYTHON_FILL_EVENTS:  # a rerun's few changed cells
+        made = digests.python_digests(writer.fetch, sorted(cell for cell, _ in todo))
+        cells = sorted(made)
+        columns = {
+            "cell_id": cells,
+            "source_digest": [sources.get(c) for c in cells],  # None: an excluded cell, as in the SQL
+            "content_digest": [made[c] for c in cells],
+        }
+        writer.insert_table("cell_digests", pa.table({k: pa.array(v, string) for k, v in columns.items()}))
+        return
     # the exact escape path only when some event needs it (its plan alone costs more than the digests)
     exact = bool(writer.fetch(digests.NEEDS_EXACT_SQL)[0][0])
     macros, fill = digests.fill_sql(exact)
-    string = pa.string()
     table = pa.table(
         {"cell_id": pa.array(list(sources), string), "source_digest": pa.array(list(sources.values()), string)}
     )

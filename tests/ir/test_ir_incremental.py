@@ -68,7 +68,14 @@ def bundle(tmp_path: Path) -> Path:
     return root
 
 
-def test_content_digests_equal_the_python_canonical_json(bundle: Path, tmp_path: Path) -> None:
+@pytest.fixture(params=["sql", "python"])
+def fill_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Digests filled in DuckDB (any number of events), or in Python (a rerun's few cells)."""
+    monkeypatch.setattr(digests, "PYTHON_FILL_EVENTS", 0 if request.param == "sql" else 10**9)
+    return str(request.param)
+
+
+def test_content_digests_equal_the_python_canonical_json(bundle: Path, tmp_path: Path, fill_path: str) -> None:
     # Odd text: every control character (Python and DuckDB spell some escapes differently), quotes,
     # backslashes, a backslash before 'u', non-ASCII, and text long enough to be trimmed.
     odd = "".join(chr(i) for i in range(32)) + '"\\ \\u000b \u2028 é ✓ 😀 /' + "x" * 2100
@@ -79,7 +86,7 @@ def test_content_digests_equal_the_python_canonical_json(bundle: Path, tmp_path:
     assert len(stored) == 9  # every cell, the excluded one too
 
 
-def test_a_re_exported_cell_needing_escapes_gets_the_exact_digest(bundle: Path, tmp_path: Path) -> None:
+def test_a_re_exported_cell_needing_escapes_gets_the_exact_digest(bundle: Path, tmp_path: Path, fill_path: str) -> None:
     # A re-export fills the digests of the changed cell alone: its \\u escapes must still take the exact path.
     run = tmp_path / "run"
     export(bundle, run)
@@ -93,6 +100,7 @@ def test_digests_filled_range_by_range_equal_one_statement(
     bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The fill runs one statement per range of cells (bounded memory); a range of one cell gives the same digests.
+    monkeypatch.setattr(digests, "PYTHON_FILL_EVENTS", 0)  # the DuckDB fill, whose ranges this is about
     export(bundle, tmp_path / "whole")
     monkeypatch.setattr(digests, "FILL_EVENTS", 1)
     export(bundle, tmp_path / "ranged")
