@@ -149,7 +149,8 @@ class Ledger:
         self._clean: bytes | None = None  # the file's bytes that self.data holds, unchanged (None: unknown)
         # Each entry's JSON form as last saved, and the entries changed since (their forms are stale):
         # a save dumps only those (a run saves ~11 times; at 10,000 cells a full dump of its 20,000
-        # entries took 0.13 CPU s). Every change of an entry goes through _move or _invalidate.
+        # entries took 0.13 CPU s). Every change of an entry goes through _move or _invalidate; a
+        # reload makes new entry objects, which are not the ones kept, so they are dumped again.
         self._dumped: dict[str, tuple[Entry, dict[str, Any]]] = {}
         self._dirty: set[str] = set()
         self.data = LedgerData()
@@ -161,12 +162,10 @@ class Ledger:
             raw = self.path.read_bytes()
         except (FileNotFoundError, IsADirectoryError):  # no ledger yet
             self.data, self._clean = LedgerData(), None
-            self._dumped.clear()
             return
         if raw == self._clean:
             return  # nobody wrote since this object read or saved it: data is what the file holds
         self._clean = None  # until the parse below succeeds
-        self._dumped.clear()  # new entry objects: every one is dumped at the next save
         # newer refused (exit 2), older upgraded
         self.data = artifact_from_bytes(raw, self.path, "ledger", LedgerData)
         self._clean = raw
