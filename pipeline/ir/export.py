@@ -270,7 +270,7 @@ def _fill_digests(writer: IRWriter, sources: dict[str, str]) -> None:
         return  # every cell's digests came with its rows (the check below scans every event when none is to do)
     string = pa.string()
     if sum(n for _, n in todo) <= digests.PYTHON_FILL_EVENTS:  # a rerun's few changed cells
-        made = digests.python_digests(writer.fetch, sorted(cell for cell, _ in todo))
+        made = digests.python_digests(writer.fetch, [cell for cell, _ in todo])
         cells = sorted(made)
         columns = {
             "cell_id": cells,
