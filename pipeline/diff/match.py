@@ -46,22 +46,28 @@ def text_similarity(a: str, b: str) -> float:
     return jaccard(ga, gb)
 
 
-def strings_in(obj: Any) -> Iterable[str]:
-    """Every string leaf of a JSON-like value, depth first."""
+# Fields that name runs and task families rather than cite evidence: an imported run's id may look
+# like a ref (OpenHands' ``output.jsonl#L2``, one run per line) without being one.
+NAME_KEYS = frozenset({"runs", "run_id", "tasks", "task_id"})
+
+
+def strings_in(obj: Any, skip: frozenset[str] = frozenset()) -> Iterable[str]:
+    """Every string leaf of a JSON-like value, depth first (values under the keys ``skip`` left out)."""
     if isinstance(obj, str):
         yield obj
     elif isinstance(obj, dict):
         for key in sorted(obj, key=str):
-            yield from strings_in(obj[key])
+            if key not in skip:
+                yield from strings_in(obj[key], skip)
     elif isinstance(obj, list | tuple):
         for item in obj:
-            yield from strings_in(item)
+            yield from strings_in(item, skip)
 
 
 def cited_ids(obj: Any) -> set[str]:
-    """Event ids and refs cited anywhere inside a card (statement text included)."""
+    """Event ids and refs cited anywhere inside a card (statement text included; run and task names not)."""
     found: set[str] = set()
-    for s in strings_in(obj):
+    for s in strings_in(obj, NAME_KEYS):
         found.update(m.group(0) for m in EVENT_ID_RE.finditer(s))
         found.update(m.group(0) for m in REF_RE.finditer(s))
     return found

@@ -77,17 +77,13 @@ class JudgeEvidence:
     cells: set[str]
 
     def source_ref(self, ref: str) -> tuple[str | None, str | None, str | None]:
-        """(cell, PATH#Lx-Ly, problem) of one cited ref."""
+        """(cell, its raw-bytes ref PATH#Lx-Ly[/pointer], problem) of one cited ref."""
         cell, why = self.index.resolve(ref)
         if cell is None:
             return None, None, why
         if cell not in self.cells:
             return None, None, f"{ref}: cell {cell} is not an eligible cell of the covered task families"
-        ev = self.index.events.get(ref.strip())
-        if ev is not None:
-            _, path, a, b = ev
-            return cell, f"{path}#L{a}-L{b}", None
-        return cell, ref.strip(), None
+        return cell, self.index.source_ref(ref.strip()) or ref.strip(), None
 
 
 def make_check(evidence: JudgeEvidence, n_conditions: int) -> Callable[[JudgeAnswer], list[str]]:

@@ -1,7 +1,8 @@
 """Deterministic checks of Sol's weakness cards against the run's IR.
 
 Every cited cell must be an eligible cell of the run (the denominator); every ref (an event id
-``C004-e0012`` or a source ref ``PATH#Lx-Ly``) must resolve to an IR event; support counts are
+``C004-e0012`` or a source ref ``PATH#Lx-Ly``, optionally with the JSON pointer of an element
+inside those lines) must resolve to an IR event; support counts are
 computed from what is cited, never taken from the model; counter-evidence is present or
 explicitly empty with a reason; and a card never prescribes a change (file paths, commands,
 patches, "add X" / "remove Y" / "应增加" / "删除…"). Errors are one line each, prefixed with the
@@ -17,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core import duck
+from pipeline.ir.refs import ref_of
 from pipeline.sol.cards import Support, SupportCounts, WeaknessCard, WeaknessDraft
 
 EVENT_ID_RE = re.compile(r"^(?P<cell>.+)-e(?P<seq>\d{4,})$")
-SOURCE_REF_RE = re.compile(r"^(?P<path>[^#\s]+)#L(?P<a>\d+)(?:-L?(?P<b>\d+))?$")
+# The pointer is what pipeline.ir.refs appends for an element of a JSON file, zip member or embedded log.
+SOURCE_REF_RE = re.compile(r"^(?P<path>[^#\s]+)#L(?P<a>\d+)(?:-L?(?P<b>\d+))?(?P<pointer>/\S*)?$")
 
 
 @dataclass(frozen=True)
@@ -47,12 +50,14 @@ class EvidenceIndex:
     events: dict[str, tuple[str, str, int, int]] = field(default_factory=dict)  # id -> cell, path, start, end
     groups: dict[str, set[str]] = field(default_factory=dict)  # pattern group id -> cells
     ir_path: Path | None = None
-    _by_path: dict[str, list[tuple[int, int, str]]] = field(default_factory=dict, init=False, repr=False)
+    pointers: dict[str, str] = field(default_factory=dict)  # event id -> its JSON pointer (events that have one)
+    # path -> (start, end, cell, JSON pointer) of every event from that file
+    _by_path: dict[str, list[tuple[int, int, str, str | None]]] = field(default_factory=dict, init=False, repr=False)
     _asked: set[str] = field(default_factory=set, init=False, repr=False)  # ids and paths already looked up
 
     def __post_init__(self) -> None:
         for cell, path, a, b in self.events.values():
-            self._by_path.setdefault(path, []).append((a, b, cell))
+            self._by_path.setdefault(path, []).append((a, b, cell, None))
         if self.ir_path is None:  # hand-built: everything is already here
             self._asked.update(self.events)
             self._asked.update(f"path:{p}" for p in self._by_path)
@@ -81,21 +86,31 @@ class EvidenceIndex:
         con = duck.connect(self.ir_path, read_only=True)
         try:
             found = con.execute(
-                "SELECT event_id, cell_id, source_path, line_start, line_end FROM events "
+                "SELECT event_id, cell_id, source_path, line_start, line_end, json_pointer FROM events "
                 "WHERE event_id IN (SELECT unnest(?::VARCHAR[])) OR source_path IN (SELECT unnest(?::VARCHAR[]))",
                 [sorted(ids), sorted(paths)],
             ).fetchall()
         finally:
             con.close()
-        for event_id, cell, path, a, b in found:
+        for event_id, cell, path, a, b, pointer in found:
             if event_id in self.events:
                 continue
             self.events[event_id] = (cell, path, int(a), int(b))
+            if pointer is not None:
+                self.pointers[event_id] = pointer
             if f"path:{path}" in self._asked:
                 continue  # that file's spans are all known already
-            self._by_path.setdefault(path, []).append((int(a), int(b), cell))
+            self._by_path.setdefault(path, []).append((int(a), int(b), cell, pointer))
         self._asked.update(ids)
         self._asked.update(f"path:{p}" for p in paths)
+
+    def source_ref(self, event_id: str) -> str | None:
+        """The raw-bytes ref of a known event (``PATH#Lx-Ly``, with its JSON pointer when it has one)."""
+        ev = self.events.get(event_id)
+        if ev is None:
+            return None
+        _, path, a, b = ev
+        return ref_of(path, a, b, self.pointers.get(event_id))
 
     def resolve(self, ref: str) -> tuple[str | None, str | None]:
         """The cell a ref belongs to, or (None, why it does not resolve)."""
@@ -113,15 +128,25 @@ class EvidenceIndex:
             spans = self._by_path.get(path)
             if not spans:
                 return None, f"{ref}: no IR event comes from {path}"
-            cells = {cell for lo, hi, cell in spans if lo <= b and a <= hi}
+            cells = {cell for lo, hi, cell, _ in spans if lo <= b and a <= hi}
             if not cells:
                 return None, f"{ref}: no IR event covers lines {a}-{b} of {path}"
+            if s["pointer"]:
+                pointer = s["pointer"]
+                cells = {c for lo, hi, c, p in spans if lo <= b and a <= hi and _within(pointer, p)}
+                if not cells:
+                    return None, f"{ref}: no IR event of lines {a}-{b} of {path} is at {pointer}"
             if len(cells) > 1:
                 return None, f"{ref}: lines span several cells"
             return cells.pop(), None
         if m:
             return None, f"{ref}: no such event in this run's IR"
         return None, f"{ref}: not an event id (C004-e0012) or a source ref (PATH#Lx-Ly)"
+
+
+def _within(pointer: str, event_pointer: str | None) -> bool:
+    # An event without a pointer is its whole lines; one with a pointer is that element and what it holds.
+    return event_pointer is None or pointer == event_pointer or pointer.startswith(event_pointer + "/")
 
 
 def load_index(ir_path: Path, groups: dict[str, set[str]] | None = None, con: Any = None) -> EvidenceIndex:

@@ -9,10 +9,12 @@ cited AS (  -- unnest in the select list: a lateral unnest carries each whole li
     SELECT pattern_id, cell_id, type, concerns, unnest(evidence) AS event_id FROM patterns
 ),
 per_pattern AS (  -- each pattern: the set of incidents it cites, and its events with their seq and ref
+    -- (the event's own ref, pipeline.ir.refs: with its JSON pointer, the element inside a JSON file or zip)
     SELECT p.pattern_id, p.cell_id, p.type, p.concerns,
            list_sort(list_distinct(list(coalesce(s.incident_id, p.event_id)))) AS signature,
            list({'seq': e.seq, 'event_id': p.event_id,
-                 'ref': e.source_path || '#L' || e.line_start || '-L' || e.line_end}) AS cited_events
+                 'ref': e.source_path || '#L' || e.line_start || '-L' || e.line_end || coalesce(e.json_pointer, '')})
+               AS cited_events
     FROM cited p
     JOIN events e ON e.event_id = p.event_id
     LEFT JOIN shared s ON s.event_id = p.event_id
