@@ -51,9 +51,12 @@ def _is_stream(items: Any) -> bool:
 
 
 def sniff(rel: str, head: str) -> bool:
-    """JSON(L) with OpenHands event keys."""
+    """JSON(L) with OpenHands event keys, or an evaluation record (its metadata names the agent class)."""
     return rel.endswith((".json", ".jsonl")) and (
         ('"observation"' in head and '"action"' in head)
+        # output.jsonl of OpenHands' benchmarks: the patch and instruction come first, the events
+        # may start past the sniffed head; the record's metadata is OpenHands' own
+        or ('"agent_class"' in head and '"history"' in head)
         or '"agent_state' in head
         or '"tool_call_metadata"' in head
         or bool(_V1_KIND.search(head))

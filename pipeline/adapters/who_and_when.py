@@ -73,7 +73,10 @@ def sniff(rel: str, head: str) -> bool:
         return False
     start = head.lstrip()[:400]
     if start.startswith("{"):
-        return '"history"' in start and ('"mistake_' in head or '"question' in head or '"is_correct' in head)
+        # The history may follow a long question, and the labels follow the history (past the
+        # sniffed head in a long run, where the Magentic-One team's roles show instead).
+        labelled = '"mistake_' in head or '"question' in head or '"is_correct' in head
+        return '"history"' in head and (labelled or bool(_MAGENTIC_ROLE.search(head)))
     banned = ('"action"', '"observation"', '"trace"', '"traj"', '"tool_calls"', '"step_id"')
     if not (start.startswith("[") and '"content"' in start and '"role"' in start) or any(b in head for b in banned):
         return False

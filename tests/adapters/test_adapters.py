@@ -210,6 +210,30 @@ def test_auto_detect(folder: str, fmt: str) -> None:
     assert detect(SHARED_DATA / folder) == fmt
 
 
+@pytest.mark.parametrize(
+    ("rel", "fmt"),
+    [
+        # labels after a history longer than the sniffed head; the Magentic-One team speaks in it
+        ("who-and-when/Hand-Crafted/2.json", "who-and-when"),
+        # "history" after a question of more than 400 characters
+        ("who-and-when/Algorithm-Generated/1.json", "who-and-when"),
+        # a benchmark record: patch and instruction first, the first event 45 KB in
+        ("openhands-trajectories/evaluation/benchmarks/multi_swe_bench/examples/output.jsonl", "openhands"),
+    ],
+)
+def test_auto_detects_a_run_whose_head_says_little(rel: str, fmt: str, tmp_path: Path) -> None:
+    # Alone, or among logs of other formats: each file is sniffed by its own head.
+    need_shared_data()
+    assert detect(SHARED_DATA / rel) == fmt
+    src = tmp_path / "src"
+    (src / rel).parent.mkdir(parents=True)
+    (src / rel).write_bytes((SHARED_DATA / rel).read_bytes())
+    inspect_log = "inspect-ai-logs/tests/log/test_eval_log/log_message_deduplication.eval"
+    (src / "inspect.eval").write_bytes((SHARED_DATA / inspect_log).read_bytes())
+    result = import_bundle("auto", src, tmp_path / "b")
+    assert result.formats == sorted({fmt, "inspect"}) and not result.skipped
+
+
 def test_cli_import_auto_says_which_format(tmp_path: Path) -> None:
     need_shared_data()
     src = make_subset("atif", tmp_path / "src")
