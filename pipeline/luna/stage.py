@@ -25,6 +25,7 @@ from pipeline.bundle.request import load_request
 from pipeline.core import duck
 from pipeline.core.canonical import atomic_write_bytes, canonical_json, digest, sha256_bytes
 from pipeline.core.errors import BadInput
+from pipeline.core.listing import SHOWN, some
 from pipeline.core.settings import ModelSettings
 from pipeline.ir.cache import cached_rows
 from pipeline.ir.digests import content_digests
@@ -440,18 +441,20 @@ def stage(ctx: RunContext) -> str:
     failed = [r for r in results if r.status == "failed"]
     split = [r for r in results if r.status == "split"]
     overruled = sum(len(r.merged.conflicts) for r in results)
-    for r in failed:
+    for r in failed[:SHOWN]:
         ctx.log(f"[luna] cell {r.cell_id} FAILED after {r.attempts} attempts: {r.reason}")
+    if len(failed) > SHOWN:
+        ctx.log(f"[luna] and {len(failed) - SHOWN} more failed cell(s), each with its reason in table luna_cells")
     if failed:
-        ctx.incomplete.append(f"{len(failed)} cell(s) failed ({', '.join(r.cell_id for r in failed)})")
+        ctx.incomplete.append(f"{len(failed)} cell(s) failed ({some([r.cell_id for r in failed])})")
     bits = [f"{len(patterns)} patterns from {len(results) - len(failed)}/{len(results)} cells"]
     cached = sum(r.cached for r in results)
     if cached:
         bits.append(f"{len(results) - cached} cell(s) rendered, {cached} unchanged")
     if split:
-        bits.append(f"{len(split)} split ({', '.join(r.cell_id for r in split)})")
+        bits.append(f"{len(split)} split ({some([r.cell_id for r in split])})")
     if overruled:
         bits.append(f"{overruled} model claims overruled by probes")
     if failed:
-        bits.append(f"{len(failed)} FAILED ({', '.join(r.cell_id for r in failed)}; see table luna_cells)")
+        bits.append(f"{len(failed)} FAILED ({some([r.cell_id for r in failed])}; see table luna_cells)")
     return "; ".join(bits)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.core.canonical import digest, pretty_json, sha256_file, sha256_text
 from pipeline.core.errors import Blocked
+from pipeline.core.listing import some
 from pipeline.ir.digests import ir_digest
 from pipeline.models import CallOutcome, ModelClient, PlannedCall, template_hash
 from pipeline.models.budget import role_budget
@@ -490,9 +491,8 @@ def _require_analysed_cells(batch: Batch) -> None:
     """
     failed = sorted(str(c["cell_id"]) for c in batch.coverage if c.get("luna_status") == "failed")
     if failed and len(failed) >= len(batch.index.denominator):
-        shown = ", ".join(failed[:10]) + (f" and {len(failed) - 10} more" if len(failed) > 10 else "")
         raise Blocked(
-            f"Luna analysed none of the {len(batch.index.denominator)} eligible cell(s) (all failed: {shown}; "
+            f"Luna analysed none of the {len(batch.index.denominator)} eligible cell(s) (all failed: {some(failed)}; "
             "see table luna_cells): Sol has nothing to explain, so no Sol call was made",
             reason="missing_data",
             unblock="lunasol run BUNDLE --resume  (asks exactly the failed cells again; or use another --model)",

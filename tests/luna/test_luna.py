@@ -167,6 +167,33 @@ def test_cell_failing_every_reask_is_marked_failed_not_dropped(
     assert read_patterns(ctx) == []
 
 
+def test_many_failed_cells_are_counted_not_all_listed(
+    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+) -> None:
+    # At thousands of cells a summary that names every failed cell is no longer one line.
+    cells = {f"C{i:03d}": CELLS["C001"] for i in range(1, 14)}
+    ids = sorted(cells)
+
+    def invent(request: dict[str, Any]) -> Reply:
+        cell = cell_of(request)
+        bad = {"patterns": [pattern([f"{cell}-e0001", "C999-e0002"])], "rejected_candidates": []}
+        return Reply(body=completion_body(request, tool_arguments=json.dumps(bad)))
+
+    fake_llm.handler = invent
+    ctx = make_ctx(tmp_path, model_settings(max_reasks=0), cells)
+    logs: list[str] = []
+    ctx.log = logs.append
+    summary = run_stages(ctx)
+
+    assert table(ctx, "SELECT count(*) FROM luna_cells WHERE status = 'failed'") == [(13,)]
+    assert f"13 FAILED ({', '.join(ids[:10])} and 3 more; see table luna_cells)" in summary
+    assert ids[12] not in summary
+    named = [line for line in logs if line.startswith("[luna] cell ") and "FAILED" in line]
+    assert len(named) == 10
+    assert "[luna] and 3 more failed cell(s), each with its reason in table luna_cells" in logs
+    assert ctx.incomplete == [f"13 cell(s) failed ({', '.join(ids[:10])} and 3 more)"]
+
+
 def test_cause_or_remedy_wording_is_reasked(
     tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
 ) -> None:
