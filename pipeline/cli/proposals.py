@@ -107,9 +107,18 @@ def propose(
         if c["status"] == "rejected":
             rules = ", ".join(sorted({f["rule"] for f in c["findings"]}))
             typer.echo(f"  {c['proposal_id']} ({c['source_weakness']}) kept out: {rules}")
+    for w in result.failed:
+        call = w["call"]
+        why = " ".join(str(call["errors"][0]).split())[:300] if call["errors"] else "no answer"
+        typer.echo(
+            f"  {w['weakness_id']}: FAILED after {call['attempts']} attempt(s), its cards are missing (not zero): {why}"
+        )
     if result.cards:
         pid = result.cards[0].proposal_id
         typer.echo(f"read first: lunasol show {run_dir} {pid}   # the whole card; lunasol report {run_dir} for all")
+    if result.failed:
+        ids = ", ".join(w["weakness_id"] for w in result.failed)
+        typer.echo(f"retry: lunasol propose {run_dir}   # asks again; selecting now decides without the cards of {ids}")
     typer.echo(f"next: {handoff.next_command(run_dir)}")
 
 

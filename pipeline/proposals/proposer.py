@@ -14,6 +14,9 @@ Flow of :func:`propose`:
    strategy); survivors are numbered P-01, P-02, ... in shortlist order, rejected cards R-01, ...
 4. ``proposals.yaml`` and ``validation.json`` are written atomically; the handoff moves to
    ``proposalGeneration: done`` / ``proposalSelection: pending`` with the proposals digest.
+   A weakness whose call failed (no answer passed its checks) is not an honest zero: the
+   summary says FAILED, and the ledger's ``proposals`` entry stays pending until a rerun of
+   ``lunasol propose`` answers it.
 """
 
 from __future__ import annotations
@@ -125,10 +128,15 @@ class ProposeResult:
     validation: dict[str, Any]
     proposals_digest: str
 
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        """The weaknesses whose call failed: no answer passed its checks (their cards are missing, not zero)."""
+        return [w for w in self.validation["weaknesses"] if not w["call"]["ok"]]
+
     def summary(self) -> str:
-        """One line: cards per weakness, rejected count, digest."""
+        """One line: cards per weakness (FAILED for a failed call), rejected count, digest."""
         per = ", ".join(
-            f"{w['weakness_id']}: {len(w['accepted'])}"
+            f"{w['weakness_id']}: {len(w['accepted']) if w['call']['ok'] else 'FAILED'}"
             + (f" (+{len(w['rejected'])} rejected)" if w["rejected"] else "")
             for w in self.validation["weaknesses"]
         )
@@ -443,13 +451,15 @@ def propose(run_dir: Path, settings: ModelSettings, log: Callable[[str], None] =
         {"proposalGeneration": "done", "proposalSelection": "pending", "proposals_digest": proposals_digest},
         f"proposals generated ({len(cards)} card(s))",
     )
-    Ledger(run_dir).mark_verified(
-        "proposals",
-        ROLE,
-        {"shortlist": facts.shortlist_digest or "none", "template": _template_hash()},
-        {PROPOSALS_FILE: proposals_digest, VALIDATION_FILE: sha256_file(run_dir / VALIDATION_FILE)},
-    )
-    return ProposeResult(run_dir=run_dir, cards=cards, validation=validation, proposals_digest=proposals_digest)
+    result = ProposeResult(run_dir=run_dir, cards=cards, validation=validation, proposals_digest=proposals_digest)
+    inputs = {"shortlist": facts.shortlist_digest or "none", "template": _template_hash()}
+    if result.failed:
+        ids = ", ".join(w["weakness_id"] for w in result.failed)
+        Ledger(run_dir).mark_pending("proposals", ROLE, inputs, reason=f"incomplete: the proposer failed for {ids}")
+    else:
+        outputs = {PROPOSALS_FILE: proposals_digest, VALIDATION_FILE: sha256_file(run_dir / VALIDATION_FILE)}
+        Ledger(run_dir).mark_verified("proposals", ROLE, inputs, outputs)
+    return result
 
 
 def _template_hash() -> str:

@@ -22,7 +22,9 @@ from pipeline.core.errors import BadInput, NeedsRebase
 from pipeline.core.settings import ModelSettings
 from pipeline.gates.gate2 import select, selection_status
 from pipeline.proposals.proposer import PROPOSALS_FILE, VALIDATION_FILE, propose, run_model_settings
+from pipeline.report.build import render_report
 from pipeline.state import handoff
+from pipeline.state.ledger import Ledger
 from pipeline.testing.openai_server import FakeOpenAI, Reply, answer
 from pipeline.validator import validate_file
 from tests.cards.fixture_run import make_run
@@ -131,6 +133,40 @@ def test_card_still_invalid_is_kept_out_with_reasons(
     assert [(c["proposal_id"], c["model_proposal_id"]) for c in rejected] == [("R-01", "P-02")]
     assert {f["rule"] for f in rejected[0]["findings"]} == {"V-ONE-LEVER"}
     assert "P-02" not in (run / PROPOSALS_FILE).read_text(encoding="utf-8")
+
+
+def test_a_call_whose_answers_all_fail_is_failed_not_an_honest_zero(
+    run: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+) -> None:
+    served = {"proposer/W-02": [card("en_failure_section.yaml")]}
+
+    def handle(request: dict[str, Any]) -> Reply:
+        # W-04: no card and no note, every time (the schema wants a note with an empty list)
+        return answer({"proposals": served.get(request_id(request), [])})(request)
+
+    fake_llm.handler = handle
+    settings = model_settings()
+    argv = ["propose", str(run), "--model", str(settings.model), "--api-base", fake_llm.base_url, "--mode", "tools"]
+    out = CliRunner().invoke(app, argv)
+    assert out.exit_code == 0, out.output
+    val = read_json(run / VALIDATION_FILE)
+    by_w = {w["weakness_id"]: w for w in val["weaknesses"]}
+    assert by_w["W-04"]["call"]["ok"] is False and by_w["W-04"]["zero_cards"] is False
+    assert "[propose] 1 proposal card(s) [W-02: 1, W-04: FAILED]" in out.output
+    attempts = by_w["W-04"]["call"]["attempts"]
+    assert attempts > 1  # re-asked before it was called failed
+    assert f"W-04: FAILED after {attempts} attempt(s), its cards are missing (not zero): ValidationError" in out.output
+    assert "honest zero" not in out.output
+    assert f"retry: lunasol propose {run}" in out.output
+    entry = Ledger(run).get("proposals")
+    assert entry is not None and entry.state == "pending" and "W-04" in str(entry.reason)
+    html, _ = render_report(run)
+    assert '<span class="badge bad">call failed</span> cards missing, not zero: ValidationError' in html
+    # answered on the retry: the entry is verified
+    serve(fake_llm, {"proposer/W-02": [[card("en_failure_section.yaml")]], "proposer/W-04": [[]]})
+    assert not propose(run, settings, log=lambda _m: None).failed
+    entry = Ledger(run).get("proposals")
+    assert entry is not None and entry.state == "verified"
 
 
 def test_outside_support_is_rejected_against_the_run(
