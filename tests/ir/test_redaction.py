@@ -24,6 +24,8 @@ from pipeline.core.canonical import read_json
 from pipeline.core.context import RunOptions
 from pipeline.core.settings import ModelSettings
 from pipeline.ir.redact import KINDS, redact, redact_column
+from pipeline.report.build import read_page_data
+from pipeline.report.evidence import EvidenceReader
 from pipeline.run.runner import run
 from pipeline.testing.openai_server import FakeOpenAI
 from tests.sol.sol_helpers import make_bundle
@@ -130,7 +132,16 @@ def test_no_planted_secret_reaches_prompts_recordings_report_or_ir(planted_run: 
     assert result.exit_code == 0, result.output
     html = (d / "report.html").read_text(encoding="utf-8")
     assert _leaks(html) == []
-    assert "[REDACTED:private-key]" in html or "secrets redacted" in html
+    # the timelines and raw lines the page embeds are deflated: read them inflated
+    embedded = json.dumps(read_page_data(html), ensure_ascii=False)
+    assert _leaks(embedded) == []
+    assert "[REDACTED:private-key]" in embedded and "[REDACTED:openai-key]" in embedded
+    # what the page embeds for a cited ref or event of the planted file: its raw lines, redacted
+    cited = {f"{PLANTED}#L1-L4", "C001-e0001"}
+    evidence = EvidenceReader(d).resolve(cited)
+    shown = json.dumps(evidence.lines, ensure_ascii=False)
+    assert all(evidence.snippets[k].status == "verified" for k in cited)
+    assert _leaks(shown) == [] and "[REDACTED:openai-key]" in shown and "[REDACTED:private-key]" in shown
 
     con = duckdb.connect(str(d / "ir.duckdb"), read_only=True)
     try:
