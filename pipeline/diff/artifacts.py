@@ -146,8 +146,21 @@ class RunArtifacts:
         return self.path / IR_DB
 
 
-def load_run(path: Path) -> RunArtifacts:
-    """Read every artifact of a run directory that exists; raise BadInput for a non-run or a broken file."""
+ARTIFACTS = frozenset(
+    {"patterns", "groups", "shortlist", "proposals", "validation", "gates", "calls", "handoff", "ledger", "block"}
+)
+"""What :func:`load_run` can read (``run.json`` is always read)."""
+SMALL = frozenset({"shortlist", "proposals", "validation", "gates", "handoff", "block"})
+"""The artifacts whose size does not grow with the batch's cells (patterns, groups, calls and the
+ledger do: tens of MB at 10,000 cells)."""
+
+
+def load_run(path: Path, only: frozenset[str] = ARTIFACTS) -> RunArtifacts:
+    """Read the artifacts ``only`` names of a run directory, those that exist; BadInput for a non-run or a broken file.
+
+    One not named stays None / empty, as an absent one: a caller that asks for less knows what it
+    left out (``lunasol runs`` and ``lunasol show`` read :data:`SMALL` first; diff and report all).
+    """
     if not path.is_dir():
         raise BadInput(f"run directory not found: {path}")
     if not (path / RUN_JSON).is_file() and not (path / IR_DB).is_file():
@@ -156,28 +169,42 @@ def load_run(path: Path) -> RunArtifacts:
     if run is not None and not isinstance(run, dict):
         raise BadInput(f"{path / RUN_JSON}: expected a JSON object")
     arts = RunArtifacts(path=path, run=run or {})
-    if (path / PATTERNS).is_file():
+    if "patterns" in only and (path / PATTERNS).is_file():
         arts.patterns = read_jsonl_file(path / PATTERNS)
-    groups_doc = _optional_json(path / GROUPS)
+    groups_doc = _optional_json(path / GROUPS) if "groups" in only else None
     if groups_doc is not None:
         arts.groups_doc = groups_doc
         arts.groups = _rows_of(groups_doc, "groups", "pattern_groups", "items")
-    shortlist = _optional_json(path / SHORTLIST)
+    shortlist = _optional_json(path / SHORTLIST) if "shortlist" in only else None
     if shortlist is not None:
         arts.shortlist = shortlist if isinstance(shortlist, dict) else {"weaknesses": shortlist}
-    arts.proposals = _load_proposals(path / PROPOSALS)
-    arts.validation = _optional_json(path / VALIDATION)
+    if "proposals" in only:
+        arts.proposals = _load_proposals(path / PROPOSALS)
+    if "validation" in only:
+        arts.validation = _optional_json(path / VALIDATION)
     gates_dir = path / GATES_DIR
-    if gates_dir.is_dir():
+    if "gates" in only and gates_dir.is_dir():
         for receipt in sorted(gates_dir.glob("*.json")):
             obj = read_json_file(receipt)
             if isinstance(obj, dict):
                 arts.gates[receipt.stem] = obj
-    if (path / CALLS).is_file():
+    if "calls" in only and (path / CALLS).is_file():
         arts.calls = read_jsonl_file(path / CALLS)
-    handoff = _optional_json(path / HANDOFF)
+    handoff = _optional_json(path / HANDOFF) if "handoff" in only else None
     arts.handoff = handoff if isinstance(handoff, dict) else None
-    arts.ledger = _optional_json(path / LEDGER)
-    block = _optional_json(path / BLOCK)
+    if "ledger" in only:
+        arts.ledger = _optional_json(path / LEDGER)
+    block = _optional_json(path / BLOCK) if "block" in only else None
     arts.block = block if isinstance(block, dict) else None
     return arts
+
+
+def count_lines(path: Path) -> int | None:
+    """Non-blank lines of a JSONL artifact (its rows, e.g. patterns), without parsing them; None when absent."""
+    if not path.is_file():
+        return None
+    n = 0
+    with path.open("rb") as fh:
+        for line in fh:
+            n += bool(line.strip())
+    return n

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import BadInput
-from pipeline.diff.artifacts import RunArtifacts, load_run
+from pipeline.diff.artifacts import SMALL, RunArtifacts, load_run
 from pipeline.diff.compare import validation_by_id
 from pipeline.diff.match import cited_ids
 from pipeline.report import data
@@ -57,7 +57,8 @@ def _evidence(run_dir: Path, keys: set[str], context: int) -> list[dict[str, Any
     return out
 
 
-def _find(arts: RunArtifacts, ir: data.IR, item_id: str) -> tuple[str, dict[str, Any]] | None:
+def _card(arts: RunArtifacts, item_id: str) -> tuple[str, dict[str, Any]] | None:
+    # Weaknesses and proposals: in the small artifacts (the shortlist, proposals.yaml, validation.json).
     for w in arts.weaknesses or []:
         if w.get("weakness_id") == item_id:
             return "weakness", w
@@ -69,6 +70,22 @@ def _find(arts: RunArtifacts, ir: data.IR, item_id: str) -> tuple[str, dict[str,
         if p.get("proposal_id") == item_id:
             v = vals.get(item_id)
             return "proposal", {**p, **({"validation": v} if v is not None else {})}
+    return None
+
+
+def _event_or_ref(ir: data.IR, item_id: str) -> tuple[str, dict[str, Any]] | None:
+    # By shape: an event id is '<cell>-e<seq>' and a ref 'PATH#L..', which no group or pattern id is.
+    if _EVENT.match(item_id):
+        rows = ir.rows("SELECT * EXCLUDE (text_truncated) FROM events WHERE event_id = ?", [item_id])
+        if rows:
+            return "event", rows[0]
+    if "#L" in item_id:
+        return "ref", {"ref": item_id}
+    return None
+
+
+def _grouped(arts: RunArtifacts, ir: data.IR, item_id: str) -> tuple[str, dict[str, Any]] | None:
+    # Pattern groups, patterns and cells: the artifacts that grow with the batch.
     for g in arts.groups or []:
         if g.get("group_id") == item_id:
             return "group", g
@@ -80,12 +97,6 @@ def _find(arts: RunArtifacts, ir: data.IR, item_id: str) -> tuple[str, dict[str,
         cell = cells[0]
         patterns = [p for p in arts.patterns or [] if p.get("cell_id") == item_id]
         return "cell", {**cell, "patterns": patterns}
-    if _EVENT.match(item_id):
-        rows = ir.rows("SELECT * EXCLUDE (text_truncated) FROM events WHERE event_id = ?", [item_id])
-        if rows:
-            return "event", rows[0]
-    if "#L" in item_id:
-        return "ref", {"ref": item_id}
     return None
 
 
@@ -94,11 +105,15 @@ def find_item(run_dir: Path, item_id: str, *, evidence: bool = False, context: i
 
     The raw lines of cited refs are included for an event or a ref always, for other items when
     ``evidence`` is set (a weakness cites dozens; ``lunasol report`` shows them one click away).
+    The pattern groups and patterns (tens of MB at 10,000 cells) are read only for an id that is
+    not a weakness, proposal, event or ref.
     """
-    arts = load_run(run_dir)
+    arts = load_run(run_dir, SMALL)
     ir = data.IR(arts.ir_path)
     try:
-        found = _find(arts, ir, item_id)
+        found = _card(arts, item_id) or _event_or_ref(ir, item_id)
+        if found is None:
+            found = _grouped(load_run(run_dir, SMALL | {"groups", "patterns"}), ir, item_id)
     finally:
         ir.close()
     if found is None:

@@ -101,13 +101,14 @@ def status(run_dir: Path, *, poll: bool = False) -> dict[str, Any]:
     }
 
 
-def missing_outputs(run_dir: Path) -> list[str]:
+def missing_outputs(run_dir: Path, ledger: Ledger | None = None) -> list[str]:
     """Outputs the ledger calls verified that are no longer in the run directory ("path (stage)").
 
-    A run whose artifacts were deleted or moved must not pass for a finished one.
+    A run whose artifacts were deleted or moved must not pass for a finished one. ``ledger``: the
+    run's ledger already read (else it is read here).
     """
     out = []
-    for name, entry in sorted(Ledger(run_dir).data.entries.items()):
+    for name, entry in sorted((ledger or Ledger(run_dir)).data.entries.items()):
         if entry.state != "verified" or "/" in name:
             continue
         for rel in entry.outputs:

@@ -69,6 +69,25 @@ def test_show_cells_groups_events_and_refs(gate1_run: Path) -> None:
     assert bad.exit_code == 2 and "W-01" in bad.stderr
 
 
+def test_show_reads_groups_and_patterns_only_for_ids_that_need_them(
+    gate1_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pattern-groups.json and patterns.jsonl grow with the batch (tens of MB at 10,000 cells)
+    from pipeline.diff import artifacts
+
+    read: list[str] = []
+    for name in ("read_jsonl_file", "read_json_file"):
+        real = getattr(artifacts, name)
+        monkeypatch.setattr(artifacts, name, lambda path, _real=real: read.append(Path(path).name) or _real(path))
+    big = {"pattern-groups.json", "patterns.jsonl"}
+    w = _shortlist(gate1_run)["weaknesses"][0]
+    assert find_item(gate1_run, w["weakness_id"]).kind == "weakness"
+    assert find_item(gate1_run, w["support"]["event_refs"][0]).kind == "event"
+    assert not big & set(read)
+    assert find_item(gate1_run, w["support"]["pattern_groups"][0]).kind == "group"
+    assert big <= set(read)
+
+
 def test_run_and_status_show_whole_statements_and_point_to_reading(gate1_run: Path) -> None:
     text = gate_report(gate1_run)
     flat = " ".join(text.split())

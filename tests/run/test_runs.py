@@ -69,3 +69,20 @@ def test_runs_cli_text_and_json(runs: Path) -> None:
     assert res.exit_code == 0 and "userRootCauseConfirmation: pending" in res.output
     res = runner.invoke(app, ["runs", "--runs-dir", str(runs / "missing")])
     assert res.exit_code == 2 and "runs directory not found" in res.output
+
+
+def test_listing_counts_patterns_and_never_reads_what_grows_with_the_batch(
+    runs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # At 10,000 cells patterns.jsonl and pattern-groups.json are tens of MB a run: a listing of
+    # many runs must not parse them (it took 2 s and 450 MiB a run).
+    from pipeline.diff import artifacts
+
+    read: list[str] = []
+    for name in ("read_jsonl_file", "read_json_file"):
+        real = getattr(artifacts, name)
+        monkeypatch.setattr(artifacts, name, lambda path, _real=real: read.append(Path(path).name) or _real(path))
+    rows = {r.run_id: r for r in list_runs(runs)}
+    assert rows["full"].patterns == 3  # counted: one line per pattern
+    assert "patterns.jsonl" not in read and "pattern-groups.json" not in read and "ledger.json" not in read
+    assert "weakness-shortlist.json" in read  # the small artifacts are read as before
