@@ -283,22 +283,18 @@ def _compare(ir: data.IR, w: Row, outcome: dict[str, str], snippets: dict[str, S
 
 
 def _chunks(
-    timelines: dict[str, list[list[Any]]],
+    ir: data.IR,
     evidence: Evidence,
     patterns_by_cell: dict[str, list[Row]],
-) -> tuple[dict[str, str], dict[str, list[str]]]:
-    """Per-cell compressed chunks (timeline, patterns, cited keys, raw lines) and the small index of every cited key.
+) -> tuple[dict[str, str], dict[str, list[str]], int]:
+    """Per-cell compressed chunks (timeline, patterns, cited keys, raw lines), the key index, the events shown.
 
-    The index maps an anchor to ``[key, chunk, status]``; the chunk holds the key's full entry under ``refs``.
+    The index maps an anchor of every cited key to ``[key, chunk, status]``; the chunk holds the key's
+    full entry under ``refs``. Each cell's chunk is packed as soon as its timeline is read: only one
+    cell's rows are in memory at a time.
     """
-    path_cell: dict[str, str] = {}
-    for cell, rows in timelines.items():
-        for r in rows:
-            path_cell.setdefault(r[8], cell)
-    ranges: dict[tuple[str, int, int], str] = {}
-    for rows in timelines.values():
-        for r in rows:
-            ranges.setdefault((r[8], r[9], r[10]), r[0])
+    spans = {(s.path, s.line_start or 0, s.line_end or 0) for s in evidence.snippets.values() if s.path and not s.event}
+    path_cell, ranges = data.places(ir, spans)
     content: dict[str, dict[str, Any]] = {}
     index: dict[str, list[str]] = {}
     cited: dict[str, set[str]] = {}
@@ -317,14 +313,20 @@ def _chunks(
         key = snip.lines_key
         if key is not None and key in evidence.lines:
             chunk["lines"].setdefault(key, {str(n): t for n, t in sorted(evidence.lines[key].items())})
-    for cell, rows in timelines.items():
-        chunk = chunk_of(cell)
+    packed: dict[str, str] = {}
+    events = 0
+    for cell, rows in data.timelines(ir):
+        chunk = content.pop(cell) if cell in content else {"lines": {}, "refs": {}}
         chunk["events"] = rows
         chunk["patterns"] = patterns_by_cell.get(cell, [])
         chunk["cited"] = sorted(cited.get(cell, set()))
+        packed[cell] = _pack(chunk)
+        events += len(rows)
     for cell, pats in patterns_by_cell.items():
-        chunk_of(cell).setdefault("patterns", pats)
-    return {k: _pack(v) for k, v in sorted(content.items())}, index
+        if cell not in packed:
+            chunk_of(cell).setdefault("patterns", pats)
+    packed.update({k: _pack(v) for k, v in content.items()})
+    return dict(sorted(packed.items())), index, events
 
 
 def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
@@ -339,7 +341,6 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
     ir = data.IR(arts.ir_path)
     try:
         cells = data.cells(ir)
-        timelines = data.timelines(ir)
         by_cell: dict[str, list[Row]] = {}
         for p in arts.patterns or []:
             by_cell.setdefault(str(p.get("cell_id")), []).append(p)
@@ -361,9 +362,9 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
             }
             for w in weaknesses
         ]
+        chunks, index, n_events = _chunks(ir, evidence, by_cell)
     finally:
         ir.close()
-    chunks, index = _chunks(timelines, evidence, by_cell)
     # Occurrence tables are built in the page when a group is opened: at 1,000 cells they are most of the DOM.
     chunks[GROUPS_CHUNK] = _pack(
         {str(g.get("group_id")): g.get("occurrences") or [] for g in arts.groups or [] if isinstance(g, dict)}
@@ -399,7 +400,7 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
         "outcomes": dict(sorted(outcomes_count.items())),
         "tasks": sorted({str(r.get("task_id")) for r in eligible}),
         "types": sorted({str(p.get("type")) for p in arts.patterns or []}),
-        "events": sum(int(r.get("events") or 0) for r in cells) or sum(len(v) for v in timelines.values()),
+        "events": sum(int(r.get("events") or 0) for r in cells) or n_events,
         # secrets replaced in the IR's text (run.json records the count only when there were any)
         "redactions": int(((arts.run or {}).get("export") or {}).get("redactions") or 0),
         # made with --no-redact: the IR's text (timelines, quotes) holds the logs' secrets as written

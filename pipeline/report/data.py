@@ -7,6 +7,7 @@ never an error. "Failed" and "successful" are the Coordinator's rule (``lunasol_
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -74,27 +75,59 @@ def cells(ir: IR) -> list[Row]:
     return rows
 
 
-def timelines(ir: IR) -> dict[str, list[list[Any]]]:
-    """Per cell, its events in order as compact rows for the page.
+def timelines(ir: IR) -> Iterator[tuple[str, list[list[Any]]]]:
+    """Per cell in cell order, its events in order as compact rows for the page, one cell at a time.
 
     Row: ``[event_id, segment_id, kind, detail, actor, stage, tool, text, path, line_start, line_end, pointer]``
-    (text cut to ``TEXT_CHARS``; the page shows the raw lines of cited events in full).
+    (text cut to ``TEXT_CHARS``; the page shows the raw lines of cited events in full). Streamed: at
+    10,000 cells the whole batch's rows as Python lists were ~2 GiB.
     """
-    out: dict[str, list[list[Any]]] = {}
     if ir.con is None:
-        return out
+        return
     try:
         cur = ir.con.execute(
             "SELECT cell_id, event_id, segment_id, kind, detail, actor, stage, tool_name, "
             f"left(coalesce(text, ''), {TEXT_CHARS}), source_path, line_start, line_end, json_pointer "
             "FROM events ORDER BY cell_id, seq"
         )
+        cell: str | None = None
+        rows: list[list[Any]] = []
         while batch := cur.fetchmany(50_000):
             for r in batch:
-                out.setdefault(r[0], []).append(list(r[1:]))
+                if r[0] != cell:
+                    if cell is not None:
+                        yield cell, rows
+                    cell, rows = r[0], []
+                rows.append(list(r[1:]))
+        if cell is not None:
+            yield cell, rows
     except duckdb.Error:
-        return {}
-    return out
+        return
+
+
+def places(ir: IR, spans: set[tuple[str, int, int]]) -> tuple[dict[str, str], dict[tuple[str, int, int], str]]:
+    """Where refs sit in the IR: each file's first cell (in cell order) and each exact span's first event.
+
+    ``spans``: (path, line_start, line_end) of refs; first is by (cell_id, seq), as the timelines run.
+    """
+    if ir.con is None or not spans:
+        return {}, {}
+    paths, starts, ends = (list(x) for x in zip(*sorted(spans), strict=True))
+    try:
+        cells = ir.con.execute(
+            "SELECT source_path, min(cell_id) FROM events "
+            "WHERE source_path IN (SELECT unnest(?::VARCHAR[])) GROUP BY 1",
+            [sorted(set(paths))],
+        ).fetchall()
+        firsts = ir.con.execute(
+            "WITH s AS (SELECT unnest(?::VARCHAR[]) AS p, unnest(?::INTEGER[]) AS a, unnest(?::INTEGER[]) AS b) "
+            "SELECT e.source_path, e.line_start, e.line_end, first(e.event_id ORDER BY e.cell_id, e.seq) "
+            "FROM events e JOIN s ON e.source_path = s.p AND e.line_start = s.a AND e.line_end = s.b GROUP BY 1, 2, 3",
+            [paths, starts, ends],
+        ).fetchall()
+    except duckdb.Error:
+        return {}, {}
+    return {str(p): str(c) for p, c in cells}, {(str(p), int(a), int(b)): str(e) for p, a, b, e in firsts}
 
 
 def window(ir: IR, cell: str, event_id: str, before: int = 4, after: int = 6) -> list[Row]:
