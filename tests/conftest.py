@@ -70,6 +70,18 @@ def runs_dir(tmp_path: Path) -> Path:
     return d
 
 
+@pytest.fixture
+def artifact_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The file names :mod:`pipeline.diff.artifacts` parses during the test, in order (JSON and JSONL)."""
+    from pipeline.diff import artifacts
+
+    read: list[str] = []
+    for name in ("read_jsonl_file", "read_json_file"):
+        real = getattr(artifacts, name)
+        monkeypatch.setattr(artifacts, name, lambda path, _real=real: read.append(Path(path).name) or _real(path))
+    return read
+
+
 # -- the demo, replayed once per session ---------------------------------------------------------
 
 

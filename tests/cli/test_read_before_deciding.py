@@ -69,16 +69,9 @@ def test_show_cells_groups_events_and_refs(gate1_run: Path) -> None:
     assert bad.exit_code == 2 and "W-01" in bad.stderr
 
 
-def test_show_reads_groups_and_patterns_only_for_ids_that_need_them(
-    gate1_run: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_show_reads_groups_and_patterns_only_for_ids_that_need_them(gate1_run: Path, artifact_reads: list[str]) -> None:
     # pattern-groups.json and patterns.jsonl grow with the batch (tens of MB at 10,000 cells)
-    from pipeline.diff import artifacts
-
-    read: list[str] = []
-    for name in ("read_jsonl_file", "read_json_file"):
-        real = getattr(artifacts, name)
-        monkeypatch.setattr(artifacts, name, lambda path, _real=real: read.append(Path(path).name) or _real(path))
+    read = artifact_reads
     big = {"pattern-groups.json", "patterns.jsonl"}
     w = _shortlist(gate1_run)["weaknesses"][0]
     assert find_item(gate1_run, w["weakness_id"]).kind == "weakness"

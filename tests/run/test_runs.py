@@ -72,16 +72,11 @@ def test_runs_cli_text_and_json(runs: Path) -> None:
 
 
 def test_listing_counts_patterns_and_never_reads_what_grows_with_the_batch(
-    runs: Path, monkeypatch: pytest.MonkeyPatch
+    runs: Path, artifact_reads: list[str]
 ) -> None:
     # At 10,000 cells patterns.jsonl and pattern-groups.json are tens of MB a run: a listing of
     # many runs must not parse them (it took 2 s and 450 MiB a run).
-    from pipeline.diff import artifacts
-
-    read: list[str] = []
-    for name in ("read_jsonl_file", "read_json_file"):
-        real = getattr(artifacts, name)
-        monkeypatch.setattr(artifacts, name, lambda path, _real=real: read.append(Path(path).name) or _real(path))
+    read = artifact_reads
     rows = {r.run_id: r for r in list_runs(runs)}
     assert rows["full"].patterns == 3  # counted: one line per pattern
     assert "patterns.jsonl" not in read and "pattern-groups.json" not in read and "ledger.json" not in read
