@@ -284,9 +284,7 @@ def _stream_matches_the_whole_batch_pass(ir_path: Path) -> None:
         ir.close()
 
 
-def test_timelines_stream_cell_by_cell_and_places_are_the_first_in_cell_order(
-    demo_gate1: Path, tmp_path: Path
-) -> None:
+def test_timelines_stream_cell_by_cell_and_places_are_the_first_in_cell_order(demo_gate1: Path, tmp_path: Path) -> None:
     # The page's chunks are built one cell at a time (10,000 cells' rows at once were ~2 GiB); what
     # they hold must be what the whole-batch pass gave: every cell's rows in order, each file's
     # first cell and each span's first event in (cell, seq) order.
