@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -279,10 +280,29 @@ def _group_id(g: Row) -> str | None:
     return None
 
 
-def _group_score(a: Row, b: Row) -> float | None:
+def _cited_once(ignore: frozenset[str] = frozenset()) -> Callable[[Row], set[str]]:
+    """``cited_ids`` of a row (its ``ignore`` fields left out), computed once per row object.
+
+    The matchers score every pair: at 1,000 cells each pattern group cites thousands of events, and
+    recomputing both sides per pair made ``lunasol diff`` take 19 s (269 s at 10,000 cells).
+    """
+    seen: dict[int, tuple[Row, set[str]]] = {}
+
+    def cited(row: Row) -> set[str]:
+        hit = seen.get(id(row))
+        if hit is None or hit[0] is not row:
+            hit = (row, cited_ids(_strip(row, ignore) if ignore else row))
+            seen[id(row)] = hit
+        return hit[1]
+
+    return cited
+
+
+def _group_score(a: Row, b: Row, cited: Callable[[Row], set[str]] | None = None) -> float | None:
     if a.get("type") != b.get("type"):
         return None
-    ca, cb = cited_ids(_strip(a, GROUP_IGNORE)), cited_ids(_strip(b, GROUP_IGNORE))
+    cited = cited or _cited_once(GROUP_IGNORE)
+    ca, cb = cited(a), cited(b)
     if ca or cb:
         j = jaccard(ca, cb)
         return j if j > 0 else None
@@ -295,7 +315,8 @@ def diff_groups(a: RunArtifacts, b: RunArtifacts) -> Section:
     # Groups carry their id under one of several names; normalise it so _match_items can report it.
     na = [{**g, "_id": _group_id(g)} for g in ga]
     nb = [{**g, "_id": _group_id(g)} for g in gb]
-    items, unchanged, _ = _match_items(na, nb, _group_score, 0.0, "_id", GROUP_IGNORE | {"_id"}, "type")
+    score = partial(_group_score, cited=_cited_once(GROUP_IGNORE))
+    items, unchanged, _ = _match_items(na, nb, score, 0.0, "_id", GROUP_IGNORE | {"_id"}, "type")
     for it in items:
         for row in (it.a, it.b):
             if row is not None:
@@ -315,9 +336,9 @@ def support_cells(w: Row) -> set[str]:
     return set()
 
 
-def _weakness_score(a: Row, b: Row) -> float | None:
+def _weakness_score(a: Row, b: Row, cited: Callable[[Row], set[str]] = cited_ids) -> float | None:
     cells = jaccard(support_cells(a), support_cells(b)) if support_cells(a) or support_cells(b) else 0.0
-    refs_a, refs_b = cited_ids(a), cited_ids(b)
+    refs_a, refs_b = cited(a), cited(b)
     refs = jaccard(refs_a, refs_b) if refs_a or refs_b else 0.0
     text = text_similarity(str(a.get("statement", "")), str(b.get("statement", "")))
     if cells == 0.0 and refs == 0.0:
@@ -328,9 +349,9 @@ def _weakness_score(a: Row, b: Row) -> float | None:
 def diff_weaknesses(a: RunArtifacts, b: RunArtifacts) -> tuple[Section, dict[str, str]]:
     """Weakness cards matched by support overlap (cells, refs), compared field by field."""
     wa, wb = a.weaknesses or [], b.weaknesses or []
-    items, unchanged, pairs = _match_items(
-        wa, wb, _weakness_score, WEAKNESS_MATCH_THRESHOLD, "weakness_id", WEAKNESS_IGNORE, None
-    )
+    score = partial(_weakness_score, cited=_cited_once())
+    threshold = WEAKNESS_MATCH_THRESHOLD
+    items, unchanged, pairs = _match_items(wa, wb, score, threshold, "weakness_id", WEAKNESS_IGNORE, None)
     wmap = {str(wa[i].get("weakness_id")): str(wb[j].get("weakness_id")) for i, j in pairs}
     section = Section(present_a=a.weaknesses is not None, present_b=b.weaknesses is not None)
     section.items, section.unchanged = items, unchanged
