@@ -148,10 +148,37 @@ def _internal_anchors(arts: RunArtifacts, cell_ids: list[str]) -> dict[str, tupl
     return out
 
 
+_WORD = re.compile(r"(?<![\w-])[\w-]+(?![\w-])")  # a run id as a whole word (W-01, G003, C0042-P01)
+
+
 def _linkifier(snippets: dict[str, Snippet], internal: dict[str, tuple[str, str]]) -> Any:
-    # One pass over the text: refs and event ids (raw lines), then the run's own ids.
-    names = "|".join(re.escape(k) for k in sorted(internal, key=len, reverse=True))
+    # Refs and event ids (raw lines) first; the run's own ids are then whole words between them,
+    # looked up. One alternation of every id (70,000 pattern and cell ids at 10,000 cells) made each
+    # text a scan of all of them; only ids that are not plain words stay in the pattern.
+    odd = [k for k in internal if not _WORD.fullmatch(k)]
+    names = "|".join(re.escape(k) for k in sorted(odd, key=len, reverse=True))
     token = re.compile(_TOKEN.pattern + (rf"|(?<![\w-])(?:{names})(?![\w-])" if names else ""))
+
+    def own(word: str) -> str | None:
+        found = internal.get(word)
+        if found is None:
+            return None
+        kind, target = found
+        if kind == "anchor":
+            return f'<a class="internal" href="#{escape(target)}">{escape(word)}</a>'
+        extra = f' data-pattern="{escape(word)}"' if kind == "pattern" else ""
+        return f'<a class="cell" href="#cells" data-cell="{escape(target)}"{extra}>{escape(word)}</a>'
+
+    def words(text: str) -> str:
+        out: list[str] = []
+        pos = 0
+        for m in _WORD.finditer(text):
+            link = own(m.group(0))
+            if link is not None:
+                out += [str(escape(text[pos : m.start()])), link]
+                pos = m.end()
+        out.append(str(escape(text[pos:])))
+        return "".join(out)
 
     def linkify(value: Any) -> Markup:
         """Escape text; turn every known event id / ref into a link to its raw lines, own ids into links."""
@@ -164,19 +191,12 @@ def _linkifier(snippets: dict[str, Snippet], internal: dict[str, tuple[str, str]
             if snip is not None:
                 cls = "ref" if snip.status == "verified" else "ref bad"
                 link = f'<a class="{cls}" href="#{snip.anchor}" data-ref="{snip.anchor}">{escape(word)}</a>'
-            elif word in internal:
-                kind, target = internal[word]
-                if kind == "anchor":
-                    link = f'<a class="internal" href="#{escape(target)}">{escape(word)}</a>'
-                else:
-                    extra = f' data-pattern="{escape(word)}"' if kind == "pattern" else ""
-                    link = f'<a class="cell" href="#cells" data-cell="{escape(target)}"{extra}>{escape(word)}</a>'
             else:
-                continue
-            out.append(str(escape(text[pos : m.start()])))
-            out.append(link)
+                # a ref or event id with no snippet stays text, and no id inside it is linked
+                link = own(word) or str(escape(word))
+            out += [words(text[pos : m.start()]), link]
             pos = m.end()
-        out.append(str(escape(text[pos:])))
+        out.append(words(text[pos:]))
         return Markup("".join(out))
 
     return linkify

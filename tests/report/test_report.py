@@ -301,3 +301,20 @@ def test_timelines_stream_cell_by_cell_and_places_are_the_first_in_cell_order(de
         shutil.copyfile(SHARED_DATA / "inspect-ai-logs/tests/log/test_eval_log" / name, src / name)
     import_bundle("inspect", src, tmp_path / "b")
     _stream_matches_the_whole_batch_pass(export(tmp_path / "b", tmp_path / "runs" / "r").run_dir / "ir.duckdb")
+
+
+def test_linkify_finds_the_runs_own_ids_as_whole_words_and_never_inside_a_ref() -> None:
+    from pipeline.report.build import _linkifier
+
+    internal = {
+        "W-01": ("anchor", "weakness-W-01"),
+        "C001": ("cell", "C001"),
+        "C001-P01": ("pattern", "C001"),
+        "run.v2": ("cell", "run.v2"),  # a cell id that is not a plain word stays findable
+    }
+    link = _linkifier({}, internal)
+    html = str(link("W-01 in C001 (C001-P01); xW-01 W-01x <b> run.v2, cells/C001/a.jsonl#L3-L3 C001-e0001"))
+    assert html.count('href="#weakness-W-01"') == 1  # W-01 only where it is a whole word
+    assert html.count('data-cell="C001"') == 2  # C001 and its pattern; not inside the ref or the event id
+    assert 'data-pattern="C001-P01"' in html and 'data-cell="run.v2"' in html
+    assert "&lt;b&gt;" in html and "cells/C001/a.jsonl#L3-L3" in html and "C001-e0001" in html
