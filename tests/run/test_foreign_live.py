@@ -45,9 +45,7 @@ def _event_refs(run_dir: Path) -> dict[str, str]:
     return {r[0]: ref_of(r[1], r[2], r[3], r[4]) for r in rows}
 
 
-def test_refs_of_a_foreign_batch_keep_their_pointers_and_resolve(
-    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
-) -> None:
+def _foreign_bundle(tmp_path: Path) -> Path:
     need_shared_data()
     src = tmp_path / "logs"
     for rel in FILES:
@@ -55,6 +53,13 @@ def test_refs_of_a_foreign_batch_keep_their_pointers_and_resolve(
         shutil.copyfile(SHARED_DATA / rel, src / rel)
     bundle = tmp_path / "bundle"
     import_bundle("auto", src, bundle)
+    return bundle
+
+
+def test_refs_of_a_foreign_batch_keep_their_pointers_and_resolve(
+    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+) -> None:
+    bundle = _foreign_bundle(tmp_path)
     fake_llm.handler = ScriptedModel()
     opts = RunOptions(bundle=bundle, run_id="r", runs_dir=tmp_path / "runs", models=model_settings())
     res = run(opts, log=lambda _m: None)
@@ -93,3 +98,23 @@ def test_refs_of_a_foreign_batch_keep_their_pointers_and_resolve(
     _, stats = render_report(run_dir)
     assert stats["refs"] > 0
     assert stats["unresolved"] == 0 and stats["hash_mismatches"] == 0
+
+
+def test_a_recorded_foreign_run_replays_byte_for_byte_offline(
+    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+) -> None:
+    bundle, store = _foreign_bundle(tmp_path), tmp_path / "store"
+    fake_llm.handler = ScriptedModel()
+    recorded = RunOptions(
+        bundle=bundle, run_id="r", runs_dir=tmp_path / "a", models=model_settings(mode="record", store=store)
+    )
+    run(recorded, log=lambda _m: None)
+    fake_llm.handler = None  # replay must not reach the server
+    asked = len(fake_llm.requests)
+    replayed = RunOptions(
+        bundle=bundle, run_id="r", runs_dir=tmp_path / "b", models=ModelSettings(mode="replay", store=store)
+    )
+    run(replayed, log=lambda _m: None)
+    assert len(fake_llm.requests) == asked
+    for name in ("patterns.jsonl", "pattern-groups.json", "weakness-shortlist.json"):
+        assert (tmp_path / "a" / "r" / name).read_bytes() == (tmp_path / "b" / "r" / name).read_bytes(), name
