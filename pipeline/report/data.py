@@ -53,25 +53,33 @@ class IR:
             self.con.close()
 
 
-def cells(ir: IR) -> list[Row]:
-    """One row per cell: ids, eligibility, coverage, outcome label and class, probe hits."""
+def cells(ir: IR, cell_id: str | None = None) -> list[Row]:
+    """One row per cell (or for ``cell_id`` alone): ids, eligibility, coverage, outcome label and class, probe hits."""
+    where, params = ("WHERE c.cell_id = ? ", [cell_id]) if cell_id is not None else ("", [])
     rows = ir.rows(
         "SELECT c.cell_id, c.task_id, c.run_id, c.eligibility, c.exclusion_reason, "
         "cov.status, cov.reason, cov.events, o.label, "
         "CASE WHEN c.eligibility <> 'valid_behavior' THEN 'excluded' WHEN o.label IS NULL THEN 'unknown' "
         "WHEN lunasol_successful(o.label) THEN 'successful' ELSE 'failed' END AS outcome "
         "FROM cells c LEFT JOIN coverage cov USING (cell_id) LEFT JOIN outcomes o USING (cell_id) "
-        "ORDER BY c.cell_id"
+        f"{where}ORDER BY c.cell_id",
+        params,
     )
     if not rows:
         rows = ir.rows(
             "SELECT cell_id, task_id, run_id, eligibility, exclusion_reason, "
             "CASE WHEN eligibility <> 'valid_behavior' THEN 'excluded' ELSE 'unknown' END AS outcome "
-            "FROM cells ORDER BY 1"
+            f"FROM cells c {where}ORDER BY 1",
+            params,
         )
-    hits = {r["cell_id"]: r["n"] for r in ir.rows("SELECT cell_id, count(*) AS n FROM probe_hits GROUP BY 1")}
+    hits = {
+        r["cell_id"]: r["n"]
+        for r in ir.rows(f"SELECT cell_id, count(*) AS n FROM probe_hits c {where}GROUP BY 1", params)
+    }
+    # None: the run has no probe hits at all (probes did not run), not this cell's zero
+    probed = bool(hits) or bool(ir.rows("SELECT 1 FROM probe_hits LIMIT 1"))
     for r in rows:
-        r["probe_hits"] = hits.get(r["cell_id"], 0) if hits else None
+        r["probe_hits"] = hits.get(r["cell_id"], 0) if probed else None
     return rows
 
 

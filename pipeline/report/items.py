@@ -8,6 +8,7 @@ the point of the verb.
 
 from __future__ import annotations
 
+import json
 import re
 import textwrap
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import BadInput
-from pipeline.diff.artifacts import SMALL, RunArtifacts, load_run
+from pipeline.diff.artifacts import PATTERNS, SMALL, Row, RunArtifacts, load_run
 from pipeline.diff.compare import validation_by_id
 from pipeline.diff.match import cited_ids
 from pipeline.report import data
@@ -84,19 +85,42 @@ def _event_or_ref(ir: data.IR, item_id: str) -> tuple[str, dict[str, Any]] | Non
     return None
 
 
-def _grouped(arts: RunArtifacts, ir: data.IR, item_id: str) -> tuple[str, dict[str, Any]] | None:
-    # Pattern groups, patterns and cells: the artifacts that grow with the batch.
-    for g in arts.groups or []:
-        if g.get("group_id") == item_id:
-            return "group", g
-    for p in arts.patterns or []:
-        if p.get("pattern_id") == item_id:
-            return "pattern", p
-    cells = [r for r in data.cells(ir) if r.get("cell_id") == item_id]
+def _matching_rows(path: Path, key: str, value: str) -> list[Row]:
+    """Rows of a JSONL artifact whose ``key`` is ``value``: only the lines holding the value are parsed.
+
+    patterns.jsonl is 29 MB at 10,000 cells; one cell's or one pattern's rows are a few lines of it.
+    """
+    if not path.is_file():
+        return []
+    needle = json.dumps(value, ensure_ascii=False).encode("utf-8")
+    out: list[Row] = []
+    with path.open("rb") as fh:
+        for n, line in enumerate(fh, start=1):
+            if needle not in line:
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError alike
+                raise BadInput(f"{path}:{n}: not valid JSON ({exc})") from None
+            if isinstance(row, dict) and row.get(key) == value:
+                out.append(row)
+    return out
+
+
+def _grouped(run_dir: Path, ir: data.IR, item_id: str) -> tuple[str, dict[str, Any]] | None:
+    # Pattern groups, patterns and cells: the artifacts that grow with the batch, read as little as can be.
+    has_table = bool(ir.rows("SELECT 1 FROM information_schema.tables WHERE table_name = 'pattern_groups'"))
+    if not has_table or ir.rows("SELECT 1 FROM pattern_groups WHERE group_id = ?", [item_id]):
+        for g in load_run(run_dir, frozenset({"groups"})).groups or []:
+            if g.get("group_id") == item_id:
+                return "group", g
+    patterns = run_dir / PATTERNS
+    found = _matching_rows(patterns, "pattern_id", item_id)
+    if found:
+        return "pattern", found[0]
+    cells = data.cells(ir, item_id)
     if cells:
-        cell = cells[0]
-        patterns = [p for p in arts.patterns or [] if p.get("cell_id") == item_id]
-        return "cell", {**cell, "patterns": patterns}
+        return "cell", {**cells[0], "patterns": _matching_rows(patterns, "cell_id", item_id)}
     return None
 
 
@@ -105,15 +129,13 @@ def find_item(run_dir: Path, item_id: str, *, evidence: bool = False, context: i
 
     The raw lines of cited refs are included for an event or a ref always, for other items when
     ``evidence`` is set (a weakness cites dozens; ``lunasol report`` shows them one click away).
-    The pattern groups and patterns (tens of MB at 10,000 cells) are read only for an id that is
-    not a weakness, proposal, event or ref.
+    The pattern groups (54 MB at 10,000 cells) are read only for a group's id, and of the patterns
+    only the lines that hold the id.
     """
     arts = load_run(run_dir, SMALL)
     ir = data.IR(arts.ir_path)
     try:
-        found = _card(arts, item_id) or _event_or_ref(ir, item_id)
-        if found is None:
-            found = _grouped(load_run(run_dir, SMALL | {"groups", "patterns"}), ir, item_id)
+        found = _card(arts, item_id) or _event_or_ref(ir, item_id) or _grouped(run_dir, ir, item_id)
     finally:
         ir.close()
     if found is None:

@@ -77,8 +77,14 @@ def test_show_reads_groups_and_patterns_only_for_ids_that_need_them(gate1_run: P
     assert find_item(gate1_run, w["weakness_id"]).kind == "weakness"
     assert find_item(gate1_run, w["support"]["event_refs"][0]).kind == "event"
     assert not big & set(read)
+    cell = find_item(gate1_run, w["support"]["cells"][0])  # its patterns: only the lines holding its id
+    pattern = cell.item["patterns"][0]
+    assert pattern["cell_id"] == cell.item_id and find_item(gate1_run, pattern["pattern_id"]).item == pattern
+    whole = [json.loads(line) for line in (gate1_run / "patterns.jsonl").read_text().splitlines() if line.strip()]
+    assert cell.item["patterns"] == [p for p in whole if p["cell_id"] == cell.item_id]
+    assert not big & set(read)
     assert find_item(gate1_run, w["support"]["pattern_groups"][0]).kind == "group"
-    assert big <= set(read)
+    assert read.count("pattern-groups.json") == 1 and "patterns.jsonl" not in read
 
 
 def test_run_and_status_show_whole_statements_and_point_to_reading(gate1_run: Path) -> None:

@@ -318,3 +318,15 @@ def test_linkify_finds_the_runs_own_ids_as_whole_words_and_never_inside_a_ref() 
     assert html.count('data-cell="C001"') == 2  # C001 and its pattern; not inside the ref or the event id
     assert 'data-pattern="C001-P01"' in html and 'data-cell="run.v2"' in html
     assert "&lt;b&gt;" in html and "cells/C001/a.jsonl#L3-L3" in html and "C001-e0001" in html
+
+
+def test_a_bad_line_holding_the_id_shown_is_one_clear_error(tmp_path: Path) -> None:
+    from pipeline.core.errors import BadInput
+    from pipeline.report.items import _matching_rows
+
+    path = tmp_path / "patterns.jsonl"
+    path.write_text('{"pattern_id": "C001-P01", "cell_id": "C001"}\n{"cell_id": "C002", oops\n{"cell_id": "C002"}\n')
+    assert _matching_rows(path, "cell_id", "C001") == [{"pattern_id": "C001-P01", "cell_id": "C001"}]
+    with pytest.raises(BadInput, match=r"patterns.jsonl:2: not valid JSON"):
+        _matching_rows(path, "cell_id", "C002")
+    assert _matching_rows(tmp_path / "absent.jsonl", "cell_id", "C001") == []
