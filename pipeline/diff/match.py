@@ -68,8 +68,11 @@ def cited_ids(obj: Any) -> set[str]:
     """Event ids and refs cited anywhere inside a card (statement text included; run and task names not)."""
     found: set[str] = set()
     for s in strings_in(obj, NAME_KEYS):
-        found.update(m.group(0) for m in EVENT_ID_RE.finditer(s))
-        found.update(m.group(0) for m in REF_RE.finditer(s))
+        # Every event id holds "-e" and every ref "#L": most strings (ids, kinds, words) need no scan.
+        if "-e" in s:
+            found.update(m.group(0) for m in EVENT_ID_RE.finditer(s))
+        if "#L" in s:
+            found.update(m.group(0) for m in REF_RE.finditer(s))
     return found
 
 
