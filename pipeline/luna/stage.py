@@ -445,8 +445,9 @@ def stage(ctx: RunContext) -> str:
         ctx.log(f"[luna] cell {r.cell_id} FAILED after {r.attempts} attempts: {r.reason}")
     if len(failed) > SHOWN:
         ctx.log(f"[luna] and {len(failed) - SHOWN} more failed cell(s), each with its reason in table luna_cells")
+    failed_ids = some([r.cell_id for r in failed])
     if failed:
-        ctx.incomplete.append(f"{len(failed)} cell(s) failed ({some([r.cell_id for r in failed])})")
+        ctx.incomplete.append(f"{len(failed)} cell(s) failed ({failed_ids})")
     bits = [f"{len(patterns)} patterns from {len(results) - len(failed)}/{len(results)} cells"]
     cached = sum(r.cached for r in results)
     if cached:
@@ -456,5 +457,5 @@ def stage(ctx: RunContext) -> str:
     if overruled:
         bits.append(f"{overruled} model claims overruled by probes")
     if failed:
-        bits.append(f"{len(failed)} FAILED ({some([r.cell_id for r in failed])}; see table luna_cells)")
+        bits.append(f"{len(failed)} FAILED ({failed_ids}; see table luna_cells)")
     return "; ".join(bits)
