@@ -16,12 +16,12 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from pipeline.core.refs import REF_IN_TEXT
+
 T = TypeVar("T")
 
 # Event ids follow pipeline.ir.schema.event_id: '<cell_id>-e<seq, 4+ digits>'.
 EVENT_ID_RE = re.compile(r"[A-Za-z0-9_.:/-]+?-e\d{4,}\b")
-# Refs follow DESIGN.md: 'PATH#Lstart-Lend' (optionally followed by a JSON pointer).
-REF_RE = re.compile(r"[^\s#'\"\[\](),]+#L\d+(?:-L\d+)?(?:/[^\s'\"\]),]*)?")
 
 
 def jaccard(a: Iterable[Any], b: Iterable[Any]) -> float:
@@ -72,7 +72,7 @@ def cited_ids(obj: Any) -> set[str]:
         if "-e" in s:
             found.update(m.group(0) for m in EVENT_ID_RE.finditer(s))
         if "#L" in s:
-            found.update(m.group(0) for m in REF_RE.finditer(s))
+            found.update(m.group(0) for m in REF_IN_TEXT.finditer(s))
     return found
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -18,11 +17,10 @@ from pipeline.bundle.manifest import MANIFEST_FILE, read_frozen, read_manifest
 from pipeline.bundle.request import check_relative
 from pipeline.core.canonical import sha256_bytes
 from pipeline.core.errors import BadInput, BundleError
+from pipeline.core.refs import REF
 from pipeline.core.zips import ZIP_ERRORS
 from pipeline.ir.export import read_run_json, run_bundle
 from pipeline.ir.redact import redact
-
-_REF = re.compile(r"^(?P<path>[^#]+)#L(?P<start>\d+)(?:-L(?P<end>\d+))?(?P<pointer>/.*)?$")
 
 
 @dataclass(frozen=True)
@@ -58,7 +56,7 @@ class RefView:
 
 def parse_ref(text: str) -> Ref:
     """Parse ``PATH#Lstart-Lend[/json/pointer]``; a malformed or escaping ref is BadInput."""
-    m = _REF.match(text.strip())
+    m = REF.match(text.strip())
     if m is None:
         raise BadInput(f"not a ref: {text!r} (expected PATH#Lstart-Lend, e.g. cells/C001/controller.jsonl#L3-L3)")
     start = int(m["start"])

@@ -24,9 +24,10 @@ from markupsafe import Markup, escape
 
 from pipeline.core.canonical import atomic_write_text
 from pipeline.core.errors import BadInput
+from pipeline.core.refs import REF_IN_TEXT
 from pipeline.diff.artifacts import Row, RunArtifacts, load_run
 from pipeline.diff.compare import call_totals, validation_by_id, validation_summary
-from pipeline.diff.match import EVENT_ID_RE, REF_RE, cited_ids
+from pipeline.diff.match import EVENT_ID_RE, cited_ids
 from pipeline.models.calllog import summarise
 from pipeline.report import data
 from pipeline.report.chart import prevalence_svg
@@ -37,7 +38,7 @@ from pipeline.run.index import run_state
 TEMPLATE = "report.html.j2"
 SHARED_CHUNK = "_"  # lines of files that belong to no cell
 GROUPS_CHUNK = "_groups"  # the pattern groups' occurrences
-_TOKEN = re.compile(f"(?:{REF_RE.pattern})|(?:{EVENT_ID_RE.pattern})")
+_TOKEN = re.compile(f"(?:{REF_IN_TEXT.pattern})|(?:{EVENT_ID_RE.pattern})")
 _DATA_BLOCK = re.compile(r'<script type="application/json" id="lunasol-data">(.*?)</script>', re.S)
 
 

@@ -9,7 +9,6 @@ either side are kept, so a reader sees what came just before and after.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,13 +16,13 @@ from typing import Any
 from pipeline.core import duck
 from pipeline.core.canonical import sha256_text
 from pipeline.core.errors import LunasolError
+from pipeline.core.refs import REF
 from pipeline.ir.redact import redact
 from pipeline.ir.refs import RefReader
 
 SNIPPET_LIMIT = 64_000  # characters of raw text embedded per line; the rest is cut with a marker
 CONTEXT_LINES = 3  # lines shown before and after a ref's own lines
 
-_REF_PARTS = re.compile(r"^(?P<path>[^#]+)#L(?P<start>\d+)(?:-L(?P<end>\d+))?(?P<pointer>/.*)?$")
 _EVENT_COLUMNS = (
     "event_id",
     "cell_id",
@@ -141,7 +140,7 @@ class EvidenceReader:
             snip = Snippet(key=key, anchor=anchor_for(key))
             out[key] = snip
             if "#L" in key:
-                m = _REF_PARTS.match(key)
+                m = REF.match(key)
                 if not m:
                     snip.status, snip.note = "bad_ref", "not a PATH#Lstart-Lend ref"
                     continue

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core import duck
+from pipeline.core.refs import REF
 from pipeline.ir.refs import ref_of
 from pipeline.sol.cards import Support, SupportCounts, WeaknessCard, WeaknessDraft
 
 EVENT_ID_RE = re.compile(r"^(?P<cell>.+)-e(?P<seq>\d{4,})$")
 # The pointer is what pipeline.ir.refs appends for an element of a JSON file, zip member or embedded log.
-SOURCE_REF_RE = re.compile(r"^(?P<path>[^#\s]+)#L(?P<a>\d+)(?:-L?(?P<b>\d+))?(?P<pointer>/\S*)?$")
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class EvidenceIndex:
             ref = raw.strip()
             if EVENT_ID_RE.match(ref) and ref not in self._asked:
                 ids.add(ref)
-            elif (s := SOURCE_REF_RE.match(ref)) and f"path:{s['path']}" not in self._asked:
+            elif (s := REF.match(ref)) and f"path:{s['path']}" not in self._asked:
                 paths.add(s["path"])
         if not ids and not paths:
             return
@@ -119,10 +119,10 @@ class EvidenceIndex:
         m = EVENT_ID_RE.match(ref)
         if m and ref in self.events:
             return self.events[ref][0], None
-        s = SOURCE_REF_RE.match(ref)
+        s = REF.match(ref)
         if s:
-            path, a = s["path"], int(s["a"])
-            b = int(s["b"]) if s["b"] else a
+            path, a = s["path"], int(s["start"])
+            b = int(s["end"]) if s["end"] else a
             if b < a:
                 return None, f"{ref}: line range is backwards"
             spans = self._by_path.get(path)

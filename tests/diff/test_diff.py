@@ -510,7 +510,8 @@ def test_group_matching_reads_each_group_once(monkeypatch: pytest.MonkeyPatch, t
 
 def test_cited_ids_finds_what_both_patterns_find_in_every_string() -> None:
     # cited_ids skips the regexes for strings that cannot hold an id ("-e") or a ref ("#L")
-    from pipeline.diff.match import EVENT_ID_RE, REF_RE, cited_ids
+    from pipeline.core.refs import REF_IN_TEXT
+    from pipeline.diff.match import EVENT_ID_RE, cited_ids
 
     texts = [
         "C001-e0001", "see C0042-e00012, then cells/C1/a.jsonl#L3-L4 and raw/m.json#L1-L1/0/trace#L5-L9",
@@ -518,5 +519,5 @@ def test_cited_ids_finds_what_both_patterns_find_in_every_string() -> None:
         "weird C001-e12 and Ü-e0001 and x#L", "C001-P01 G003 W-01",
     ]  # fmt: skip
     card = {"statement": texts[1], "support": {"event_refs": texts, "runs": ["r#L2"]}, "note": {"deep": [texts[2]]}}
-    expected = {m.group(0) for t in texts for rx in (EVENT_ID_RE, REF_RE) for m in rx.finditer(t)}
+    expected = {m.group(0) for t in texts for rx in (EVENT_ID_RE, REF_IN_TEXT) for m in rx.finditer(t)}
     assert cited_ids(card) == expected and "r#L2" not in expected
