@@ -98,7 +98,8 @@ def propose(
         emit_json({"proposals_digest": result.proposals_digest, "validation": result.validation})
         return
     typer.echo(f"[propose] {result.summary()}")
-    typer.echo(format_proposals([c.model_dump(mode="json") for c in result.cards], result.validation))
+    failed = [str(w["weakness_id"]) for w in result.failed]
+    typer.echo(format_proposals([c.model_dump(mode="json") for c in result.cards], result.validation, failed))
     for w in result.validation["weaknesses"]:
         if w["zero_cards"]:
             why = f": {' '.join(str(w['note']).split())}" if w.get("note") else ""
@@ -116,9 +117,11 @@ def propose(
     if result.cards:
         pid = result.cards[0].proposal_id
         typer.echo(f"read first: lunasol show {run_dir} {pid}   # the whole card; lunasol report {run_dir} for all")
-    if result.failed:
-        ids = ", ".join(w["weakness_id"] for w in result.failed)
-        typer.echo(f"retry: lunasol propose {run_dir}   # asks again; selecting now decides without the cards of {ids}")
+    if failed:
+        typer.echo(
+            f"retry: lunasol propose {run_dir}   # asks again; selecting now decides without the cards of "
+            f"{', '.join(failed)}"
+        )
     typer.echo(f"next: {handoff.next_command(run_dir)}")
 
 

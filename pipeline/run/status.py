@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import shlex
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -158,11 +159,15 @@ def format_shortlist(rows: list[dict[str, Any]], dropped: list[dict[str, Any]]) 
     return "\n".join(lines)
 
 
-def format_proposals(cards: list[dict[str, Any]], validation: dict[str, Any]) -> str:
-    """The proposal cards as a table (id, source weakness, validation) with each proposed change in full."""
+def format_proposals(cards: list[dict[str, Any]], validation: dict[str, Any], failed: Sequence[str] = ()) -> str:
+    """The proposal cards as a table (id, source weakness, validation) with each proposed change in full.
+
+    ``failed``: the weaknesses whose proposer call failed; with no card at all, the line says the
+    cards are missing because of them, not that none was proposed.
+    """
     status = {str(c.get("proposal_id")): c for c in validation.get("cards", []) if isinstance(c, dict)}
     if not cards and not status:
-        return "no proposal card"
+        return f"no proposal card: the proposer failed for {', '.join(failed)}" if failed else "no proposal card"
     lines = [f"{'id':<6} {'from':<6} {'validation':<11} rules"]
     ids = [str(c.get("proposal_id")) for c in cards] + sorted(set(status) - {str(c.get("proposal_id")) for c in cards})
     by_id = {str(c.get("proposal_id")): c for c in cards}

@@ -309,3 +309,16 @@ def test_select_refuses_proposals_made_from_an_older_shortlist(proposed: Path) -
     handoff.update(proposed, {"shortlist_digest": "sha256:" + "2" * 64}, "shortlist recomputed (test)")
     with pytest.raises(NeedsRebase, match="lunasol propose"):
         select(proposed, choice="proposal", proposal_id="P-01", by="ana")
+
+
+def test_when_every_call_fails_the_missing_cards_are_not_called_none(
+    run: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+) -> None:
+    fake_llm.handler = lambda request: answer({"proposals": []})(request)  # no card, no note: never valid
+    settings = model_settings()
+    argv = ["propose", str(run), "--model", str(settings.model), "--api-base", fake_llm.base_url, "--mode", "tools"]
+    out = CliRunner().invoke(app, argv)
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    assert "no proposal card: the proposer failed for W-02, W-04" in lines
+    assert "no proposal card" not in [line.strip() for line in lines]  # never the bare line of an honest zero
