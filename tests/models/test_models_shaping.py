@@ -192,6 +192,20 @@ def test_first_request_is_instructors(model: type[BaseModel], mode: str) -> None
     assert instructor_request(_messages(), model, mode) == shaping.shape_request(_messages(), model, mode)
 
 
+@pytest.mark.parametrize("mode", shaping.MODES)
+def test_a_shaped_request_never_changes_the_next_one(mode: str) -> None:
+    # the schema is made once per model class: what one request's caller does to it stays in that request
+    first = shaping.shape_request(_messages(), LunaAnswer, mode)
+    expected = json.loads(json.dumps(first))
+    for m in first["messages"]:
+        m["content"] = "changed"
+    if "tools" in first:
+        first["tools"][0]["function"]["parameters"]["properties"].clear()
+    if "json_schema" in first.get("response_format", {}):
+        first["response_format"]["json_schema"]["schema"]["properties"].clear()
+    assert shaping.shape_request(_messages(), LunaAnswer, mode) == expected
+
+
 def test_the_demo_recordings_keys_are_rebuilt() -> None:
     """Every demo recording's (H0 and H5, the judge's too) request is what shape_request builds (keys unchanged)."""
     by_name = {m.__name__: m for m in ROLE_MODELS}
