@@ -185,7 +185,10 @@ class BatchEndpoint:
     async def retrieve(self, batch_id: str) -> BatchState:
         """The provider's current state of one batch."""
         litellm = load_litellm()
-        b = await litellm.aretrieve_batch(batch_id=batch_id, **self._auth())
+        # The sync call in a thread: on a finished batch, litellm's aretrieve_batch logs its cost by
+        # downloading the whole output file again in a background task, which the stage's loop then
+        # ends unawaited (a RuntimeWarning on the user's terminal); results() reads that file once.
+        b = await asyncio.to_thread(litellm.retrieve_batch, batch_id=batch_id, **self._auth())
         counts = getattr(b, "request_counts", None)
         errs = getattr(getattr(b, "errors", None), "data", None) or []
         return BatchState(

@@ -81,6 +81,7 @@ class BatchAPI:
         self.uploads = 0  # counted so tests can prove a resume submitted nothing twice
         self.created = 0
         self.retrieves = 0
+        self.downloads: dict[str, int] = {}  # file id -> content reads (a provider's output file is large)
 
     def plan(self, *plans: BatchPlan) -> BatchAPI:
         """Queue plans, used by the next created batches in order (then ``default_plan``)."""
@@ -96,6 +97,7 @@ class BatchAPI:
             self.plans.clear()
             self.default_plan = BatchPlan()
             self.uploads = self.created = self.retrieves = 0
+            self.downloads.clear()
 
     # routing ---------------------------------------------------------------
     def route(self, method: str, path: str, headers: dict[str, str], raw: bytes) -> tuple[int, bytes, str] | None:
@@ -129,6 +131,7 @@ class BatchAPI:
             if method == "GET" and len(rest) == 1:
                 return _json(f.obj())
             if method == "GET" and rest[1:] == ["content"]:
+                self.downloads[f.id] = self.downloads.get(f.id, 0) + 1
                 return 200, f.data, "application/octet-stream"
         if kind == "batches":
             if method == "POST" and not rest:

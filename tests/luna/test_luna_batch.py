@@ -78,6 +78,9 @@ def test_batch_run_equals_the_synchronous_run(tmp_path: Path, server: FakeOpenAI
     run_dir = go(server, tmp_path, "b", batch=True)
     assert outputs(run_dir) == outputs(sync_dir)
     assert store_bytes(tmp_path / "b-rec") == store_bytes(sync_store)  # a batch-made recording is a recording
+    # each result file is read once: litellm's async retrieve would download a finished batch's output
+    # again in a background task of its own (for its cost logging), left pending when the stage's loop ends
+    assert server.batch.downloads and set(server.batch.downloads.values()) == {1}, server.batch.downloads
     (b,) = read_batches(run_dir)
     assert b["status"] == "completed" and (server.batch.uploads, server.batch.created) == (1, 1)
     luna_calls = [c for c in read_calls(run_dir) if c["role"] == "luna"]
