@@ -7,7 +7,8 @@ checked against instructor by the tests); nothing is sent.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ from pipeline.models.batching import BATCHED_ROLES
 from pipeline.models.budget import ASSUMED_MODEL, ESTIMATE_FACTOR, model_limits, role_budget
 from pipeline.models.modes import resolve_mode
 from pipeline.models.pricing import batch_price
+from pipeline.models.progress import plain_every
 from pipeline.models.prompts import render
 from pipeline.models.shaping import shape_request
 from pipeline.models.store import RecordingStore
@@ -155,15 +157,23 @@ def _price(model: str, prompt_tokens: int, completion_tokens: int) -> float | No
         return None
 
 
-def estimate(planned: Iterable[PlannedCall], settings: ModelSettings) -> Estimate:
-    """Render and count every planned call; price from litellm's bundled map (offline)."""
+def estimate(
+    planned: Iterable[PlannedCall], settings: ModelSettings, progress: Callable[[str], None] | None = None
+) -> Estimate:
+    """Render and count every planned call; price from litellm's bundled map (offline).
+
+    ``progress``: told how many requests are counted so far, every :func:`plain_every` seconds
+    (a 10,000-cell batch takes minutes to render and tokenize).
+    """
     model = settings.model or ASSUMED_MODEL
+    every, started = plain_every(), time.monotonic()
+    last = started
     limits = model_limits(settings)
     est = Estimate(model=model, model_assumed=settings.model is None, context=limits.describe(), batch=settings.batch)
     by_role: dict[str, RoleEstimate] = {}
     store = RecordingStore(settings.store, "replay") if settings.store and settings.mode == "replay" else None
     imode = resolve_mode(settings, model, store)
-    for call in planned:
+    for counted, call in enumerate(planned, 1):
         rendered = render(call.role, call.context)
         request = instructor_request(rendered.messages, call.response_model, imode)
         prompt_tokens = _count(model, request)
@@ -181,6 +191,9 @@ def estimate(planned: Iterable[PlannedCall], settings: ModelSettings) -> Estimat
         r.over_budget += sized > r.budget_tokens
         if call.note and call.note not in r.notes:
             r.notes.append(call.note)
+        if progress is not None and every > 0 and time.monotonic() - last >= every:
+            last = time.monotonic()
+            progress(f"{counted:,} request(s) rendered and counted ({call.role} now), {last - started:.0f} s")
     for r in by_role.values():
         r.cost_usd = _price(model, r.prompt_tokens, r.completion_tokens)
         r.batch_cost_usd = batch_price(model, r.prompt_tokens, r.completion_tokens)

@@ -49,7 +49,7 @@ Budget = tuple[float | None, int | None]  # (usd, tokens)
 PLAIN_EVERY_S = 15.0  # seconds between progress lines when stderr is not a terminal (CI, nohup)
 
 
-def _plain_every() -> float:
+def plain_every() -> float:
     """LUNASOL_PROGRESS_EVERY seconds (0 switches the plain lines off), else PLAIN_EVERY_S."""
     raw = os.environ.get("LUNASOL_PROGRESS_EVERY", "")
     try:
@@ -168,7 +168,7 @@ async def gather_bounded(
         )
         bar.start()
         task_id = bar.add_task(label, total=len(items), rate="", counts=tally.counts(), spend=tally.spend())
-    every = _plain_every() if plain_every_s is None else plain_every_s
+    every = plain_every() if plain_every_s is None else plain_every_s
     if not show and items and progress is None and every > 0:
 
         async def tick() -> None:

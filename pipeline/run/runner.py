@@ -17,6 +17,7 @@ import itertools
 import os
 import platform
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -44,6 +45,7 @@ from pipeline.luna.stage import plan as luna_plan
 from pipeline.luna.stage import stage as luna_run
 from pipeline.models import ROLES, PlannedCall, estimate, format_estimate, template_hash
 from pipeline.models.preflight import preflight
+from pipeline.models.progress import plain_every
 from pipeline.models.store import resolve_settings
 from pipeline.run.index import RUN_LOCK  # the lock file `lunasol runs` checks to tell running from interrupted
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
@@ -563,6 +565,13 @@ def _check_resume(ctx: RunContext, bdigest: str) -> None:
 # -- dry run ---------------------------------------------------------------------------------------
 
 
+def _dry_progress() -> Callable[[str], None]:
+    # What a long dry run is doing, on stderr (stdout holds the estimate); LUNASOL_PROGRESS_EVERY=0: quiet.
+    if plain_every() <= 0:
+        return lambda _m: None
+    return lambda m: print(f"dry run: {m}", file=sys.stderr, flush=True)
+
+
 def dry_run(ctx: RunContext) -> RunResult:
     """Estimate calls, tokens and cost; no model is called and the runs directory is not touched.
 
@@ -571,6 +580,7 @@ def dry_run(ctx: RunContext) -> RunResult:
     """
     planned: list[Iterable[PlannedCall]] = []
     notes: list[str] = []
+    say = _dry_progress()
     with tempfile.TemporaryDirectory(prefix="lunasol-dry-") as tmp:
         tctx = RunContext(options=ctx.options, run_dir=Path(tmp) / ctx.run_dir.name, log=lambda _m: None)
         tctx.run_dir.mkdir(parents=True)
@@ -578,6 +588,7 @@ def dry_run(ctx: RunContext) -> RunResult:
         for name, target in STAGES:
             if target.plan is not None:
                 model_stage_seen = True
+                say(f"planning {name}")
                 if name == "luna":  # one call per cell part: counted as they come, never all held at once
                     planned.append(target.plan(tctx))
                     continue
@@ -586,6 +597,7 @@ def dry_run(ctx: RunContext) -> RunResult:
                 if not calls:
                     notes.append(f"{name}: nothing to plan yet")
             elif not model_stage_seen:
+                say(f"{name} (deterministic, in a temporary directory)")
                 target.run(tctx)  # deterministic stage: needed to render real prompts
             elif name == "coordinator":
                 # Luna has not run: group the probe hits as stand-ins, so Sol is sized with realistic groups
@@ -596,7 +608,8 @@ def dry_run(ctx: RunContext) -> RunResult:
                 )
             else:
                 notes.append(f"{name}: deterministic, runs after the model stages (no model call)")
-        est = estimate(itertools.chain.from_iterable(planned), ctx.options.models)
+        say("rendering and counting every request (Luna's are planned as they are counted)")
+        est = estimate(itertools.chain.from_iterable(planned), ctx.options.models, progress=say)
     ctx.log(format_estimate(est))
     for n in notes:
         ctx.log(f"note: {n}")

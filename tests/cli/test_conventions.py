@@ -9,6 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli.app import WORKFLOW, app
@@ -45,6 +46,23 @@ def test_json_on_run_report_and_bundle_freeze(demo_gate1: Path, tmp_path: Path) 
     )
     assert dry.exit_code == 0, dry.output
     assert json.loads(dry.stdout)["estimate"]["model"] == "openai/x"
+
+
+def test_a_dry_run_says_what_it_is_doing_on_stderr_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = ["run", str(DEMO_BUNDLE), "--runs-dir", str(tmp_path / "runs"), "--model", "openai/x", "--dry-run"]
+    monkeypatch.setenv("LUNASOL_PROGRESS_EVERY", "0.000001")  # a count line after every request
+    res = runner.invoke(app, argv)
+    assert res.exit_code == 0, res.output
+    said = res.stderr.splitlines()
+    assert "dry run: export (deterministic, in a temporary directory)" in said
+    assert "dry run: planning luna" in said and "dry run: planning sol" in said
+    counted = [s for s in said if "rendered and counted" in s]
+    assert counted and counted[0].startswith("dry run: 1 request(s) rendered and counted (luna now)")
+    table = [line for line in res.stdout.splitlines() if not line.startswith("dry run: model")]
+    assert table and not any(line.startswith("dry run:") for line in table)  # stdout holds the estimate only
+    monkeypatch.setenv("LUNASOL_PROGRESS_EVERY", "0")  # quiet
+    quiet = runner.invoke(app, [*argv[:3], str(tmp_path / "runs2"), *argv[4:]])
+    assert quiet.exit_code == 0 and quiet.stderr == "" and quiet.stdout == res.stdout
 
 
 def test_runs_shows_unknown_cost_and_interrupted(demo_copy: Path) -> None:
