@@ -38,6 +38,7 @@ from pipeline.run.index import run_state
 TEMPLATE = "report.html.j2"
 SHARED_CHUNK = "_"  # lines of files that belong to no cell
 GROUPS_CHUNK = "_groups"  # the pattern groups' occurrences
+GROUP_LIST_CAP = 50
 _TOKEN = re.compile(f"(?:{REF_IN_TEXT.pattern})|(?:{EVENT_ID_RE.pattern})")
 _DATA_BLOCK = re.compile(r'<script type="application/json" id="lunasol-data">(.*?)</script>', re.S)
 
@@ -445,6 +446,9 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
         "followup": followup,
         "calls": _calls_summary(arts),
         "chart": prevalence_svg(eligible, by_cell),
+        # A group's lists (its cells, tasks, runs) are shown up to this many items: its occurrence table,
+        # built when the group is opened, holds every one (at 10,000 cells the lists were 268K DOM nodes).
+        "group_list_cap": GROUP_LIST_CAP,
         "problems": [snippets[k] for k in sorted(snippets) if snippets[k].status != "verified"],
         "snippet_statuses": dict(sorted(statuses.items())),
         "page_data": _script_json(page),

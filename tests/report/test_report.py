@@ -330,3 +330,26 @@ def test_a_bad_line_holding_the_id_shown_is_one_clear_error(tmp_path: Path) -> N
     with pytest.raises(BadInput, match=r"patterns.jsonl:2: not valid JSON"):
         _matching_rows(path, "cell_id", "C002")
     assert _matching_rows(tmp_path / "absent.jsonl", "cell_id", "C001") == []
+
+
+def test_a_groups_long_lists_are_cut_and_its_occurrences_keep_every_cell(
+    demo_gate1: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # At 10,000 cells the groups' "Other fields" (every cell, task and run of each group) were 268K DOM nodes.
+    from pipeline.report import build
+
+    groups = json.loads((demo_gate1 / "pattern-groups.json").read_text(encoding="utf-8"))["groups"]
+    big = max(groups, key=lambda g: len(g["support"]["cells"]))
+    n = len(big["support"]["cells"])
+    assert n > 2
+    monkeypatch.setattr(build, "GROUP_LIST_CAP", 2)
+    html, _ = render_report(demo_gate1)
+    start = html.index(f'id="group-{big["group_id"]}"')
+    card = html[start : html.index("</details>\n</details>", start)]
+    assert f"… and {n - 2} more (the occurrence table" in card
+    assert sum(1 for c in big["support"]["cells"] if f'data-cell="{c}"' in card or f">{c}<" in card) == 2
+    occurrences = read_page_data(html)["chunks"]["_groups"][big["group_id"]]
+    assert {o["cell_id"] for o in occurrences} == set(big["support"]["cells"])  # every cell stays reachable
+    monkeypatch.setattr(build, "GROUP_LIST_CAP", 10_000)
+    full, _ = render_report(demo_gate1)
+    assert "more (the occurrence table" not in full
