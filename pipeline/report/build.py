@@ -39,6 +39,7 @@ TEMPLATE = "report.html.j2"
 SHARED_CHUNK = "_"  # lines of files that belong to no cell
 GROUPS_CHUNK = "_groups"  # the pattern groups' occurrences
 GROUP_LIST_CAP = 50
+SEARCH_BATCH = 200  # cells the page's search inflates at a time (and then lets go)
 _TOKEN = re.compile(f"(?:{REF_IN_TEXT.pattern})|(?:{EVENT_ID_RE.pattern})")
 _DATA_BLOCK = re.compile(r'<script type="application/json" id="lunasol-data">(.*?)</script>', re.S)
 
@@ -409,6 +410,7 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
         "index": index,
         "chunks": chunks,
         "show_ref": f"lunasol show-ref REF --run {arts.path}",
+        "search_batch": SEARCH_BATCH,
     }
     ctx = {
         "run_id": arts.run_id,

@@ -190,11 +190,14 @@ def test_report_bad_run_is_exit_2(tmp_path: Path) -> None:
 
 
 @pytest.mark.browser
-def test_report_in_headless_chromium(run_dir: Path, tmp_path: Path) -> None:
+def test_report_in_headless_chromium(run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if not CHROMIUM.exists():
         pytest.fail("Debian chromium is required: apt-get install -y chromium (.ci/run does it)")
     from playwright.sync_api import sync_playwright
 
+    from pipeline.report import build
+
+    monkeypatch.setattr(build, "SEARCH_BATCH", 1)  # the search reads one cell at a time: every batch boundary
     page_path, _ = write_report(run_dir, out=tmp_path / "report.html")
     hostile = hostile_event(run_dir)
     errors: list[str] = []
@@ -238,8 +241,9 @@ def test_report_in_headless_chromium(run_dir: Path, tmp_path: Path) -> None:
             assert 0 < shown < total and count.inner_text() == f"{shown} of {total} cells"
             page.select_option("#f-outcome", "")
             # Search finds an event by its text; its result opens the cell's timeline at that event.
+            page.fill("#search", "zz-no-such-text")  # superseded by the next query before or after it ends
             page.fill("#search", "__pwned = 1")
-            page.locator("#search-status", has_text="match").wait_for()
+            page.locator("#search-status", has_text="1 event match in ").wait_for()  # the last query's answer
             hit = page.locator("#search-results a.cell").first
             event_id = hit.inner_text()
             assert event_id == hostile
