@@ -80,8 +80,8 @@ def browser(page: Path) -> dict[str, float]:
             pg.wait_for_selector("#viewer:not([hidden]) .lines")
             out["open_ref_s"] = time.perf_counter() - t
             t = time.perf_counter()
-            # the last cell with a timeline (an excluded cell has none, and may sort last)
-            pg.locator("#cells-table tr:not([data-outcome='excluded']) a.cell").last.click()
+            # the last shown cell with a timeline (an excluded cell has none, and may sort last)
+            pg.locator("#cells-table tr:not([hidden]):not([data-outcome='excluded']) a.cell").last.click()
             pg.wait_for_selector("#viewer .tl")
             out["open_cell_s"] = time.perf_counter() - t
             t = time.perf_counter()

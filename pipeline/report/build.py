@@ -40,6 +40,7 @@ SHARED_CHUNK = "_"  # lines of files that belong to no cell
 GROUPS_CHUNK = "_groups"  # the pattern groups' occurrences
 GROUP_LIST_CAP = 50
 SEARCH_BATCH = 200  # cells the page's search inflates at a time (and then lets go)
+CELL_ROWS = 500  # rows of the cells table shown at first, and per "show more"
 _TOKEN = re.compile(f"(?:{REF_IN_TEXT.pattern})|(?:{EVENT_ID_RE.pattern})")
 _DATA_BLOCK = re.compile(r'<script type="application/json" id="lunasol-data">(.*?)</script>', re.S)
 
@@ -411,6 +412,7 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
         "chunks": chunks,
         "show_ref": f"lunasol show-ref REF --run {arts.path}",
         "search_batch": SEARCH_BATCH,
+        "cell_rows": CELL_ROWS,
     }
     ctx = {
         "run_id": arts.run_id,
@@ -451,6 +453,7 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
         # A group's lists (its cells, tasks, runs) are shown up to this many items: its occurrence table,
         # built when the group is opened, holds every one (at 10,000 cells the lists were 268K DOM nodes).
         "group_list_cap": GROUP_LIST_CAP,
+        "cell_rows": CELL_ROWS,
         "problems": [snippets[k] for k in sorted(snippets) if snippets[k].status != "verified"],
         "snippet_statuses": dict(sorted(statuses.items())),
         "page_data": _script_json(page),

@@ -357,3 +357,46 @@ def test_a_groups_long_lists_are_cut_and_its_occurrences_keep_every_cell(
     monkeypatch.setattr(build, "GROUP_LIST_CAP", 10_000)
     full, _ = render_report(demo_gate1)
     assert "more (the occurrence table" not in full
+
+
+def test_the_cells_table_shows_a_page_of_rows_and_filters_and_search_cover_all(
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # At 10,000 cells every row laid out made each open of the side viewer take seconds.
+    if not CHROMIUM.exists():
+        pytest.fail("Debian chromium is required: apt-get install -y chromium (.ci/run does it)")
+    from playwright.sync_api import sync_playwright
+
+    from pipeline.report import build
+
+    monkeypatch.setattr(build, "CELL_ROWS", 1)
+    page_path, _ = write_report(run_dir, out=tmp_path / "report.html")
+    hostile = hostile_event(run_dir)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(page_path.as_uri())
+            total = page.locator("#cells-table tbody tr").count()
+            assert total >= 3
+            count = page.locator("#cells-count")
+            assert page.locator("#cells-table tbody tr:visible").count() == 1
+            assert count.inner_text() == f"1 shown of {total} matching, of {total} cells"
+            page.click("#cells-more-button")
+            assert page.locator("#cells-table tbody tr:visible").count() == 2
+            # the search reads every cell, the hidden ones too
+            page.fill("#search", "__pwned = 1")
+            page.locator("#search-status", has_text=f"1 event match in {total} cells").wait_for()
+            assert page.locator("#search-results a.cell").first.inner_text() == hostile
+            page.select_option("#f-outcome", "failed")  # a filter starts again from the first page of its rows
+            assert page.locator("#cells-table tbody tr:visible").count() == 1
+            for _ in range(total):
+                if page.locator("#cells-more").is_hidden():
+                    break
+                page.click("#cells-more-button")
+            failed = page.locator("#cells-table tbody tr:visible")
+            assert failed.count() < total
+            assert all(failed.nth(i).get_attribute("data-outcome") == "failed" for i in range(failed.count()))
+            assert count.inner_text() == f"{failed.count()} of {total} cells"
+        finally:
+            browser.close()
