@@ -40,7 +40,7 @@ SHARED_CHUNK = "_"  # lines of files that belong to no cell
 GROUPS_CHUNK = "_groups"  # the pattern groups' occurrences
 GROUP_LIST_CAP = 50
 SEARCH_BATCH = 200  # cells the page's search inflates at a time (and then lets go)
-CELL_ROWS = 500  # rows of the cells table shown at first, and per "show more"
+CELL_ROWS = 500  # rows of the cells table, and of a group's occurrence table, shown at first and per "show more"
 _TOKEN = re.compile(f"(?:{REF_IN_TEXT.pattern})|(?:{EVENT_ID_RE.pattern})")
 _DATA_BLOCK = re.compile(r'<script type="application/json" id="lunasol-data">(.*?)</script>', re.S)
 
