@@ -6,11 +6,14 @@ line, exported to a real IR, plus small hand-written artifacts).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
+from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -359,10 +362,9 @@ def test_a_groups_long_lists_are_cut_and_its_occurrences_keep_every_cell(
     assert "more (the occurrence table" not in full
 
 
-def test_the_cells_table_shows_a_page_of_rows_and_filters_and_search_cover_all(
-    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # At 10,000 cells every row laid out made each open of the side viewer take seconds.
+@contextlib.contextmanager
+def _page_of_one_row(run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The run's report open in headless Chromium, its tables paged one row at a time."""
     if not CHROMIUM.exists():
         pytest.fail("Debian chromium is required: apt-get install -y chromium (.ci/run does it)")
     from playwright.sync_api import sync_playwright
@@ -370,70 +372,64 @@ def test_the_cells_table_shows_a_page_of_rows_and_filters_and_search_cover_all(
     from pipeline.report import build
 
     monkeypatch.setattr(build, "CELL_ROWS", 1)
-    page_path, _ = write_report(run_dir, out=tmp_path / "report.html")
-    hostile = hostile_event(run_dir)
+    page_path, _ = write_report(run, out=tmp_path / "report.html")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page()
             page.goto(page_path.as_uri())
-            total = page.locator("#cells-table tbody tr").count()
-            assert total >= 3
-            count = page.locator("#cells-count")
-            assert page.locator("#cells-table tbody tr:visible").count() == 1
-            assert count.inner_text() == f"1 shown of {total} matching, of {total} cells"
-            page.click("#cells-more-button")
-            assert page.locator("#cells-table tbody tr:visible").count() == 2
-            # the search reads every cell, the hidden ones too
-            page.fill("#search", "__pwned = 1")
-            page.locator("#search-status", has_text=f"1 event match in {total} cells").wait_for()
-            assert page.locator("#search-results a.cell").first.inner_text() == hostile
-            page.select_option("#f-outcome", "failed")  # a filter starts again from the first page of its rows
-            assert page.locator("#cells-table tbody tr:visible").count() == 1
-            for _ in range(total):
-                if page.locator("#cells-more").is_hidden():
-                    break
-                page.click("#cells-more-button")
-            failed = page.locator("#cells-table tbody tr:visible")
-            assert failed.count() < total
-            assert all(failed.nth(i).get_attribute("data-outcome") == "failed" for i in range(failed.count()))
-            assert count.inner_text() == f"{failed.count()} of {total} cells"
+            yield page
         finally:
             browser.close()
+
+
+def test_the_cells_table_shows_a_page_of_rows_and_filters_and_search_cover_all(
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # At 10,000 cells every row laid out made each open of the side viewer take seconds.
+    hostile = hostile_event(run_dir)
+    with _page_of_one_row(run_dir, tmp_path, monkeypatch) as page:
+        total = page.locator("#cells-table tbody tr").count()
+        assert total >= 3
+        count = page.locator("#cells-count")
+        assert page.locator("#cells-table tbody tr:visible").count() == 1
+        assert count.inner_text() == f"1 shown of {total} matching, of {total} cells"
+        page.click("#cells-more-button")
+        assert page.locator("#cells-table tbody tr:visible").count() == 2
+        # the search reads every cell, the hidden ones too
+        page.fill("#search", "__pwned = 1")
+        page.locator("#search-status", has_text=f"1 event match in {total} cells").wait_for()
+        assert page.locator("#search-results a.cell").first.inner_text() == hostile
+        page.select_option("#f-outcome", "failed")  # a filter starts again from the first page of its rows
+        assert page.locator("#cells-table tbody tr:visible").count() == 1
+        for _ in range(total):
+            if page.locator("#cells-more").is_hidden():
+                break
+            page.click("#cells-more-button")
+        failed = page.locator("#cells-table tbody tr:visible")
+        assert failed.count() < total
+        assert all(failed.nth(i).get_attribute("data-outcome") == "failed" for i in range(failed.count()))
+        assert count.inner_text() == f"{failed.count()} of {total} cells"
 
 
 def test_a_groups_occurrence_table_shows_a_page_of_rows_and_every_one_on_asking(
     demo_gate1: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # At 10,000 cells opening the largest group built 9,585 rows (5.8 s), and every later click laid them out again.
-    if not CHROMIUM.exists():
-        pytest.fail("Debian chromium is required: apt-get install -y chromium (.ci/run does it)")
-    from playwright.sync_api import sync_playwright
-
-    from pipeline.report import build
-
-    monkeypatch.setattr(build, "CELL_ROWS", 1)
-    page_path, _ = write_report(demo_gate1, out=tmp_path / "report.html")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page()
-            page.goto(page_path.as_uri())
-            occurrences = read_page_data(page_path.read_text(encoding="utf-8"))["chunks"]["_groups"]
-            gid = max(occurrences, key=lambda g: len(occurrences[g]))
-            n = len(occurrences[gid])
-            assert n >= 2
-            page.locator(f"#group-{gid} > summary").click()
-            rows = page.locator(f"#group-{gid} table.occ tbody tr")
-            rows.first.wait_for()
-            assert rows.count() == 1
-            button = page.locator(f"#group-{gid} div.occ button")
-            assert button.inner_text() == f"show 1 more of {n - 1}"
-            for _ in range(n - 1):
-                button.click()
-            assert rows.count() == n and button.is_hidden()
-            assert [rows.nth(i).locator("td").first.inner_text() for i in range(n)] == [
-                o["occurrence_id"] for o in occurrences[gid]
-            ]
-        finally:
-            browser.close()
+    with _page_of_one_row(demo_gate1, tmp_path, monkeypatch) as page:
+        occurrences = read_page_data((tmp_path / "report.html").read_text(encoding="utf-8"))["chunks"]["_groups"]
+        gid = max(occurrences, key=lambda g: len(occurrences[g]))
+        n = len(occurrences[gid])
+        assert n >= 2
+        page.locator(f"#group-{gid} > summary").click()
+        rows = page.locator(f"#group-{gid} table.occ tbody tr")
+        rows.first.wait_for()
+        assert rows.count() == 1
+        button = page.locator(f"#group-{gid} div.occ button")
+        assert button.inner_text() == f"show 1 more of {n - 1}"
+        for _ in range(n - 1):
+            button.click()
+        assert rows.count() == n and button.is_hidden()
+        assert [rows.nth(i).locator("td").first.inner_text() for i in range(n)] == [
+            o["occurrence_id"] for o in occurrences[gid]
+        ]
