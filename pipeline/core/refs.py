@@ -3,6 +3,7 @@
 A ref is parsed whole (``REF``: a field that holds one ref) or found inside text (``REF_IN_TEXT``:
 an answer, a card, a page). Both accept the end line with or without its ``L`` (``#L3-5`` is how
 models often write ``#L3-L5``), so whatever one layer cites, every other layer reads the same way.
+The pointer is what ``pipeline.ir.refs`` appends for an element of a JSON file, zip member or embedded log.
 """
 
 from __future__ import annotations

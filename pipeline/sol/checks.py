@@ -23,7 +23,6 @@ from pipeline.ir.refs import ref_of
 from pipeline.sol.cards import Support, SupportCounts, WeaknessCard, WeaknessDraft
 
 EVENT_ID_RE = re.compile(r"^(?P<cell>.+)-e(?P<seq>\d{4,})$")
-# The pointer is what pipeline.ir.refs appends for an element of a JSON file, zip member or embedded log.
 
 
 @dataclass(frozen=True)
