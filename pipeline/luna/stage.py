@@ -287,7 +287,7 @@ async def _call_part(client: ModelClient, cell: CellIR, part: Part, context: dic
 
     return await client.call(
         role="luna",
-        cell_id=cell.cell_id if part.total == 1 else f"{cell.cell_id}#{part.label}",
+        cell_id=_part_label(cell, part),
         context=context,
         response_model=LunaAnswer,
         check=check,
@@ -324,13 +324,40 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
     # cells are loaded a chunk at a time as their calls start, never the whole batch at once
     feed = CellFeed(ctx.ir_path, [r[0] for r in eligible if r[0] not in reused], budget)
 
-    async def _ask_part(cell: CellIR, part: Part, context: dict[str, Any]) -> CallOutcome[LunaAnswer]:
+    def kept_part(cell: CellIR, part: Part, context: dict[str, Any]) -> tuple[str, str, Any]:
         # A split cell keeps each answered part as it arrives, so a resume after one part failed asks
         # only the failed parts again instead of paying for the whole cell twice.
+        name, key = _part_name(cell, part), _cell_key(cell_key, [context], thash, client.model)
+        return name, key, part_store.get(name, key)
+
+    def to_ask(cell: CellIR, parts: list[Part]) -> tuple[str, list[dict[str, Any]], Any]:
+        """The cell's key, its parts' contexts and its stored answers (None: its parts are asked)."""
+        contexts = [part_context(cell, p, summaries.get(cell.task_id, "")) for p in parts]
+        key = _cell_key(cell_key, contexts, thash, client.model)
+        return key, contexts, store.get(cell.cell_id, key)
+
+    def first_requests() -> Iterator[tuple[str | None, dict[str, Any], type[LunaAnswer]]]:
+        # --batch: what cell_job below will ask, a chunk of cells at a time (never all in memory)
+        ids = feed.cell_ids
+        con = duck.connect(ctx.ir_path)
+        try:
+            for start in range(0, len(ids), LOAD_CELLS):
+                for cell, parts, _size in prepare(con, budget, only=ids[start : start + LOAD_CELLS]):
+                    if not cell.seq_of:
+                        continue  # no events: no call
+                    _key, contexts, stored = to_ask(cell, parts)
+                    if stored is not None:
+                        continue  # answered by an earlier run
+                    for part, context in zip(parts, contexts, strict=True):
+                        if part.total == 1 or kept_part(cell, part, context)[2] is None:
+                            yield _part_label(cell, part), context, LunaAnswer
+        finally:
+            con.close()
+
+    async def _ask_part(cell: CellIR, part: Part, context: dict[str, Any]) -> CallOutcome[LunaAnswer]:
         if part.total == 1:
             return await _call_part(client, cell, part, context)
-        name, key = _part_name(cell, part), _cell_key(cell_key, [context], thash, client.model)
-        kept = part_store.get(name, key)
+        name, key, kept = kept_part(cell, part, context)
         if kept is not None:
             answer = LunaAnswer.model_validate(kept)
             return CallOutcome(True, answer, [], 0, [], 0, 0, 0.0, role=ROLE, cell_id=name, template_hash=thash)
@@ -348,10 +375,8 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
         if not cell.seq_of:
             run.reason = "no events in the IR: nothing to analyse, no call made"
             return run
-        contexts = [part_context(cell, p, summaries.get(cell.task_id, "")) for p in parts]
-        key = _cell_key(cell_key, contexts, thash, client.model)
+        key, contexts, stored = to_ask(cell, parts)
         run.key = key
-        stored = store.get(cell.cell_id, key)
         if stored is not None:
             run.reused = True
             answers = [LunaAnswer.model_validate(a) for a in stored["answers"]]
@@ -374,6 +399,8 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
         run.merged = merge_cell(cell.cell_id, answers, cell.hits, cell.seq_of)
         return run
 
+    if client.batching(ROLE):
+        await client.prefetch(ROLE, first_requests)
     fresh: list[CellRun] = await client.gather([cell_job(c) for c in feed.cell_ids], label="luna")
     runs = {r.cell_id: r for r in fresh}
     runs.update(reused)
@@ -381,6 +408,11 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
         if r.status != "failed" and r.cell_id in cell_digests:
             r.cache_row = _cache_row(r, cell_digests[r.cell_id], stamp)
     return [runs[c] for c in sorted(runs)]
+
+
+def _part_label(cell: CellIR, part: Part) -> str:
+    """The call's cell id: the cell's, or 'C001#<part label>' for one part of a split cell."""
+    return cell.cell_id if part.total == 1 else f"{cell.cell_id}#{part.label}"
 
 
 def _part_name(cell: CellIR, part: Part) -> str:

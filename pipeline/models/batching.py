@@ -26,7 +26,7 @@ import asyncio
 import json
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,8 @@ BATCHED_ROLES = frozenset({"luna"})
 
 BATCHES_NAME = "batches.json"
 IDLE_S = 0.2  # no new request for this long: every concurrent call of the stage has asked
+BATCH_MAX_REQUESTS = 1000  # one prefetch batch at most (OpenAI allows 50,000 requests ...)
+BATCH_MAX_CHARS = 50_000_000  # ... and 200 MB per batch file; a request's JSON is larger than its text
 INTENT_KEY = "lunasol_intent"  # batch metadata naming the submission, to find it after a crash
 
 
@@ -95,9 +97,16 @@ class Batcher:
         self._taken: dict[str, tuple[dict[str, Any], asyncio.Future[dict[str, Any] | None]]] = {}  # in a flush
         self._flusher: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self._ready: dict[str, dict[str, Any] | Blocked | None] = {}  # key -> what prefetch() collected
+        self.prefetched = False  # the stage's first requests went out through prefetch()
 
     async def answer(self, key: str, kwargs: dict[str, Any]) -> dict[str, Any] | None:
         """The raw body answering this request (its replay key), or None: ask it synchronously."""
+        if key in self._ready:  # collected by prefetch()
+            got = self._ready[key]
+            if isinstance(got, Blocked):
+                raise got
+            return got
         # the same request again while its first ask waits (a flush may already be running it): one answer
         entry = self._waiting.get(key) or self._taken.get(key)
         if entry is None:
@@ -154,30 +163,14 @@ class Batcher:
         ]
         # 2. submit the rest as one new batch, stored in the run before waiting on it
         if retry:
-            bodies = await wire_bodies(self.model, [waiting[k][0] for k in retry], api_base=self.api_base)
-            lines = [batch_line(k, body) for k, body in zip(retry, bodies, strict=True)]
-            intent = uuid.uuid4().hex
-            record: dict[str, Any] = {"id": None, "intent": intent, "keys": retry, "status": "submitting"}
-            async with self._lock:
-                batches = read_batches(self.run_dir)  # another flush may have added its batch meanwhile
-                batches.append(record)
-                _write_batches(self.run_dir, batches)  # before the provider can accept anything
-                bid = await self.endpoint.submit(lines, metadata={"lunasol_run": self.run_dir.name, INTENT_KEY: intent})
-                record.update(id=bid, status="submitted")
-                _write_batches(self.run_dir, batches)
-            del lines, bodies  # the provider holds them now
-            self.log(f"batch {bid}: {len(retry)} requests submitted (stored in {BATCHES_NAME})")
+            record = await self._submit([(k, waiting[k][0]) for k in retry])
+            bid = record["id"]
             state, items = await self._collect(bid)
             states[bid] = state
             for k in retry:
                 where[k] = record
             results.update(items)
-        async with self._lock:
-            batches = read_batches(self.run_dir)
-            for b in batches:
-                if b["id"] in states:
-                    b["status"] = states[b["id"]].status
-            _write_batches(self.run_dir, batches)
+        await self._store_states(states)
         # 3. answer every waiting call
         pending = [k for k in waiting if not states[where[k]["id"]].done]
         expired = [k for k in waiting if k not in pending and not _ok(results.get(k)) and _expired(states, where, k)]
@@ -185,40 +178,139 @@ class Batcher:
             item = results.get(key)
             if key in pending or key in expired or fut.done():
                 continue
-            if _ok(item):
-                fut.set_result(item.body if item is not None else None)
-            else:
-                why = "no answer" if item is None else f"status {item.status_code}: {item.error}"
-                self.log(f"batch {where[key]['id']}: item {key[:19]} failed ({why}); asking it synchronously")
-                fut.set_result(None)
+            fut.set_result(self._usable(where[key]["id"], key, item))
         if pending:
-            ids = sorted({where[k]["id"] for k in pending})
-            exc: Blocked = BatchPending(
-                f"provider batch {', '.join(ids)} not finished ({', '.join(states[i].status for i in ids)}); "
-                f"{len(pending)} requests wait for it",
-                reason="external_system",
-                tried=[
-                    {"action": "poll batch", "outcome": f"{states[i].status}, {states[i].completed} done"} for i in ids
-                ],
-                unblock="lunasol run BUNDLE --resume --batch (collects the same batch; nothing is submitted twice)",
-            )
+            exc: Blocked = _pending_error(sorted({where[k]["id"] for k in pending}), states, len(pending))
             for k in pending:
                 waiting[k][1].set_exception(exc)
         if expired:
-            ids = sorted({where[k]["id"] for k in expired})
-            exc = BatchExpired(
-                f"provider batch {', '.join(ids)} expired with {len(expired)} requests unanswered "
-                f"(the answered ones are kept; resuming submits only these {len(expired)})",
-                reason="external_system",
-                tried=[{"action": "collect batch", "outcome": f"expired, {states[i].completed} answered"} for i in ids],
-                unblock=(
-                    f"lunasol run BUNDLE --resume --batch (answered requests are kept; submits only the "
-                    f"{len(expired)} missing)"
-                ),
-            )
+            exc = _expired_error(sorted({where[k]["id"] for k in expired}), states, len(expired))
             for k in expired:
                 if not waiting[k][1].done():
                     waiting[k][1].set_exception(exc)
+
+    def _usable(self, bid: str, key: str, item: ItemResult | None) -> dict[str, Any] | None:
+        """An answered item's body; None (logged) for an item the provider failed: it is asked synchronously."""
+        if _ok(item):
+            return item.body if item is not None else None
+        why = "no answer" if item is None else f"status {item.status_code}: {item.error}"
+        self.log(f"batch {bid}: item {key[:19]} failed ({why}); asking it synchronously")
+        return None
+
+    async def prefetch(self, requests: Callable[[], Iterable[tuple[str, dict[str, Any]]]]) -> int:
+        """Submit every (key, kwargs) of ``requests()`` as it comes, in batches of bounded size; then collect them all.
+
+        The stage's calls then find their answers at once (:meth:`answer`), so no call has to wait,
+        holding its cell and prompt, until its batch answers: requests are made, submitted and
+        dropped one batch at a time (``BATCH_MAX_REQUESTS`` requests or ``BATCH_MAX_CHARS``
+        characters of prompt). A key an earlier process already submitted is collected from
+        that batch, never submitted again, unless that batch expired without answering it: then
+        ``requests()`` is read a second time for those keys alone. Returns how many were submitted.
+        """
+        async with self._lock:
+            batches = await self._settle_intents(read_batches(self.run_dir))
+        where: dict[str, str] = {}
+        for b in batches:  # a later batch of the same key wins (a resubmission after expiry)
+            for k in b["keys"]:
+                where[k] = b["id"]
+        asked: dict[str, list[str]] = {}  # batch id -> the keys this prefetch takes from it
+
+        def not_submitted(key: str) -> bool:
+            if key in where:
+                asked.setdefault(where[key], []).append(key)
+                return False
+            return True
+
+        new = await self._submit_all(requests(), not_submitted)
+        asked.update(new)
+        states, results = await self._collect_all(list(asked))
+        again = {
+            k
+            for bid, keys in asked.items()
+            if bid not in new and states[bid].status in ("expired", "cancelled")
+            for k in keys
+            if not _ok(results[bid].get(k))
+        }
+        if again:
+            self.log(f"batch: {len(again)} requests of an expired batch are submitted again")
+            more = await self._submit_all(requests(), again.__contains__)
+            more_states, more_results = await self._collect_all(list(more))
+            states.update(more_states)
+            results.update(more_results)
+            for bid in asked:
+                asked[bid] = [k for k in asked[bid] if k not in again]
+            asked.update(more)
+            new.update(more)
+        await self._store_states(states)
+        for bid, keys in asked.items():
+            state, items = states[bid], results[bid]
+            if not state.done:
+                self._ready.update(dict.fromkeys(keys, _pending_error([bid], states, len(keys))))
+                continue
+            expired = [k for k in keys if not _ok(items.get(k)) and state.status in ("expired", "cancelled")]
+            if expired:
+                self._ready.update(dict.fromkeys(expired, _expired_error([bid], states, len(expired))))
+            for k in keys:
+                if k not in expired:
+                    self._ready[k] = self._usable(bid, k, items.get(k))
+        self.prefetched = True
+        return sum(len(keys) for keys in new.values())
+
+    async def _submit_all(
+        self, requests: Iterable[tuple[str, dict[str, Any]]], wanted: Callable[[str], bool]
+    ) -> dict[str, list[str]]:
+        """Submit the wanted requests (each key once) in batches of bounded size; batch id -> its keys."""
+        out: dict[str, list[str]] = {}
+        chunk: list[tuple[str, dict[str, Any]]] = []
+        chars = 0
+        seen: set[str] = set()
+        for key, kwargs in requests:
+            if key in seen or not wanted(key):
+                continue
+            seen.add(key)
+            chunk.append((key, kwargs))
+            chars += _chars(kwargs)
+            if len(chunk) >= BATCH_MAX_REQUESTS or chars >= BATCH_MAX_CHARS:
+                out[(await self._submit(chunk))["id"]] = [k for k, _ in chunk]
+                chunk, chars = [], 0
+        if chunk:
+            out[(await self._submit(chunk))["id"]] = [k for k, _ in chunk]
+        return out
+
+    async def _collect_all(self, ids: list[str]) -> tuple[dict[str, BatchState], dict[str, dict[str, ItemResult]]]:
+        """Wait for these batches together (each up to the max wait); their states and items by batch id."""
+        collected = await asyncio.gather(*(self._collect(bid) for bid in ids))
+        return (
+            {bid: state for bid, (state, _) in zip(ids, collected, strict=True)},
+            {bid: items for bid, (_, items) in zip(ids, collected, strict=True)},
+        )
+
+    async def _store_states(self, states: dict[str, BatchState]) -> None:
+        """Write each batch's last seen status into ``batches.json`` (``lunasol status`` shows it)."""
+        async with self._lock:
+            batches = read_batches(self.run_dir)
+            for b in batches:
+                if b["id"] in states:
+                    b["status"] = states[b["id"]].status
+            _write_batches(self.run_dir, batches)
+
+    async def _submit(self, requests: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+        """Submit one new batch of (key, kwargs), stored in ``batches.json`` before the provider can accept it."""
+        keys = [k for k, _ in requests]
+        bodies = await wire_bodies(self.model, [kw for _, kw in requests], api_base=self.api_base)
+        lines = [batch_line(k, body) for k, body in zip(keys, bodies, strict=True)]
+        del bodies
+        intent = uuid.uuid4().hex
+        record: dict[str, Any] = {"id": None, "intent": intent, "keys": keys, "status": "submitting"}
+        async with self._lock:
+            batches = read_batches(self.run_dir)  # another flush may have added its batch meanwhile
+            batches.append(record)
+            _write_batches(self.run_dir, batches)  # before the provider can accept anything
+            bid = await self.endpoint.submit(lines, metadata={"lunasol_run": self.run_dir.name, INTENT_KEY: intent})
+            record.update(id=bid, status="submitted")
+            _write_batches(self.run_dir, batches)
+        self.log(f"batch {bid}: {len(keys)} requests submitted (stored in {BATCHES_NAME})")
+        return record
 
     async def _settle_intents(self, batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
         # A record without an id: an earlier process asked for a batch and died before storing its id.
@@ -255,3 +347,28 @@ def _ok(item: ItemResult | None) -> bool:
 
 def _expired(states: dict[str, BatchState], where: dict[str, dict[str, Any]], key: str) -> bool:
     return states[where[key]["id"]].status in ("expired", "cancelled")
+
+
+def _pending_error(ids: list[str], states: dict[str, BatchState], n: int) -> BatchPending:
+    return BatchPending(
+        f"provider batch {', '.join(ids)} not finished ({', '.join(states[i].status for i in ids)}); "
+        f"{n} requests wait for it",
+        reason="external_system",
+        tried=[{"action": "poll batch", "outcome": f"{states[i].status}, {states[i].completed} done"} for i in ids],
+        unblock="lunasol run BUNDLE --resume --batch (collects the same batch; nothing is submitted twice)",
+    )
+
+
+def _expired_error(ids: list[str], states: dict[str, BatchState], n: int) -> BatchExpired:
+    return BatchExpired(
+        f"provider batch {', '.join(ids)} expired with {n} requests unanswered "
+        f"(the answered ones are kept; resuming submits only these {n})",
+        reason="external_system",
+        tried=[{"action": "collect batch", "outcome": f"expired, {states[i].completed} answered"} for i in ids],
+        unblock=f"lunasol run BUNDLE --resume --batch (answered requests are kept; submits only the {n} missing)",
+    )
+
+
+def _chars(kwargs: dict[str, Any]) -> int:
+    # what a request weighs in a batch file, near enough: its messages' text
+    return sum(len(str(m.get("content") or "")) for m in kwargs.get("messages", []))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -31,15 +31,15 @@ from pipeline.core.settings import ModelSettings
 from pipeline.models import shaping
 from pipeline.models.accounting import Accounting, Usage
 from pipeline.models.batch import TERMINAL
-from pipeline.models.batching import Batcher, read_batches
+from pipeline.models.batching import BATCHED_ROLES, Batcher, read_batches
 from pipeline.models.budget import check_fits
 from pipeline.models.calllog import CallLog, read_calls
-from pipeline.models.errors import ModelUnavailable
+from pipeline.models.errors import ContextExceeded, ModelUnavailable
 from pipeline.models.exchange import CALL_STATE, CallState, Exchange
 from pipeline.models.modes import INSTRUCTOR_MODES, resolve_mode
 from pipeline.models.progress import gather_bounded
 from pipeline.models.prompts import render_source, template_path
-from pipeline.models.store import RecordingStore
+from pipeline.models.store import RecordingStore, request_key
 from pipeline.models.transport import describe, load_litellm, load_openai, lunasol_cause, quiet_instructor, reason_for
 
 T = TypeVar("T", bound=BaseModel)
@@ -255,14 +255,55 @@ class ModelClient:
             last_answer=None if ok or last is None else last.model_dump(mode="json"),
         )
 
+    def batching(self, role: str) -> bool:
+        """Whether this role's first requests go out as provider batches (``--batch``)."""
+        return self.exchange.batcher is not None and role in BATCHED_ROLES
+
+    async def prefetch(
+        self, role: str, calls: Callable[[], Iterable[tuple[str | None, dict[str, Any], type[BaseModel]]]]
+    ) -> int:
+        """``--batch``: submit the first request of each (cell id, context, answer model) of ``calls()`` first.
+
+        Each request is rendered, shaped and keyed as :meth:`call` would (``pipeline.models.shaping``
+        builds instructor's request; the tests hold the two equal), submitted in bounded batches
+        and dropped, then every batch is collected: the calls that follow find their answers at
+        once and run under the usual concurrency bound, so a run never holds every cell and its
+        prompt while a batch takes hours. A request the store already answers, or one that does
+        not fit the budget (its call says so), is not submitted. ``calls()`` may be read twice
+        (:meth:`Batcher.prefetch`). Returns how many were submitted.
+        """
+        batcher = self.exchange.batcher
+        if batcher is None or role not in BATCHED_ROLES:
+            return 0
+        source = self._template(role)
+        max_tokens = self.settings.max_tokens_for(role)
+        params: dict[str, Any] = {"temperature": self.settings.temperature}
+        if max_tokens:
+            params["max_tokens"] = max_tokens
+
+        def requests() -> Iterator[tuple[str, dict[str, Any]]]:
+            for cell_id, context, response_model in calls():
+                messages = [dict(m) for m in render_source(source, context, name=f"{role}.j2").messages]
+                try:
+                    check_fits(self.settings, role, cell_id, messages, response_model)
+                except ContextExceeded:
+                    continue
+                kwargs = shaping.shape_request(messages, response_model, self.instructor_mode, **params)
+                key = request_key(self.exchange.request_of(kwargs))
+                if not self.exchange.serves(key):
+                    yield key, kwargs
+
+        return await batcher.prefetch(requests)
+
     async def gather(self, coros: Any, *, label: str = "model calls") -> list[Any]:
         """Run many calls under ``settings.concurrency`` with a progress bar (on a TTY) showing spend."""
         # Twice the HTTP bound: the next calls render and prepare while others wait on the network,
         # so a freed slot is used at once; the HTTP concurrency itself stays at settings.concurrency.
         budget = (self.settings.budget_usd, self.settings.budget_tokens)
         coros = list(coros)
-        if self.exchange.batcher is not None:
-            # --batch: every call must reach the batcher before it submits, so none waits on the bound.
+        if self.exchange.batcher is not None and not self.exchange.batcher.prefetched:
+            # --batch without prefetch(): every call must reach the batcher before it submits, so none
+            # waits on the bound.
             return await gather_bounded(coros, max(1, len(coros)), label=label, usage=self.usage, budget=budget)
         return await gather_bounded(coros, 2 * self.settings.concurrency, label=label, usage=self.usage, budget=budget)
 

@@ -105,6 +105,18 @@ class Exchange:
         """True when live calls go through the openai SDK without litellm (:func:`uses_openai_sdk`)."""
         return uses_openai_sdk(self.settings, self.model)
 
+    def request_of(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The canonical request the replay key is made of, for the kwargs instructor hands over."""
+        # instructor does not pass the model through; the key must still name it (DESIGN: model is in the key).
+        return canonical_request({**kwargs, "model": self.model}, self.instructor_mode)
+
+    def serves(self, key: str) -> bool:
+        """Whether the store answers this key instead of a live call (see :meth:`answer`)."""
+        store = self.store
+        if store is None:
+            return False
+        return store.mode == "replay" or key in store.written or (key not in self.consumed and store.has(key))
+
     async def answer(self, **kwargs: Any) -> dict[str, Any]:
         """One exchange for the current call (:data:`CALL_STATE`): the answer's body (the raw HTTP JSON).
 
@@ -116,16 +128,14 @@ class Exchange:
         deliberate new ask of a finished call (a redo) is asked again.
         """
         state = CALL_STATE.get()
-        # instructor does not pass the model through; the key must still name it (DESIGN: model is in the key).
-        request = canonical_request({**kwargs, "model": self.model}, self.instructor_mode)
+        request = self.request_of(kwargs)
         key = request_key(request)
         attempt = len(state.keys)
         state.keys.append(key)
         store = self.store
         body: dict[str, Any] | None = None
         if store is not None:
-            served = store.mode == "replay" or key in store.written or (key not in self.consumed and store.has(key))
-            record = store.load(key) if served else None
+            record = store.load(key) if self.serves(key) else None
             if record is not None:
                 body = _response_body(check_record(record, store.path_for(key)))
                 if store.mode != "replay" and unusable(body) is not None:

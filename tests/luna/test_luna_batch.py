@@ -21,7 +21,8 @@ import pytest
 from pipeline.core.context import RunOptions
 from pipeline.core.errors import Blocked
 from pipeline.core.settings import ModelSettings
-from pipeline.models import read_calls
+from pipeline.models import batching, progress, read_calls
+from pipeline.models import client as client_module
 from pipeline.models.batching import read_batches
 from pipeline.run.runner import run
 from pipeline.run.status import format_status, status
@@ -97,6 +98,34 @@ def test_batch_run_equals_the_synchronous_run(tmp_path: Path, server: FakeOpenAI
         log=lambda _m: None,
     ).ctx.run_dir
     assert outputs(replayed) == outputs(sync_dir)
+
+
+def test_requests_go_out_in_bounded_batches_before_any_call_waits(
+    tmp_path: Path, server: FakeOpenAI, sync_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # At 10,000 cells a call waiting for its batch holds its cell and its prompt (~2.8 GiB in all):
+    # the requests are submitted first, a bounded batch at a time, and the calls run after, bounded.
+    monkeypatch.setattr(batching, "BATCH_MAX_REQUESTS", 10)
+    limits: list[int] = []
+
+    async def spy(coros: Any, limit: int, **kw: Any) -> Any:
+        limits.append(limit)
+        return await progress.gather_bounded(coros, limit, **kw)
+
+    monkeypatch.setattr(client_module, "gather_bounded", spy)
+    lines: list[str] = []
+    models = settings(server, tmp_path / "b-rec", batch=True)
+    opts = RunOptions(bundle=DEMO_BUNDLE, runs_dir=tmp_path / "b", models=models)
+    run_dir = run(opts, log=lines.append).ctx.run_dir
+    assert outputs(run_dir) == outputs(sync_run[0])
+    batches = read_batches(run_dir)
+    assert [len(b["keys"]) for b in batches] == [10, 10, 4] and (server.batch.uploads, server.batch.created) == (3, 3)
+    said = [line for line in lines if line.startswith("batch ")]
+    submitted = [i for i, line in enumerate(said) if "requests submitted" in line]
+    assert len(submitted) == 3 and max(submitted) < min(i for i, line in enumerate(said) if "completed" in line)
+    assert limits[0] == 2 * ModelSettings().concurrency  # Luna's calls: the usual bound, not all 24 at once
+    luna_calls = [c for c in read_calls(run_dir) if c["role"] == "luna"]
+    assert sorted(k for b in batches for k in b["keys"]) == sorted(c["keys"][0] for c in luna_calls)
 
 
 def test_unfinished_batch_blocks_and_resume_collects_it_without_resubmitting(
