@@ -59,6 +59,7 @@ def run(cells: int, root: Path) -> dict[str, Any]:
         "cpu_s": round(r["cpu"], 1),
         "wall_s": round(r["wall_s"], 1),
         "peak_rss_mib": round(r["peak_tree_rss_mib"]),
+        "stage_peak_rss_mib": r["stage_peak_rss_mib"],
         "calls": r["calls"],
         "batches": batches,
         "overlapped": overlapped,

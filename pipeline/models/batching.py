@@ -1,17 +1,20 @@
 """``--batch``: the first request of each batched call goes out in one provider batch, not synchronously.
 
-:class:`Batcher` sits under the exchange: a request arrives with its replay key (the key a
-synchronous call would use) and waits. Once no new request has arrived for a moment, every
-waiting request is looked up in the run's ``batches.json``: a key some earlier process already
-submitted is collected from that batch (never submitted twice); the rest go out as one new batch.
-Its keys and a random intent token are written to ``batches.json`` *before* the batch is asked
-for, and the token goes to the provider as batch metadata; the id is written as soon as the
-provider answers. A process killed in between leaves a record without an id: the next flush
-finds the batch by its token in the provider's list (adopting it) or, if the provider never
-accepted it, submits those keys again. The answer is the provider's raw response body, which the
-exchange records exactly as a synchronous answer. ``batches.json`` is read and written under a
-lock, but the provider is waited on outside it: a later flush (Luna's next chunk of cells) is
-submitted while earlier batches run, and a request already in a running flush waits for that one.
+:class:`Batcher` sits under the exchange. A stage first hands it every first request it will make
+(:meth:`Batcher.prefetch`): they are submitted a bounded batch at a time, and all collected before
+the stage's calls run, so no call waits holding its cell and prompt. A request not prefetched
+arrives with its replay key (the key a synchronous call would use) and waits; once no new request
+has arrived for a moment, every waiting request goes out the same way. Either way a key some
+earlier process already submitted is found in the run's ``batches.json`` and collected from that
+batch (never submitted twice); the rest go out as new batches. Each batch's keys and a random
+intent token are written to ``batches.json`` *before* the batch is asked for, and the token goes
+to the provider as batch metadata; the id is written as soon as the provider answers. A process
+killed in between leaves a record without an id: the next flush finds the batch by its token in
+the provider's list (adopting it) or, if the provider never accepted it, submits those keys again.
+The answer is the provider's raw response body, which the exchange records exactly as a
+synchronous answer. ``batches.json`` is read and written under a lock, but the provider is waited
+on outside it: a later flush is submitted while earlier batches run, and a request already in a
+running flush waits for that one.
 
 * not finished within ``LUNASOL_BATCH_MAX_WAIT_S``: :class:`BatchPending` (a block; ``--resume``
   collects the same batch);
@@ -265,9 +268,11 @@ class Batcher:
         chars = 0
         seen: set[str] = set()
         for key, kwargs in requests:
-            if key in seen or not wanted(key):
+            if key in seen:
                 continue
             seen.add(key)
+            if not wanted(key):
+                continue
             chunk.append((key, kwargs))
             chars += _chars(kwargs)
             if len(chunk) >= BATCH_MAX_REQUESTS or chars >= BATCH_MAX_CHARS:
