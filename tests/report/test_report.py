@@ -433,3 +433,42 @@ def test_a_groups_occurrence_table_shows_a_page_of_rows_and_every_one_on_asking(
         assert [rows.nth(i).locator("td").first.inner_text() for i in range(n)] == [
             o["occurrence_id"] for o in occurrences[gid]
         ]
+
+
+def _matches(chunks: dict[str, Any], query: str) -> int:
+    """What the page's search counts for ``query``, computed here from the inflated chunks (its oracle)."""
+    q, n = query.strip().lower(), 0
+    for name, ch in chunks.items():
+        if name.startswith("_"):
+            continue  # the page's own chunks (groups), not a cell's
+        for r in ch.get("events", []):
+            hay = " ".join("" if x is None else str(x) for x in (r[0], r[2], r[3], r[4], r[5], r[6], r[7])).lower()
+            lines = ch["lines"].get(r[8]) or {}
+            raw = "".join(" " + lines[str(i)] for i in range(r[9], r[10] + 1) if str(i) in lines) if r[8] else ""
+            n += q in hay or q in raw.lower()
+    return n
+
+
+def test_the_search_skips_no_cell_that_holds_the_query(
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A query of plain ASCII without space or quote is looked for in each chunk's text before its
+    # JSON is parsed (a 10,000-cell search spent most of its time parsing cells that cannot match).
+    from playwright.sync_api import expect
+
+    with _page_of_one_row(run_dir, tmp_path, monkeypatch) as page:
+        chunks = read_page_data((tmp_path / "report.html").read_text(encoding="utf-8"))["chunks"]
+        cells = page.locator("#cells-table tbody tr").count()
+        queries = ["__pwned", "__pwned = 1", "E0", "e0", "-e00", "xyzzy-none", '="', "a b"]
+        counts = {}
+        for q in queries:
+            page.fill("#search", "")
+            expect(page.locator("#search-status")).to_have_text("")  # the last query's answer is gone
+            page.fill("#search", q)
+            status = page.locator("#search-status", has_text=" match in ")
+            status.wait_for()
+            counts[q] = int(status.inner_text().split()[0])
+            assert status.inner_text().endswith(f"in {cells} cells") or "(first" in status.inner_text()
+        assert counts == {q: _matches(chunks, q) for q in queries}
+        assert counts["__pwned"] == counts["__pwned = 1"] == 1 and counts["E0"] == counts["e0"] > 1
+        assert not counts["xyzzy-none"]
