@@ -35,6 +35,7 @@ from typing import Any
 
 from pipeline.core.canonical import atomic_write_text
 from pipeline.core.errors import Blocked
+from pipeline.core.memory import give_back
 from pipeline.models.batch import BatchEndpoint, BatchState, ItemResult, batch_line, wire_bodies
 
 BATCHED_ROLES = frozenset({"luna"})
@@ -43,7 +44,7 @@ BATCHED_ROLES = frozenset({"luna"})
 BATCHES_NAME = "batches.json"
 IDLE_S = 0.2  # no new request for this long: every concurrent call of the stage has asked
 BATCH_MAX_REQUESTS = 1000  # one prefetch batch at most (OpenAI allows 50,000 requests ...)
-BATCH_MAX_CHARS = 50_000_000  # ... and 200 MB per batch file; a request's JSON is larger than its text
+BATCH_MAX_CHARS = 20_000_000  # ... and 200 MB per batch file; a request's JSON is larger than its text
 INTENT_KEY = "lunasol_intent"  # batch metadata naming the submission, to find it after a crash
 
 
@@ -278,8 +279,11 @@ class Batcher:
             if len(chunk) >= BATCH_MAX_REQUESTS or chars >= BATCH_MAX_CHARS:
                 out[(await self._submit(chunk))["id"]] = [k for k, _ in chunk]
                 chunk, chars = [], 0
+                give_back()  # the batch's prompts and file are free now (pipeline.core.memory)
         if chunk:
             out[(await self._submit(chunk))["id"]] = [k for k, _ in chunk]
+            del chunk
+            give_back()
         return out
 
     async def _collect_all(self, ids: list[str]) -> tuple[dict[str, BatchState], dict[str, dict[str, ItemResult]]]:
