@@ -60,6 +60,7 @@ def run(cells: int, root: Path) -> dict[str, Any]:
         "wall_s": round(r["wall_s"], 1),
         "peak_rss_mib": round(r["peak_tree_rss_mib"]),
         "stage_peak_rss_mib": r["stage_peak_rss_mib"],
+        "self_maxrss_mib": round(r.get("self_maxrss_mib", 0)),  # the lunasol process alone (getrusage)
         "calls": r["calls"],
         "batches": batches,
         "overlapped": overlapped,

@@ -15,9 +15,9 @@ answer are answers to the same bytes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,8 +113,10 @@ async def wire_bodies(model: str, many: list[dict[str, Any]], *, api_base: str |
         for kwargs in many:
             seen.clear()
             # The capture always ends the call with an error; what counts is whether the body was seen.
-            with contextlib.suppress(Exception):
+            try:
                 await litellm.acompletion(model=model, client=client, num_retries=0, max_retries=0, **kwargs)
+            except Exception as exc:
+                _drop_frames(exc)
             if not seen:
                 raise BadInput(
                     f"--batch: litellm built no HTTP request for {model} (not an OpenAI-compatible provider?)"
@@ -126,6 +128,25 @@ async def wire_bodies(model: str, many: list[dict[str, Any]], *, api_base: str |
     finally:
         await http_client.aclose()
     return bodies
+
+
+def _drop_frames(exc: BaseException) -> None:
+    """Clear the frames of an exception and of those it was raised from.
+
+    litellm maps the capture's error through several frames that hold the request: each failed
+    call left a reference cycle (exception, traceback, frame) keeping its whole prompt until a
+    full garbage collection, which at ~700,000 live objects came seldom (2,000 cells: +100 MB per
+    batch of 300 requests; 10,000 cells: 2.8 GiB in the Luna stage).
+    """
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        todo += [e.__cause__, e.__context__]
 
 
 class BatchEndpoint:
