@@ -42,6 +42,7 @@ BATCHED_ROLES = frozenset({"luna"})
 """Roles whose calls ``--batch`` sends as one provider batch (the per-cell fan-out)."""
 
 BATCHES_NAME = "batches.json"
+CLOSED_UNANSWERED = frozenset({"expired", "cancelled"})  # a batch that ended with requests left unanswered
 IDLE_S = 0.2  # no new request for this long: every concurrent call of the stage has asked
 BATCH_MAX_REQUESTS = 1000  # one prefetch batch at most (OpenAI allows 50,000 requests ...)
 BATCH_MAX_CHARS = 20_000_000  # ... and 200 MB per batch file; a request's JSON is larger than its text
@@ -163,7 +164,7 @@ class Batcher:
         retry = [
             k
             for k in waiting
-            if k not in where or (states[where[k]["id"]].status in ("expired", "cancelled") and not _ok(results.get(k)))
+            if k not in where or (states[where[k]["id"]].status in CLOSED_UNANSWERED and not _ok(results.get(k)))
         ]
         # 2. submit the rest as one new batch, stored in the run before waiting on it
         if retry:
@@ -231,7 +232,7 @@ class Batcher:
         again = {
             k
             for bid, keys in asked.items()
-            if bid not in new and states[bid].status in ("expired", "cancelled")
+            if bid not in new and states[bid].status in CLOSED_UNANSWERED
             for k in keys
             if not _ok(results[bid].get(k))
         }
@@ -251,7 +252,7 @@ class Batcher:
             if not state.done:
                 self._ready.update(dict.fromkeys(keys, _pending_error([bid], states, len(keys))))
                 continue
-            expired = [k for k in keys if not _ok(items.get(k)) and state.status in ("expired", "cancelled")]
+            expired = [k for k in keys if not _ok(items.get(k)) and state.status in CLOSED_UNANSWERED]
             if expired:
                 self._ready.update(dict.fromkeys(expired, _expired_error([bid], states, len(expired))))
             for k in keys:
@@ -355,7 +356,7 @@ def _ok(item: ItemResult | None) -> bool:
 
 
 def _expired(states: dict[str, BatchState], where: dict[str, dict[str, Any]], key: str) -> bool:
-    return states[where[key]["id"]].status in ("expired", "cancelled")
+    return states[where[key]["id"]].status in CLOSED_UNANSWERED
 
 
 def _pending_error(ids: list[str], states: dict[str, BatchState], n: int) -> BatchPending:
