@@ -1,10 +1,11 @@
 """Handing freed memory back to the operating system after a large transient allocation.
 
 glibc keeps the memory of freed objects in its heaps for reuse, and large blocks freed in
-the middle of a heap are not returned: a ``--batch`` run that builds a batch file of ~50 MB of
-prompts a dozen times kept each build's pages (10,000 cells: 3 GiB peak in the Luna stage, of
-which most was free memory). ``malloc_trim(0)`` returns those pages; dask's workers do the same.
-Elsewhere (another C library, another OS) this is a no-op.
+the middle of a heap are not returned: a ``--batch`` run builds a batch file of up to 20M
+characters of prompts, and copies of it, once per batch. Trimming after each one returned
+130-160 MB per batch in a 2,000-cell run (most of the 10,000-cell run's 2.8 GiB was something
+else: frames that kept every prompt, see ``pipeline.models.batch``). ``malloc_trim(0)`` returns
+those pages; dask's workers do the same. Elsewhere (another C library, another OS) this is a no-op.
 """
 
 from __future__ import annotations

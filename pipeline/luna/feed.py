@@ -10,6 +10,7 @@ chunk and the calls in flight are in memory, whatever the batch size.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
@@ -27,6 +28,12 @@ def prepare(con: duckdb.DuckDBPyConnection, budget: int | None = None, only: lis
     """Every eligible cell (or those in ``only``) with its parts (split only when over ``budget``) and its size."""
     budget = budget or context_budget()
     return [(cell, split_parts(cell, budget), estimate_tokens(render_cell(cell))) for cell in load_cells(con, only)]
+
+
+def prepare_in_chunks(con: duckdb.DuckDBPyConnection, budget: int, ids: list[str]) -> Iterator[Prepared]:
+    """:func:`prepare` of ``ids`` in order, ``LOAD_CELLS`` at a time: one chunk of cells in memory, never all."""
+    for start in range(0, len(ids), LOAD_CELLS):
+        yield from prepare(con, budget, only=ids[start : start + LOAD_CELLS])
 
 
 class CellFeed:

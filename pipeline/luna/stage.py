@@ -31,7 +31,7 @@ from pipeline.ir.cache import cached_rows
 from pipeline.ir.digests import content_digests
 from pipeline.ir.redact import redact
 from pipeline.ir.store import insert_rows
-from pipeline.luna.feed import LOAD_CELLS, CellFeed, prepare
+from pipeline.luna.feed import CellFeed, prepare, prepare_in_chunks  # noqa: F401 - prepare: part of this module's API (tests)
 from pipeline.luna.merge import CellPatterns, Conflict, Verdict, merge_cell
 from pipeline.luna.patterns import PATTERN_ROW_SCHEMA_VERSION, LunaAnswer, Pattern, check_answer
 from pipeline.luna.render import CellIR, Part, context_budget
@@ -268,15 +268,14 @@ def plan(ctx: RunContext) -> Iterator[PlannedCall]:
     try:
         _ensure_hits(con)
         ids = [r[0] for r in con.execute(ELIGIBLE_SQL).fetchall()]
-        for start in range(0, len(ids), LOAD_CELLS):
-            for cell, parts, _size in prepare(con, budget, only=ids[start : start + LOAD_CELLS]):
-                for part in parts:
-                    yield PlannedCall(
-                        role="luna",
-                        cell_id=cell.cell_id,
-                        context=part_context(cell, part, summaries.get(cell.task_id, "")),
-                        response_model=LunaAnswer,
-                    )
+        for cell, parts, _size in prepare_in_chunks(con, budget, ids):
+            for part in parts:
+                yield PlannedCall(
+                    role="luna",
+                    cell_id=cell.cell_id,
+                    context=part_context(cell, part, summaries.get(cell.task_id, "")),
+                    response_model=LunaAnswer,
+                )
     finally:
         con.close()
 
@@ -338,19 +337,17 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
 
     def first_requests() -> Iterator[tuple[str | None, dict[str, Any], type[LunaAnswer]]]:
         # --batch: what cell_job below will ask, a chunk of cells at a time (never all in memory)
-        ids = feed.cell_ids
         con = duck.connect(ctx.ir_path)
         try:
-            for start in range(0, len(ids), LOAD_CELLS):
-                for cell, parts, _size in prepare(con, budget, only=ids[start : start + LOAD_CELLS]):
-                    if not cell.seq_of:
-                        continue  # no events: no call
-                    _key, contexts, stored = to_ask(cell, parts)
-                    if stored is not None:
-                        continue  # answered by an earlier run
-                    for part, context in zip(parts, contexts, strict=True):
-                        if part.total == 1 or kept_part(cell, part, context)[2] is None:
-                            yield _part_label(cell, part), context, LunaAnswer
+            for cell, parts, _size in prepare_in_chunks(con, budget, feed.cell_ids):
+                if not cell.seq_of:
+                    continue  # no events: no call
+                _key, contexts, stored = to_ask(cell, parts)
+                if stored is not None:
+                    continue  # answered by an earlier run
+                for part, context in zip(parts, contexts, strict=True):
+                    if part.total == 1 or kept_part(cell, part, context)[2] is None:
+                        yield _part_label(cell, part), context, LunaAnswer
         finally:
             con.close()
 

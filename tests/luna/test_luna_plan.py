@@ -11,6 +11,7 @@ import pytest
 import pipeline.luna.stage  # noqa: F401 - loads the module looked up below
 from pipeline.core.context import RunContext, RunOptions
 from pipeline.core.settings import ModelSettings
+from pipeline.luna import feed
 from tests.conftest import DEMO_BUNDLE
 
 luna_stage = sys.modules["pipeline.luna.stage"]  # the package re-exports a function named ``stage``
@@ -27,14 +28,14 @@ def test_the_dry_run_plan_loads_cells_a_chunk_at_a_time_and_plans_the_same_calls
 ) -> None:
     whole = _calls(demo_copy)  # 24 eligible cells: one chunk at the default size
     chunks: list[int] = []
-    real = luna_stage.prepare
+    real = feed.prepare
 
     def recording(con: Any, budget: int | None = None, only: list[str] | None = None) -> Any:
         chunks.append(len(only or []))
         return real(con, budget, only=only)
 
-    monkeypatch.setattr(luna_stage, "LOAD_CELLS", 5)
-    monkeypatch.setattr(luna_stage, "prepare", recording)
+    monkeypatch.setattr(feed, "LOAD_CELLS", 5)  # the dry run and --batch load cells through feed
+    monkeypatch.setattr(feed, "prepare", recording)
     plan = luna_stage.plan(RunContext(RunOptions(bundle=DEMO_BUNDLE), demo_copy, log=lambda _m: None))
     first = next(plan)
     assert chunks == [5] and first.role == "luna"  # the first call comes before the rest of the batch is loaded
