@@ -138,6 +138,8 @@ def run_command(run_dir: Path, *, resume: bool = True) -> str:
         parts += ["--concurrency", str(models["concurrency"])]
     if models.get("batch"):
         parts.append("--batch")
+    if models.get("batch_queue_tokens"):
+        parts += ["--batch-queue-tokens", str(models["batch_queue_tokens"])]
     if made_unredacted(run_dir):
         parts.append("--no-redact")  # continuing without it would re-export the run redacted
     if resume:

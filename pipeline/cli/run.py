@@ -43,6 +43,12 @@ def register(app: typer.Typer) -> None:
         batch: bool = typer.Option(
             False, "--batch", help="Luna's calls as one provider batch (about half price, hours); env LUNASOL_BATCH."
         ),
+        batch_queue_tokens: int | None = typer.Option(
+            None,
+            "--batch-queue-tokens",
+            help="With --batch: the most prompt tokens enqueued at once (your tier's batch queue limit; "
+            "default: learned when the provider refuses a batch as full); env LUNASOL_BATCH_QUEUE_TOKENS.",
+        ),
         timeout: float | None = TIMEOUT_OPTION,
         max_tokens: int | None = MAX_TOKENS_OPTION,
         instructor_mode: str | None = MODE_OPTION,
@@ -78,6 +84,7 @@ def register(app: typer.Typer) -> None:
             concurrency=concurrency,
             budget_usd=budget_usd,
             batch=batch or None,  # None: LUNASOL_BATCH decides
+            batch_queue_tokens=batch_queue_tokens,
             timeout_s=timeout,
             max_tokens=max_tokens,
             instructor_mode=instructor_mode,

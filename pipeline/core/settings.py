@@ -52,6 +52,12 @@ class ModelSettings(BaseModel):
         default=3, ge=1, description="cells failing on transport in a row before the run blocks (provider down)"
     )
     batch: bool = Field(default=False, description="send Luna's per-cell calls as one provider batch (--batch)")
+    batch_queue_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="the model's batch queue limit in tokens (OpenAI's enqueued-token limit of your tier): "
+        "--batch keeps at most this many enqueued; default: learned from the first batch the provider refuses as full",
+    )
     client: Client = Field(
         default="auto",
         description="library that sends live calls: auto = the openai SDK for openai/<name> with --api-base "

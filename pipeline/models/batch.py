@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,13 @@ TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 DUMMY_API_KEY = "sk-lunasol-no-key"  # a bare OpenAI-compatible --api-base needs *some* key string
 # Providers whose files/batches endpoints speak the OpenAI protocol through litellm.
 BATCH_PROVIDERS = ("openai",)
+QUEUE_FULL = "token_limit_exceeded"
+"""OpenAI's error code on a batch it failed because the model's enqueued-token limit was reached.
+
+Its message names the limit ("... Limit: 2,000,000 enqueued tokens. Please try again once some
+in_progress batches have been completed."), read by :meth:`BatchState.queue_limit`.
+"""
+_QUEUE_LIMIT = re.compile(r"limit:\s*([\d,_]+)\s*enqueued tokens", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -59,11 +67,25 @@ class BatchState:
     output_file_id: str | None = None
     error_file_id: str | None = None
     errors: list[str] = field(default_factory=list)
+    error_codes: list[str] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
         """True once the batch can change no more (completed, failed, expired, cancelled)."""
         return self.status in TERMINAL
+
+    @property
+    def queue_full(self) -> bool:
+        """True for a batch the provider failed because the model's batch queue was full (retry later)."""
+        return self.status == "failed" and QUEUE_FULL in self.error_codes
+
+    def queue_limit(self) -> int | None:
+        """The enqueued-token limit the provider's queue-full message states, if it states one."""
+        for message in self.errors:
+            found = _QUEUE_LIMIT.search(message)
+            if found:
+                return int(re.sub(r"[,_]", "", found.group(1)))
+        return None
 
 
 def batch_line(custom_id: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -221,6 +243,7 @@ class BatchEndpoint:
             output_file_id=getattr(b, "output_file_id", None),
             error_file_id=getattr(b, "error_file_id", None),
             errors=[str(getattr(e, "message", e)) for e in errs],
+            error_codes=[str(getattr(e, "code", "") or "") for e in errs],
         )
 
     async def wait(

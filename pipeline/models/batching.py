@@ -20,13 +20,21 @@ running flush waits for that one.
   collects the same batch);
 * an item the provider failed: answered ``None``, and the caller asks synchronously;
 * an expired batch: answered items are used, the missing ones block with :class:`BatchExpired`,
-  whose unblock (``--resume --batch``) submits only those.
+  whose unblock (``--resume --batch``) submits only those;
+* a batch the provider failed as a whole: :class:`BatchFailed` with the provider's errors; its
+  requests are never asked synchronously behind the user's back (that is the full price), and
+  ``--resume --batch`` submits them again;
+* a batch failed because the model's batch queue was full (OpenAI's enqueued-token limit, its
+  ``token_limit_exceeded``): the limit its message states is kept from then on, and its requests
+  go again as the batches in progress finish. With a known limit (``--batch-queue-tokens``, or one
+  learned so), prefetch keeps at most that many tokens enqueued: a batch waits for room.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import uuid
 from collections.abc import Callable, Iterable
@@ -36,13 +44,21 @@ from typing import Any
 from pipeline.core.canonical import atomic_write_text
 from pipeline.core.errors import Blocked
 from pipeline.core.memory import give_back
-from pipeline.models.batch import BatchEndpoint, BatchState, ItemResult, batch_line, wire_bodies
+from pipeline.models.batch import TERMINAL, BatchEndpoint, BatchState, ItemResult, batch_line, wire_bodies
 
 BATCHED_ROLES = frozenset({"luna"})
 """Roles whose calls ``--batch`` sends as one provider batch (the per-cell fan-out)."""
 
 BATCHES_NAME = "batches.json"
 CLOSED_UNANSWERED = frozenset({"expired", "cancelled"})  # a batch that ended with requests left unanswered
+RESUBMITTED = CLOSED_UNANSWERED | {"failed"}  # an earlier process's batch so ended: its unanswered keys go again
+QUEUE_CHARS_PER_TOKEN = 3
+"""Prompt characters per token when weighing a request against a batch queue limit.
+
+Low on purpose (English prose is ~4, logs and JSON ~3 to 4), so the weight errs high: a queue is
+filled to about three quarters rather than overfilled. A provider that counts otherwise fails a
+batch as queue-full, and that batch goes again once room is made.
+"""
 IDLE_S = 0.2  # no new request for this long: every concurrent call of the stage has asked
 BATCH_MAX_REQUESTS = 1000  # one prefetch batch at most (OpenAI allows 50,000 requests ...)
 BATCH_MAX_CHARS = 20_000_000  # ... and 200 MB per batch file; a request's JSON is larger than its text
@@ -55,6 +71,10 @@ class BatchPending(Blocked):
 
 class BatchExpired(Blocked):
     """The batch window closed before these requests were answered (exit 3; resume resubmits them)."""
+
+
+class BatchFailed(Blocked):
+    """The provider failed a whole batch, or its queue stayed full (exit 3; resume resubmits its requests)."""
 
 
 def read_batches(run_dir: Path) -> list[dict[str, Any]]:
@@ -89,6 +109,7 @@ class Batcher:
         api_base: str | None,
         timeout_s: float,
         log: Callable[[str], None],
+        queue_tokens: int | None = None,
     ) -> None:
         self.model = model
         self.run_dir = Path(run_dir)
@@ -104,6 +125,12 @@ class Batcher:
         self._lock = asyncio.Lock()
         self._ready: dict[str, dict[str, Any] | Blocked | None] = {}  # key -> what prefetch() collected
         self.prefetched = False  # the stage's first requests went out through prefetch()
+        # The model's enqueued-token limit: given (--batch-queue-tokens), or learned from a queue-full batch.
+        self.queue_tokens = queue_tokens
+        self._collecting: dict[str, asyncio.Task[tuple[BatchState, dict[str, ItemResult]]]] = {}
+        self._enqueued: dict[str, int] = {}  # batch id -> its weight, while it is in the provider's queue
+        self._stalled = False  # a batch in the queue outlived the max wait: nothing more is submitted
+        self._held: set[str] = set()  # keys not submitted, for want of room in the queue
 
     async def answer(self, key: str, kwargs: dict[str, Any]) -> dict[str, Any] | None:
         """The raw body answering this request (its replay key), or None: ask it synchronously."""
@@ -164,7 +191,7 @@ class Batcher:
         retry = [
             k
             for k in waiting
-            if k not in where or (states[where[k]["id"]].status in CLOSED_UNANSWERED and not _ok(results.get(k)))
+            if k not in where or (states[where[k]["id"]].status in RESUBMITTED and not _ok(results.get(k)))
         ]
         # 2. submit the rest as one new batch, stored in the run before waiting on it
         if retry:
@@ -182,6 +209,11 @@ class Batcher:
         for key, (_, fut) in waiting.items():
             item = results.get(key)
             if key in pending or key in expired or fut.done():
+                continue
+            state = states[where[key]["id"]]
+            if state.status == "failed":
+                n = sum(where[k]["id"] == state.id for k in waiting)
+                fut.set_exception(_failed_error(state, n, self.queue_tokens))
                 continue
             fut.set_result(self._usable(where[key]["id"], key, item))
         if pending:
@@ -207,17 +239,22 @@ class Batcher:
 
         The stage's calls then find their answers at once (:meth:`answer`), so no call has to wait,
         holding its cell and prompt, until its batch answers: requests are made, submitted and
-        dropped one batch at a time (``BATCH_MAX_REQUESTS`` requests or ``BATCH_MAX_CHARS``
-        characters of prompt). A key an earlier process already submitted is collected from
-        that batch, never submitted again, unless that batch expired without answering it: then
-        ``requests()`` is read a second time for those keys alone. Returns how many were submitted.
+        dropped one batch at a time (``BATCH_MAX_REQUESTS`` requests, ``BATCH_MAX_CHARS``
+        characters of prompt, and no more than the queue limit when one is known). A key an
+        earlier process already submitted is collected from that batch, never submitted again,
+        unless that batch ended without answering it (expired, cancelled, failed): then
+        ``requests()`` is read again for those keys alone, as it is for a batch of this process
+        refused because the queue was full. Returns how many were submitted.
         """
+        self._held.clear()
         async with self._lock:
             batches = await self._settle_intents(read_batches(self.run_dir))
         where: dict[str, str] = {}
         for b in batches:  # a later batch of the same key wins (a resubmission after expiry)
             for k in b["keys"]:
                 where[k] = b["id"]
+            if b.get("status") not in TERMINAL:  # still in the provider's queue: it takes room there
+                self._watch(b["id"], int(b.get("tokens") or 0))
         asked: dict[str, list[str]] = {}  # batch id -> the keys this prefetch takes from it
 
         def not_submitted(key: str) -> bool:
@@ -226,31 +263,42 @@ class Batcher:
                 return False
             return True
 
-        new = await self._submit_all(requests(), not_submitted)
-        asked.update(new)
-        states, results = await self._collect_all(list(asked))
-        again = {
-            k
-            for bid, keys in asked.items()
-            if bid not in new and states[bid].status in CLOSED_UNANSWERED
-            for k in keys
-            if not _ok(results[bid].get(k))
-        }
-        if again:
-            self.log(f"batch: {len(again)} requests of an expired batch are submitted again")
-            more = await self._submit_all(requests(), again.__contains__)
-            more_states, more_results = await self._collect_all(list(more))
-            states.update(more_states)
-            results.update(more_results)
-            for bid in asked:
-                asked[bid] = [k for k in asked[bid] if k not in again]
-            asked.update(more)
-            new.update(more)
+        try:
+            new = await self._submit_all(requests(), not_submitted)
+            asked.update(new)
+            states, results = await self._collect_all(list(asked))
+            again = {
+                k
+                for bid, keys in asked.items()
+                if states[bid].queue_full or (bid not in new and states[bid].status in RESUBMITTED)
+                for k in keys
+                if not _ok(results[bid].get(k))
+            }
+            while again:
+                self.log(f"batch: {len(again)} requests of a batch that ended unanswered are submitted again")
+                more = await self._submit_all(requests(), again.__contains__)
+                more_states, more_results = await self._collect_all(list(more))
+                states.update(more_states)
+                results.update(more_results)
+                for bid in asked:
+                    asked[bid] = [k for k in asked[bid] if k not in again]
+                asked.update(more)
+                new.update(more)
+                refused = {k for bid, keys in more.items() if more_states[bid].queue_full for k in keys}
+                # Go on while a round gets anything through; a round the queue refused whole blocks.
+                again = set() if refused == again - self._held else refused
+        finally:
+            for task in self._collecting.values():  # an earlier batch this stage did not ask for
+                task.cancel()
+            self._collecting.clear()
         await self._store_states(states)
         for bid, keys in asked.items():
             state, items = states[bid], results[bid]
             if not state.done:
                 self._ready.update(dict.fromkeys(keys, _pending_error([bid], states, len(keys))))
+                continue
+            if state.status == "failed":
+                self._ready.update(dict.fromkeys(keys, _failed_error(state, len(keys), self.queue_tokens)))
                 continue
             expired = [k for k in keys if not _ok(items.get(k)) and state.status in CLOSED_UNANSWERED]
             if expired:
@@ -258,16 +306,22 @@ class Batcher:
             for k in keys:
                 if k not in expired:
                     self._ready[k] = self._usable(bid, k, items.get(k))
+        if self._held:
+            self._ready.update(dict.fromkeys(self._held, _held_error(len(self._held), self.queue_tokens)))
         self.prefetched = True
         return sum(len(keys) for keys in new.values())
 
     async def _submit_all(
         self, requests: Iterable[tuple[str, dict[str, Any]]], wanted: Callable[[str], bool]
     ) -> dict[str, list[str]]:
-        """Submit the wanted requests (each key once) in batches of bounded size; batch id -> its keys."""
+        """Submit the wanted requests (each key once) in batches of bounded size; batch id -> its keys.
+
+        Each batch is watched from its submission on (:meth:`_watch`), so that with a queue limit
+        a batch waits for room (:meth:`_room`) while earlier ones run.
+        """
         out: dict[str, list[str]] = {}
         chunk: list[tuple[str, dict[str, Any]]] = []
-        chars = 0
+        chars = weight = 0
         seen: set[str] = set()
         for key, kwargs in requests:
             if key in seen:
@@ -275,21 +329,91 @@ class Batcher:
             seen.add(key)
             if not wanted(key):
                 continue
+            w = _weight(kwargs)
+            if chunk and self.queue_tokens is not None and weight + w > self.queue_tokens:
+                await self._send(chunk, weight, out)
+                chunk, chars, weight = [], 0, 0
+                give_back()  # the batch's prompts and file are free now (pipeline.core.memory)
             chunk.append((key, kwargs))
             chars += _chars(kwargs)
+            weight += w
             if len(chunk) >= BATCH_MAX_REQUESTS or chars >= BATCH_MAX_CHARS:
-                out[(await self._submit(chunk))["id"]] = [k for k, _ in chunk]
-                chunk, chars = [], 0
-                give_back()  # the batch's prompts and file are free now (pipeline.core.memory)
+                await self._send(chunk, weight, out)
+                chunk, chars, weight = [], 0, 0
+                give_back()
         if chunk:
-            out[(await self._submit(chunk))["id"]] = [k for k, _ in chunk]
+            await self._send(chunk, weight, out)
             del chunk
             give_back()
         return out
 
+    async def _send(self, chunk: list[tuple[str, dict[str, Any]]], weight: int, out: dict[str, list[str]]) -> None:
+        """Submit one batch once the queue has room for it; held back (not submitted) when it never does."""
+        if not await self._room(weight):
+            self._held.update(k for k, _ in chunk)
+            return
+        record = await self._submit(chunk, weight)
+        out[record["id"]] = [k for k, _ in chunk]
+        self._watch(record["id"], weight)
+
+    def _watch(self, bid: str, weight: int) -> None:
+        """Start collecting a batch in the queue now; until it ends it weighs ``weight`` tokens there."""
+        if bid not in self._collecting:
+            self._collecting[bid] = asyncio.create_task(self._collect(bid))
+            self._enqueued[bid] = weight
+
+    async def _room(self, weight: int) -> bool:
+        """Wait until ``weight`` more tokens fit the queue limit; False when a batch outlived the max wait."""
+        while True:
+            self._settle_queue()
+            if self._stalled:
+                return False
+            limit, enqueued = self.queue_tokens, sum(self._enqueued.values())
+            if limit is None or not self._enqueued or enqueued + weight <= limit:
+                return True  # alone in the queue, a batch over the limit still goes: the provider decides
+            await asyncio.wait([self._collecting[b] for b in self._enqueued], return_when=asyncio.FIRST_COMPLETED)
+
+    def _settle_queue(self) -> None:
+        """Take the batches that ended out of the queue; a queue-full one teaches the limit."""
+        for bid in [b for b in self._enqueued if self._collecting[b].done()]:
+            weight = self._enqueued.pop(bid)
+            task = self._collecting[bid]
+            if task.cancelled() or task.exception() is not None:
+                continue  # raised where the batch is collected
+            state, _ = task.result()
+            if state.queue_full:
+                self._learn_limit(bid, state, weight)
+            elif not state.done:
+                self._stalled = True  # waiting on past the max wait is for --resume to do
+
+    def _learn_limit(self, bid: str, state: BatchState, weight: int) -> None:
+        stated = state.queue_limit()
+        # Without a stated limit, the queue held what was in it besides this batch: no more than that goes at once.
+        limit = stated or sum(self._enqueued.values()) or None
+        if limit is not None and (self.queue_tokens is None or limit < self.queue_tokens):
+            self.queue_tokens = limit
+            self.log(
+                f"batch {bid}: the provider's batch queue for {self.model} is full "
+                f"({'its limit' if stated else 'what was in it'}: {limit:,} tokens; this batch ~{weight:,}); "
+                "from now on batches wait for room, and this one goes again"
+            )
+
     async def _collect_all(self, ids: list[str]) -> tuple[dict[str, BatchState], dict[str, dict[str, ItemResult]]]:
         """Wait for these batches together (each up to the max wait); their states and items by batch id."""
-        collected = await asyncio.gather(*(self._collect(bid) for bid in ids))
+        for bid in ids:
+            self._watch(bid, 0)  # an earlier batch already ended weighs nothing in the queue
+        tasks = [self._collecting.pop(bid) for bid in ids]
+        try:
+            collected = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:  # none is left running behind the error
+                task.cancel()
+            raise
+        finally:
+            weights = {bid: self._enqueued.pop(bid, 0) for bid in ids}
+        for bid, (state, _) in zip(ids, collected, strict=True):
+            if state.queue_full:
+                self._learn_limit(bid, state, weights[bid])
         return (
             {bid: state for bid, (state, _) in zip(ids, collected, strict=True)},
             {bid: items for bid, (_, items) in zip(ids, collected, strict=True)},
@@ -304,14 +428,18 @@ class Batcher:
                     b["status"] = states[b["id"]].status
             _write_batches(self.run_dir, batches)
 
-    async def _submit(self, requests: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-        """Submit one new batch of (key, kwargs), stored in ``batches.json`` before the provider can accept it."""
+    async def _submit(self, requests: list[tuple[str, dict[str, Any]]], weight: int | None = None) -> dict[str, Any]:
+        """Submit one new batch of (key, kwargs), stored in ``batches.json`` before the provider can accept it.
+
+        ``weight``: its estimated tokens in the provider's queue (kept in the record for a later process).
+        """
         keys = [k for k, _ in requests]
         bodies = await wire_bodies(self.model, [kw for _, kw in requests], api_base=self.api_base)
         lines = [batch_line(k, body) for k, body in zip(keys, bodies, strict=True)]
         del bodies
         intent = uuid.uuid4().hex
         record: dict[str, Any] = {"id": None, "intent": intent, "keys": keys, "status": "submitting"}
+        record["tokens"] = sum(_weight(kw) for _, kw in requests) if weight is None else weight
         async with self._lock:
             batches = read_batches(self.run_dir)  # another flush may have added its batch meanwhile
             batches.append(record)
@@ -377,6 +505,44 @@ def _expired_error(ids: list[str], states: dict[str, BatchState], n: int) -> Bat
         tried=[{"action": "collect batch", "outcome": f"expired, {states[i].completed} answered"} for i in ids],
         unblock=f"lunasol run BUNDLE --resume --batch (answered requests are kept; submits only the {n} missing)",
     )
+
+
+def _failed_error(state: BatchState, n: int, limit: int | None) -> BatchFailed:
+    said = "; ".join(state.errors) or "the provider gave no reason"
+    if state.queue_full:
+        cap = f" --batch-queue-tokens {limit}" if limit else " --batch-queue-tokens N"
+        return BatchFailed(
+            f"provider batch {state.id} was refused: the model's batch queue stayed full ({said}); "
+            f"{n} requests are not answered, and none was asked synchronously",
+            reason="external_system",
+            tried=[{"action": "submit batch again after room was made", "outcome": f"failed: {said}"}],
+            unblock=f"lunasol run BUNDLE --resume --batch{cap} (once the model's other batches have finished)",
+        )
+    return BatchFailed(
+        f"provider batch {state.id} failed: {said}; its {n} requests were not asked synchronously "
+        "(that would cost the full price)",
+        reason="external_system",
+        tried=[{"action": "collect batch", "outcome": f"failed: {said}"}],
+        unblock="lunasol run BUNDLE --resume --batch (submits them again; or --resume alone asks them synchronously)",
+    )
+
+
+def _held_error(n: int, limit: int | None) -> BatchPending:
+    return BatchPending(
+        f"{n} requests are not submitted yet: the model's batch queue (limit {f'{limit:,}' if limit else '?'} tokens) "
+        "had no room "
+        "before the batches in it reached LUNASOL_BATCH_MAX_WAIT_S",
+        reason="external_system",
+        tried=[{"action": "wait for room in the batch queue", "outcome": "a batch in it outlived the max wait"}],
+        unblock="lunasol run BUNDLE --resume --batch (collects the batches in the queue, then submits these)",
+    )
+
+
+def _weight(kwargs: dict[str, Any]) -> int:
+    """A request's estimated tokens in a provider's batch queue: its prompt and tools (see QUEUE_CHARS_PER_TOKEN)."""
+    tools = kwargs.get("tools")
+    chars = _chars(kwargs) + (len(json.dumps(tools, ensure_ascii=False)) if tools else 0)
+    return max(1, math.ceil(chars / QUEUE_CHARS_PER_TOKEN))
 
 
 def _chars(kwargs: dict[str, Any]) -> int:

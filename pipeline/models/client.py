@@ -126,7 +126,12 @@ class ModelClient:
         if self._batching() and self.model:
             # --batch hook (pipeline.models.batching): the exchange sends batched roles' first requests here.
             self.exchange.batcher = Batcher(
-                str(self.model), self.run_dir, api_base=settings.api_base, timeout_s=settings.timeout_s, log=self.log
+                str(self.model),
+                self.run_dir,
+                api_base=settings.api_base,
+                timeout_s=settings.timeout_s,
+                log=self.log,
+                queue_tokens=settings.batch_queue_tokens,
             )
         self._instructor: Any = None
         self._templates: dict[str, str] = {}

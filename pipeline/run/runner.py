@@ -158,6 +158,7 @@ def model_inputs(settings: ModelSettings) -> dict[str, Any]:
         "context_tokens": settings.context_tokens,
         # only when on: a run without --batch keeps the run.json it always had
         **({"batch": True} if settings.batch else {}),
+        **({"batch_queue_tokens": settings.batch_queue_tokens} if settings.batch_queue_tokens else {}),
         # only when not the default (same reason); the resume command repeats it (run_command)
         **({"timeout_s": settings.timeout_s} if settings.timeout_s != DEFAULT_TIMEOUT_S else {}),
     }
@@ -308,7 +309,8 @@ def _unblock_command(ctx: RunContext, exc: Blocked) -> str:
         # the model layer does not know the bundle or run; give the exact command for this run
         extra = hint.split("lunasol run BUNDLE", 1)[1].split("(")[0].split()
         base = resume.split()
-        drop = {"--model", "--context-tokens", "--mode", "--max-tokens", "--timeout", "--concurrency"} & set(extra)
+        valued = {"--model", "--context-tokens", "--mode", "--max-tokens", "--timeout", "--concurrency"}
+        drop = (valued | {"--batch-queue-tokens"}) & set(extra)
         if {"--record", "--replay"} & set(extra):
             drop |= {"--record", "--replay"}  # one store mode only
         for flag in drop:

@@ -11,6 +11,10 @@ its :class:`BatchPlan` says (queue plans with :meth:`BatchAPI.plan`): ``complete
 answered; non-200 answers go to the error file), ``failed`` (validation failed: no item runs) or
 ``expired`` (the first ``answered`` items answered, the rest in the error file as
 ``batch_expired``), the states a provider batch can end in.
+
+``queue_tokens`` declares OpenAI's per-model enqueued-token limit: a batch whose requests would
+take the tokens of the batches in progress past it fails validation with OpenAI's
+``token_limit_exceeded`` error, worded as OpenAI words it (the limit in the message).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 Answer = Callable[[dict[str, Any]], tuple[int, dict[str, Any]]]  # request body -> (status, response body)
+Count = Callable[[dict[str, Any]], int]  # request body -> its tokens, as the server counts them
 
 _CREATED = 1_700_000_000  # fixed clock: the server's answers are deterministic
 
@@ -64,6 +69,7 @@ class _Batch:
     obj: dict[str, Any]
     plan: BatchPlan
     items: list[dict[str, Any]]
+    tokens: int = 0  # what the batch's requests weigh in the queue (the server's count)
     polls: int = 0
     ran: bool = False
 
@@ -71,8 +77,11 @@ class _Batch:
 class BatchAPI:
     """In-memory files and batches; :meth:`route` answers one HTTP request or returns None (not ours)."""
 
-    def __init__(self, answer: Answer) -> None:
+    def __init__(self, answer: Answer, count: Count | None = None) -> None:
         self.answer = answer
+        self.count: Count = count or (lambda body: max(1, len(json.dumps(body.get("messages", []))) // 4))
+        self.queue_tokens: int | None = None  # OpenAI's enqueued-token limit per model (None: no limit)
+        self.peak_enqueued = 0  # the most tokens in progress at once, so tests can check a limit was kept
         self.lock = threading.RLock()
         self.files: dict[str, _File] = {}
         self.batches: dict[str, _Batch] = {}
@@ -98,6 +107,8 @@ class BatchAPI:
             self.default_plan = BatchPlan()
             self.uploads = self.created = self.retrieves = 0
             self.downloads.clear()
+            self.queue_tokens = None
+            self.peak_enqueued = 0
 
     # routing ---------------------------------------------------------------
     def route(self, method: str, path: str, headers: dict[str, str], raw: bytes) -> tuple[int, bytes, str] | None:
@@ -214,7 +225,7 @@ class BatchAPI:
         }
         if problem:
             obj["_problem"] = problem
-        b = _Batch(obj=obj, plan=plan, items=items)
+        b = _Batch(obj=obj, plan=plan, items=items, tokens=sum(self.count(i["body"]) for i in items))
         self.batches[obj["id"]] = b
         return _public(obj)
 
@@ -225,11 +236,32 @@ class BatchAPI:
         plan = b.plan
         if b.polls <= plan.validating_polls:
             return _public(b.obj)
+        if b.obj["status"] == "validating" and self._queue_full(b):
+            return _public(b.obj)
         if b.polls <= plan.validating_polls + plan.in_progress_polls:
             b.obj.update(status="in_progress", in_progress_at=_CREATED + 1)
             return _public(b.obj)
         self._finish(b)
         return _public(b.obj)
+
+    def _queue_full(self, b: _Batch) -> bool:
+        """Fail ``b`` at the end of validation when the batches in progress and it exceed ``queue_tokens``."""
+        enqueued = sum(o.tokens for o in self.batches.values() if o.obj["status"] == "in_progress" and o is not b)
+        if self.queue_tokens is None or enqueued + b.tokens <= self.queue_tokens:
+            self.peak_enqueued = max(self.peak_enqueued, enqueued + b.tokens)
+            return False
+        model = str((b.items[0]["body"] if b.items else {}).get("model", "the model"))
+        message = (
+            f"Enqueued token limit reached for {model} in organization org-lunasol-fake. "
+            f"Limit: {self.queue_tokens:,} enqueued tokens. Please try again once some in_progress batches "
+            "have been completed."
+        )
+        b.obj.update(
+            status="failed",
+            failed_at=_CREATED + 2,
+            errors={"object": "list", "data": [{"code": "token_limit_exceeded", "message": message, "line": None}]},
+        )
+        return True
 
     def _finish(self, b: _Batch) -> None:
         plan, obj = b.plan, b.obj

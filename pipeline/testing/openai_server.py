@@ -296,7 +296,7 @@ class FakeOpenAI:
         self.in_flight = 0
         self.max_in_flight = 0
         # Files and batches, each batch item answered like a synchronous request (_batch_item).
-        self.batch = BatchAPI(self._batch_item)
+        self.batch = BatchAPI(self._batch_item, request_tokens)
         self._local = threading.local()
         outer = self
 

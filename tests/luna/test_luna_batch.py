@@ -121,9 +121,10 @@ def test_requests_go_out_in_bounded_batches_before_any_call_waits(
     batches = read_batches(run_dir)
     assert [len(b["keys"]) for b in batches] == [10, 10, 4] and (server.batch.uploads, server.batch.created) == (3, 3)
     said = [line for line in lines if line.startswith("batch ")]
-    submitted = [i for i, line in enumerate(said) if "requests submitted" in line]
-    assert len(submitted) == 3 and max(submitted) < min(i for i, line in enumerate(said) if "completed" in line)
+    assert sum("requests submitted" in line for line in said) == 3
     assert limits[0] == 2 * ModelSettings().concurrency  # Luna's calls: the usual bound, not all 24 at once
+    # every first request was answered from a batch: none of Luna's went out synchronously
+    assert sum("x-lunasol-batch-item" not in h for h in server.headers) == len(server.requests) - 24
     luna_calls = [c for c in read_calls(run_dir) if c["role"] == "luna"]
     assert sorted(k for b in batches for k in b["keys"]) == sorted(c["keys"][0] for c in luna_calls)
 
@@ -232,3 +233,44 @@ def test_kill_between_submit_and_collect_loses_nothing(
     assert (server.batch.uploads, server.batch.created) == (1, 1)  # counted at the server: one submission
     assert outputs(run_dir) == outputs(sync_run[0])
     assert json.loads((run_dir / "batches.json").read_text())["batches"][0]["status"] == "completed"
+
+
+def test_a_failed_batch_blocks_with_the_providers_reason_and_resume_submits_it_again(
+    tmp_path: Path, server: FakeOpenAI, sync_run: tuple[Path, Path]
+) -> None:
+    # Before, a batch the provider failed whole had every one of its requests asked synchronously,
+    # one log line each, at the full price the user chose --batch to avoid.
+    server.batch.plan(BatchPlan(outcome="failed"))
+    with pytest.raises(Blocked, match="failed: batch failed validation") as info:
+        go(server, tmp_path, "b", batch=True)
+    assert "24 requests were not asked synchronously" in str(info.value)
+    assert info.value.unblock.endswith(" --batch --resume") and info.value.unblock.count("--batch") == 1
+    assert all("x-lunasol-batch-item" in h for h in server.headers)  # nothing went out on its own
+    run_dir = tmp_path / "b" / sync_run[0].name
+    go(server, tmp_path, "b", batch=True, resume=True)
+    assert [b["status"] for b in read_batches(run_dir)] == ["failed", "completed"]
+    assert outputs(run_dir) == outputs(sync_run[0])
+    assert store_bytes(tmp_path / "b-rec") == store_bytes(sync_run[1])
+
+
+def test_a_declared_queue_limit_paces_the_batches_and_the_unblock_keeps_it(
+    tmp_path: Path, server: FakeOpenAI, sync_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.testing.openai_server import request_tokens
+
+    # A third of the demo's requests fit in the queue at once (the server's count); lunasol is told a
+    # limit of its own a little lower, and keeps it: no batch is refused, and they go one after another.
+    recorded = [json.loads(p.read_text()) for p in sorted(DEMO_RECORDINGS.glob("*/*.json"))]
+    luna = [r["request"] for r in recorded if r.get("role") == "luna" and isinstance(r.get("request"), dict)]
+    per = max(request_tokens(r) for r in luna) if luna else 8_000
+    server.batch.queue_tokens = 10 * per
+    models = settings(server, tmp_path / "b-rec", batch=True).model_copy(update={"batch_queue_tokens": 8 * per})
+    opts = RunOptions(bundle=DEMO_BUNDLE, runs_dir=tmp_path / "b", models=models)
+    run_dir = run(opts, log=lambda _m: None).ctx.run_dir
+    batches = read_batches(run_dir)
+    assert len(batches) >= 3 and {b["status"] for b in batches} == {"completed"}
+    assert 0 < server.batch.peak_enqueued <= 8 * per  # lunasol's weight errs high: its limit held at the server
+    assert outputs(run_dir) == outputs(sync_run[0])
+    from pipeline.artifacts.run_info import run_command
+
+    assert f"--batch --batch-queue-tokens {8 * per} --resume" in run_command(run_dir)

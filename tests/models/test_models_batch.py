@@ -277,3 +277,125 @@ async def test_a_kill_between_asking_for_a_batch_and_storing_its_id_submits_noth
     (settled,) = read_batches(tmp_path)
     assert settled["id"] not in (None, other) and settled["keys"] == ["k1"] and settled["status"] == "completed"
     assert any(("found by its submission token" if accepted else "never reached the provider") in m for m in logs)
+
+
+# -- the provider's batch queue (OpenAI's enqueued-token limit) ------------------------------------
+
+OPENAI_QUEUE_FULL = (
+    "Enqueued token limit reached for gpt-4o-mini in organization org-snq6hvcTYRCMyB87hjZjkoFr. "
+    "Limit: 2,000,000 enqueued tokens. Please try again once some in_progress batches have been completed."
+)
+
+
+def test_a_queue_full_batch_states_its_limit() -> None:
+    from pipeline.models.batch import BatchState
+
+    full = BatchState("b1", "failed", errors=[OPENAI_QUEUE_FULL], error_codes=["token_limit_exceeded"])
+    assert full.queue_full and full.queue_limit() == 2_000_000
+    other = BatchState("b2", "failed", errors=["line 3 is not JSON"], error_codes=["invalid_request"])
+    assert not other.queue_full and other.queue_limit() is None
+    assert not BatchState("b3", "completed", error_codes=["token_limit_exceeded"]).queue_full
+
+
+def _answered(body: dict[str, Any] | None) -> str:
+    assert body is not None
+    return str(json.loads(body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])["summary"])
+
+
+async def test_three_hundred_requests_fill_a_full_queue_as_room_is_made(
+    tmp_path: Any, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 10x the demo against a queue that holds about a fifth of them, its limit not told to lunasol:
+    # the first refusal teaches it (from the provider's message), the rest waits for room.
+    from pipeline.models import batching
+    from pipeline.models.batching import Batcher, read_batches
+    from pipeline.testing.openai_server import request_tokens
+
+    monkeypatch.setenv("LUNASOL_BATCH_POLL_S", "0")
+    monkeypatch.setattr(batching, "BATCH_MAX_REQUESTS", 40)
+    fake_llm.handler = by_cell
+    requests = [(f"k{i:03d}", kw(f"C{i:03d}")) for i in range(300)]
+    one = request_tokens({**requests[0][1], "model": "test-model"})
+    limit = 60 * one  # the server's count: 60 requests of 300 fit at once
+    fake_llm.batch.queue_tokens = limit
+    # the first batch stays in progress while the next ones validate, so they find the queue full
+    fake_llm.batch.plan(BatchPlan(validating_polls=0, in_progress_polls=40))
+    logs: list[str] = []
+    b = Batcher(MODEL, tmp_path, api_base=fake_llm.base_url, timeout_s=5, log=logs.append)
+    await b.prefetch(lambda: iter(requests))
+    answers = {k: await b.answer(k, kwargs) for k, kwargs in requests}
+
+    assert {k: _answered(a) for k, a in answers.items()} == {k: f"finding for C{k[1:]}" for k, _ in requests}
+    batches = read_batches(tmp_path)
+    refused = [x for x in batches if x["status"] == "failed"]
+    done = [x for x in batches if x["status"] == "completed"]
+    assert refused and len(refused) + len(done) == len(batches)
+    assert sorted(k for x in done for k in x["keys"]) == sorted(k for k, _ in requests)  # each answered once
+    assert any("queue for openai/test-model is full (its limit: " + f"{limit:,}" in m for m in logs), logs
+    assert b.queue_tokens == limit and fake_llm.batch.peak_enqueued <= limit
+    assert len(fake_llm.requests) == 300  # every item once at the server: nothing was asked synchronously
+
+
+async def test_a_declared_queue_limit_is_never_exceeded(
+    tmp_path: Any, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.models.batching import Batcher, read_batches
+    from pipeline.testing.openai_server import request_tokens
+
+    monkeypatch.setenv("LUNASOL_BATCH_POLL_S", "0")
+    fake_llm.handler = by_cell
+    requests = [(f"k{i:03d}", kw(f"C{i:03d}")) for i in range(120)]
+    limit = 25 * request_tokens({**requests[0][1], "model": "test-model"})
+    fake_llm.batch.queue_tokens = limit
+    fake_llm.batch.default_plan = BatchPlan(validating_polls=0, in_progress_polls=3)
+    b = Batcher(MODEL, tmp_path, api_base=fake_llm.base_url, timeout_s=5, log=lambda _m: None, queue_tokens=limit)
+    await b.prefetch(lambda: iter(requests))
+    answers = {k: await b.answer(k, kwargs) for k, kwargs in requests}
+    assert all(_answered(a) == f"finding for C{k[1:]}" for k, a in answers.items())
+    batches = read_batches(tmp_path)
+    assert {x["status"] for x in batches} == {"completed"} and len(batches) > 5  # waited for room, never refused
+    assert all(x["tokens"] <= limit for x in batches)
+    assert 0 < fake_llm.batch.peak_enqueued <= limit
+
+
+async def test_a_failed_batch_blocks_and_asks_nothing_synchronously(
+    tmp_path: Any, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.models.batching import Batcher, BatchFailed, read_batches
+
+    monkeypatch.setenv("LUNASOL_BATCH_POLL_S", "0")
+    fake_llm.handler = by_cell
+    fake_llm.batch.plan(BatchPlan(outcome="failed"))
+    requests = [(f"k{i}", kw(f"C{i}")) for i in range(5)]
+    b = Batcher(MODEL, tmp_path, api_base=fake_llm.base_url, timeout_s=5, log=lambda _m: None)
+    await b.prefetch(lambda: iter(requests))
+    with pytest.raises(BatchFailed, match="failed: batch failed validation") as info:
+        await b.answer("k0", requests[0][1])
+    assert "5 requests were not asked synchronously" in str(info.value) and "--resume --batch" in info.value.unblock
+    assert fake_llm.requests == []  # not one request went out on its own
+    # a later process submits them again (the failed batch is kept in the record)
+    again = Batcher(MODEL, tmp_path, api_base=fake_llm.base_url, timeout_s=5, log=lambda _m: None)
+    assert await again.prefetch(lambda: iter(requests)) == 5
+    assert [_answered(await again.answer(k, kwargs)) for k, kwargs in requests] == [
+        f"finding for C{i}" for i in range(5)
+    ]
+    assert [x["status"] for x in read_batches(tmp_path)] == ["failed", "completed"]
+
+
+async def test_a_queue_that_stays_full_blocks_naming_the_limit_flag(
+    tmp_path: Any, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Someone else's batches fill the queue: one request is more than the room left. lunasol tries
+    # once more after learning the limit, then blocks rather than asking synchronously.
+    from pipeline.models.batching import Batcher, BatchFailed
+
+    monkeypatch.setenv("LUNASOL_BATCH_POLL_S", "0")
+    fake_llm.handler = by_cell
+    fake_llm.batch.queue_tokens = 5
+    requests = [(f"k{i}", kw(f"C{i}")) for i in range(3)]
+    b = Batcher(MODEL, tmp_path, api_base=fake_llm.base_url, timeout_s=5, log=lambda _m: None)
+    await b.prefetch(lambda: iter(requests))
+    with pytest.raises(BatchFailed, match="queue stayed full") as info:
+        await b.answer("k1", requests[1][1])
+    assert "--batch-queue-tokens 5" in info.value.unblock and "Limit: 5 enqueued tokens" in str(info.value)
+    assert fake_llm.requests == [] and fake_llm.batch.created == 4  # one batch of 3, then one per request
