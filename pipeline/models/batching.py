@@ -45,6 +45,7 @@ from pipeline.core.canonical import atomic_write_text
 from pipeline.core.errors import Blocked
 from pipeline.core.memory import give_back
 from pipeline.models.batch import TERMINAL, BatchEndpoint, BatchState, ItemResult, batch_line, wire_bodies
+from pipeline.models.transport import describe
 
 BATCHED_ROLES = frozenset({"luna"})
 """Roles whose calls ``--batch`` sends as one provider batch (the per-cell fan-out)."""
@@ -348,11 +349,31 @@ class Batcher:
         return out
 
     async def _send(self, chunk: list[tuple[str, dict[str, Any]]], weight: int, out: dict[str, list[str]]) -> None:
-        """Submit one batch once the queue has room for it; held back (not submitted) when it never does."""
-        if not await self._room(weight):
-            self._held.update(k for k, _ in chunk)
-            return
-        record = await self._submit(chunk, weight)
+        """Submit one batch once the queue has room for it; held back (not submitted) when it never does.
+
+        A create refused with a 429 (a LiteLLM proxy's ``batch_enqueued_token_limit``) is the
+        queue limit too: what is in the queue becomes the limit, and the batch goes when there is room.
+        """
+        while True:
+            if not await self._room(weight):
+                self._held.update(k for k, _ in chunk)
+                return
+            try:
+                record = await self._submit(chunk, weight)
+                break
+            except Exception as exc:
+                if getattr(exc, "status_code", None) != 429:
+                    raise
+                held = sum(self._enqueued.values())
+                if not held:  # nothing of this run is in the queue to wait for
+                    raise _refused_error(len(chunk), exc) from None
+                if self.queue_tokens is None or held < self.queue_tokens:
+                    self.queue_tokens = held
+                    self.log(
+                        f"batch: the provider refused a batch of ~{weight:,} tokens at create ({describe(exc)}); "
+                        f"from now on at most {held:,} tokens are enqueued at once"
+                    )
+                await self._wait_for_any()
         out[record["id"]] = [k for k, _ in chunk]
         self._watch(record["id"], weight)
 
@@ -371,6 +392,11 @@ class Batcher:
             limit, enqueued = self.queue_tokens, sum(self._enqueued.values())
             if limit is None or not self._enqueued or enqueued + weight <= limit:
                 return True  # alone in the queue, a batch over the limit still goes: the provider decides
+            await self._wait_for_any()
+
+    async def _wait_for_any(self) -> None:
+        """Until one of this run's batches in the queue ends (or outlives the max wait)."""
+        if self._enqueued:
             await asyncio.wait([self._collecting[b] for b in self._enqueued], return_when=asyncio.FIRST_COMPLETED)
 
     def _settle_queue(self) -> None:
@@ -444,7 +470,13 @@ class Batcher:
             batches = read_batches(self.run_dir)  # another flush may have added its batch meanwhile
             batches.append(record)
             _write_batches(self.run_dir, batches)  # before the provider can accept anything
-            bid = await self.endpoint.submit(lines, metadata={"lunasol_run": self.run_dir.name, INTENT_KEY: intent})
+            try:
+                bid = await self.endpoint.submit(lines, metadata={"lunasol_run": self.run_dir.name, INTENT_KEY: intent})
+            except Exception as exc:
+                if 400 <= (getattr(exc, "status_code", None) or 0) < 500:  # the provider answered "no": no batch
+                    batches.remove(record)
+                    _write_batches(self.run_dir, batches)
+                raise
             record.update(id=bid, status="submitted")
             _write_batches(self.run_dir, batches)
         self.log(f"batch {bid}: {len(keys)} requests submitted (stored in {BATCHES_NAME})")
@@ -524,6 +556,16 @@ def _failed_error(state: BatchState, n: int, limit: int | None) -> BatchFailed:
         reason="external_system",
         tried=[{"action": "collect batch", "outcome": f"failed: {said}"}],
         unblock="lunasol run BUNDLE --resume --batch (submits them again; or --resume alone asks them synchronously)",
+    )
+
+
+def _refused_error(n: int, exc: BaseException) -> BatchFailed:
+    return BatchFailed(
+        f"the provider refused to create a batch of {n} requests ({describe(exc)}), with none of this run's "
+        "batches in its queue to wait for; none was asked synchronously",
+        reason="external_system",
+        tried=[{"action": "create batch", "outcome": describe(exc)}],
+        unblock="lunasol run BUNDLE --resume --batch (once the model's other batches have finished)",
     )
 
 

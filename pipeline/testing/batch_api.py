@@ -14,7 +14,9 @@ answered; non-200 answers go to the error file), ``failed`` (validation failed: 
 
 ``queue_tokens`` declares OpenAI's per-model enqueued-token limit: a batch whose requests would
 take the tokens of the batches in progress past it fails validation with OpenAI's
-``token_limit_exceeded`` error, worded as OpenAI words it (the limit in the message).
+``token_limit_exceeded`` error, worded as OpenAI words it (the limit in the message). With
+``refuse_at_create`` the limit is a LiteLLM proxy's ``batch_enqueued_token_limit`` instead:
+the create itself is refused with a 429, counting every batch not yet ended.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class BatchAPI:
         self.answer = answer
         self.count: Count = count or (lambda body: max(1, len(json.dumps(body.get("messages", []))) // 4))
         self.queue_tokens: int | None = None  # OpenAI's enqueued-token limit per model (None: no limit)
+        self.refuse_at_create = False  # a proxy's limit: 429 at create instead of a failed batch
         self.peak_enqueued = 0  # the most tokens in progress at once, so tests can check a limit was kept
         self.lock = threading.RLock()
         self.files: dict[str, _File] = {}
@@ -108,6 +111,7 @@ class BatchAPI:
             self.uploads = self.created = self.retrieves = 0
             self.downloads.clear()
             self.queue_tokens = None
+            self.refuse_at_create = False
             self.peak_enqueued = 0
 
     # routing ---------------------------------------------------------------
@@ -202,10 +206,19 @@ class BatchAPI:
         f = self.files.get(str(body.get("input_file_id")))
         if f is None:
             raise _HTTPError(400, "input_file_id names no uploaded file")
-        self.created += 1
-        plan = self.plans.pop(0) if self.plans else self.default_plan
         endpoint = str(body.get("endpoint", "/v1/chat/completions"))
         items, problem = _parse_items(f.data, endpoint)
+        tokens = sum(self.count(i["body"]) for i in items)
+        if self.refuse_at_create and self.queue_tokens is not None:
+            open_ = sum(o.tokens for o in self.batches.values() if o.obj["status"] in ("validating", "in_progress"))
+            if open_ + tokens > self.queue_tokens:
+                raise _HTTPError(
+                    429,
+                    f"Batch rate limit exceeded: this batch needs {tokens} enqueued tokens but only "
+                    f"{max(0, self.queue_tokens - open_)} of {self.queue_tokens} remain",
+                )
+        self.created += 1
+        plan = self.plans.pop(0) if self.plans else self.default_plan
         if problem:
             plan = BatchPlan(validating_polls=plan.validating_polls, in_progress_polls=0, outcome="failed")
         obj: dict[str, Any] = {
@@ -225,7 +238,7 @@ class BatchAPI:
         }
         if problem:
             obj["_problem"] = problem
-        b = _Batch(obj=obj, plan=plan, items=items, tokens=sum(self.count(i["body"]) for i in items))
+        b = _Batch(obj=obj, plan=plan, items=items, tokens=tokens)
         self.batches[obj["id"]] = b
         return _public(obj)
 

@@ -399,3 +399,65 @@ async def test_a_queue_that_stays_full_blocks_naming_the_limit_flag(
         await b.answer("k1", requests[1][1])
     assert "--batch-queue-tokens 5" in info.value.unblock and "Limit: 5 enqueued tokens" in str(info.value)
     assert fake_llm.requests == [] and fake_llm.batch.created == 4  # one batch of 3, then one per request
+
+
+async def test_requests_waiting_for_room_past_the_max_wait_block_and_go_on_resume(
+    tmp_path: Any, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.models.batching import Batcher, BatchPending, read_batches
+    from pipeline.testing.openai_server import request_tokens
+
+    monkeypatch.setenv("LUNASOL_BATCH_POLL_S", "0")
+    monkeypatch.setenv("LUNASOL_BATCH_MAX_WAIT_S", "0")
+    fake_llm.handler = by_cell
+    requests = [(f"k{i}", kw(f"C{i}")) for i in range(9)]
+    limit = 4 * request_tokens({**requests[0][1], "model": "test-model"})  # a batch of 3 at a time (lunasol's weight)
+    fake_llm.batch.plan(BatchPlan(validating_polls=10**9))  # the first batch outlives the wait
+    first = Batcher(MODEL, tmp_path, api_base=fake_llm.base_url, timeout_s=5, log=lambda _m: None, queue_tokens=limit)
+    submitted = await first.prefetch(lambda: iter(requests))
+    (b1,) = read_batches(tmp_path)
+    assert submitted == len(b1["keys"]) < 9 and b1["tokens"] <= limit
+    held = [k for k, _ in requests if k not in b1["keys"]]
+    with pytest.raises(BatchPending, match=f"{len(held)} requests are not submitted yet"):
+        await first.answer(held[0], dict(requests)[held[0]])
+    with pytest.raises(BatchPending, match="not finished"):
+        await first.answer(b1["keys"][0], dict(requests)[b1["keys"][0]])
+    # the provider finishes; the next process collects that batch and submits the held requests, paced
+    fake_llm.batch.batches[b1["id"]].plan = BatchPlan(validating_polls=0, in_progress_polls=0)
+    monkeypatch.delenv("LUNASOL_BATCH_MAX_WAIT_S")
+    again = Batcher(MODEL, tmp_path, api_base=fake_llm.base_url, timeout_s=5, log=lambda _m: None, queue_tokens=limit)
+    assert await again.prefetch(lambda: iter(requests)) == len(held)
+    assert [_answered(await again.answer(k, kw_)) for k, kw_ in requests] == [f"finding for C{i}" for i in range(9)]
+    batches = read_batches(tmp_path)
+    assert batches[0]["id"] == b1["id"] and sorted(k for b in batches for k in b["keys"]) == sorted(dict(requests))
+    assert {b["status"] for b in batches} == {"completed"} and all(b["tokens"] <= limit for b in batches)
+
+
+async def test_a_proxy_refusing_at_create_paces_the_batches_too(
+    tmp_path: Any, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A LiteLLM proxy's batch_enqueued_token_limit answers the create with a 429: what this run has in
+    # the queue becomes the limit, the batch goes when one ends, and no record is left without an id.
+    from pipeline.models import batching
+    from pipeline.models.batching import Batcher, read_batches
+    from pipeline.testing.openai_server import request_tokens
+
+    monkeypatch.setenv("LUNASOL_BATCH_POLL_S", "0")
+    monkeypatch.setattr(batching, "BATCH_MAX_REQUESTS", 4)
+    fake_llm.handler = by_cell
+    requests = [(f"k{i:02d}", kw(f"C{i:02d}")) for i in range(16)]
+    fake_llm.batch.queue_tokens = 9 * request_tokens({**requests[0][1], "model": "test-model"})
+    fake_llm.batch.refuse_at_create = True
+    fake_llm.batch.default_plan = BatchPlan(validating_polls=1, in_progress_polls=30)  # outlasts two submissions
+    logs: list[str] = []
+    b = Batcher(MODEL, tmp_path, api_base=fake_llm.base_url, timeout_s=5, log=logs.append)
+    # The SDK retries a 429 twice within a second or two, which a real batch outlasts: not here.
+    auth = b.endpoint._auth
+    monkeypatch.setattr(b.endpoint, "_auth", lambda: {**auth(), "max_retries": 0})
+    await b.prefetch(lambda: iter(requests))
+    assert [_answered(await b.answer(k, kw_)) for k, kw_ in requests] == [f"finding for C{i:02d}" for i in range(16)]
+    batches = read_batches(tmp_path)
+    assert all(x["id"] for x in batches) and {x["status"] for x in batches} == {"completed"}
+    assert sorted(k for x in batches for k in x["keys"]) == sorted(dict(requests))
+    assert any("refused a batch" in m and "at create" in m for m in logs), logs
+    assert len(fake_llm.requests) == 16  # each item once, in a batch
