@@ -1,10 +1,12 @@
 """``--batch`` at N cells, live against the shipped local server: CPU, peak RSS, and how the batches overlapped.
 
-Run: ``python bench/bench_batch_run.py [--cells 1000] [--keep DIR]``. The bundle is the demo cloned to
-N cells and the run is bench_scale.py's (same child process, server and scripted model), with
+Run: ``python bench/bench_batch_run.py [--cells 1000] [--keep DIR] [--queue-tokens N]``. The bundle is
+the demo cloned to N cells and the run is bench_scale.py's (same child process, server and scripted model), with
 ``--batch``. The local server finishes a batch within a few polls, far faster than a provider
 (minutes to hours), so what matters here is whether a later batch is submitted before the earlier
-ones finish (printed as ``overlapped``), not the wall time.
+ones finish (printed as ``overlapped``), not the wall time. ``--queue-tokens N`` gives the server
+OpenAI's enqueued-token limit (its own count; lunasol is not told it): printed are the batches it
+refused as full (``refused``) and the most tokens it held at once (``peak_enqueued``).
 """
 
 from __future__ import annotations
@@ -41,19 +43,24 @@ def overlaps(lines: list[str]) -> tuple[int, int]:
     return submitted, overlapped
 
 
-def run(cells: int, root: Path) -> dict[str, Any]:
-    """One ``lunasol run --batch`` over ``cells`` cells; its figures."""
+def run(cells: int, root: Path, queue_tokens: int | None = None) -> dict[str, Any]:
+    """One ``lunasol run --batch`` over ``cells`` cells (the server's batch queue limited to ``queue_tokens``)."""
+    from pipeline.models.batching import read_batches
+
     model = ScriptedModel()
     server, context = start_server(model)
+    server.batch.queue_tokens = queue_tokens
     try:
         bundle = clone_bundle(DEMO, root / f"bundle-{cells}", cells)
         r = lunasol_run(
             bundle, root / "runs", server, model, context, extra_args=("--batch",),
             extra_env={"LUNASOL_BATCH_POLL_S": "0.2"},
         )  # fmt: skip
+        peak_enqueued = server.batch.peak_enqueued
     finally:
         server.stop()
     batches, overlapped = overlaps(r["lines"])
+    refused = sum(b["status"] == "failed" for b in read_batches(root / "runs" / "r"))
     return {
         "exit": r["exit"],
         "cpu_s": round(r["cpu"], 1),
@@ -64,6 +71,8 @@ def run(cells: int, root: Path) -> dict[str, Any]:
         "calls": r["calls"],
         "batches": batches,
         "overlapped": overlapped,
+        "refused": refused,
+        "peak_enqueued": peak_enqueued,
     }
 
 
@@ -72,12 +81,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cells", type=int, default=1000)
     parser.add_argument("--keep", type=Path, default=None, help="keep the bundle and the run here")
+    parser.add_argument("--queue-tokens", type=int, default=None, help="the server's batch queue limit (tokens)")
     ns = parser.parse_args()
     root = ns.keep or Path(tempfile.mkdtemp(prefix="lunasol-batch-"))
     if ns.keep is not None and ns.keep.exists():
         shutil.rmtree(ns.keep)
     try:
-        print(run(ns.cells, root))
+        print(run(ns.cells, root, ns.queue_tokens))
     finally:
         if ns.keep is None:
             shutil.rmtree(root, ignore_errors=True)

@@ -111,8 +111,10 @@ class Batcher:
         timeout_s: float,
         log: Callable[[str], None],
         queue_tokens: int | None = None,
+        sdk: bool = False,
     ) -> None:
         self.model = model
+        self.sdk = sdk  # the synchronous calls go through the openai SDK: a batch line holds the body it posts
         self.run_dir = Path(run_dir)
         self.api_base = api_base
         self.endpoint = BatchEndpoint(model, api_base=api_base, timeout_s=timeout_s)
@@ -460,7 +462,7 @@ class Batcher:
         ``weight``: its estimated tokens in the provider's queue (kept in the record for a later process).
         """
         keys = [k for k, _ in requests]
-        bodies = await wire_bodies(self.model, [kw for _, kw in requests], api_base=self.api_base)
+        bodies = await wire_bodies(self.model, [kw for _, kw in requests], api_base=self.api_base, sdk=self.sdk)
         lines = [batch_line(k, body) for k, body in zip(keys, bodies, strict=True)]
         del bodies
         intent = uuid.uuid4().hex

@@ -132,6 +132,7 @@ class ModelClient:
                 timeout_s=settings.timeout_s,
                 log=self.log,
                 queue_tokens=settings.batch_queue_tokens,
+                sdk=self.exchange.openai_sdk,
             )
         self._instructor: Any = None
         self._templates: dict[str, str] = {}

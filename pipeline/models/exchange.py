@@ -34,14 +34,14 @@ from pipeline.models.transport import (
     reason_for,
     refusal,
     retry_after,
+    sdk_body,
     uses_openai_sdk,
 )
 
 DUMMY_API_KEY = "sk-lunasol-no-key"  # a bare OpenAI-compatible --api-base needs *some* key string
+
+
 # litellm.acompletion arguments the openai SDK takes on its client instead (base URL, key, timeout, no retries)
-_LITELLM_ONLY = frozenset({"num_retries", "max_retries", "api_base", "api_key", "timeout"})
-
-
 @dataclass
 class CallState:
     """Per logical call, carried through instructor into :class:`Exchange` by a context variable."""
@@ -250,8 +250,7 @@ class Exchange:
     async def _send(self, call_kwargs: dict[str, Any], state: CallState) -> Any:
         """One HTTP request: through the openai SDK (an OpenAI-compatible --api-base) or litellm."""
         if self.openai_sdk:
-            sdk_kwargs = {k: v for k, v in call_kwargs.items() if k not in _LITELLM_ONLY}
-            sdk_kwargs["model"] = str(self.model).removeprefix("openai/")  # as litellm sends it
+            sdk_kwargs = sdk_body(str(self.model), call_kwargs)
             # The SDK's documented ``post`` for the request ``chat.completions.create`` would build (same
             # path, body and bearer auth): only the captured raw body is used, and ``client.chat`` would
             # import every resource module of the SDK (~0.5 CPU s, a tenth of a one-cell rerun).

@@ -95,6 +95,21 @@ def uses_openai_sdk(settings: ModelSettings, model: str | None) -> bool:
     return settings.client == "auto" and bool(model) and str(model).startswith("openai/") and bool(settings.api_base)
 
 
+LITELLM_ONLY = frozenset({"num_retries", "max_retries", "api_base", "api_key", "timeout"})
+"""Call options litellm takes for itself: never part of the JSON body of a request."""
+
+
+def sdk_body(model: str, call_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The JSON body of the request the openai SDK posts for these call kwargs (:func:`uses_openai_sdk`).
+
+    The kwargs without litellm's own options, and the model without its ``openai/`` prefix, as
+    litellm sends it. A synchronous call posts it; ``--batch`` puts the very same body in its file.
+    """
+    body = {k: v for k, v in call_kwargs.items() if k not in LITELLM_ONLY}
+    body["model"] = str(model).removeprefix("openai/")
+    return body
+
+
 def _litellm_types(*names: str) -> tuple[type[BaseException], ...]:
     # litellm's own classes, only when it is loaded: an error from the openai SDK is never one of them.
     litellm = sys.modules.get("litellm")

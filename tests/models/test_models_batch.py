@@ -54,6 +54,38 @@ async def test_wire_body_is_the_body_litellm_sends(fake_llm: FakeOpenAI) -> None
     assert body["model"] == "test-model" and body["tools"][0]["function"]["name"] == "Finding"
 
 
+@pytest.mark.parametrize("client", ["auto", "litellm"])
+async def test_a_batch_line_holds_the_body_the_synchronous_call_posts(
+    tmp_path: Any,
+    fake_llm: FakeOpenAI,
+    model_settings: Any,
+    tiny_prompts: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    client: str,
+) -> None:
+    # Through the real paths both ways: a synchronous call (the openai SDK with --api-base, or
+    # litellm), then the same call with --batch, its body built without litellm for the SDK.
+    from pydantic import BaseModel
+
+    from pipeline.models import ModelClient
+
+    class Finding(BaseModel):
+        summary: str
+
+    monkeypatch.setenv("LUNASOL_BATCH_POLL_S", "0")
+    (tiny_prompts / "luna.j2").write_text((tiny_prompts / "t.j2").read_text())
+    fake_llm.handler = answer({"summary": "s"})
+    bodies = []
+    for batch in (False, True):
+        c = ModelClient(model_settings(batch=batch, client=client), tmp_path / str(batch))
+        if batch:
+            await c.prefetch("luna", lambda: iter([("C1", {"cell_id": "C1", "text": "e1"}, Finding)]))
+        await c.call(role="luna", cell_id="C1", context={"cell_id": "C1", "text": "e1"}, response_model=Finding)
+        bodies.append(fake_llm.requests[-1])
+    assert len(fake_llm.requests) == 2 and "x-lunasol-batch-item" in fake_llm.headers[-1]
+    assert bodies[1] == bodies[0] and bodies[0]["model"] == "test-model"
+
+
 async def test_capturing_a_body_keeps_nothing_of_the_request(fake_llm: FakeOpenAI) -> None:
     # Each capture ends in an error litellm maps through frames that hold the request: left as a
     # cycle, every prompt of a --batch run stayed in memory until a full collection (10,000 cells: 2.8 GiB).
