@@ -544,7 +544,7 @@ def _expired_error(ids: list[str], states: dict[str, BatchState], n: int) -> Bat
 def _failed_error(state: BatchState, n: int, limit: int | None) -> BatchFailed:
     said = "; ".join(state.errors) or "the provider gave no reason"
     if state.queue_full:
-        cap = f" --batch-queue-tokens {limit}" if limit else " --batch-queue-tokens N"
+        cap = f" --batch-queue-tokens {limit}" if limit else ""  # the limit, when the provider stated one
         return BatchFailed(
             f"provider batch {state.id} was refused: the model's batch queue stayed full ({said}); "
             f"{n} requests are not answered, and none was asked synchronously",

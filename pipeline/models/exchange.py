@@ -41,7 +41,6 @@ from pipeline.models.transport import (
 DUMMY_API_KEY = "sk-lunasol-no-key"  # a bare OpenAI-compatible --api-base needs *some* key string
 
 
-# litellm.acompletion arguments the openai SDK takes on its client instead (base URL, key, timeout, no retries)
 @dataclass
 class CallState:
     """Per logical call, carried through instructor into :class:`Exchange` by a context variable."""

@@ -96,7 +96,8 @@ def uses_openai_sdk(settings: ModelSettings, model: str | None) -> bool:
 
 
 LITELLM_ONLY = frozenset({"num_retries", "max_retries", "api_base", "api_key", "timeout"})
-"""Call options litellm takes for itself: never part of the JSON body of a request."""
+"""litellm.acompletion arguments the openai SDK takes on its client instead (base URL, key, timeout, no
+retries): never part of a request's JSON body."""
 
 
 def sdk_body(model: str, call_kwargs: dict[str, Any]) -> dict[str, Any]:

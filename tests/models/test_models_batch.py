@@ -334,6 +334,16 @@ def _answered(body: dict[str, Any] | None) -> str:
     return str(json.loads(body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])["summary"])
 
 
+def _queued(fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch, n: int) -> tuple[list[tuple[str, Any]], int]:
+    """``n`` requests answered by cell with no poll wait, and what one of them weighs at the server."""
+    from pipeline.testing.openai_server import request_tokens
+
+    monkeypatch.setenv("LUNASOL_BATCH_POLL_S", "0")
+    fake_llm.handler = by_cell
+    requests = [(f"k{i:03d}", kw(f"C{i:03d}")) for i in range(n)]
+    return requests, request_tokens({**requests[0][1], "model": "test-model"})
+
+
 async def test_three_hundred_requests_fill_a_full_queue_as_room_is_made(
     tmp_path: Any, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -341,13 +351,9 @@ async def test_three_hundred_requests_fill_a_full_queue_as_room_is_made(
     # the first refusal teaches it (from the provider's message), the rest waits for room.
     from pipeline.models import batching
     from pipeline.models.batching import Batcher, read_batches
-    from pipeline.testing.openai_server import request_tokens
 
-    monkeypatch.setenv("LUNASOL_BATCH_POLL_S", "0")
     monkeypatch.setattr(batching, "BATCH_MAX_REQUESTS", 40)
-    fake_llm.handler = by_cell
-    requests = [(f"k{i:03d}", kw(f"C{i:03d}")) for i in range(300)]
-    one = request_tokens({**requests[0][1], "model": "test-model"})
+    requests, one = _queued(fake_llm, monkeypatch, 300)
     limit = 60 * one  # the server's count: 60 requests of 300 fit at once
     fake_llm.batch.queue_tokens = limit
     # the first batch stays in progress while the next ones validate, so they find the queue full
@@ -372,12 +378,9 @@ async def test_a_declared_queue_limit_is_never_exceeded(
     tmp_path: Any, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from pipeline.models.batching import Batcher, read_batches
-    from pipeline.testing.openai_server import request_tokens
 
-    monkeypatch.setenv("LUNASOL_BATCH_POLL_S", "0")
-    fake_llm.handler = by_cell
-    requests = [(f"k{i:03d}", kw(f"C{i:03d}")) for i in range(120)]
-    limit = 25 * request_tokens({**requests[0][1], "model": "test-model"})
+    requests, one = _queued(fake_llm, monkeypatch, 120)
+    limit = 25 * one
     fake_llm.batch.queue_tokens = limit
     fake_llm.batch.default_plan = BatchPlan(validating_polls=0, in_progress_polls=3)
     b = Batcher(MODEL, tmp_path, api_base=fake_llm.base_url, timeout_s=5, log=lambda _m: None, queue_tokens=limit)
@@ -437,13 +440,10 @@ async def test_requests_waiting_for_room_past_the_max_wait_block_and_go_on_resum
     tmp_path: Any, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from pipeline.models.batching import Batcher, BatchPending, read_batches
-    from pipeline.testing.openai_server import request_tokens
 
-    monkeypatch.setenv("LUNASOL_BATCH_POLL_S", "0")
     monkeypatch.setenv("LUNASOL_BATCH_MAX_WAIT_S", "0")
-    fake_llm.handler = by_cell
-    requests = [(f"k{i}", kw(f"C{i}")) for i in range(9)]
-    limit = 4 * request_tokens({**requests[0][1], "model": "test-model"})  # a batch of 3 at a time (lunasol's weight)
+    requests, one = _queued(fake_llm, monkeypatch, 9)
+    limit = 4 * one  # a batch of 3 at a time (lunasol's weight)
     fake_llm.batch.plan(BatchPlan(validating_polls=10**9))  # the first batch outlives the wait
     first = Batcher(MODEL, tmp_path, api_base=fake_llm.base_url, timeout_s=5, log=lambda _m: None, queue_tokens=limit)
     submitted = await first.prefetch(lambda: iter(requests))
@@ -459,7 +459,7 @@ async def test_requests_waiting_for_room_past_the_max_wait_block_and_go_on_resum
     monkeypatch.delenv("LUNASOL_BATCH_MAX_WAIT_S")
     again = Batcher(MODEL, tmp_path, api_base=fake_llm.base_url, timeout_s=5, log=lambda _m: None, queue_tokens=limit)
     assert await again.prefetch(lambda: iter(requests)) == len(held)
-    assert [_answered(await again.answer(k, kw_)) for k, kw_ in requests] == [f"finding for C{i}" for i in range(9)]
+    assert [_answered(await again.answer(k, kw_)) for k, kw_ in requests] == [f"finding for C{i:03d}" for i in range(9)]
     batches = read_batches(tmp_path)
     assert batches[0]["id"] == b1["id"] and sorted(k for b in batches for k in b["keys"]) == sorted(dict(requests))
     assert {b["status"] for b in batches} == {"completed"} and all(b["tokens"] <= limit for b in batches)
@@ -472,13 +472,10 @@ async def test_a_proxy_refusing_at_create_paces_the_batches_too(
     # the queue becomes the limit, the batch goes when one ends, and no record is left without an id.
     from pipeline.models import batching
     from pipeline.models.batching import Batcher, read_batches
-    from pipeline.testing.openai_server import request_tokens
 
-    monkeypatch.setenv("LUNASOL_BATCH_POLL_S", "0")
     monkeypatch.setattr(batching, "BATCH_MAX_REQUESTS", 4)
-    fake_llm.handler = by_cell
-    requests = [(f"k{i:02d}", kw(f"C{i:02d}")) for i in range(16)]
-    fake_llm.batch.queue_tokens = 9 * request_tokens({**requests[0][1], "model": "test-model"})
+    requests, one = _queued(fake_llm, monkeypatch, 16)
+    fake_llm.batch.queue_tokens = 9 * one
     fake_llm.batch.refuse_at_create = True
     fake_llm.batch.default_plan = BatchPlan(validating_polls=1, in_progress_polls=30)  # outlasts two submissions
     logs: list[str] = []
@@ -487,7 +484,7 @@ async def test_a_proxy_refusing_at_create_paces_the_batches_too(
     auth = b.endpoint._auth
     monkeypatch.setattr(b.endpoint, "_auth", lambda: {**auth(), "max_retries": 0})
     await b.prefetch(lambda: iter(requests))
-    assert [_answered(await b.answer(k, kw_)) for k, kw_ in requests] == [f"finding for C{i:02d}" for i in range(16)]
+    assert [_answered(await b.answer(k, kw_)) for k, kw_ in requests] == [f"finding for C{i:03d}" for i in range(16)]
     batches = read_batches(tmp_path)
     assert all(x["id"] for x in batches) and {x["status"] for x in batches} == {"completed"}
     assert sorted(k for x in batches for k in x["keys"]) == sorted(dict(requests))
