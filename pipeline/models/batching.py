@@ -37,6 +37,7 @@ import json
 import math
 import os
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -209,16 +210,19 @@ class Batcher:
         # 3. answer every waiting call
         pending = [k for k in waiting if not states[where[k]["id"]].done]
         expired = [k for k in waiting if k not in pending and not _ok(results.get(k)) and _expired(states, where, k)]
+        per_batch = Counter(where[k]["id"] for k in waiting)
+        failed: dict[str, BatchFailed] = {}  # one error per failed batch, as for pending and expired ones
         for key, (_, fut) in waiting.items():
             item = results.get(key)
             if key in pending or key in expired or fut.done():
                 continue
-            state = states[where[key]["id"]]
-            if state.status == "failed":
-                n = sum(where[k]["id"] == state.id for k in waiting)
-                fut.set_exception(_failed_error(state, n, self.queue_tokens))
+            bid = where[key]["id"]
+            if states[bid].status == "failed":
+                if bid not in failed:
+                    failed[bid] = _failed_error(states[bid], per_batch[bid], self.queue_tokens)
+                fut.set_exception(failed[bid])
                 continue
-            fut.set_result(self._usable(where[key]["id"], key, item))
+            fut.set_result(self._usable(bid, key, item))
         if pending:
             exc: Blocked = _pending_error(sorted({where[k]["id"] for k in pending}), states, len(pending))
             for k in pending:
@@ -541,8 +545,17 @@ def _expired_error(ids: list[str], states: dict[str, BatchState], n: int) -> Bat
     )
 
 
+SAID_ERRORS = 3  # a failed batch's errors quoted in its block (a file's validation can list one per line)
+
+
+def _said(errors: list[str]) -> str:
+    """The provider's first few errors, each folded and cut at 300 characters, and how many more."""
+    said = "; ".join(" ".join(e.split())[:300] for e in errors[:SAID_ERRORS]) or "the provider gave no reason"
+    return said + (f" (and {len(errors) - SAID_ERRORS} more)" if len(errors) > SAID_ERRORS else "")
+
+
 def _failed_error(state: BatchState, n: int, limit: int | None) -> BatchFailed:
-    said = "; ".join(state.errors) or "the provider gave no reason"
+    said = _said(state.errors)
     if state.queue_full:
         cap = f" --batch-queue-tokens {limit}" if limit else ""  # the limit, when the provider stated one
         return BatchFailed(

@@ -309,8 +309,15 @@ def _unblock_command(ctx: RunContext, exc: Blocked) -> str:
         # the model layer does not know the bundle or run; give the exact command for this run
         extra = hint.split("lunasol run BUNDLE", 1)[1].split("(")[0].split()
         base = resume.split()
-        valued = {"--model", "--context-tokens", "--mode", "--max-tokens", "--timeout", "--concurrency"}
-        drop = (valued | {"--batch-queue-tokens"}) & set(extra)
+        drop = {
+            "--model",
+            "--context-tokens",
+            "--mode",
+            "--max-tokens",
+            "--timeout",
+            "--concurrency",
+            "--batch-queue-tokens",
+        } & set(extra)  # flags with a value: the hint's value replaces the run's
         if {"--record", "--replay"} & set(extra):
             drop |= {"--record", "--replay"}  # one store mode only
         for flag in drop:

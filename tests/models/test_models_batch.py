@@ -417,6 +417,17 @@ async def test_a_failed_batch_blocks_and_asks_nothing_synchronously(
     assert [x["status"] for x in read_batches(tmp_path)] == ["failed", "completed"]
 
 
+def test_a_failed_batch_quotes_a_bounded_part_of_what_the_provider_said() -> None:
+    # A file's validation can fail on every line: the block quotes the first few errors, cut, and counts the rest.
+    from pipeline.models.batch import BatchState
+    from pipeline.models.batching import _failed_error
+
+    errors = [f"line {n}: {'x' * 1000}" for n in range(1, 1001)]
+    exc = _failed_error(BatchState("b1", "failed", errors=errors, error_codes=["invalid_request"] * 1000), 1000, None)
+    assert "line 1: " in str(exc) and "line 3: " in str(exc) and "line 4: " not in str(exc)
+    assert "(and 997 more)" in str(exc) and len(str(exc)) < 1200
+
+
 async def test_a_queue_that_stays_full_blocks_naming_the_limit_flag(
     tmp_path: Any, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
