@@ -74,6 +74,40 @@ def batch_rows(run_dir: Path, *, poll: bool = False) -> list[dict[str, Any]]:
     return rows
 
 
+BATCH_LINES = 8
+"""Batches listed one per line in ``lunasol status``; past it, one line per status and the open ones (``--json``: all)."""
+
+_DONE = ("completed", "failed", "expired", "cancelled")
+
+
+def format_batches(batches: Sequence[dict[str, Any]]) -> list[str]:
+    """The provider batches, a line each; a 10,000-cell run's dozens to hundreds summed by status instead.
+
+    Finished batches need nothing from the reader, so past :data:`BATCH_LINES` they are counted
+    per status, and only the batches still open (the ones ``--poll`` asks about) keep a line each.
+    """
+
+    def line(b: dict[str, Any]) -> str:
+        p = b.get("provider")
+        now = f"; provider now: {p['status']} ({p['completed']}/{p['total']} answered)" if p else ""
+        return f"batch {b['id']}: {b['requests']} requests, {b['status']} when last seen{now}"
+
+    if len(batches) <= BATCH_LINES:
+        return [line(b) for b in batches]
+    by_status: dict[str, list[int]] = {}
+    for b in batches:
+        counts = by_status.setdefault(str(b["status"]), [0, 0])
+        counts[0] += 1
+        counts[1] += int(b["requests"])
+    sums = ", ".join(f"{st} {n:,} ({req:,} requests)" for st, (n, req) in sorted(by_status.items()))
+    out = [f"batches: {len(batches):,} when last seen: {sums}"]
+    still_open = [b for b in batches if b["status"] not in _DONE]
+    out.extend("  " + line(b) for b in still_open[:BATCH_LINES])
+    if len(still_open) > BATCH_LINES:
+        out.append(f"  ... and {len(still_open) - BATCH_LINES:,} more open (lunasol status RUN --json lists every batch)")
+    return out
+
+
 def status(run_dir: Path, *, poll: bool = False) -> dict[str, Any]:
     """Everything ``lunasol status`` shows, as data (``poll``: ask the provider about open batches)."""
     h = handoff.load(run_dir)
@@ -264,10 +298,7 @@ def format_status(s: dict[str, Any]) -> str:
     if br:
         lines.append(f"BLOCKED at {br.get('stage')}: {br.get('blocking_constraint')}")
         lines.append(f"  unblock: {br.get('requested_unblock')}")
-    for b in s.get("batches") or []:
-        p = b.get("provider")
-        now = f"; provider now: {p['status']} ({p['completed']}/{p['total']} answered)" if p else ""
-        lines.append(f"batch {b['id']}: {b['requests']} requests, {b['status']} when last seen{now}")
+    lines.extend(format_batches(s.get("batches") or []))
     if h["phase"] == "rootCausesMined" and h["userRootCauseConfirmation"] == "pending":
         lines.extend(f"read first: {line}" for line in s.get("read_first") or [])
     lines.append(f"next: {s['next_command']}")
