@@ -17,9 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.canonical import read_json
 from pipeline.core.settings import ModelSettings
+from pipeline.core.urls import RESUME_API_BASE, is_shown
 
 RUN_SCHEMA_VERSION = VERSIONS["run"]
 DEFAULT_CONCURRENCY = ModelSettings.model_fields["concurrency"].default
+_FROM_ENV = "\x00api-base-from-env"  # placeholder swapped for RESUME_API_BASE after quoting
 
 
 class ExportSummary(BaseModel):
@@ -118,8 +120,10 @@ def run_command(run_dir: Path, *, resume: bool = True) -> str:
     parts = ["lunasol", "run", bundle, "--run-id", run_dir.name, "--runs-dir", str(run_dir.parent)]
     if models.get("model"):
         parts += ["--model", str(models["model"])]
-    if models.get("api_base"):
-        parts += ["--api-base", str(models["api_base"])]
+    api_base = models.get("api_base")
+    if api_base:
+        # kept without its credentials: the shell takes the whole URL from the env (pipeline.core.urls)
+        parts += ["--api-base", _FROM_ENV if is_shown(api_base) else str(api_base)]
     if models.get("mode") in ("replay", "record") and models.get("store"):
         parts += [f"--{models['mode']}", str(models["store"])]
     if inputs.get("probes_dir"):
@@ -144,7 +148,7 @@ def run_command(run_dir: Path, *, resume: bool = True) -> str:
         parts.append("--no-redact")  # continuing without it would re-export the run redacted
     if resume:
         parts.append("--resume")
-    return shlex.join(parts)
+    return shlex.join(parts).replace(shlex.quote(_FROM_ENV), RESUME_API_BASE)
 
 
 def analysis_run_id(run_dir: Path) -> str:

@@ -10,6 +10,7 @@ import typer
 from pipeline.cli.common import JSON_OPTION, emit_json
 from pipeline.core import config as cfg
 from pipeline.core.settings import ModelSettings
+from pipeline.core.urls import shown_url
 
 
 def register(app: typer.Typer) -> None:
@@ -24,6 +25,8 @@ def register(app: typer.Typer) -> None:
         """
         settings, source = ModelSettings.resolve()
         values = settings.model_dump(mode="json")
+        if values.get("api_base"):
+            values["api_base"] = shown_url(values["api_base"])  # a pasted `lunasol config` keeps no credential
         rows = [(k, values[k], source[k]) for k in sorted(values) if k not in cfg.NOT_IN_FILES]
         files = {
             cfg.CONFIG_FILE: (Path.cwd() / cfg.CONFIG_FILE).is_file(),

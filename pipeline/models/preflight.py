@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from pipeline.core.errors import BadInput
 from pipeline.core.settings import ModelSettings
+from pipeline.core.urls import shown_url
 from pipeline.models import modelmap
 from pipeline.models.transport import load_litellm
 
@@ -78,7 +79,8 @@ def check_reachable(api_base: str) -> None:
             pass
     except OSError as exc:
         raise BadInput(
-            f"--api-base {api_base} is not reachable ({exc.strerror or exc}); start the server or fix the URL"
+            f"--api-base {shown_url(api_base)} is not reachable ({exc.strerror or exc}); "
+            "start the server or fix the URL"
         ) from None
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from pipeline.core import offline
 from pipeline.core.errors import LunasolError
 from pipeline.core.settings import ModelSettings
+from pipeline.core.urls import shown_url
 from pipeline.models.errors import ModelRefused
 
 LOADING = "loading model client (litellm)…"
@@ -175,7 +176,7 @@ def refusal(exc: BaseException, model: str, api_base: str | None) -> ModelRefuse
     this model, which the context budget handles).
     """
     kind = refusal_kind(exc)
-    where = f" at {api_base}" if api_base else ""
+    where = f" at {shown_url(api_base)}" if api_base else ""
     if kind == "credential":
         return ModelRefused(
             f"the provider refused the key for {model}{where} ({describe(exc)}); set a valid key in the provider's "

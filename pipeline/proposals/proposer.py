@@ -36,6 +36,7 @@ from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.canonical import pretty_json, read_json, sha256_file, write_json
 from pipeline.core.errors import BadInput, Blocked
 from pipeline.core.settings import ModelSettings
+from pipeline.core.urls import is_shown, unusable
 from pipeline.gates.gate1 import confirmed_weaknesses
 from pipeline.models import ModelClient, render, template_hash
 from pipeline.models.budget import request_tokens, role_budget
@@ -164,8 +165,14 @@ def run_model_settings(run_dir: Path, **overrides: Any) -> ModelSettings:
             recorded.pop("store", None)
         if mode_override is None:
             recorded.pop("mode", None)
+    kept = recorded.get("api_base")
+    if is_shown(kept):
+        recorded.pop("api_base")  # kept without its credentials: --api-base or LUNASOL_API_BASE gives it whole
     recorded.update({k: v for k, v in overrides.items() if v is not None})
-    return ModelSettings.from_env(**recorded)
+    settings = ModelSettings.from_env(**recorded)
+    if is_shown(kept) and not settings.api_base and settings.effective_mode() != "replay":
+        raise unusable(str(kept))
+    return settings
 
 
 # -- context --------------------------------------------------------------------------------------

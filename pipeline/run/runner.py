@@ -38,6 +38,7 @@ from pipeline.core.canonical import digest, read_json, sha256_file, write_json
 from pipeline.core.context import RunContext, RunOptions
 from pipeline.core.errors import BadInput, Blocked, BundleError
 from pipeline.core.settings import ModelSettings
+from pipeline.core.urls import shown_url
 from pipeline.ir import export
 from pipeline.ir.digests import ir_cell_digests, stored_ir_digest
 from pipeline.ir.schema import IR_SCHEMA_VERSION
@@ -146,7 +147,7 @@ def model_inputs(settings: ModelSettings) -> dict[str, Any]:
     """The model settings recorded in run.json (never a key: providers read those from env)."""
     return {
         "model": settings.model,
-        "api_base": settings.api_base,
+        "api_base": shown_url(settings.api_base) if settings.api_base else None,  # never a credential either
         "mode": settings.effective_mode(),
         "store": str(settings.store) if settings.store else None,
         "temperature": settings.temperature,

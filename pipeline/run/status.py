@@ -12,6 +12,8 @@ from typing import Any
 from pipeline.artifacts.run_info import made_unredacted, run_command
 from pipeline.core.canonical import read_json
 from pipeline.core.errors import BadInput
+from pipeline.core.settings import ModelSettings
+from pipeline.core.urls import is_shown, unusable
 from pipeline.gates.gate2 import selection_status
 from pipeline.ir.redact import NO_REDACT_NOTE
 from pipeline.models.batch import BatchEndpoint
@@ -63,7 +65,12 @@ def batch_rows(run_dir: Path, *, poll: bool = False) -> list[dict[str, Any]]:
     models = ((read_json(path) if path.is_file() else {}).get("inputs") or {}).get("models") or {}
     if not models.get("model"):
         raise BadInput(f"{path} names no model: cannot ask the provider about its batches")
-    endpoint = BatchEndpoint(str(models["model"]), api_base=models.get("api_base"))
+    api_base = models.get("api_base")
+    if is_shown(api_base):  # kept without its credentials: from LUNASOL_API_BASE (or the config files)
+        api_base = ModelSettings.from_env().api_base
+        if not api_base:
+            raise unusable(str(models["api_base"]))
+    endpoint = BatchEndpoint(str(models["model"]), api_base=api_base)
 
     async def poll_all() -> None:
         for r in open_rows:
@@ -75,7 +82,7 @@ def batch_rows(run_dir: Path, *, poll: bool = False) -> list[dict[str, Any]]:
 
 
 BATCH_LINES = 8
-"""Batches listed one per line in ``lunasol status``; past it, one line per status and the open ones (``--json``: all)."""
+"""Batches listed a line each by ``lunasol status``; past it, a line per status and the open ones (``--json``: all)."""
 
 _DONE = ("completed", "failed", "expired", "cancelled")
 
@@ -104,7 +111,8 @@ def format_batches(batches: Sequence[dict[str, Any]]) -> list[str]:
     still_open = [b for b in batches if b["status"] not in _DONE]
     out.extend("  " + line(b) for b in still_open[:BATCH_LINES])
     if len(still_open) > BATCH_LINES:
-        out.append(f"  ... and {len(still_open) - BATCH_LINES:,} more open (lunasol status RUN --json lists every batch)")
+        more = len(still_open) - BATCH_LINES
+        out.append(f"  ... and {more:,} more open (lunasol status RUN --json lists every batch)")
     return out
 
 

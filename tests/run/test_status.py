@@ -43,7 +43,9 @@ def test_status_of_a_non_run_is_bad_input(tmp_path: Path) -> None:
 
 
 def _batches(done: int, still_open: int) -> list[dict[str, object]]:
-    rows: list[dict[str, object]] = [{"id": f"batch_{i:03d}", "requests": 90, "status": "completed"} for i in range(done)]
+    rows: list[dict[str, object]] = [
+        {"id": f"batch_{i:03d}", "requests": 90, "status": "completed"} for i in range(done)
+    ]
     rows += [{"id": f"batch_o{i:02d}", "requests": 10, "status": "in_progress"} for i in range(still_open)]
     rows.append({"id": "batch_f", "requests": 5, "status": "failed"})
     return rows
