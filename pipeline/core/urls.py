@@ -29,7 +29,7 @@ _SECRET_WORDS = frozenset(
 _WORDS = re.compile(r"[_\-.]|(?<=[a-z])(?=[A-Z])")
 
 ENV_API_BASE = "LUNASOL_API_BASE"
-RESUME_API_BASE = '"${LUNASOL_API_BASE:?set it to the --api-base of this run, credentials included}"'
+RESUME_API_BASE = f'"${{{ENV_API_BASE}:?set it to the --api-base of this run, credentials included}}"'
 """The ``--api-base`` value of a printed command whose URL was kept without its credentials: the
 shell fills it from the environment, or stops with that message when it is unset."""
 
