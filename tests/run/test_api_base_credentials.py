@@ -6,11 +6,16 @@ take the whole URL from ``LUNASOL_API_BASE``; ``propose`` and ``status --poll`` 
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import httpx2
+import openai
 import pytest
 
 from pipeline.artifacts.run_info import run_command
@@ -19,7 +24,11 @@ from pipeline.core.context import RunOptions
 from pipeline.core.errors import BadInput
 from pipeline.core.settings import ModelSettings
 from pipeline.core.urls import PASSWORD_MARK
+from pipeline.models.batching import BATCHES_NAME
+from pipeline.models.preflight import check_reachable
+from pipeline.models.transport import refusal
 from pipeline.proposals.proposer import run_model_settings
+from pipeline.run import status as status_mod
 from pipeline.run.runner import run
 from pipeline.testing.openai_server import FakeOpenAI, recordings_handler
 from tests.conftest import DEMO_BUNDLE, DEMO_RECORDINGS
@@ -82,12 +91,6 @@ def test_propose_takes_the_url_from_the_flag_or_the_env_never_the_kept_one(
 
 
 def test_error_lines_name_the_url_without_its_credential() -> None:
-    import httpx2
-    import openai
-
-    from pipeline.models.preflight import check_reachable
-    from pipeline.models.transport import refusal
-
     url = f"http://lunasol:{SECRET}@127.0.0.1:9/v1"  # the discard port: nothing listens on loopback
     with pytest.raises(BadInput) as unreachable:
         check_reachable(url)
@@ -99,13 +102,6 @@ def test_error_lines_name_the_url_without_its_credential() -> None:
 
 
 def test_status_poll_asks_the_provider_at_the_env_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import json
-    from types import SimpleNamespace
-    from typing import Any
-
-    from pipeline.models.batching import BATCHES_NAME
-    from pipeline.run import status as status_mod
-
     url = f"https://lunasol:{SECRET}@proxy.example/v1"
     models = {"model": "openai/m", "api_base": url.replace(SECRET, PASSWORD_MARK)}
     (tmp_path / "run.json").write_text(json.dumps({"inputs": {"models": models}}), encoding="utf-8")
