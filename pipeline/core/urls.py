@@ -54,6 +54,14 @@ def shown_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+_URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
+
+
+def shown_urls(text: str) -> str:
+    """``text`` (a provider's error message, say) with every URL in it as :func:`shown_url` keeps it."""
+    return _URL.sub(lambda m: shown_url(m.group(0)), text) if "://" in text else text
+
+
 def _shown_param(param: str) -> str:
     name, eq, value = param.partition("=")
     secret = _WORDS.split(name)[-1].lower() in _SECRET_WORDS

@@ -12,7 +12,7 @@ from typing import Any
 from pipeline.core import offline
 from pipeline.core.errors import LunasolError
 from pipeline.core.settings import ModelSettings
-from pipeline.core.urls import shown_url
+from pipeline.core.urls import shown_url, shown_urls
 from pipeline.models.errors import ModelRefused
 
 LOADING = "loading model client (litellm)…"
@@ -198,8 +198,8 @@ def refusal(exc: BaseException, model: str, api_base: str | None) -> ModelRefuse
 
 
 def describe(exc: BaseException) -> str:
-    """One line: exception type and message (folded, cut at 300 characters)."""
-    text = " ".join(str(exc).split())
+    """One line: exception type and message (folded, cut at 300 characters; credentials in a URL marked)."""
+    text = shown_urls(" ".join(str(exc).split()))
     return f"{type(exc).__name__}: {text[:300]}"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.core.urls import PASSWORD_MARK, VALUE_MARK, is_shown, shown_url
+from pipeline.core.urls import PASSWORD_MARK, VALUE_MARK, is_shown, shown_url, shown_urls
 
 
 @pytest.mark.parametrize(
@@ -39,3 +39,12 @@ def test_credentials_in_a_url_are_marked(url: str, shown: str) -> None:
 def test_a_url_without_credentials_is_kept_byte_for_byte(url: str) -> None:
     assert shown_url(url) == url
     assert not is_shown(url)
+
+
+def test_urls_inside_a_message_are_marked_and_the_rest_kept() -> None:
+    text = "Cannot connect to host https://u:pw-9@proxy/v1?api-key=k-1 (see 'http://docs.example/x'): refused"
+    assert shown_urls(text) == (
+        f"Cannot connect to host https://u:{PASSWORD_MARK}@proxy/v1?api-key={VALUE_MARK} "
+        "(see 'http://docs.example/x'): refused"
+    )
+    assert shown_urls("no url here") == "no url here"

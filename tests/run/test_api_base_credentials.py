@@ -26,7 +26,7 @@ from pipeline.core.settings import ModelSettings
 from pipeline.core.urls import PASSWORD_MARK
 from pipeline.models.batching import BATCHES_NAME
 from pipeline.models.preflight import check_reachable
-from pipeline.models.transport import refusal
+from pipeline.models.transport import describe, refusal
 from pipeline.proposals.proposer import run_model_settings
 from pipeline.run import status as status_mod
 from pipeline.run.runner import run
@@ -99,6 +99,9 @@ def test_error_lines_name_the_url_without_its_credential() -> None:
     refused = refusal(openai.AuthenticationError("bad key", response=response, body=None), "openai/m", url)
     assert refused is not None and "refused the key" in str(refused)
     assert SECRET not in str(refused) and PASSWORD_MARK in str(refused)
+    # a provider's own message naming the URL (litellm's connection errors do) is one line without it too
+    line = describe(openai.APIConnectionError(message=f"Cannot connect to {url}", request=response.request))
+    assert line.startswith("APIConnectionError: Cannot connect to http://lunasol:") and SECRET not in line
 
 
 def test_status_poll_asks_the_provider_at_the_env_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
