@@ -62,3 +62,13 @@ def test_bad_config_file_is_one_line_exit_2(here: Path, text: str, phrase: str) 
         ModelSettings.from_env()
     res = runner.invoke(app, ["config"])
     assert res.exit_code == 2 and phrase in res.stderr and "Traceback" not in res.output
+
+
+def test_config_shows_an_api_base_without_its_credentials(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LUNASOL_API_BASE", "https://me:pw-81@proxy.example/v1?api-key=k-81")
+    for args in (["config"], ["config", "--json"]):
+        res = runner.invoke(app, args)
+        assert res.exit_code == 0, res.output
+        assert "pw-81" not in res.stdout and "k-81" not in res.stdout
+        assert "https://me:[REDACTED:url-password]@proxy.example/v1?api-key=[REDACTED:secret-value]" in res.stdout
+    assert ModelSettings.from_env().api_base == "https://me:pw-81@proxy.example/v1?api-key=k-81"  # what a run uses
