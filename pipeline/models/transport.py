@@ -198,8 +198,14 @@ def refusal(exc: BaseException, model: str, api_base: str | None) -> ModelRefuse
 
 
 def describe(exc: BaseException) -> str:
-    """One line: exception type and message (folded, cut at 300 characters; credentials in a URL marked)."""
-    text = shown_urls(" ".join(str(exc).split()))
+    """One line: exception type and message, folded, its secrets marked, cut at 300 characters.
+
+    A provider may echo what it was sent (a key, a URL with its password); this line goes into block
+    receipts, ``calls.jsonl`` and stderr, so the log redactor's rules and the URL marking apply.
+    """
+    from pipeline.ir.redact import redact  # only when an error is described: its rules compile on import
+
+    text = redact(shown_urls(" ".join(str(exc).split())))[0]
     return f"{type(exc).__name__}: {text[:300]}"
 
 

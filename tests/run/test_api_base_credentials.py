@@ -102,6 +102,10 @@ def test_error_lines_name_the_url_without_its_credential() -> None:
     # a provider's own message naming the URL (litellm's connection errors do) is one line without it too
     line = describe(openai.APIConnectionError(message=f"Cannot connect to {url}", request=response.request))
     assert line.startswith("APIConnectionError: Cannot connect to http://lunasol:") and SECRET not in line
+    # and a key the provider echoes back (some OpenAI-compatible servers do) is marked as in the logs
+    key = "sk-proj-" + "Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z" * 2
+    echoed = describe(openai.AuthenticationError(f"Incorrect API key provided: {key}", response=response, body=None))
+    assert key not in echoed and "[REDACTED:openai-key]" in echoed
 
 
 def test_status_poll_asks_the_provider_at_the_env_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
