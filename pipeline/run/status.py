@@ -16,7 +16,7 @@ from pipeline.core.settings import ModelSettings
 from pipeline.core.urls import is_shown, unusable
 from pipeline.gates.gate2 import selection_status
 from pipeline.ir.redact import NO_REDACT_NOTE
-from pipeline.models.batch import BatchEndpoint
+from pipeline.models.batch import TERMINAL, BatchEndpoint
 from pipeline.models.batching import read_batches
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 from pipeline.state import handoff
@@ -58,7 +58,7 @@ def batch_rows(run_dir: Path, *, poll: bool = False) -> list[dict[str, Any]]:
     """
     rows = [{"id": b["id"], "requests": len(b["keys"]), "status": b["status"]} for b in read_batches(run_dir)]
     # a "submitting" row has no id yet (interrupted submit): the next --resume settles it, poll cannot
-    open_rows = [r for r in rows if r["id"] and r["status"] not in ("completed", "failed", "expired", "cancelled")]
+    open_rows = [r for r in rows if r["id"] and r["status"] not in TERMINAL]
     if not (poll and open_rows):
         return rows
     path = run_dir / "run.json"
@@ -84,9 +84,6 @@ def batch_rows(run_dir: Path, *, poll: bool = False) -> list[dict[str, Any]]:
 BATCH_LINES = 8
 """Batches listed a line each by ``lunasol status``; past it, a line per status and the open ones (``--json``: all)."""
 
-_DONE = ("completed", "failed", "expired", "cancelled")
-
-
 def format_batches(batches: Sequence[dict[str, Any]]) -> list[str]:
     """The provider batches, a line each; a 10,000-cell run's dozens to hundreds summed by status instead.
 
@@ -108,7 +105,7 @@ def format_batches(batches: Sequence[dict[str, Any]]) -> list[str]:
         counts[1] += int(b["requests"])
     sums = ", ".join(f"{st} {n:,} ({req:,} requests)" for st, (n, req) in sorted(by_status.items()))
     out = [f"batches: {len(batches):,} when last seen: {sums}"]
-    still_open = [b for b in batches if b["status"] not in _DONE]
+    still_open = [b for b in batches if b["status"] not in TERMINAL]
     out.extend("  " + line(b) for b in still_open[:BATCH_LINES])
     if len(still_open) > BATCH_LINES:
         more = len(still_open) - BATCH_LINES
