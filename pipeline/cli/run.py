@@ -33,7 +33,12 @@ def register(app: typer.Typer) -> None:
         run_id: str | None = typer.Option(None, "--run-id", help="Run id (default: the bundle's analysis run id)."),
         runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Where run directories live."),
         model: str | None = typer.Option(None, "--model", help="litellm model string (env LUNASOL_MODEL)."),
-        api_base: str | None = typer.Option(None, "--api-base", help="OpenAI-compatible base URL."),
+        api_base: str | None = typer.Option(
+            None,
+            "--api-base",
+            help="OpenAI-compatible base URL. Credentials in it (user:pw@, ?api-key=) are kept out of run.json, "
+            "receipts and error lines; a later propose or resume then takes the URL from LUNASOL_API_BASE.",
+        ),
         replay: Path | None = typer.Option(None, "--replay", help="Serve model answers only from this store."),
         record: Path | None = typer.Option(None, "--record", help="Call live and store every exchange here."),
         resume: bool = typer.Option(False, "--resume", help="Continue without repeating finished calls."),
