@@ -84,6 +84,7 @@ def batch_rows(run_dir: Path, *, poll: bool = False) -> list[dict[str, Any]]:
 BATCH_LINES = 8
 """Batches listed a line each by ``lunasol status``; past it, a line per status and the open ones (``--json``: all)."""
 
+
 def format_batches(batches: Sequence[dict[str, Any]]) -> list[str]:
     """The provider batches, a line each; a 10,000-cell run's dozens to hundreds summed by status instead.
 
