@@ -27,7 +27,8 @@ running flush waits for that one.
 * a batch failed because the model's batch queue was full (OpenAI's enqueued-token limit, its
   ``token_limit_exceeded``): the limit its message states is kept from then on, and its requests
   go again as the batches in progress finish. With a known limit (``--batch-queue-tokens``, or one
-  learned so), prefetch keeps at most that many tokens enqueued: a batch waits for room.
+  learned so), prefetch keeps at most that many tokens enqueued: a batch waits for room. A limit the
+  provider stated is kept in ``batch-queue.json`` too, so a resumed process paces from its first batch.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ BATCHED_ROLES = frozenset({"luna"})
 """Roles whose calls ``--batch`` sends as one provider batch (the per-cell fan-out)."""
 
 BATCHES_NAME = "batches.json"
+QUEUE_NAME = "batch-queue.json"
+"""The model's enqueued-token limit as its provider stated it in a refusal (``{"model", "tokens"}``)."""
 CLOSED_UNANSWERED = frozenset({"expired", "cancelled"})  # a batch that ended with requests left unanswered
 RESUBMITTED = CLOSED_UNANSWERED | {"failed"}  # an earlier process's batch so ended: its unanswered keys go again
 QUEUE_CHARS_PER_TOKEN = 3
@@ -86,6 +89,16 @@ def read_batches(run_dir: Path) -> list[dict[str, Any]]:
         return []
     data = json.loads(path.read_text(encoding="utf-8"))
     return list(data.get("batches", []))
+
+
+def read_queue_limit(run_dir: Path, model: str) -> int | None:
+    """The queue limit a provider stated for ``model`` to an earlier process of this run, if any."""
+    try:
+        data = json.loads((Path(run_dir) / QUEUE_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # absent or unreadable: learned again from the next refusal
+        return None
+    tokens = data.get("tokens") if isinstance(data, dict) and data.get("model") == model else None
+    return tokens if type(tokens) is int and tokens > 0 else None
 
 
 def _write_batches(run_dir: Path, batches: list[dict[str, Any]]) -> None:
@@ -129,8 +142,16 @@ class Batcher:
         self._lock = asyncio.Lock()
         self._ready: dict[str, dict[str, Any] | Blocked | None] = {}  # key -> what prefetch() collected
         self.prefetched = False  # the stage's first requests went out through prefetch()
-        # The model's enqueued-token limit: given (--batch-queue-tokens), or learned from a queue-full batch.
+        # The model's enqueued-token limit: given (--batch-queue-tokens), or learned from a queue-full batch
+        # (by this process, or stated to an earlier one of this run).
         self.queue_tokens = queue_tokens
+        if queue_tokens is None:
+            self.queue_tokens = read_queue_limit(self.run_dir, model)
+            if self.queue_tokens is not None:
+                log(
+                    f"batch: the provider's batch queue for {model} holds at most {self.queue_tokens:,} tokens "
+                    f"(stated to an earlier process, {QUEUE_NAME}); batches wait for room"
+                )
         self._collecting: dict[str, asyncio.Task[tuple[BatchState, dict[str, ItemResult]]]] = {}
         self._enqueued: dict[str, int] = {}  # batch id -> its weight, while it is in the provider's queue
         self._stalled = False  # a batch in the queue outlived the max wait: nothing more is submitted
@@ -424,6 +445,9 @@ class Batcher:
         limit = stated or sum(self._enqueued.values()) or None
         if limit is not None and (self.queue_tokens is None or limit < self.queue_tokens):
             self.queue_tokens = limit
+            if stated:  # a provider's fact, kept for a resumed process (the other guess holds only for now)
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(self.run_dir / QUEUE_NAME, json.dumps({"model": self.model, "tokens": limit}) + "\n")
             self.log(
                 f"batch {bid}: the provider's batch queue for {self.model} is full "
                 f"({'its limit' if stated else 'what was in it'}: {limit:,} tokens; this batch ~{weight:,}); "

@@ -374,6 +374,37 @@ async def test_three_hundred_requests_fill_a_full_queue_as_room_is_made(
     assert len(fake_llm.requests) == 300  # every item once at the server: nothing was asked synchronously
 
 
+async def test_a_stated_queue_limit_paces_a_resumed_process_from_its_first_batch(
+    tmp_path: Any, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 10,000-cell --batch run is resumed by another process (a block, Ctrl-C, a laptop asleep); the
+    # limit the provider stated to the first one is not learned again through a refused round.
+    from pipeline.models import batching
+    from pipeline.models.batching import QUEUE_NAME, Batcher, read_batches, read_queue_limit
+
+    monkeypatch.setattr(batching, "BATCH_MAX_REQUESTS", 40)
+    requests, one = _queued(fake_llm, monkeypatch, 200)
+    limit = 60 * one
+    fake_llm.batch.queue_tokens = limit
+    fake_llm.batch.plan(BatchPlan(validating_polls=0, in_progress_polls=40))
+    first = Batcher(MODEL, tmp_path, api_base=fake_llm.base_url, timeout_s=5, log=lambda _m: None)
+    await first.prefetch(lambda: iter(requests[:100]))
+    assert any(x["status"] == "failed" for x in read_batches(tmp_path))  # refused as full: the limit was learned
+    assert read_queue_limit(tmp_path, MODEL) == limit and read_queue_limit(tmp_path, "openai/other") is None
+
+    before = len(read_batches(tmp_path))
+    fake_llm.batch.plan(BatchPlan(validating_polls=0, in_progress_polls=40))
+    logs: list[str] = []
+    resumed = Batcher(MODEL, tmp_path, api_base=fake_llm.base_url, timeout_s=5, log=logs.append)
+    assert resumed.queue_tokens == limit and f"(stated to an earlier process, {QUEUE_NAME})" in logs[0]
+    await resumed.prefetch(lambda: iter(requests[100:]))
+    answers = {k: await resumed.answer(k, kwargs) for k, kwargs in requests[100:]}
+    assert all(_answered(a) == f"finding for C{k[1:]}" for k, a in answers.items())
+    later = read_batches(tmp_path)[before:]
+    assert later and {x["status"] for x in later} == {"completed"}  # paced from the first batch: none refused
+    assert fake_llm.batch.peak_enqueued <= limit
+
+
 async def test_a_declared_queue_limit_is_never_exceeded(
     tmp_path: Any, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
