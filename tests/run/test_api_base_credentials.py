@@ -28,6 +28,7 @@ from pipeline.models.batching import BATCHES_NAME
 from pipeline.models.preflight import check_reachable
 from pipeline.models.transport import describe, refusal
 from pipeline.proposals.proposer import run_model_settings
+from pipeline.report.build import write_report
 from pipeline.run import status as status_mod
 from pipeline.run.runner import run
 from pipeline.testing.openai_server import FakeOpenAI, recordings_handler
@@ -54,6 +55,8 @@ def credentialed_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
 
 def test_no_file_of_the_run_or_its_recording_holds_the_credential(credentialed_run: tuple[Path, str]) -> None:
     run_dir, url = credentialed_run
+    page, _ = write_report(run_dir)  # the page shows run.json's inputs: the marked URL, if any
+    assert page.is_file()
     files = [p for d in (run_dir, run_dir.parent.parent / "rec") for p in d.rglob("*") if p.is_file()]
     assert len(files) > 10
     assert [p for p in files if SECRET.encode() in p.read_bytes()] == []
