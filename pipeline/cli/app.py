@@ -18,7 +18,7 @@ from typer.core import TyperGroup, TyperOption
 from typer.exceptions import TyperException
 
 import pipeline
-from pipeline.cli import bundle, calls, config, datasets, followup, gates, ir, proposals, review, run, schema
+from pipeline.cli import agent, bundle, calls, config, datasets, followup, gates, ir, proposals, review, run, schema
 from pipeline.core import offline
 from pipeline.core.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, LunasolError
 
@@ -27,6 +27,7 @@ WORKFLOW: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Analyse", ("bundle", "run", "status", "calls", "config")),
     ("Read before you decide", ("show", "report", "show-ref", "diff")),
     ("Decide", ("confirm", "propose", "validate", "select", "followup")),
+    ("Hand over", ("handoff", "mcp")),
     ("Data", ("export", "export-tables", "query", "runs", "eval", "schema")),
 )
 _ORDER = [name for _, names in WORKFLOW for name in names]
@@ -138,7 +139,7 @@ def _root(
 def _register() -> None:
     # Each module adds its verbs; imports stay cheap (heavy libraries load inside commands).
 
-    for module in (bundle, ir, run, calls, gates, proposals, followup, review, datasets, schema, config):
+    for module in (bundle, ir, run, calls, gates, proposals, followup, review, datasets, schema, config, agent):
         module.register(app)
     for command in app.registered_commands:
         name = command.name or (command.callback.__name__ if command.callback else "")

@@ -28,6 +28,7 @@ class QueryResult:
 
     columns: list[str]
     rows: list[tuple[Any, ...]]
+    more: bool = False  # rows past ``max_rows`` exist and were not fetched
 
     def records(self) -> list[dict[str, Any]]:
         """Rows as JSON-ready dicts (non-JSON values become strings)."""
@@ -48,8 +49,14 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def query(run_dir: Path, sql: str) -> QueryResult:
-    """Run one read-only statement against ``run_dir/ir.duckdb``; any SQL error is one BadInput line."""
+def query(run_dir: Path, sql: str, *, max_rows: int | None = None, timeout_s: float | None = None) -> QueryResult:
+    """Run one read-only statement against ``run_dir/ir.duckdb``; any SQL error is one BadInput line.
+
+    ``max_rows``: fetch at most that many rows (``more`` says whether others exist), so a caller that
+    shows a page never holds the whole result. ``timeout_s``: interrupt a statement still running then.
+    """
+    import threading
+
     import duckdb
 
     if not sql.strip():
@@ -72,11 +79,26 @@ def query(run_dir: Path, sql: str) -> QueryResult:
             # Only the last statement's rows would be shown, and the first word check covers only the first.
             if len(con.extract_statements(sql)) > 1:
                 raise BadInput("one statement per query: drop the ';' between statements or run them one by one")
-            cur = con.execute(sql)
-            columns = [d[0] for d in cur.description or []]
-            rows = cur.fetchall() if columns else []
+            timer = threading.Timer(timeout_s, con.interrupt) if timeout_s else None
+            if timer is not None:
+                timer.start()
+            try:
+                cur = con.execute(sql)
+                columns = [d[0] for d in cur.description or []]
+                if not columns:
+                    rows: list[tuple[Any, ...]] = []
+                elif max_rows is None:
+                    rows = cur.fetchall()
+                else:
+                    rows = cur.fetchmany(max_rows + 1)
+            finally:
+                if timer is not None:
+                    timer.cancel()
         except duckdb.Error as exc:
+            if timeout_s and "interrupt" in str(exc).lower():
+                raise BadInput(f"query stopped after {timeout_s:g} s: narrow it (WHERE, LIMIT)") from None
             raise BadInput(f"SQL error: {' '.join(str(exc).split())}") from None
     finally:
         con.close()
-    return QueryResult(columns, rows)
+    more = max_rows is not None and len(rows) > max_rows
+    return QueryResult(columns, rows[:max_rows] if more else rows, more)
