@@ -168,8 +168,8 @@ def build_server(runs: tools.Runs) -> MCPServer[Any]:
             str,
             Field(
                 description="one read-only DuckDB statement (SELECT / WITH / DESCRIBE / SHOW ...) over the run's "
-                "Trajectory IR: tables cells, events, segments, outcomes, probe_hits, coverage, pattern_groups, "
-                "meta; e.g. SELECT kind, count(*) FROM events GROUP BY 1"
+                "Trajectory IR: tables cells, events, segments, outcomes, coverage, probe_hits, patterns, "
+                "pattern_groups, pattern_occurrences, meta; e.g. SELECT kind, count(*) FROM events GROUP BY 1"
             ),
         ],
         max_rows: Annotated[int, Field(ge=1, description="rows to return (at most 200)")] = 50,

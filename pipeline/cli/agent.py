@@ -29,6 +29,10 @@ def register(app: typer.Typer) -> None:
         from pipeline.agent.tools import Runs
 
         served = Runs([resolve_run(r) for r in runs])  # bad runs: one line and exit 2, before serving
+        # stderr: stdout carries the protocol alone; a person who starts it in a terminal learns what it is
+        typer.echo(
+            f"lunasol mcp: serving {', '.join(served.ids)} read-only on stdio (close stdin or Ctrl-C to stop)", err=True
+        )
         serve(served)
 
     @app.command("handoff")
