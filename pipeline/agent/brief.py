@@ -220,9 +220,11 @@ def run_summary(runs: tools.Runs, run: str | None = None) -> str:
     export = info.get("export") if isinstance(info.get("export"), dict) else {}
     lines = [f"# Run {rid}", "", f"- bundle: `{_bundle(d, info)}`"]
     if export:
-        lines.append(
-            f"- export: {', '.join(f'{k} {v}' for k, v in sorted(export.items()) if not isinstance(v, dict | list))}"
-        )
+        figures = ", ".join(f"{k} {v}" for k, v in sorted(export.items()) if isinstance(v, int | float | str))
+        lines.append(f"- export: {figures}")
+    outcomes = tools.outcome_counts(d)
+    if outcomes:
+        lines.append(f"- eligible cells by outcome: {', '.join(f'{k} {v}' for k, v in outcomes.items())}")
     lines += [
         f"- phase: {s.phase} (revision {s.revision}); redaction {s.redaction}",
         f"- gate 1: {s.gate1}; proposals: {s.proposal_generation}; gate 2: {s.gate2}"
@@ -235,7 +237,7 @@ def run_summary(runs: tools.Runs, run: str | None = None) -> str:
     for w in s.weaknesses:
         lines.append(
             f"- **{w.weakness_id}** ({w.confidence}; {w.cells} cells, {w.tasks} tasks, {w.runs} runs, "
-            f"{w.counter_evidence} counter; gate 1: {w.gate1_decision}): {_short(w.statement)}"
+            f"{w.counter_evidence} counter; gate 1: {w.gate1_decision or 'pending'}): {_short(w.statement)}"
         )
     lines += [f"- dropped {d_['weakness_id']}: {'; '.join(d_.get('reasons') or [])}" for d_ in s.dropped_weaknesses]
     if not s.weaknesses and not s.dropped_weaknesses:
@@ -246,6 +248,13 @@ def run_summary(runs: tools.Runs, run: str | None = None) -> str:
         f"{_short(p.proposed_strategy)}"
         for p in cut_list(s.proposals, MAX_ITEMS, "proposals", "get_proposal", s.notes)
     ] or ["- none yet"]
-    lines += ["", "## Follow-up", "", f"- verdict: {s.followup_verdict or 'none yet'}", "", f"next: `{s.next_command}`"]
+    fu = tools.get_followup(runs, rid)
+    lines += ["", "## Follow-up", ""]
+    if fu.found:
+        judged = f"{fu.proposal_id} of {fu.parent_run} judged on {fu.child_run}"
+        lines.append(f"- verdict: {fu.verdict} ({judged}): {_short(fu.reason or '')}")
+    else:
+        lines.append(f"- none yet ({fu.how_to_make_one})")
+    lines += ["", f"next: `{s.next_command}`"]
     lines += [f"note: {n}" for n in s.notes]
     return "\n".join(lines) + "\n"

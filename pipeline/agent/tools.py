@@ -400,6 +400,18 @@ def _cell_rows(d: Path, cells: list[str]) -> dict[str, dict[str, Any]]:
     return {str(r[0]): {"task_id": r[1], "run_id": r[2], "outcome_label": r[3], "eligibility": r[4]} for r in rows}
 
 
+def outcome_counts(d: Path) -> dict[str, int]:
+    """Eligible cells per outcome label (``unknown``: no label), as the report's summary counts them."""
+    with reads.ir(d) as con:
+        if not con.execute("SELECT 1 FROM information_schema.tables WHERE table_name = 'outcomes'").fetchall():
+            return {}
+        rows = con.execute(
+            "SELECT coalesce(o.label, 'unknown'), count(*) FROM cells c LEFT JOIN outcomes o USING (cell_id) "
+            "WHERE c.eligibility = 'valid_behavior' GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+    return {str(label): int(n) for label, n in rows}
+
+
 def _eligible(d: Path) -> list[str]:
     with reads.ir(d) as con:
         return [

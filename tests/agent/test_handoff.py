@@ -88,3 +88,14 @@ def test_without_a_selection_one_line_and_exit_2(demo_copy: Path) -> None:
     assert res.output.count("\n") == 1 and "no card selected at gate 2" in res.output
     assert "--proposal" in res.output
     assert not list(demo_copy.glob("handoff-*"))
+
+
+def test_without_a_child_run_the_followup_tool_says_how_to_make_one(gate2: Path) -> None:
+    from pipeline.agent import Runs, run_summary, tools
+
+    fu = tools.get_followup(Runs([gate2]))
+    assert not fu.found and fu.verdict is None
+    assert fu.how_to_make_one == f"lunasol followup {gate2} --proposal P-02 --child runs/<next generation run>"
+    summary = run_summary(Runs([gate2]))
+    assert "- eligible cells by outcome: completed 21, workflow_failed 3" in summary
+    assert f"- none yet ({fu.how_to_make_one})" in summary
