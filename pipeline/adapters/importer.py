@@ -86,7 +86,7 @@ def import_bundle(
     *,
     adapters: dict[str, Adapter],
     detect: Callable[[Path], str],
-    sniff: Callable[[Path, str], str | None],
+    sniff: Callable[[Path, str], tuple[str | None, str]],
 ) -> ImportResult:
     """Import ``src`` (a file or folder) in format ``fmt`` (or ``auto``) into the new bundle ``dest``.
 
@@ -164,17 +164,21 @@ class _Found:
 
 
 def _discover(
-    fmt: str | None, adapters: dict[str, Adapter], sniff: Callable[[Path, str], str | None], tmp: Path, paths: list[str]
+    fmt: str | None,
+    adapters: dict[str, Adapter],
+    sniff: Callable[[Path, str], tuple[str | None, str]],
+    tmp: Path,
+    paths: list[str],
 ) -> _Found:
     groups: dict[str, list[str]] = {}
-    unclaimed: list[str] = []
+    unclaimed: dict[str, str] = {}  # path -> why no format was chosen (the true skip reason)
     if fmt is not None:
         groups[fmt] = paths
     else:
         for rel in paths:
-            name = sniff(tmp / rel, rel)
+            name, why = sniff(tmp / rel, rel)
             if name is None:
-                unclaimed.append(rel)
+                unclaimed[rel] = why
             else:
                 groups.setdefault(name, []).append(rel)
     out = _Found()
@@ -182,7 +186,7 @@ def _discover(
     for name in [a for a in adapters if a in groups]:
         # Files no format claims are offered to every adapter (a crosswalk, a log whose head says little).
         try:
-            found = adapters[name].discover(tmp, sorted(groups[name] + unclaimed))
+            found = adapters[name].discover(tmp, sorted(groups[name] + list(unclaimed)))
         except RecursionError:  # JSON held in a string of a log, nested too deep (whole documents name the file)
             raise BadInput(f"{name} import: JSON nested too deeply to read") from None
         mine: set[str] = set()
@@ -194,13 +198,14 @@ def _discover(
             out.cells.append((name, c))
         claimed |= mine
         for rel, why in found.skipped:
-            if rel in groups[name] or rel not in out.skipped:
+            # An unclaimed file keeps detection's reason: another format's "not a JSON file" is not why.
+            if rel in groups[name]:
                 out.skipped[rel] = why
         out.warnings.extend(found.warnings)
         out.aux.update(found.aux)
         out.harness[name] = found.harness
-    for rel in unclaimed:
-        out.skipped.setdefault(rel, "no supported format recognised")
+    for rel, why in unclaimed.items():
+        out.skipped.setdefault(rel, f"format not recognised: {why}")
     for rel in list(out.skipped):
         if rel in claimed or rel in out.aux:
             del out.skipped[rel]
@@ -276,7 +281,7 @@ def _subsets(cells: list[tuple[str, CellSource]]) -> dict[int, str]:
 def _build(
     fmt: str | None,
     adapters: dict[str, Adapter],
-    sniff: Callable[[Path, str], str | None],
+    sniff: Callable[[Path, str], tuple[str | None, str]],
     src: Path,
     tmp: Path,
     dest: Path,
@@ -289,7 +294,9 @@ def _build(
     found = _discover(fmt, adapters, sniff, tmp, readable)
     if not found.cells:
         if fmt is None and not found.harness:
-            raise BadInput(f"cannot tell the format of {src}; name it: {', '.join(adapters)}")
+            reasons = [r.removeprefix("format not recognised: ") for r in found.skipped.values()]
+            why = next((r for r in reasons if r.startswith("closest")), reasons[0] if reasons else "no file in it")
+            raise BadInput(f"cannot tell the format of {src}; {why}; name it with FORMAT: {', '.join(adapters)}")
         name = fmt or ", ".join(found.harness)
         why = "; ".join(f"{p}: {r}" for p, r in list(found.skipped.items())[:3])
         raise BadInput(f"no {name} runs found in {src}" + (f" ({why})" if why else ""))
