@@ -16,6 +16,8 @@ from pathlib import Path
 from pipeline.adapters import (
     atif,
     claude_code,
+    codex,
+    gemini_cli,
     inspect_log,
     mast,
     mini_swe_agent,
@@ -47,6 +49,8 @@ BUILTIN: dict[str, Adapter] = {
         claude_code.ADAPTER,
         atif.ADAPTER,
         tau.ADAPTER,
+        codex.ADAPTER,
+        gemini_cli.ADAPTER,
     )
 }
 

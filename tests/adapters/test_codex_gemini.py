@@ -1,0 +1,174 @@
+"""Codex CLI and Gemini CLI adapters on real public samples (tests/fixtures/foreign/{codex,gemini-cli})."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.adapters import import_bundle, judge
+from pipeline.core.errors import BadInput
+from pipeline.ir.export import export
+from tests.adapters.adapter_helpers import FOREIGN_FIXTURES, check_refs, events_of, source_blocks
+
+CODEX = FOREIGN_FIXTURES / "codex"
+GEMINI = FOREIGN_FIXTURES / "gemini-cli"
+CLAUDE_LINES = [
+    {"type": "system", "subtype": "init", "session_id": "cc-1", "tools": ["Bash"], "model": "m"},
+    {"type": "assistant", "session_id": "cc-1", "message": {"role": "assistant", "content": "done"}},
+]
+
+
+def _run(src: Path, tmp: Path, fmt: str = "auto") -> tuple[Path, list[dict[str, Any]], Any]:
+    bundle = tmp / "bundle"
+    result = import_bundle(fmt, src, bundle)
+    run = tmp / "runs" / "r"
+    export(bundle, run)
+    return bundle, events_of(run), result
+
+
+def _outcomes(bundle: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (bundle / "sidecar/outcomes.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize(("src", "fmt", "cells"), [(CODEX, "codex", 5), (GEMINI, "gemini-cli", 8)])
+def test_samples_import_with_every_ref_resolving(src: Path, fmt: str, cells: int, tmp_path: Path) -> None:
+    bundle, events, result = _run(src, tmp_path)
+    assert result.format == fmt and result.cells == cells
+    ok, bad = check_refs(bundle, events)
+    assert bad == [] and ok == len(events) > 0
+    steps: dict[str, set[int]] = {}
+    for e in events:
+        steps.setdefault(e["cell_id"], set()).add(e["step_index"])
+    for cell, block in source_blocks(bundle).items():
+        assert len(steps[cell]) == block["source_steps"], cell  # every record of the source is a step
+    # README and LICENSE files are skipped with the true reason, not another format's
+    reasons = dict(result.skipped)
+    assert all(r.startswith("format not recognised") for p, r in reasons.items() if p.endswith(("LICENSE", ".md")))
+
+
+def test_codex_old_and_new_line_shapes_give_typed_events(tmp_path: Path) -> None:
+    _, events, _ = _run(CODEX / "ai-sessions", tmp_path)
+    by_cell: dict[str, list[dict[str, Any]]] = {}
+    for e in events:
+        by_cell.setdefault(e["cell_id"], []).append(e)
+    kinds = {c: [(e["kind"], e["tool_name"]) for e in evs] for c, evs in by_cell.items()}
+    legacy = next(k for k in kinds.values() if ("tool_call", "Write") in k)  # the header/record_type shape
+    assert ("tool_result", None) in legacy and ("message", None) in legacy
+    newer = next(k for k in kinds.values() if ("tool_call", "shell") in k)
+    assert ("tool_result", None) in newer or ("error", None) in newer
+    calls = [e for e in events if e["tool_name"] == "shell"]
+    assert calls and all(not e["text"].startswith("shell ['") for e in calls)  # argv unwrapped to the command
+
+
+def _codex_lines(tmp: Path, lines: list[dict[str, Any]]) -> Path:
+    src = tmp / "src"
+    src.mkdir()
+    meta = {"timestamp": "2026-01-01T00:00:00Z", "type": "session_meta",
+            "payload": {"id": "s-1", "cwd": "/w", "cli_version": "0.99.0"}}  # fmt: skip
+    body = [meta, *lines]
+    (src / "rollout-2026-01-01T00-00-00-s-1.jsonl").write_text("".join(json.dumps(x) + "\n" for x in body))
+    return src
+
+
+def _item(ts: str, payload: dict[str, Any], top: str = "response_item") -> dict[str, Any]:
+    return {"timestamp": ts, "type": top, "payload": payload}
+
+
+def test_codex_exit_codes_decide_error_and_unknown_lines_are_other(tmp_path: Path) -> None:
+    """Lines written here (no public sample holds exec_command_end): exit codes and version drift."""
+    cmd = json.dumps({"command": ["bash", "-lc", "# run the tests\npytest -q"]})
+    lines = [
+        _item("2026-01-01T00:00:01Z", {"type": "function_call", "name": "shell", "arguments": cmd, "call_id": "c1"}),
+        _item("2026-01-01T00:00:02Z", {"type": "function_call_output", "call_id": "c1", "output": "1 failed"}),
+        _item(
+            "2026-01-01T00:00:02Z",
+            {"type": "exec_command_end", "call_id": "c1", "exit_code": 1, "aggregated_output": "1 failed"},
+            "event_msg",
+        ),
+        _item("2026-01-01T00:00:03Z", {"type": "function_call", "name": "shell", "arguments": cmd, "call_id": "c2"}),
+        _item(
+            "2026-01-01T00:00:04Z",
+            {
+                "type": "function_call_output",
+                "call_id": "c2",
+                "output": json.dumps({"output": "ok", "metadata": {"exit_code": 0}}),
+            },
+        ),
+        _item("2026-01-01T00:00:05Z", {"type": "brand_new_event", "x": 1}, "event_msg"),
+        _item("2026-01-01T00:00:06Z", {"type": "hologram", "y": 2}),
+        _item(
+            "2026-01-01T00:00:07Z",
+            {"type": "token_count", "info": {"total_token_usage": {"total_tokens": 99}}},
+            "event_msg",
+        ),
+    ]
+    bundle, events, result = _run(_codex_lines(tmp_path, lines), tmp_path)
+    results = {e["call_id"]: e for e in events if e["kind"] in ("tool_result", "error") and e["call_id"]}
+    assert results["c1"]["kind"] == "error" and results["c1"]["detail"] == "exit_code=1"  # from exec_command_end
+    assert results["c2"]["kind"] == "tool_result" and results["c2"]["detail"] == "exit_code=0"
+    calls = [e for e in events if e["kind"] == "tool_call"]
+    assert {e["text"] for e in calls} == {"shell # run the tests\npytest -q"}
+    assert calls[0]["args_digest"] == calls[1]["args_digest"]  # the same command digests equally
+    drift = [e for e in events if (e["detail"] or "").startswith("unknown:")]
+    assert {e["detail"] for e in drift} == {"unknown:event_msg/brand_new_event", "unknown:response_item/hologram"}
+    assert all(e["kind"] == "other" for e in drift)
+    assert len(result.warnings) == 1 and "2 line(s) of types this adapter does not know" in result.warnings[0][1]
+    (out,) = _outcomes(bundle)
+    assert out["total_token_usage"] == {"total_tokens": 99} and out["label"] is None
+    assert all("total_tokens" not in (e["text"] or "") for e in events if e["kind"] != "other")
+
+
+def test_gemini_tool_error_status_is_an_error_event(tmp_path: Path) -> None:
+    _, events, _ = _run(GEMINI / "agent-history" / "gemini_with_tool_error.jsonl", tmp_path)
+    errs = [e for e in events if e["kind"] == "error"]
+    assert errs and all(e["call_id"] for e in errs)
+    calls = {e["call_id"] for e in events if e["kind"] == "tool_call"}
+    assert {e["call_id"] for e in errs} <= calls
+
+
+def test_gemini_unknown_message_type_is_other_with_one_warning(tmp_path: Path) -> None:
+    doc = json.loads((GEMINI / "agent-history" / "gemini_golden.json").read_text())
+    doc["messages"].append({"id": "x1", "timestamp": "2025-01-05T14:01:00.000Z", "type": "hologram", "content": "?"})
+    src = tmp_path / "session-x.json"
+    src.write_text(json.dumps(doc, indent=2))
+    _, events, result = _run(src, tmp_path)
+    assert [e["detail"] for e in events if e["kind"] == "other"] == ["unknown:hologram"]
+    assert len(result.warnings) == 1 and "hologram x1" in result.warnings[0][1]
+
+
+def test_a_folder_of_several_tools_gives_one_cell_per_session_each_by_its_adapter(tmp_path: Path) -> None:
+    src = tmp_path / "mixed"
+    shutil.copytree(CODEX / "agent-history", src / "codex")
+    shutil.copytree(GEMINI / "ai-sessions", src / "gemini")
+    (src / "cc").mkdir()
+    (src / "cc" / "stream.jsonl").write_text("".join(json.dumps(x) + "\n" for x in CLAUDE_LINES))
+    bundle, events, result = _run(src, tmp_path)
+    assert result.format == "mixed" and result.formats == ["claude-code", "codex", "gemini-cli"]
+    blocks = source_blocks(bundle)
+    by_adapter = {b["path"].split("/")[1]: set() for b in blocks.values()}
+    for b in blocks.values():
+        by_adapter[b["path"].split("/")[1]].add(b["adapter"])
+    assert by_adapter == {"codex": {"codex"}, "gemini": {"gemini-cli"}, "cc": {"claude-code"}}
+    assert result.cells == 3 + 3 + 1
+    ok, bad = check_refs(bundle, events)
+    assert bad == [] and ok == len(events)
+    # no Codex rollout is skipped, and nothing is called "not a JSON file"
+    assert not [p for p, r in result.skipped if p.endswith(".jsonl")]
+    assert not [r for _, r in result.skipped if "not a JSON file" in r]
+
+
+def test_a_codex_rollout_is_never_taken_for_claude_code() -> None:
+    for p in sorted(CODEX.rglob("*.jsonl")):
+        v = judge(p, p.name)
+        assert v.name == "codex", (p, v.scores[:3])
+        assert dict((n, s) for n, s, _ in v.scores)["claude-code"] < 0.5
+
+
+def test_named_claude_code_on_a_codex_folder_is_one_line_and_nothing_left(tmp_path: Path) -> None:
+    with pytest.raises(BadInput, match="no claude-code runs found"):
+        import_bundle("claude-code", CODEX / "agent-history", tmp_path / "b")
+    assert not (tmp_path / "b").exists() and not list(tmp_path.glob(".b.*"))
