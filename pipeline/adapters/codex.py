@@ -48,7 +48,7 @@ from pipeline.adapters.base import (
     tool_result_event,
 )
 from pipeline.adapters.contract import SourceEvent
-from pipeline.adapters.embedded import shell_command
+from pipeline.adapters.embedded import command_digest, command_tool, shell_command
 from pipeline.core.canonical import digest
 
 NAME = "codex"
@@ -297,8 +297,16 @@ def _output_text(raw: Any) -> tuple[str, int | None]:
     return as_text(text), exit_code
 
 
-def _call_fields(item: dict[str, Any]) -> tuple[str, Any, str]:
-    """(tool name, arguments, display text) of a tool call item; shell commands unwrapped."""
+_SHELL_TOOLS = ("shell", "exec_command", "local_shell", "container.exec", "shell_command")
+
+
+def _call_fields(item: dict[str, Any]) -> tuple[str, str | None, str, str]:
+    """(tool name, the harness's tool when it was a shell, arguments digest, text) of a tool call.
+
+    A shell call is named after the command it runs (``cat``, ``pytest``: what the probes classify
+    as a read or a check), its digest is over the normalised commands and working folder, and its
+    text is the command itself (``bash -lc "X"`` is ``X``).
+    """
     name = str(item.get("name") or item.get("type") or "tool")
     if item.get("type") == "local_shell_call":
         args: Any = as_dict(item.get("action"))
@@ -309,12 +317,13 @@ def _call_fields(item: dict[str, Any]) -> tuple[str, Any, str]:
             args = json.loads(raw) if isinstance(raw, str) else raw
         except ValueError:
             args = raw
-    cmd = None
-    if isinstance(args, dict):
-        cmd = args.get("command", args.get("cmd"))
-    if cmd is not None and name in ("shell", "exec_command", "local_shell", "container.exec", "shell_command"):
-        return name, args, f"{name} {shell_command(cmd)}"
-    return name, args, f"{name} {args if isinstance(args, str) else json_text(args)}"
+    cmd = args.get("command", args.get("cmd")) if isinstance(args, dict) else None
+    if cmd is not None and name in _SHELL_TOOLS:
+        script = shell_command(cmd)
+        workdir = args.get("workdir") if isinstance(args, dict) else None
+        return command_tool(script) or name, name, command_digest(script, workdir), f"{name} {script}"
+    text = f"{name} {args if isinstance(args, str) else json_text(args)}"
+    return name, None, args_digest(args), text
 
 
 def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:
@@ -382,17 +391,21 @@ def _item_events(
         text = summary or as_text(item.get("content"))
         yield em.event("message", ptr, actor="assistant", detail="thinking", text=text, **common)
     elif sub in ("function_call", "custom_tool_call", "local_shell_call", "web_search_call"):
-        name, args, text = _call_fields(item)
-        target = None
-        if isinstance(args, dict):
-            target = args.get("path") or args.get("file_path") or args.get("workdir")
+        name, via, digest_, text = _call_fields(item)
+        args = item.get("arguments")
+        try:
+            parsed = json.loads(args) if isinstance(args, str) else args
+        except ValueError:
+            parsed = None
+        target = as_dict(parsed).get("path") or as_dict(parsed).get("file_path") or as_dict(parsed).get("workdir")
         yield em.event(
             "tool_call",
             ptr,
             actor="assistant",
             tool_name=name,
             call_id=item.get("call_id") or item.get("id"),
-            args_digest=args_digest(args),
+            args_digest=digest_,
+            detail=via,
             text=text,
             target=target if isinstance(target, str) else None,
             **common,

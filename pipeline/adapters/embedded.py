@@ -21,7 +21,7 @@ from typing import Any
 
 from pipeline.adapters.base import Emitter, args_digest
 from pipeline.adapters.contract import SourceEvent
-from pipeline.core.canonical import sha256_text
+from pipeline.core.canonical import digest, sha256_text
 
 _FENCE = re.compile(r"^\s*```\s*([\w.+-]*)\s*$")
 # Languages whose fenced blocks are executed by the chat frameworks here (AG2's code executor,
@@ -102,6 +102,21 @@ def shell_command(cmd: Any) -> str:
     return cmd if isinstance(cmd, str) else str(cmd)
 
 
+def normal_command(script: str) -> str:
+    """A shell script as the commands it runs: comment and blank lines dropped, spaces collapsed.
+
+    Two calls that run the same commands are the same call for the repeat probes, whatever
+    comments or indentation an agent wrapped them in.
+    """
+    lines = (" ".join(ln.split()) for ln in script.splitlines())
+    return "\n".join(ln for ln in lines if ln and not ln.startswith("#"))
+
+
+def command_digest(script: str, workdir: Any = None) -> str:
+    """The arguments digest of a shell call: its normalised commands (and working folder, when given)."""
+    return args_digest(normal_command(script)) if workdir in (None, "") else digest([normal_command(script), workdir])
+
+
 def sub_event(
     em: Emitter, kind: str, ptr: str, part: Span, *, line: int | None = None, inner: str = "", **fields: Any
 ) -> SourceEvent:
@@ -151,7 +166,7 @@ def call_event(
         step_index=step,
         tool_name=tool or "code",
         call_id=call_id,
-        args_digest=args_digest(block.code),
+        args_digest=command_digest(block.code) if shell else args_digest(block.code),
         text=block.code,
         detail="code_block",
         **fields,

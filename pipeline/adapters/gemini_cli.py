@@ -43,7 +43,7 @@ from pipeline.adapters.base import (
     tool_result_event,
 )
 from pipeline.adapters.contract import SourceEvent
-from pipeline.adapters.embedded import shell_command
+from pipeline.adapters.embedded import command_digest, command_tool, shell_command
 from pipeline.core.canonical import digest
 
 NAME = "gemini-cli"
@@ -273,14 +273,18 @@ def _tool_events(em: Emitter, ptr: str, tc: dict[str, Any], common: dict[str, An
     name = str(tc.get("name") or "tool")
     args = tc.get("args")
     argd = as_dict(args)
-    if name in _SHELL_TOOLS and "command" in argd:
-        shown = f"{name} {shell_command(argd['command'])}"
+    tool, via, digest_ = name, None, args_digest(args)
+    if name in _SHELL_TOOLS and isinstance(argd.get("command"), str | list):
+        script = shell_command(argd["command"])
+        # named after the command it runs (what the probes classify), digested over its commands
+        tool, via, digest_ = command_tool(script) or name, name, command_digest(script, argd.get("directory"))
+        shown = f"{name} {script}"
     else:
         shown = f"{name} {json_text(args)}"
     target = argd.get("file_path") or argd.get("absolute_path") or argd.get("path")
     call_id = tc.get("id")
-    yield em.event("tool_call", ptr, actor="assistant", tool_name=name, call_id=call_id, args_digest=args_digest(args),
-                   text=shown, target=target if isinstance(target, str) else None, **common)  # fmt: skip
+    yield em.event("tool_call", ptr, actor="assistant", tool_name=tool, call_id=call_id, args_digest=digest_,
+                   detail=via, text=shown, target=target if isinstance(target, str) else None, **common)  # fmt: skip
     out, where = _result(tc)
     status = tc.get("status")
     m = _EXIT.search(out[:4000])

@@ -58,10 +58,9 @@ def test_codex_old_and_new_line_shapes_give_typed_events(tmp_path: Path) -> None
     kinds = {c: [(e["kind"], e["tool_name"]) for e in evs] for c, evs in by_cell.items()}
     legacy = next(k for k in kinds.values() if ("tool_call", "Write") in k)  # the header/record_type shape
     assert ("tool_result", None) in legacy and ("message", None) in legacy
-    newer = next(k for k in kinds.values() if ("tool_call", "shell") in k)
-    assert ("tool_result", None) in newer or ("error", None) in newer
-    calls = [e for e in events if e["tool_name"] == "shell"]
-    assert calls and all(not e["text"].startswith("shell ['") for e in calls)  # argv unwrapped to the command
+    shells = [e for e in events if e["kind"] == "tool_call" and e["detail"] == "shell"]
+    assert shells  # the newer shape's shell call: named after its command, argv unwrapped
+    assert all(e["tool_name"] != "shell" and not e["text"].startswith("shell ['") for e in shells)
 
 
 def _codex_lines(tmp: Path, lines: list[dict[str, Any]]) -> Path:
@@ -81,6 +80,7 @@ def _item(ts: str, payload: dict[str, Any], top: str = "response_item") -> dict[
 def test_codex_exit_codes_decide_error_and_unknown_lines_are_other(tmp_path: Path) -> None:
     """Lines written here (no public sample holds exec_command_end): exit codes and version drift."""
     cmd = json.dumps({"command": ["bash", "-lc", "# run the tests\npytest -q"]})
+    cmd2 = json.dumps({"command": ["bash", "-lc", "pytest  -q"]})  # the same command, no comment
     lines = [
         _item("2026-01-01T00:00:01Z", {"type": "function_call", "name": "shell", "arguments": cmd, "call_id": "c1"}),
         _item("2026-01-01T00:00:02Z", {"type": "function_call_output", "call_id": "c1", "output": "1 failed"}),
@@ -89,7 +89,7 @@ def test_codex_exit_codes_decide_error_and_unknown_lines_are_other(tmp_path: Pat
             {"type": "exec_command_end", "call_id": "c1", "exit_code": 1, "aggregated_output": "1 failed"},
             "event_msg",
         ),
-        _item("2026-01-01T00:00:03Z", {"type": "function_call", "name": "shell", "arguments": cmd, "call_id": "c2"}),
+        _item("2026-01-01T00:00:03Z", {"type": "function_call", "name": "shell", "arguments": cmd2, "call_id": "c2"}),
         _item(
             "2026-01-01T00:00:04Z",
             {
@@ -111,8 +111,9 @@ def test_codex_exit_codes_decide_error_and_unknown_lines_are_other(tmp_path: Pat
     assert results["c1"]["kind"] == "error" and results["c1"]["detail"] == "exit_code=1"  # from exec_command_end
     assert results["c2"]["kind"] == "tool_result" and results["c2"]["detail"] == "exit_code=0"
     calls = [e for e in events if e["kind"] == "tool_call"]
-    assert {e["text"] for e in calls} == {"shell # run the tests\npytest -q"}
-    assert calls[0]["args_digest"] == calls[1]["args_digest"]  # the same command digests equally
+    assert [e["text"] for e in calls] == ["shell # run the tests\npytest -q", "shell pytest  -q"]
+    assert [e["tool_name"] for e in calls] == ["pytest", "pytest"]  # never "#", never "bash"
+    assert calls[0]["args_digest"] == calls[1]["args_digest"]  # the same commands digest equally
     drift = [e for e in events if (e["detail"] or "").startswith("unknown:")]
     assert {e["detail"] for e in drift} == {"unknown:event_msg/brand_new_event", "unknown:response_item/hologram"}
     assert all(e["kind"] == "other" for e in drift)
