@@ -437,6 +437,10 @@ def _event_msg(em: Emitter, ptr: str, item: dict[str, Any], sub: str, common: di
     if sub in _ECHO_EVENTS:  # the response_item of the same turn carries it as a message
         text = as_text(item.get("message") or item.get("text"))
         return em.event("other", ptr, actor="harness", detail=f"event_msg/{sub}", text=text, **common)
+    if sub == "token_count":  # usage bookkeeping: one short line (the totals go to the sidecar)
+        total = as_dict(as_dict(item.get("info")).get("total_token_usage")).get("total_tokens")
+        return em.event("other", ptr, actor="harness", detail="event_msg/token_count", text=f"total_tokens {total}",
+                        **common)  # fmt: skip
     known = sub in _BOOK_EVENTS
     body = {k: v for k, v in item.items() if k not in ("type", "rate_limits")}
     return em.event("other", ptr, actor="harness", detail=f"event_msg/{sub}" if known else f"unknown:event_msg/{sub}",
