@@ -5,9 +5,12 @@
   ``warning``), ``content``, and for ``gemini`` its ``thoughts[]``, ``tokens``, ``model`` and
   ``toolCalls[]`` (``name``, ``args``, ``result[].functionResponse.response``, ``status``
   success / error / cancelled, ``resultDisplay``). One cell per session.
-- **JSON Lines** (newer versions): a header line with ``sessionId`` / ``projectHash`` /
-  ``startTime``, then one message per line; a line that repeats a message ``id`` updates it (the
-  last version is read, earlier ones are ``other`` events naming the line that supersedes them).
+- **JSON Lines** (newer versions, append-only): a metadata line with ``sessionId`` /
+  ``projectHash`` / ``startTime``, then message records, each rewritten in full whenever its tool
+  calls, results or tokens change (the last version is read; earlier ones are ``other`` events
+  naming the line that supersedes them), ``{"$set": {...}}`` metadata patches (``other``; a
+  ``$set`` of ``messages`` replaces the model's context: a ``state_change``) and
+  ``{"$rewindTo": id}`` truncation markers (a ``state_change``, ``detail = rewind``).
 - **logs.json**: ``[{sessionId, messageId, type, message, timestamp}]``, the prompts the user typed.
   Its sessions that no chat file holds become cells of user messages; otherwise it is kept as an
   outcome-free auxiliary file.
@@ -130,7 +133,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
         header, msgs = found
         sid = str(header.get("sessionId"))
         seen.add(sid)
-        unknown = Counter(str(m.get("type")) for _, _, m in msgs if m.get("type") not in _KNOWN)
+        unknown = Counter(str(m.get("type")) for _, _, m in msgs if m.get("type") not in _KNOWN and not _control(m))
         if unknown:
             kinds = ", ".join(f"{k} x{n}" for k, n in unknown.most_common(5))
             warnings.append((rel, f"{sum(unknown.values())} message(s) of types this adapter does not know, "
@@ -242,7 +245,27 @@ def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:
         yield from _message_events(em, ptr, m, common)
 
 
+def _control(m: dict[str, Any]) -> bool:
+    """A JSONL record that is no message: a ``$set`` metadata patch or a ``$rewindTo`` marker."""
+    return "$set" in m or "$rewindTo" in m
+
+
 def _message_events(em: Emitter, ptr: str, m: dict[str, Any], common: dict[str, Any]) -> Iterator[SourceEvent]:
+    if "$rewindTo" in m:  # the CLI truncated the conversation back to this message (a rewind)
+        target = str(m["$rewindTo"])
+        yield em.event("state_change", ptr, actor="harness", detail="rewind", state_digest=digest(["rewind", target]),
+                       text=f"rewind to message {target}", **common)  # fmt: skip
+        return
+    if "$set" in m:
+        patch = as_dict(m["$set"])
+        if "messages" in patch:  # the model's context replaced (resume, compression, a rolled-back turn)
+            n = len(patch["messages"]) if isinstance(patch["messages"], list) else 0
+            yield em.event("state_change", ptr, actor="harness", detail="set_messages",
+                           state_digest=digest(["set_messages", common.get("step_index")]),
+                           text=f"context replaced: {n} message(s)", **common)  # fmt: skip
+        else:
+            yield em.event("other", ptr, actor="harness", detail="set_metadata", text=json_text(patch)[:2000], **common)
+        return
     mtype = str(m.get("type"))
     text = as_text(m.get("content"))
     if mtype == "user":

@@ -173,3 +173,30 @@ def test_named_claude_code_on_a_codex_folder_is_one_line_and_nothing_left(tmp_pa
     with pytest.raises(BadInput, match="no claude-code runs found"):
         import_bundle("claude-code", CODEX / "agent-history", tmp_path / "b")
     assert not (tmp_path / "b").exists() and not list(tmp_path.glob(".b.*"))
+
+
+def test_gemini_jsonl_upserts_set_and_rewind(tmp_path: Path) -> None:
+    """Lines written here in the shape of the CLI's append-only recording (upserts by id, $set, $rewindTo)."""
+    lines = [
+        {"sessionId": "g-1", "projectHash": "ab" * 32, "startTime": "2026-01-01T00:00:00Z", "messages": []},
+        {"id": "m1", "timestamp": "2026-01-01T00:00:01Z", "type": "user", "content": "list files"},
+        {"id": "m2", "timestamp": "2026-01-01T00:00:02Z", "type": "gemini", "content": "",
+         "toolCalls": [{"id": "t1", "name": "run_shell_command", "args": {"command": "ls"}, "status": "executing"}]},
+        {"id": "m2", "timestamp": "2026-01-01T00:00:02Z", "type": "gemini", "content": "",
+         "toolCalls": [{"id": "t1", "name": "run_shell_command", "args": {"command": "ls"}, "status": "success",
+                        "result": [{"functionResponse": {"id": "t1", "name": "run_shell_command",
+                                    "response": {"output": "Output: a.txt\nExit Code: 0"}}}]}]},
+        {"$set": {"summary": "listing"}},
+        {"$rewindTo": "m2"},
+    ]  # fmt: skip
+    src = tmp_path / "session-2026-01-01T00-00-g1.jsonl"
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    bundle, events, result = _run(src, tmp_path)
+    assert result.format == "gemini-cli" and result.warnings == []
+    details = [(e["kind"], e["detail"]) for e in events]
+    assert ("other", "superseded by line 4") in details  # the first version of m2
+    assert ("state_change", "rewind") in details and ("other", "set_metadata") in details
+    calls = [e for e in events if e["kind"] == "tool_call"]
+    assert len(calls) == 1 and calls[0]["tool_name"] == "ls" and calls[0]["detail"] == "run_shell_command"
+    ok, bad = check_refs(bundle, events)
+    assert bad == [] and ok == len(events)
