@@ -60,20 +60,34 @@ def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:
             yield em.event("message", "", line=line, step_index=step, actor=doc["who"], text=doc["say"])
 
 
+PROBES = Path(__file__).parent / "probes"  # a probe pack: lunasol.probes entry point
+
 ADAPTER = Adapter(name="acme-log", description="Acme agent logs", sniff=sniff, discover=discover, read=read,
                   score=score, detects="*.acme JSON lines with an acme marker")
 '''
 
 
+_PROBE = """-- type: repeated_exploration
+-- proves_unchanged: false
+-- summary: every shell call of an acme log (the pack's own probe)
+SELECT cell_id, 'target:acme:' || tool_name AS key, list(event_id ORDER BY seq) AS evidence,
+       min(seq) AS first_seq, max(seq) AS last_seq, 'acme shell call' AS explanation
+FROM probe_events WHERE kind = 'tool_call' AND tool_name = 'shell' GROUP BY cell_id, tool_name
+"""
+
+
 def _wheel(dest: Path) -> Path:
-    """A minimal, valid wheel of package ``acme-lunasol`` 0.3.1 registering ``acme-log``."""
+    """A minimal, valid wheel of package ``acme-lunasol`` 0.3.1 registering ``acme-log`` and a probe pack."""
     files = {
         "acme_lunasol/__init__.py": _PLUGIN,
+        "acme_lunasol/probes/acme_shell_call.sql": _PROBE,
         "acme_lunasol-0.3.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: acme-lunasol\nVersion: 0.3.1\n",
         "acme_lunasol-0.3.1.dist-info/WHEEL": (
             "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
         ),
-        "acme_lunasol-0.3.1.dist-info/entry_points.txt": "[lunasol.formats]\nacme-log = acme_lunasol:ADAPTER\n",
+        "acme_lunasol-0.3.1.dist-info/entry_points.txt": (
+            "[lunasol.formats]\nacme-log = acme_lunasol:ADAPTER\n\n[lunasol.probes]\nacme = acme_lunasol:PROBES\n"
+        ),
     }
     record = []
     for name, text in files.items():
@@ -116,6 +130,8 @@ def test_formats_lists_the_plugin_with_its_package(plugin_env: dict[str, str], t
     rows = {r["name"]: r for r in json.loads(proc.stdout)["formats"]}
     assert rows["acme-log"]["package"] == "acme-lunasol" and rows["acme-log"]["version"] == "0.3.1"
     assert rows["claude-code"]["package"] == "lunasol"
+    packs = json.loads(proc.stdout)["probe_packs"]
+    assert [(p["name"], p["package"], p["probes"]) for p in packs] == [("acme", "acme-lunasol", ["acme_shell_call"])]
     helped = _lunasol(plugin_env, "bundle", "import", "--help", cwd=tmp_path)
     assert "acme-log" in helped.stdout
 
@@ -142,6 +158,16 @@ def test_auto_imports_the_plugins_logs_beside_a_builtin_format(plugin_env: dict[
                  "--json", cwd=tmp_path)  # fmt: skip
     assert q.returncode == 0, q.stderr
     assert "shell" in q.stdout
+    # the pack's probe runs in the probes stage beside the shipped ones
+    code = (
+        "import duckdb; from pipeline.probes import PROBES; from pipeline.probes.packs import pack_probes; "
+        "from pipeline.probes.core import run_probes; con = duckdb.connect('runs/r/ir.duckdb'); "
+        "print(sorted({h.probe_id for h in run_probes(con, PROBES + pack_probes())}))"
+    )
+    hits = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=plugin_env,
+                          cwd=tmp_path, timeout=120)  # fmt: skip
+    assert hits.returncode == 0, hits.stderr
+    assert "acme_shell_call" in hits.stdout
 
 
 def test_without_the_plugin_the_same_log_is_refused_in_one_line(tmp_path: Path) -> None:
