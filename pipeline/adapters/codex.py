@@ -83,6 +83,10 @@ _BOOK_EVENTS = {
     "item_completed",
 }
 _ERROR_EVENTS = {"turn_aborted", "error", "stream_error"}
+_OPENING = re.compile(
+    r'\{\s*"timestamp"\s*:\s*"[^"]*"\s*,\s*"type"\s*:\s*"(session_meta|response_item|turn_context|event_msg)"\s*,'
+    r'\s*"payload"\s*:\s*\{'
+)
 _EXIT_LINE = re.compile(r"^(?:Exit code|Process exited with code):?\s*(-?\d+)", re.MULTILINE)
 _CONTEXT_TAGS = ("<environment_context>", "<user_instructions>", "<permissions instructions>", "# AGENTS.md")
 
@@ -107,7 +111,10 @@ def score(rel: str, head: str) -> Score:
         return 0.0, ""
     docs = [d for d in _first_docs(head) if isinstance(d, dict)]
     if not docs:
-        return 0.0, ""
+        # A session_meta line longer than the sniffed head (it carries the base instructions, tens of
+        # kB in current versions) does not parse: its opening still says what it is.
+        m = _OPENING.match(head)
+        return (0.9, f"a rollout line opening with type {m.group(1)} (Codex rollout)") if m else (0.0, "")
     tops = [d.get("type") for d in docs if isinstance(d.get("payload"), dict)]
     if "session_meta" in tops:
         return 0.95, "a session_meta line with payload (Codex rollout)"

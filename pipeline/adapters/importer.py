@@ -278,6 +278,23 @@ def _subsets(cells: list[tuple[str, CellSource]]) -> dict[int, str]:
     return {i: t for i, t in enumerate(tops)} if len(set(tops)) > 1 else {}
 
 
+def _looks_like(
+    fmt: str | None, sniff: Callable[[Path, str], tuple[str | None, str]], tmp: Path, paths: list[str]
+) -> str:
+    """For a named format that found nothing: what detection takes the files for, if anything."""
+    if fmt is None:
+        return ""
+    seen: dict[str, int] = {}
+    for rel in paths[:200]:
+        name = sniff(tmp / rel, rel)[0]
+        if name is not None and name != fmt:
+            seen[name] = seen.get(name, 0) + 1
+    if not seen:
+        return ""
+    shown = ", ".join(f"{n} ({k} file{'s' if k > 1 else ''})" for n, k in sorted(seen.items(), key=lambda kv: -kv[1]))
+    return f"; the files look like {shown}: name that format, or use auto"
+
+
 def _build(
     fmt: str | None,
     adapters: dict[str, Adapter],
@@ -299,7 +316,9 @@ def _build(
             raise BadInput(f"cannot tell the format of {src}; {why}; name it with FORMAT: {', '.join(adapters)}")
         name = fmt or ", ".join(found.harness)
         why = "; ".join(f"{p}: {r}" for p, r in list(found.skipped.items())[:3])
-        raise BadInput(f"no {name} runs found in {src}" + (f" ({why})" if why else ""))
+        raise BadInput(
+            f"no {name} runs found in {src}" + (f" ({why})" if why else "") + _looks_like(fmt, sniff, tmp, readable)
+        )
     found_cells, dropped = _dedupe(found.cells)
     warnings = found.warnings + _join_labels(found_cells, labels)
     skipped = dict(found.skipped)

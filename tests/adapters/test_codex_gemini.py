@@ -170,8 +170,9 @@ def test_a_codex_rollout_is_never_taken_for_claude_code() -> None:
 
 
 def test_named_claude_code_on_a_codex_folder_is_one_line_and_nothing_left(tmp_path: Path) -> None:
-    with pytest.raises(BadInput, match="no claude-code runs found"):
+    with pytest.raises(BadInput, match="no claude-code runs found") as err:
         import_bundle("claude-code", CODEX / "agent-history", tmp_path / "b")
+    assert "the files look like codex (3 files)" in str(err.value) and "\n" not in str(err.value)
     assert not (tmp_path / "b").exists() and not list(tmp_path.glob(".b.*"))
 
 
@@ -200,3 +201,11 @@ def test_gemini_jsonl_upserts_set_and_rewind(tmp_path: Path) -> None:
     assert len(calls) == 1 and calls[0]["tool_name"] == "ls" and calls[0]["detail"] == "run_shell_command"
     ok, bad = check_refs(bundle, events)
     assert bad == [] and ok == len(events)
+
+
+def test_a_session_meta_line_longer_than_the_sniffed_head_is_still_codex(tmp_path: Path) -> None:
+    meta = {"timestamp": "2026-06-05T04:58:20.653Z", "type": "session_meta",
+            "payload": {"id": "s", "cli_version": "0.135.0", "base_instructions": {"text": "x" * 60000}}}  # fmt: skip
+    f = tmp_path / "rollout-s.jsonl"
+    f.write_text(json.dumps(meta, separators=(",", ":")) + "\n")
+    assert judge(f, f.name).name == "codex"
