@@ -198,8 +198,9 @@ def _discover(
             out.cells.append((name, c))
         claimed |= mine
         for rel, why in found.skipped:
-            # An unclaimed file keeps detection's reason: another format's "not a JSON file" is not why.
-            if rel in groups[name]:
+            # An unclaimed file keeps detection's reason: another format's "not a JSON file" is not
+            # why. An adapter that says what the file is ("tmux pane capture, not a log") is kept.
+            if rel in groups[name] or (rel in unclaimed and not why.startswith(("not ", "no "))):
                 out.skipped[rel] = why
         out.warnings.extend(found.warnings)
         out.aux.update(found.aux)
