@@ -40,6 +40,7 @@ __all__ = [
     "import_bundle",
     "installed",
     "judge",
+    "link_results",
     "reader_for",
     "resolve_ref",
     "sniff_file",
@@ -129,11 +130,33 @@ def reader_for(fmt: str) -> Reader:
         for rel in block.get("files") or [cell.path]:
             manifest.get(rel)  # a raw file that is not frozen is a BundleError, before any event
         try:
-            return keep_reader_order(list(ad.read(bundle, block)))
+            return link_results(keep_reader_order(list(ad.read(bundle, block))))
         except RecursionError:  # JSON held in a string of the log (tool arguments, a trace), nested too deep
             raise BundleError(f"{cell.path} (cell {cell.cell_id}): JSON nested too deeply to read") from None
 
     return read
+
+
+def link_results(events: list[SourceEvent]) -> list[SourceEvent]:
+    """Give a tool call and the result that answers it one call id when the source names none.
+
+    Formats that write an action and its observation as one step (SWE-agent's ``.traj``, ATIF
+    steps, chat logs) carry no call id, so the zero-gain probes (same call, same result again)
+    could not join a result to its call. Within a session, results with no id answer the calls
+    with no id in order (first call first); a message starts a new turn, leaving unanswered calls
+    unanswered. The id is the call's own ref, so it is unique in the cell and says where it points.
+    """
+    pending: dict[str | None, list[SourceEvent]] = {}
+    for e in events:
+        queue = pending.setdefault(e.session_id, [])
+        if e.kind == "tool_call" and not e.call_id:
+            queue.append(e)
+        elif e.kind == "message":
+            queue.clear()
+        elif not e.call_id and queue and (e.kind == "tool_result" or (e.kind == "error" and e.detail == "tool_error")):
+            call = queue.pop(0)
+            call.call_id = e.call_id = f"{call.source_path}#L{call.line_start}{call.json_pointer or ''}"
+    return events
 
 
 def _order_key(e: SourceEvent) -> tuple[str, str, int]:

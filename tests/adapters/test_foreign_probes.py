@@ -65,3 +65,46 @@ def test_repeat_and_zero_gain_probes_fire_on_a_codex_rollout(tmp_path: Path) -> 
     probes = {h.probe_id for h in hits}
     assert "repeat_call_same_state" in probes, [h.probe_id for h in hits]
     assert {"repeated_failure", "check_rerun_unchanged_source"} & probes, [h.probe_id for h in hits]
+
+
+def test_results_without_ids_answer_calls_without_ids_in_order() -> None:
+    from pipeline.adapters import link_results
+    from pipeline.adapters.contract import SourceEvent
+
+    def ev(kind: str, line: int, **kw: Any) -> SourceEvent:
+        return SourceEvent(kind=kind, source_path="raw/a.traj", line_start=line, line_end=line, **kw)
+
+    events = [
+        ev("message", 1),
+        ev("tool_call", 2, json_pointer="/trajectory/0"),
+        ev("tool_call", 3, json_pointer="/trajectory/1"),
+        ev("tool_result", 4),
+        ev("error", 5, detail="tool_error"),
+        ev("tool_call", 6),
+        ev("message", 7),  # a new turn: the call of line 6 stays unanswered
+        ev("tool_result", 8),
+        ev("tool_call", 9, call_id="own"),
+        ev("tool_result", 10, call_id="own"),
+    ]
+    out = link_results(events)
+    ids = [e.call_id for e in out]
+    assert ids[1] == ids[3] == "raw/a.traj#L2/trajectory/0"
+    assert ids[2] == ids[4] == "raw/a.traj#L3/trajectory/1"
+    assert ids[5] is None and ids[7] is None
+    assert ids[8] == ids[9] == "own"  # a source's own ids are kept
+
+
+def test_zero_gain_probe_fires_on_swe_agent_trajectories(tmp_path: Path) -> None:
+    """SWE-agent writes no call ids: results now answer their calls, so a re-submitted wrong flag is seen."""
+    from tests.adapters.adapter_helpers import SHARED_DATA, need_shared_data
+
+    need_shared_data()
+    src = SHARED_DATA / "swe-agent-trajectories/trajectories/demonstrations/ctf/crypto/eps.traj"
+    import_bundle("swe-agent", src, tmp_path / "b")
+    export(tmp_path / "b", tmp_path / "runs" / "r")
+    con = duckdb.connect(str(tmp_path / "runs" / "r" / "ir.duckdb"))
+    try:
+        hits = [h for h in run_probes(con) if h.probe_id == "identical_result"]
+    finally:
+        con.close()
+    assert hits and "submit" in hits[0].explanation
