@@ -10,6 +10,12 @@ Two line shapes, both read:
   ``token_count``, ``task_complete``, ``turn_aborted``, ``error``, ...) and ``compacted``.
 - **legacy** (mid 2025): a bare header ``{id, timestamp, instructions, git}``, ``{"record_type":
   "state"}`` markers, and bare response items with no ``payload`` wrapper and no timestamps.
+- **``codex exec --json`` output** (what CI jobs capture): ``thread.started``, ``turn.started``,
+  ``item.started`` / ``item.updated`` / ``item.completed`` (``item.type``: ``agent_message``,
+  ``reasoning``, ``command_execution`` with ``command``, ``aggregated_output`` and ``exit_code``,
+  ``file_change``, ``mcp_tool_call``, ``web_search``, ``todo_list``, ``error``),
+  ``turn.completed`` (usage, to the sidecar), ``turn.failed`` and ``error``. A completed item is
+  read (a command: its call and its result); started / updated items are ``other`` events.
 
 Events: messages by role (``developer`` is ``system``; the injected ``<environment_context>`` /
 ``<user_instructions>`` turns are messages with ``detail = context``), reasoning summaries as
@@ -83,6 +89,10 @@ _BOOK_EVENTS = {
     "item_completed",
 }
 _ERROR_EVENTS = {"turn_aborted", "error", "stream_error"}
+_EXEC_TOP = {"thread.started", "turn.started", "turn.completed", "turn.failed", "item.started", "item.updated",
+             "item.completed", "error"}  # fmt: skip
+_EXEC_ITEMS = {"agent_message", "reasoning", "command_execution", "file_change", "mcp_tool_call", "web_search",
+               "todo_list", "error"}  # fmt: skip
 _OPENING = re.compile(
     r'\{\s*"timestamp"\s*:\s*"[^"]*"\s*,\s*"type"\s*:\s*"(session_meta|response_item|turn_context|event_msg)"\s*,'
     r'\s*"payload"\s*:\s*\{'
@@ -120,6 +130,10 @@ def score(rel: str, head: str) -> Score:
         return 0.95, "a session_meta line with payload (Codex rollout)"
     if "response_item" in tops or "turn_context" in tops:
         return 0.9, "response_item / turn_context lines with payload (Codex rollout)"
+    if docs[0].get("type") == "thread.started" and "thread_id" in docs[0]:
+        return 0.9, "a thread.started line (codex exec --json output)"
+    if any(d.get("type") in ("item.completed", "item.started") and isinstance(d.get("item"), dict) for d in docs):
+        return 0.7, "item.completed lines with an item (codex exec --json output)"
     first = docs[0]
     states = sum(1 for d in docs if d.get("record_type") == "state")
     if {"id", "timestamp"} <= first.keys() and ("instructions" in first or states):
@@ -153,6 +167,8 @@ def _kind_of(rec: dict[str, Any]) -> tuple[str, dict[str, Any], str]:
         return str(rec["type"]), rec["payload"], "/payload"
     if "record_type" in rec:
         return "state_marker", rec, ""
+    if str(rec.get("type")) in _EXEC_TOP or isinstance(rec.get("item"), dict):
+        return "exec", rec, ""
     if "type" in rec:
         return "response_item", rec, ""  # legacy: a bare response item
     return "header", rec, ""
@@ -167,6 +183,11 @@ def _unknown(rec: dict[str, Any]) -> str | None:
         return None if sub in _ITEMS or sub.endswith("_output") else f"response_item/{sub}"
     if top == "event_msg":
         return None if sub in _ECHO_EVENTS | _BOOK_EVENTS | _ERROR_EVENTS else f"event_msg/{sub}"
+    if top == "exec":
+        if str(item.get("type")) not in _EXEC_TOP:
+            return str(item.get("type"))
+        kind = as_dict(item.get("item")).get("type")
+        return None if kind is None or kind in _EXEC_ITEMS else f"item/{kind}"
     return top
 
 
@@ -227,6 +248,8 @@ def _meta(recs: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
             return as_dict(item.get("meta")) or item  # 0.4x wraps it once more in some versions
         if top == "header":
             return d
+        if top == "exec" and d.get("type") == "thread.started":
+            return {"id": d.get("thread_id"), "originator": "codex exec --json"}
     return {}
 
 
@@ -245,8 +268,15 @@ def _outcome(recs: list[tuple[int, dict[str, Any]]], meta: dict[str, Any]) -> di
     aborted = 0
     complete: dict[str, Any] | None = None
     errors = 0
+    usage: Counter[str] = Counter()
     for _, d in recs:
         top, item, _ = _kind_of(d)
+        if top == "exec":
+            if d.get("type") == "turn.completed":
+                usage.update({k: v for k, v in as_dict(d.get("usage")).items() if isinstance(v, int)})
+            elif d.get("type") in ("turn.failed", "error"):
+                errors += 1
+            continue
         if top != "event_msg":
             continue
         sub = item.get("type")
@@ -260,7 +290,7 @@ def _outcome(recs: list[tuple[int, dict[str, Any]]], meta: dict[str, Any]) -> di
             complete = {k: v for k, v in item.items() if k != "last_agent_message"}
     return {
         "label": None,  # Codex records no task success flag
-        "total_token_usage": tokens,
+        "total_token_usage": tokens if tokens is not None else (dict(usage) or None),
         "aborted_turns": aborted,
         "error_events": errors,
         "task_complete": complete,
@@ -380,6 +410,8 @@ def _events(
         yield from _item_events(em, ptr, item, sub, common, codes)
     elif top == "event_msg":
         yield _event_msg(em, ptr, item, sub, common)
+    elif top == "exec":
+        yield from _exec_events(em, rec, common)
     else:
         yield em.event("other", "", actor="harness", detail=f"unknown:{top}", text=json_text(rec)[:2000], **common)
 
@@ -430,6 +462,67 @@ def _item_events(
     else:  # a response item this adapter does not know (counted at import)
         body = json_text(item)[:2000]
         yield em.event("other", ptr, actor="harness", detail=f"unknown:response_item/{sub}", text=body, **common)
+
+
+def _exec_events(em: Emitter, rec: dict[str, Any], common: dict[str, Any]) -> Iterator[SourceEvent]:
+    """One line of ``codex exec --json`` output."""
+    top = str(rec.get("type"))
+    item = as_dict(rec.get("item"))
+    kind = str(item.get("type") or "")
+    if top in ("turn.failed", "error"):
+        err = as_dict(rec.get("error"))
+        text = as_text(err.get("message") or rec.get("message") or json_text(rec))
+        yield em.event("error", "", actor="harness", detail=top, text=text, **common)
+        return
+    if top != "item.completed" or not item:
+        detail = f"{top}/{kind}" if kind else top
+        known = top in _EXEC_TOP and (not kind or kind in _EXEC_ITEMS)
+        body = {k: v for k, v in rec.items() if k != "type"}
+        yield em.event("other", "", actor="harness", detail=detail if known else f"unknown:{detail}",
+                       text=json_text(body)[:2000], **common)  # fmt: skip
+        return
+    cid = str(item.get("id") or "") or None
+    if kind == "agent_message":
+        yield em.event("message", "/item", actor="assistant", text=as_text(item.get("text")), **common)
+    elif kind == "reasoning":
+        yield em.event(
+            "message", "/item", actor="assistant", detail="thinking", text=as_text(item.get("text")), **common
+        )
+    elif kind == "error":
+        yield em.event(
+            "error", "/item", actor="harness", detail="item_error", text=as_text(item.get("message")), **common
+        )
+    elif kind == "command_execution":
+        script = shell_command(item.get("command"))
+        yield em.event("tool_call", "/item", actor="assistant", tool_name=command_tool(script) or "shell",
+                       call_id=cid, args_digest=command_digest(script), detail="command_execution",
+                       text=f"shell {script}", **common)  # fmt: skip
+        code = item.get("exit_code")
+        where = "/item/aggregated_output" if "aggregated_output" in item else "/item"
+        ev = tool_result_event(em, where, as_text(item.get("aggregated_output")),
+                               is_error=None if not isinstance(code, int) else code != 0, actor="environment",
+                               call_id=cid, **common)  # fmt: skip
+        if isinstance(code, int):
+            ev.detail = f"exit_code={code}"
+        yield ev
+    elif kind in ("mcp_tool_call", "file_change", "web_search"):
+        if kind == "mcp_tool_call":
+            name, args = f"{item.get('server')}.{item.get('tool')}", item.get("arguments")
+        elif kind == "file_change":
+            name, args = "apply_patch", item.get("changes")
+        else:
+            name, args = "web_search", item.get("query")
+        shown = f"{name} {json_text(args)}"
+        yield em.event("tool_call", "/item", actor="assistant", tool_name=name, call_id=cid,
+                       args_digest=args_digest(args), detail=kind, text=shown, **common)  # fmt: skip
+        failed = item.get("status") == "failed" or bool(item.get("error"))
+        out = item.get("result", item.get("error", item.get("status")))
+        yield tool_result_event(em, "/item", as_text(out), is_error=failed if "status" in item else None,
+                                actor="environment", call_id=cid, **common)  # fmt: skip
+    else:
+        known = kind in _EXEC_ITEMS
+        yield em.event("other", "/item", actor="harness", detail=f"item/{kind}" if known else f"unknown:item/{kind}",
+                       text=json_text(item)[:2000], **common)  # fmt: skip
 
 
 def _event_msg(em: Emitter, ptr: str, item: dict[str, Any], sub: str, common: dict[str, Any]) -> SourceEvent:

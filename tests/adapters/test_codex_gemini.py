@@ -209,3 +209,32 @@ def test_a_session_meta_line_longer_than_the_sniffed_head_is_still_codex(tmp_pat
     f = tmp_path / "rollout-s.jsonl"
     f.write_text(json.dumps(meta, separators=(",", ":")) + "\n")
     assert judge(f, f.name).name == "codex"
+
+
+def test_codex_exec_json_stream(tmp_path: Path) -> None:
+    """`codex exec --json` output, lines written here in the shape the CLI prints (0.14x)."""
+    lines = [
+        {"type": "thread.started", "thread_id": "019f96b7-e404-7673-8853-2938007f2629"},
+        {"type": "turn.started"},
+        {"type": "item.completed", "item": {"id": "item_0", "type": "reasoning", "text": "**Checking the tests**"}},
+        {"type": "item.started", "item": {"id": "item_1", "type": "command_execution",
+                                          "command": "bash -lc 'pytest -q'", "status": "in_progress"}},
+        {"type": "item.completed", "item": {"id": "item_1", "type": "command_execution",
+                                            "command": ["bash", "-lc", "pytest -q"], "aggregated_output": "1 failed",
+                                            "exit_code": 1, "status": "failed"}},
+        {"type": "item.completed", "item": {"id": "item_2", "type": "hologram", "x": 1}},
+        {"type": "item.completed", "item": {"id": "item_3", "type": "agent_message", "text": "One test fails."}},
+        {"type": "turn.completed", "usage": {"input_tokens": 16668, "cached_input_tokens": 13056, "output_tokens": 5}},
+    ]  # fmt: skip
+    src = tmp_path / "codex-exec.jsonl"
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert judge(src, src.name).name == "codex"
+    bundle, events, result = _run(src, tmp_path)
+    kinds = [(e["kind"], e["tool_name"], e["detail"]) for e in events]
+    assert ("tool_call", "pytest", "command_execution") in kinds and ("error", None, "exit_code=1") in kinds
+    assert ("message", None, "thinking") in kinds and ("other", None, "unknown:item/hologram") in kinds
+    assert len(result.warnings) == 1 and "item/hologram x1" in result.warnings[0][1]
+    (out,) = _outcomes(bundle)
+    assert out["total_token_usage"]["input_tokens"] == 16668
+    ok, bad = check_refs(bundle, events)
+    assert bad == [] and ok == len(events)
