@@ -21,6 +21,7 @@ copied but not read.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -55,6 +56,7 @@ def sniff(rel: str, head: str) -> bool:
     return ('"session_id"' in first and '"type"' in first) or ('"sessionId"' in first and '"parentUuid"' in first)
 
 
+_INIT_OPENING = re.compile(r'\{\s*"type"\s*:\s*"system"\s*,\s*"subtype"\s*:\s*"init"\s*,')
 _STREAM_TYPES = ("system", "assistant", "user", "result", "stream_event")
 
 
@@ -71,6 +73,8 @@ def score(rel: str, head: str) -> Score:
     if any('"sessionId"' in ln and '"parentUuid"' in ln for ln in lines):
         return 0.9, "records with sessionId and parentUuid"
     first = _first_object(lines)
+    if first is None and lines and _INIT_OPENING.match(lines[0]) and '"session_id"' in lines[0]:
+        return 0.9, "a stream-json system/init line with session_id (longer than the sniffed head)"
     if first is None or "session_id" not in first:
         return 0.0, ""
     kind = first.get("type")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,10 @@ def test_a_close_call_is_refused_with_both_reasons(tmp_path: Path) -> None:
     assert "a (because field A)" in v.why_not() and "b (because field B)" in v.why_not()
     assert Verdict("x.json", [("a", 0.8, "A"), ("b", 0.5, "B")]).name == "a"
     assert Verdict("x.json", [("a", SURE - 0.1, "A")]).name is None
+
+
+def test_a_long_init_line_is_still_claude_code(tmp_path: Path) -> None:
+    line = {"type": "system", "subtype": "init", "session_id": "x", "tools": [f"mcp__t{i}" for i in range(9000)]}
+    f = tmp_path / "stream.jsonl"
+    f.write_text(json.dumps(line, separators=(",", ":")) + "\n")
+    assert judge(f, f.name).name == "claude-code"
