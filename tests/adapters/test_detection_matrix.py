@@ -76,3 +76,17 @@ def test_a_long_init_line_is_still_claude_code(tmp_path: Path) -> None:
     f = tmp_path / "stream.jsonl"
     f.write_text(json.dumps(line, separators=(",", ":")) + "\n")
     assert judge(f, f.name).name == "claude-code"
+
+
+def test_pyproject_registers_exactly_the_builtin_formats() -> None:
+    """lunasol's own entry points and the fallback table BUILTIN name the same adapters."""
+    import tomllib
+
+    from pipeline.adapters.registry import BUILTIN
+
+    root = Path(__file__).resolve().parents[2]
+    eps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["entry-points"]["lunasol.formats"]
+    assert list(eps) == list(BUILTIN)
+    for name, value in eps.items():
+        module = BUILTIN[name].read.__module__
+        assert value == f"{module}:ADAPTER" and BUILTIN[name].name == name
