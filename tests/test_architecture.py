@@ -137,7 +137,13 @@ def test_function_import_check_flags_an_unexplained_import(tmp_path: Path) -> No
 
 
 def test_no_module_lookup_by_name() -> None:
-    """The places that choose an implementation hold explicit registries, not importlib lookups."""
+    """The places that choose an implementation hold explicit registries, not importlib lookups.
+
+    Formats and probe packs are plugins: their registries (pipeline.core.plugins) load what the
+    installed packages declare under the ``lunasol.formats`` / ``lunasol.probes`` entry points
+    (importlib.metadata), which is a declared registry too, not a lookup of a module by a name
+    built at run time; lunasol's own formats are in that registry through its pyproject.toml.
+    """
     offenders = [
         str(p.relative_to(ROOT))
         for p in PACKAGE.rglob("*.py")

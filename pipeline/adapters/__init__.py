@@ -15,22 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from pipeline.adapters import (
-    atif,
-    claude_code,
-    inspect_log,
-    mast,
-    mini_swe_agent,
-    native,
-    openhands,
-    swe_agent,
-    tau,
-    who_and_when,
-)
-from pipeline.adapters.base import Adapter
+from pipeline.adapters import native
 from pipeline.adapters.contract import Reader, SourceEvent
 from pipeline.adapters.importer import MIXED, ImportResult
 from pipeline.adapters.importer import import_bundle as _import_bundle
+from pipeline.adapters.registry import adapter, adapters, cannot_tell, detect_file, installed, judge
 from pipeline.adapters.spans import resolve_element
 from pipeline.bundle.manifest import read_manifest, resolve_in_bundle
 from pipeline.core.canonical import sha256_bytes
@@ -40,76 +29,67 @@ if TYPE_CHECKING:
     from pipeline.bundle.manifest import Manifest
     from pipeline.bundle.request import CellSpec
 
-# Order matters for auto-detection ties: the more specific shapes first.
-ADAPTERS: dict[str, Adapter] = {
-    "mini-swe-agent": mini_swe_agent.ADAPTER,
-    "who-and-when": who_and_when.ADAPTER,
-    "mast": mast.ADAPTER,
-    "swe-agent": swe_agent.ADAPTER,
-    "openhands": openhands.ADAPTER,
-    "inspect": inspect_log.ADAPTER,
-    "claude-code": claude_code.ADAPTER,
-    "atif": atif.ADAPTER,
-    "tau": tau.ADAPTER,
-}
-FORMATS: tuple[str, ...] = tuple(ADAPTERS)
-
 __all__ = [
     "FORMATS",
     "MIXED",
     "ImportResult",
     "adapter",
+    "adapters",
     "cell_harness",
     "detect",
     "import_bundle",
+    "installed",
+    "judge",
+    "link_results",
     "reader_for",
     "resolve_ref",
     "sniff_file",
 ]
 
 
-def adapter(fmt: str) -> Adapter:
-    """The adapter of one format name; an unknown name is BadInput."""
-    found = ADAPTERS.get(fmt)
-    if found is None:
-        raise BadInput(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
-    return found
-
-
-def _all() -> dict[str, Adapter]:
-    return dict(ADAPTERS)
+def __getattr__(name: str) -> Any:
+    # FORMATS is the registry's (installed plugins included), read when asked, not at import.
+    if name == "FORMATS":
+        return tuple(adapters())
+    raise AttributeError(name)
 
 
 def sniff_file(path: Path, rel: str) -> str | None:
-    """The format one file looks like (the most specific adapter whose sniff matches), or None."""
-    try:
-        with path.open("rb") as fh:
-            # Enough for the markers that follow a long system prompt (mini-SWE-agent, Magentic-One).
-            head = fh.read(32768).decode("utf-8", errors="replace")
-    except OSError:
-        return None
-    return next((name for name, ad in ADAPTERS.items() if ad.sniff(rel, head)), None)
+    """The format one file clearly is (the best, clear score of every installed adapter), or None."""
+    return detect_file(path, rel)[0]
 
 
 def detect(src: Path) -> str:
-    """The format of a file or folder of logs: each file votes for the formats it looks like."""
-    files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file() and not p.is_symlink())
+    """The format of a file or folder of logs: each file whose format is clear votes for it.
+
+    A single file whose format is not clear is one line naming the closest format and why.
+    """
+    if src.is_file():
+        name, why = detect_file(src, src.name)
+        if name is None:
+            raise cannot_tell(src, why)
+        return name
+    files = sorted(p for p in src.rglob("*") if p.is_file() and not p.is_symlink())
     votes: Counter[str] = Counter()
+    closest = ""  # the first file a format came close to, for the refusal
     for p in files:
-        name = sniff_file(p, p.name if src.is_file() else p.relative_to(src).as_posix())
+        name, why = detect_file(p, p.relative_to(src).as_posix())
         if name is not None:
             votes[name] += 1
+        elif not closest and why.startswith("closest"):
+            closest = f"{p.relative_to(src).as_posix()}: {why}"
     if not votes:
-        raise BadInput(f"cannot tell the format of {src}; name it: {', '.join(FORMATS)}")
+        raise cannot_tell(src, closest or "no installed format recognises any file")
     best = max(votes.values())
-    return next(f for f in FORMATS if votes[f] == best)
+    return next(f for f in adapters() if votes[f] == best)
 
 
 def import_bundle(fmt: str, src: Path, dest: Path) -> ImportResult:
     """Import ``src`` in format ``fmt`` (or ``auto``: each file with the adapter it looks like) into ``dest``."""
-    if fmt != "auto" and fmt not in ADAPTERS:
-        raise BadInput(f"unknown format {fmt!r}; known: auto, {', '.join(FORMATS)}")
-    return _import_bundle(fmt, src, dest, adapters=_all(), detect=detect, sniff=sniff_file)
+    found = adapters()
+    if fmt != "auto" and fmt not in found:
+        raise BadInput(f"unknown format {fmt!r}; known: auto, {', '.join(found)} (see `lunasol formats`)")
+    return _import_bundle(fmt, src, dest, adapters=found, detect=detect, sniff=detect_file)
 
 
 @lru_cache(maxsize=32)
@@ -134,23 +114,49 @@ def reader_for(fmt: str) -> Reader:
     """The reader export uses for a bundle of format ``fmt`` (``native`` or an adapter's name)."""
     if fmt == "native":
         return native.read_cell
-    if fmt not in ADAPTERS and fmt != MIXED:
-        raise BadInput(f"unknown bundle format {fmt!r}; known: native, {MIXED}, {', '.join(FORMATS)}")
+    known = adapters()
+    if fmt not in known and fmt != MIXED:
+        raise BadInput(f"unknown bundle format {fmt!r}; known: native, {MIXED}, {', '.join(known)}")
 
     def read(bundle: Path, cell: CellSpec, manifest: Manifest) -> list[SourceEvent]:
         block = cell_block(bundle, cell.cell_id)
         name = str(block.get("adapter") or fmt)  # a mixed bundle names each cell's adapter
-        ad = ADAPTERS.get(name)
+        ad = known.get(name)
         if ad is None:
-            raise BundleError(f"analysis-request.json: cell {cell.cell_id} names unknown adapter {name!r}")
+            raise BundleError(
+                f"analysis-request.json: cell {cell.cell_id} is format {name!r}, which is not installed "
+                "(`lunasol formats` lists what is)"
+            )
         for rel in block.get("files") or [cell.path]:
             manifest.get(rel)  # a raw file that is not frozen is a BundleError, before any event
         try:
-            return keep_reader_order(list(ad.read(bundle, block)))
+            return link_results(keep_reader_order(list(ad.read(bundle, block))))
         except RecursionError:  # JSON held in a string of the log (tool arguments, a trace), nested too deep
             raise BundleError(f"{cell.path} (cell {cell.cell_id}): JSON nested too deeply to read") from None
 
     return read
+
+
+def link_results(events: list[SourceEvent]) -> list[SourceEvent]:
+    """Give a tool call and the result that answers it one call id when the source names none.
+
+    Formats that write an action and its observation as one step (SWE-agent's ``.traj``, ATIF
+    steps, chat logs) carry no call id, so the zero-gain probes (same call, same result again)
+    could not join a result to its call. Within a session, results with no id answer the calls
+    with no id in order (first call first); a message starts a new turn, leaving unanswered calls
+    unanswered. The id is the call's own ref, so it is unique in the cell and says where it points.
+    """
+    pending: dict[str | None, list[SourceEvent]] = {}
+    for e in events:
+        queue = pending.setdefault(e.session_id, [])
+        if e.kind == "tool_call" and not e.call_id:
+            queue.append(e)
+        elif e.kind == "message":
+            queue.clear()
+        elif not e.call_id and queue and (e.kind == "tool_result" or (e.kind == "error" and e.detail == "tool_error")):
+            call = queue.pop(0)
+            call.call_id = e.call_id = f"{call.source_path}#L{call.line_start}{call.json_pointer or ''}"
+    return events
 
 
 def _order_key(e: SourceEvent) -> tuple[str, str, int]:

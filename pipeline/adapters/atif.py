@@ -22,6 +22,7 @@ from pipeline.adapters.base import (
     CellSource,
     Discovery,
     Emitter,
+    Score,
     args_digest,
     as_text,
     first_docs,
@@ -38,6 +39,11 @@ NAME = "atif"
 def sniff(rel: str, head: str) -> bool:
     """JSON whose schema_version says ATIF."""
     return rel.endswith(".json") and '"ATIF-v' in head
+
+
+def score(rel: str, head: str) -> Score:
+    """ATIF's ``schema_version`` marker."""
+    return (0.95, 'schema_version "ATIF-v..."') if sniff(rel, head) else (0.0, "")
 
 
 def _is_atif(doc: Any) -> bool:
@@ -167,6 +173,8 @@ ADAPTER = Adapter(
     name=NAME,
     description="ATIF trajectories (Harbor's interchange format; continuation chains as one cell)",
     sniff=sniff,
+    score=score,
+    detects="*.json whose schema_version is ATIF-v1.x",
     discover=discover,
     read=read,
 )

@@ -20,6 +20,8 @@ copied but not read.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -29,6 +31,7 @@ from pipeline.adapters.base import (
     CellSource,
     Discovery,
     Emitter,
+    Score,
     args_digest,
     as_dict,
     as_text,
@@ -51,6 +54,48 @@ def sniff(rel: str, head: str) -> bool:
         return False
     first = head.split("\n", 1)[0]
     return ('"session_id"' in first and '"type"' in first) or ('"sessionId"' in first and '"parentUuid"' in first)
+
+
+_INIT_OPENING = re.compile(r'\{\s*"type"\s*:\s*"system"\s*,\s*"subtype"\s*:\s*"init"\s*,')
+_STREAM_TYPES = ("system", "assistant", "user", "result", "stream_event")
+
+
+def score(rel: str, head: str) -> Score:
+    """On-disk records (``sessionId`` + ``parentUuid``), or stream-json lines of Claude Code's own types.
+
+    A line with ``session_id`` and some ``type`` is not enough: Codex CLI rollouts and other JSONL
+    logs carry both. The type must be one of stream-json's, and ``init``'s tools or a
+    ``message`` of the Anthropic shape must be there.
+    """
+    if not rel.endswith((".jsonl", ".txt", ".json")):
+        return 0.0, ""
+    lines = [ln for ln in head.split("\n")[:6] if ln.strip()]
+    if any('"sessionId"' in ln and '"parentUuid"' in ln for ln in lines):
+        return 0.9, "records with sessionId and parentUuid"
+    first = _first_object(lines)
+    if first is None and lines and _INIT_OPENING.match(lines[0]) and '"session_id"' in lines[0]:
+        return 0.9, "a stream-json system/init line with session_id (longer than the sniffed head)"
+    if first is None or "session_id" not in first:
+        return 0.0, ""
+    kind = first.get("type")
+    if kind == "system" and first.get("subtype") == "init" and ("tools" in first or "model" in first):
+        return 0.95, "stream-json system/init line with session_id"
+    if kind in _STREAM_TYPES:
+        msg = first.get("message")
+        if isinstance(msg, dict) and "role" in msg:
+            return 0.8, f"stream-json {kind} line with session_id and a message"
+        return 0.4, f"a {kind} line with session_id"
+    return 0.1, f"session_id and an unknown type {str(kind)[:30]!r}"
+
+
+def _first_object(lines: list[str]) -> dict[str, Any] | None:
+    if not lines:
+        return None
+    try:
+        doc = json.loads(lines[0])
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def _records(bundle: Path, rel: str) -> tuple[list[tuple[int, dict[str, Any]]], list[int]] | None:
@@ -279,6 +324,8 @@ ADAPTER = Adapter(
     name=NAME,
     description="Claude Code stream-json output and on-disk session JSONL (sub-agents, compaction, /clear)",
     sniff=sniff,
+    score=score,
+    detects="stream-json lines (system/init, assistant, user, result with session_id); sessionId + parentUuid JSONL",
     discover=discover,
     read=read,
 )

@@ -15,12 +15,13 @@ what a message "means" beyond what it literally shows.
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
 from pipeline.adapters.base import Emitter, args_digest
 from pipeline.adapters.contract import SourceEvent
-from pipeline.core.canonical import sha256_text
+from pipeline.core.canonical import digest, sha256_text
 
 _FENCE = re.compile(r"^\s*```\s*([\w.+-]*)\s*$")
 # Languages whose fenced blocks are executed by the chat frameworks here (AG2's code executor,
@@ -82,6 +83,40 @@ def executable_blocks(text: str) -> list[CodeBlock]:
     return [b for b in code_blocks(text) if b.lang in EXECUTABLE and b.code.strip()]
 
 
+_PREAMBLE = re.compile(r"^\s*(?:#|set\s+[-+][A-Za-z]|\$\s*$)")
+_SHELLS = {"bash", "sh", "zsh", "dash", "/bin/bash", "/bin/sh", "/bin/zsh", "/usr/bin/bash", "pwsh", "powershell"}
+
+
+def shell_command(cmd: Any) -> str:
+    """The command a shell tool ran, as text: ``["bash", "-lc", "ls -la"]`` is ``ls -la``, not ``bash``.
+
+    Agent harnesses (Codex CLI, OpenHands, SWE-agent tools) pass the command as an argv list that
+    wraps the real script in a login shell; the script is what the agent chose to run.
+    """
+    if isinstance(cmd, list) and all(isinstance(c, str) for c in cmd):
+        if len(cmd) >= 3 and cmd[0].rsplit("/", 1)[-1] in {s.rsplit("/", 1)[-1] for s in _SHELLS} and cmd[1] in (
+            "-lc", "-c", "-l", "-Command", "-NoProfile"
+        ):  # fmt: skip
+            return str(cmd[-1])
+        return shlex.join(cmd)
+    return cmd if isinstance(cmd, str) else str(cmd)
+
+
+def normal_command(script: str) -> str:
+    """A shell script as the commands it runs: comment and blank lines dropped, spaces collapsed.
+
+    Two calls that run the same commands are the same call for the repeat probes, whatever
+    comments or indentation an agent wrapped them in.
+    """
+    lines = (" ".join(ln.split()) for ln in script.splitlines())
+    return "\n".join(ln for ln in lines if ln and not ln.startswith("#"))
+
+
+def command_digest(script: str, workdir: Any = None) -> str:
+    """The arguments digest of a shell call: its normalised commands (and working folder, when given)."""
+    return args_digest(normal_command(script)) if workdir in (None, "") else digest([normal_command(script), workdir])
+
+
 def sub_event(
     em: Emitter, kind: str, ptr: str, part: Span, *, line: int | None = None, inner: str = "", **fields: Any
 ) -> SourceEvent:
@@ -95,8 +130,15 @@ def sub_event(
 
 
 def command_tool(command: str) -> str:
-    """The tool a shell command runs: its first word after ``cd DIR &&`` / env assignments."""
-    words = command.strip().split()
+    """The tool a shell command runs: its first word after ``cd DIR &&`` / env assignments.
+
+    Comment lines, blank lines and ``set -e``-style option lines before the first command are
+    skipped: a block that opens with ``# install deps`` runs ``pip``, never a tool named ``#``.
+    """
+    first = next((ln for ln in command.splitlines() if ln.strip() and not _PREAMBLE.match(ln)), "")
+    words = first.strip().split()
+    if words and words[0] == "sudo":
+        words = words[1:]
     while words:
         if words[0] == "cd" and len(words) >= 3 and words[2] in ("&&", ";"):
             words = words[3:]
@@ -124,7 +166,7 @@ def call_event(
         step_index=step,
         tool_name=tool or "code",
         call_id=call_id,
-        args_digest=args_digest(block.code),
+        args_digest=command_digest(block.code) if shell else args_digest(block.code),
         text=block.code,
         detail="code_block",
         **fields,

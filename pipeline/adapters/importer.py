@@ -86,7 +86,7 @@ def import_bundle(
     *,
     adapters: dict[str, Adapter],
     detect: Callable[[Path], str],
-    sniff: Callable[[Path, str], str | None],
+    sniff: Callable[[Path, str], tuple[str | None, str]],
 ) -> ImportResult:
     """Import ``src`` (a file or folder) in format ``fmt`` (or ``auto``) into the new bundle ``dest``.
 
@@ -164,17 +164,21 @@ class _Found:
 
 
 def _discover(
-    fmt: str | None, adapters: dict[str, Adapter], sniff: Callable[[Path, str], str | None], tmp: Path, paths: list[str]
+    fmt: str | None,
+    adapters: dict[str, Adapter],
+    sniff: Callable[[Path, str], tuple[str | None, str]],
+    tmp: Path,
+    paths: list[str],
 ) -> _Found:
     groups: dict[str, list[str]] = {}
-    unclaimed: list[str] = []
+    unclaimed: dict[str, str] = {}  # path -> why no format was chosen (the true skip reason)
     if fmt is not None:
         groups[fmt] = paths
     else:
         for rel in paths:
-            name = sniff(tmp / rel, rel)
+            name, why = sniff(tmp / rel, rel)
             if name is None:
-                unclaimed.append(rel)
+                unclaimed[rel] = why
             else:
                 groups.setdefault(name, []).append(rel)
     out = _Found()
@@ -182,7 +186,7 @@ def _discover(
     for name in [a for a in adapters if a in groups]:
         # Files no format claims are offered to every adapter (a crosswalk, a log whose head says little).
         try:
-            found = adapters[name].discover(tmp, sorted(groups[name] + unclaimed))
+            found = adapters[name].discover(tmp, sorted(groups[name] + list(unclaimed)))
         except RecursionError:  # JSON held in a string of a log, nested too deep (whole documents name the file)
             raise BadInput(f"{name} import: JSON nested too deeply to read") from None
         mine: set[str] = set()
@@ -194,13 +198,15 @@ def _discover(
             out.cells.append((name, c))
         claimed |= mine
         for rel, why in found.skipped:
-            if rel in groups[name] or rel not in out.skipped:
+            # An unclaimed file keeps detection's reason: another format's "not a JSON file" is not
+            # why. An adapter that says what the file is ("tmux pane capture, not a log") is kept.
+            if rel in groups[name] or (rel in unclaimed and not why.startswith(("not ", "no "))):
                 out.skipped[rel] = why
         out.warnings.extend(found.warnings)
         out.aux.update(found.aux)
         out.harness[name] = found.harness
-    for rel in unclaimed:
-        out.skipped.setdefault(rel, "no supported format recognised")
+    for rel, why in unclaimed.items():
+        out.skipped.setdefault(rel, f"format not recognised: {why}")
     for rel in list(out.skipped):
         if rel in claimed or rel in out.aux:
             del out.skipped[rel]
@@ -273,10 +279,27 @@ def _subsets(cells: list[tuple[str, CellSource]]) -> dict[int, str]:
     return {i: t for i, t in enumerate(tops)} if len(set(tops)) > 1 else {}
 
 
+def _looks_like(
+    fmt: str | None, sniff: Callable[[Path, str], tuple[str | None, str]], tmp: Path, paths: list[str]
+) -> str:
+    """For a named format that found nothing: what detection takes the files for, if anything."""
+    if fmt is None:
+        return ""
+    seen: dict[str, int] = {}
+    for rel in paths[:200]:
+        name = sniff(tmp / rel, rel)[0]
+        if name is not None and name != fmt:
+            seen[name] = seen.get(name, 0) + 1
+    if not seen:
+        return ""
+    shown = ", ".join(f"{n} ({k} file{'s' if k > 1 else ''})" for n, k in sorted(seen.items(), key=lambda kv: -kv[1]))
+    return f"; the files look like {shown}: name that format, or use auto"
+
+
 def _build(
     fmt: str | None,
     adapters: dict[str, Adapter],
-    sniff: Callable[[Path, str], str | None],
+    sniff: Callable[[Path, str], tuple[str | None, str]],
     src: Path,
     tmp: Path,
     dest: Path,
@@ -289,10 +312,14 @@ def _build(
     found = _discover(fmt, adapters, sniff, tmp, readable)
     if not found.cells:
         if fmt is None and not found.harness:
-            raise BadInput(f"cannot tell the format of {src}; name it: {', '.join(adapters)}")
+            reasons = [r.removeprefix("format not recognised: ") for r in found.skipped.values()]
+            why = next((r for r in reasons if r.startswith("closest")), reasons[0] if reasons else "no file in it")
+            raise BadInput(f"cannot tell the format of {src}; {why}; name it with FORMAT: {', '.join(adapters)}")
         name = fmt or ", ".join(found.harness)
         why = "; ".join(f"{p}: {r}" for p, r in list(found.skipped.items())[:3])
-        raise BadInput(f"no {name} runs found in {src}" + (f" ({why})" if why else ""))
+        raise BadInput(
+            f"no {name} runs found in {src}" + (f" ({why})" if why else "") + _looks_like(fmt, sniff, tmp, readable)
+        )
     found_cells, dropped = _dedupe(found.cells)
     warnings = found.warnings + _join_labels(found_cells, labels)
     skipped = dict(found.skipped)

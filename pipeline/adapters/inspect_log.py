@@ -24,6 +24,7 @@ from pipeline.adapters.base import (
     CellSource,
     Discovery,
     Emitter,
+    Score,
     args_digest,
     as_dict,
     as_text,
@@ -57,6 +58,17 @@ def sniff(rel: str, head: str) -> bool:
     if rel.endswith(".eval"):
         return head.startswith("PK")
     return rel.endswith(".json") and '"eval"' in head and '"version"' in head and '"status"' in head
+
+
+def score(rel: str, head: str) -> Score:
+    """An ``.eval`` zip, or JSON with Inspect's ``eval``/``version``/``status``."""
+    if rel.endswith(".eval"):
+        return (0.95, ".eval zip") if head.startswith("PK") else (0.0, "")
+    if not sniff(rel, head):
+        return 0.0, ""
+    if '"eval"' in head and ('"task"' in head or '"task_id"' in head):
+        return 0.85, "top-level eval (with task), version and status"
+    return 0.6, "top-level eval, version and status"
 
 
 class _MemberEmitter(Emitter):
@@ -291,6 +303,8 @@ ADAPTER = Adapter(
     name=NAME,
     description="Inspect AI logs (.json and .eval zip; one cell per sample)",
     sniff=sniff,
+    score=score,
+    detects="*.eval zips; *.json with top-level eval, version, status",
     discover=discover,
     read=read,
 )

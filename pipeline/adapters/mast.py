@@ -34,7 +34,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.adapters.base import Adapter, CellSource, Discovery, Emitter, args_digest, load_json, looks_like_error
+from pipeline.adapters.base import (
+    Adapter,
+    CellSource,
+    Discovery,
+    Emitter,
+    Score,
+    args_digest,
+    load_json,
+    looks_like_error,
+)
 from pipeline.adapters.chat_actions import ChatTurn, derive
 from pipeline.adapters.contract import SourceEvent
 from pipeline.adapters.spans import LineIndex, value_spans
@@ -275,6 +284,15 @@ def sniff(rel: str, head: str) -> bool:
     return rel.endswith(".json") and '"trace"' in head and ('"mas_name"' in head or '"trace_id"' in head)
 
 
+def score(rel: str, head: str) -> Score:
+    """MAD records: ``trace`` with ``mas_name`` (or ``trace_id``)."""
+    if not sniff(rel, head):
+        return 0.0, ""
+    return (
+        (0.9, "records with trace and mas_name") if '"mas_name"' in head else (0.7, "records with trace and trace_id")
+    )
+
+
 def discover(bundle: Path, paths: list[str]) -> Discovery:
     """One cell per record."""
     cells: list[CellSource] = []
@@ -376,6 +394,8 @@ ADAPTER = Adapter(
     name=NAME,
     description="MAST/MAD human-labelled traces (raw multi-agent logs split into turns; failure-mode votes as labels)",
     sniff=sniff,
+    score=score,
+    detects="*.json lists of records with trace and mas_name",
     discover=discover,
     read=read,
 )

@@ -32,6 +32,7 @@ from pipeline.adapters.base import (
     CellSource,
     Discovery,
     Emitter,
+    Score,
     args_digest,
     as_dict,
     as_text,
@@ -78,6 +79,16 @@ def _is_mini(doc: Any) -> bool:
 def sniff(rel: str, head: str) -> bool:
     """JSON with mini-SWE-agent's format keys, or a message list with its action/observation markers."""
     return rel.endswith(".json") and any(k in head for k in _MARKERS)
+
+
+def score(rel: str, head: str) -> Score:
+    """mini-SWE-agent's ``trajectory_format`` / ``mini_version``, else its action markers."""
+    if not rel.endswith(".json"):
+        return 0.0, ""
+    if _MARKERS[0] in head or _MARKERS[1] in head:
+        return 0.95, "trajectory_format mini-swe-agent / mini_version"
+    hit = next((m for m in _MARKERS[2:] if m in head), None)
+    return (0.75, f"mini-SWE-agent's {hit} marker") if hit else (0.0, "")
 
 
 def discover(bundle: Path, paths: list[str]) -> Discovery:
@@ -224,6 +235,8 @@ ADAPTER = Adapter(
     name=NAME,
     description="mini-SWE-agent trajectories (.traj.json: v1/v2 message lists, actions parsed from the text)",
     sniff=sniff,
+    score=score,
+    detects="*.traj.json (trajectory_format mini-swe-agent-1.x), message lists with <returncode> markers",
     discover=discover,
     read=read,
 )

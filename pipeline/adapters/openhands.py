@@ -23,6 +23,7 @@ from pipeline.adapters.base import (
     CellSource,
     Discovery,
     Emitter,
+    Score,
     args_digest,
     as_dict,
     as_text,
@@ -61,6 +62,23 @@ def sniff(rel: str, head: str) -> bool:
         or '"tool_call_metadata"' in head
         or bool(_V1_KIND.search(head))
     )
+
+
+def score(rel: str, head: str) -> Score:
+    """OpenHands' V1 event kinds, its evaluation records, or V0 action/observation events."""
+    if not rel.endswith((".json", ".jsonl")):
+        return 0.0, ""
+    if _V1_KIND.search(head):
+        return 0.9, "software-agent-sdk event kinds (ActionEvent, ObservationEvent, ...)"
+    if '"agent_class"' in head and '"history"' in head:
+        return 0.85, "evaluation record with agent_class and history"
+    if '"tool_call_metadata"' in head:
+        return 0.8, "events with tool_call_metadata"
+    if '"agent_state' in head:
+        return 0.7, "agent_state changes"
+    if '"observation"' in head and '"action"' in head:
+        return 0.6, "events with action and observation"
+    return 0.0, ""
 
 
 def discover(bundle: Path, paths: list[str]) -> Discovery:
@@ -306,6 +324,8 @@ ADAPTER = Adapter(
     name=NAME,
     description="OpenHands event streams (runtime trajectories, evaluation and resolver outputs)",
     sniff=sniff,
+    score=score,
+    detects="V0 event lists (action/observation), eval/resolver output.jsonl, V1 sdk events (kind: ...Event)",
     discover=discover,
     read=read,
 )

@@ -25,6 +25,7 @@ from pipeline.adapters.base import (
     CellSource,
     Discovery,
     Emitter,
+    Score,
     args_digest,
     as_text,
     first_docs,
@@ -39,6 +40,15 @@ NAME = "swe-agent"
 def sniff(rel: str, head: str) -> bool:
     """A ``.traj`` file, or JSON that opens with SWE-agent's keys."""
     return rel.endswith(".traj")
+
+
+def score(rel: str, head: str) -> Score:
+    """A ``.traj`` file (SWE-agent's own extension)."""
+    if not rel.endswith(".traj"):
+        return 0.0, ""
+    if '"trajectory"' in head or '"history"' in head:
+        return 0.9, ".traj file with trajectory/history"
+    return 0.7, ".traj file"
 
 
 def discover(bundle: Path, paths: list[str]) -> Discovery:
@@ -200,6 +210,8 @@ ADAPTER = Adapter(
     name=NAME,
     description="SWE-agent .traj files (classic, replay_config and history-only shapes)",
     sniff=sniff,
+    score=score,
+    detects="*.traj (classic, replay_config, history-only)",
     discover=discover,
     read=read,
 )

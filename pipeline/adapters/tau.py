@@ -22,6 +22,7 @@ from pipeline.adapters.base import (
     CellSource,
     Discovery,
     Emitter,
+    Score,
     args_digest,
     as_text,
     first_docs,
@@ -52,6 +53,17 @@ def _records(doc: Any) -> list[tuple[str, dict[str, Any]]]:
 def sniff(rel: str, head: str) -> bool:
     """A JSON record with ``traj`` and ``task_id``."""
     return rel.endswith(".json") and '"traj"' in head and '"task_id"' in head
+
+
+def score(rel: str, head: str) -> Score:
+    """A run record with ``traj`` and ``task_id`` (``reward`` makes it sure)."""
+    if not sniff(rel, head):
+        return 0.0, ""
+    return (
+        (0.85, "records with traj, task_id and reward")
+        if '"reward"' in head
+        else (0.6, "records with traj and task_id")
+    )
 
 
 def _base(traj: list[Any]) -> int:
@@ -159,6 +171,8 @@ ADAPTER = Adapter(
     name=NAME,
     description="tau-bench run records (OpenAI chat messages with tool_calls; reward/info as labels)",
     sniff=sniff,
+    score=score,
+    detects="*.json records {task_id, reward, info, traj, trial}",
     discover=discover,
     read=read,
 )

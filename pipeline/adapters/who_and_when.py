@@ -22,6 +22,7 @@ from pipeline.adapters.base import (
     CellSource,
     Discovery,
     Emitter,
+    Score,
     first_docs,
     flag_label,
     joined_harnesses,
@@ -83,6 +84,15 @@ def sniff(rel: str, head: str) -> bool:
     # A bare message list is a Who&When-style copy only when Magentic-One's team speaks in it; any
     # other chat transcript is not claimed (auto then asks for --format instead of guessing).
     return bool(_MAGENTIC_ROLE.search(head))
+
+
+def score(rel: str, head: str) -> Score:
+    """A ``history`` with Who&When's labels, or a message list in which Magentic-One's team speaks."""
+    if not sniff(rel, head):
+        return 0.0, ""
+    if '"mistake_' in head:
+        return 0.9, "history with mistake_agent / mistake_step labels"
+    return 0.7, "history of {content, role} in which Magentic-One's team speaks"
 
 
 def discover(bundle: Path, paths: list[str]) -> Discovery:
@@ -164,6 +174,8 @@ ADAPTER = Adapter(
     name=NAME,
     description="Who&When failure-attribution logs (JSON with history; labels mistake_agent/step/reason)",
     sniff=sniff,
+    score=score,
+    detects="*.json with history of {content, role} (mistake_* labels, Magentic-One roles)",
     discover=discover,
     read=read,
 )

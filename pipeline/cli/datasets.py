@@ -9,11 +9,14 @@ import typer
 
 from pipeline.cli.bundle import bundle_app
 from pipeline.cli.common import JSON_OPTION, emit_json, resolve_run
+from pipeline.core import plugins
 from pipeline.core.errors import BadInput
 
+# From the installed metadata (no adapter is imported to print help): every registered format.
 _FORMAT_HELP = (
-    "Format of the logs, or 'auto' to detect each file's format: mini-swe-agent, who-and-when, mast, swe-agent, "
-    "openhands, inspect, claude-code, atif, tau."
+    "Format of the logs, or 'auto' to detect each file's format: "
+    + ", ".join(plugins.names(plugins.FORMATS_GROUP))
+    + " (`lunasol formats` says what each detects)."
 )
 
 
@@ -139,7 +142,37 @@ def eval_cmd(
             )
 
 
+def formats_cmd(as_json: bool = JSON_OPTION) -> None:
+    """List the installed log formats and probe packs: name, package, version, what each detects."""
+    # startup: loading the formats imports every adapter module
+    from pipeline.adapters import installed
+    from pipeline.probes.packs import installed_packs
+
+    rows = [
+        {"name": n, "package": i.package, "version": i.version, "entry_point": i.entry,
+         "detects": i.adapter.detects or i.adapter.description, "description": i.adapter.description}
+        for n, i in installed().items()
+    ]  # fmt: skip
+    packs = [
+        {"name": p.name, "package": p.package, "version": p.version, "entry_point": p.entry,
+         "probes": [pr.probe_id for pr in p.probes]}
+        for p in installed_packs()
+    ]  # fmt: skip
+    if as_json:
+        emit_json({"formats": rows, "probe_packs": packs})
+        return
+    width = max(len(r["name"]) for r in rows)
+    pkg = max(len(f"{r['package']} {r['version']}") for r in rows)
+    typer.echo(f"{len(rows)} formats (lunasol bundle import FORMAT|auto SRC DEST):")
+    for r in rows:
+        typer.echo(f"  {r['name']:<{width}}  {r['package'] + ' ' + r['version']:<{pkg}}  {r['detects']}")
+    typer.echo(f"{len(packs)} probe packs:" if packs else "probe packs: none installed beyond the built-in probes")
+    for p in packs:
+        typer.echo(f"  {p['name']}  {p['package']} {p['version']}  {len(p['probes'])} probes: {', '.join(p['probes'])}")
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``bundle import`` to the bundle sub-app and ``eval`` to the root app."""
+    """Add ``bundle import`` to the bundle sub-app, ``eval`` and ``formats`` to the root app."""
     bundle_app.command("import")(import_cmd)
     app.command("eval")(eval_cmd)
+    app.command("formats")(formats_cmd)

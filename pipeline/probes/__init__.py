@@ -17,6 +17,7 @@ from pipeline.probes.core import (
     write_probe_hits,
 )
 from pipeline.probes.files import HIT_COLUMNS, Probe, load_probe_dir
+from pipeline.probes.packs import pack_probes
 
 if TYPE_CHECKING:
     from pipeline.core.context import RunContext
@@ -38,7 +39,7 @@ __all__ = [
 
 def user_probes(folder: Path | None) -> tuple[Probe, ...]:
     """The user's probes of ``--probes DIR`` (none without it), checked against the contract."""
-    return () if folder is None else load_probe_dir(folder, PROBES)
+    return () if folder is None else load_probe_dir(folder, PROBES + pack_probes())
 
 
 def probe_list(folder: Path | None) -> list[dict[str, str]]:
@@ -50,7 +51,7 @@ def stage(ctx: RunContext) -> str:
     """Run every probe over the run's IR and store the hits in table ``probe_hits``."""
     if not ctx.ir_path.is_file():
         raise BadInput(f"no IR at {ctx.ir_path}: export must run before probes")
-    probes = PROBES + user_probes(ctx.options.probes_dir)
+    probes = PROBES + pack_probes() + user_probes(ctx.options.probes_dir)  # packs: lunasol.probes plugins
     con = duck.connect(ctx.ir_path)
     try:
         hits, probed, total = update_probe_hits(con, probes)  # only cells whose IR changed are probed again

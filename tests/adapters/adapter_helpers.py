@@ -100,6 +100,18 @@ SUBSETS: dict[str, tuple[str, list[str]]] = {
         ],
     ),
     "tau": ("agentrx-examples", ["trajectories/tau-retail/instruction_adherence_failure.json"]),
+    "codex": (
+        str(FOREIGN_FIXTURES / "codex"),
+        [
+            "ai-sessions/rollout-older-format.jsonl",
+            "ai-sessions/rollout-newer-format.jsonl",
+            "agent-history/codex_with_escalation.jsonl",
+        ],
+    ),
+    "gemini-cli": (
+        str(FOREIGN_FIXTURES / "gemini-cli"),
+        ["ai-sessions/session-sample.json", "agent-history/gemini_with_tool_error.jsonl", "agent-history/logs.json"],
+    ),
 }
 
 
