@@ -14,7 +14,7 @@ VERSIONS: dict[str, int] = {
     "patterns": 1,
     "cell-result": 1,
     "pattern-groups": 1,
-    "weakness-shortlist": 3,
+    "weakness-shortlist": 4,
     "proposals": 1,
     "validation": 1,
     "gate-receipt": 1,
