@@ -64,6 +64,12 @@ def _shortlist_stable_digest(doc: Doc) -> Doc:
     return dict(doc)
 
 
+def _receipt_chain(doc: Doc) -> Doc:
+    # v2 binds a decision to the gate's decision chain: ``base_decision`` (the standing decision it
+    # was made on) and ``supersedes``. A v1 receipt was made without looking at the chain: none.
+    return {"base_decision": "none", "supersedes": None, **doc}
+
+
 # Artifact-specific steps, in number order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "weakness-shortlist", 1, 2, _shortlist_plan, "v2 adds plan (Sol's calls and the cells each saw)"),
@@ -72,6 +78,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         4, "weakness-shortlist", 3, 4, _shortlist_stable_digest, "v4's digest leaves out call metadata (same fields)"
     ),
+    Migration(5, "gate-receipt", 1, 2, _receipt_chain, "v2 adds base_decision and supersedes (the decision chain)"),
 )
 
 
