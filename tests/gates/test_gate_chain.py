@@ -29,6 +29,7 @@ from tests.gates.test_gates import open_gate
 
 runner = CliRunner()
 N = 20
+ROOT = Path(__file__).resolve().parents[2]  # the subprocesses import this checkout's lunasol (sys.path[0] = cwd)
 
 
 @pytest.fixture
@@ -52,16 +53,6 @@ def _proposals(run_dir: Path) -> str:
         "proposals generated (test)",
     )
     return pdigest
-
-
-def _lunasol(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from pipeline.cli.app import main; main()", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
 
 
 # -- racing deciders ------------------------------------------------------------------------------
@@ -172,6 +163,7 @@ def test_twenty_lunasol_processes_at_once_exactly_one_exit_0(run_dir: Path, gate
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            cwd=ROOT,
         )
         for argv in argvs
     ]
