@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts.run_info import made_unredacted, run_command
+from pipeline.artifacts.schemas import load_document
 from pipeline.core.canonical import read_json
 from pipeline.core.errors import BadInput
 from pipeline.core.settings import ModelSettings
@@ -165,8 +166,7 @@ def gate_rows(run_dir: Path, h: handoff.Handoff) -> dict[str, dict[str, Any]]:
     ledger = Ledger(run_dir)
     rows: dict[str, dict[str, Any]] = {}
     for gate, rel in sorted(h.receipts.items()):
-        raw = read_json(run_dir / rel) if (run_dir / rel).is_file() else {}
-        raw = raw if isinstance(raw, dict) else {}
+        raw = load_document(run_dir / rel, "gate-receipt")[0] if (run_dir / rel).is_file() else {}
         standing = handoff.standing_receipt(run_dir, gate, h) == rel
         voided = None
         if not standing:

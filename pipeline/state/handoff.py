@@ -24,7 +24,7 @@ from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.artifacts.run_info import run_command
-from pipeline.artifacts.schemas import load_artifact
+from pipeline.artifacts.schemas import load_artifact, load_document
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.canonical import read_json, write_json
 from pipeline.core.errors import NeedsRebase
@@ -169,8 +169,8 @@ def standing_receipt(run_dir: Path, gate: str, handoff: Handoff | None = None) -
     entry = Ledger(run_dir).get(gate)
     if entry is None or entry.state != "verified":
         return None
-    raw = read_json(run_dir / rel)
-    subject = raw.get("subject") if isinstance(raw, dict) else None
+    raw, _ = load_document(run_dir / rel, "gate-receipt")  # a damaged receipt is one line (exit 2), not "none"
+    subject = raw.get("subject")
     field = GATE_SUBJECT.get(gate)
     if field and (not isinstance(subject, dict) or subject.get("digest") != getattr(h, field)):
         return None
@@ -182,7 +182,7 @@ def chain_base(run_dir: Path, gate: str, handoff: Handoff | None = None) -> str:
     rel = standing_receipt(run_dir, gate, handoff)
     if rel is None:
         return NO_DECISION
-    return str(read_json(run_dir / rel).get("operation_id") or NO_DECISION)
+    return str(load_document(run_dir / rel, "gate-receipt")[0].get("operation_id") or NO_DECISION)
 
 
 def _base_args(run_dir: Path, gate: str, handoff: Handoff) -> list[str]:
