@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,7 +13,7 @@ if TYPE_CHECKING:
     from pipeline.gates import gate1 as gates
 
 from pipeline.cli.common import JSON_OPTION, check_digest, emit_json, moves_run, resolve_run
-from pipeline.core.errors import BadInput
+from pipeline.core.errors import BadInput, NeedsRebase
 
 
 def on_terminal() -> bool:
@@ -104,8 +105,17 @@ def register(app: typer.Typer) -> None:
                     "no --decision given: silence is never approval; decide on every weakness: "
                     + handoff.confirm_command(run_dir, now)
                 )
+            head = gates.standing(run_dir, gates.GATE1, now)
+            if head is not None and not supersede:
+                # Said before the questions, not after them: answers that cannot be recorded waste a review.
+                raise NeedsRebase(
+                    f"needs_rebase: gate 1 already decided: {gates.summary(head)}; to replace it, decide "
+                    f"again with --supersede: lunasol confirm {shlex.quote(str(run_dir))} --supersede"
+                )
             s = status(run_dir)
             typer.echo(format_shortlist(s["shortlist"]["weaknesses"], s["shortlist"]["dropped"]))
+            if head is not None:
+                typer.echo(f"replacing the decision standing: {gates.summary(head)}")
             choices = "/".join(gates.DECISIONS)
             for wid in handoff.weakness_ids(run_dir):
                 answer = ""

@@ -306,3 +306,23 @@ def test_select_supersede_names_the_standing_selection(run_dir: Path) -> None:
             expected_base=first.operation_id,
             supersede=True,
         )
+
+
+def test_interactive_confirm_binds_the_base_it_showed(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pipeline.cli.gates as cli_gates
+
+    monkeypatch.setattr(cli_gates, "on_terminal", lambda: True)
+    answers = "confirm\nn\nconfirm\nn\nana\n"
+    first = runner.invoke(app, ["confirm", str(run_dir)], input=answers)
+    assert first.exit_code == 0 and "gate 1 recorded: confirmed" in first.output, first.output
+    head = gates.standing(run_dir, "gate1")
+    assert head is not None and head.base_decision == "none"
+    # a decision stands: said before any question, with how to replace it
+    again = runner.invoke(app, ["confirm", str(run_dir)], input=answers)
+    assert again.exit_code == 4 and "already decided: ana recorded confirmed" in again.stderr
+    assert "W-01 (" not in again.output  # nothing was asked
+    replaced = runner.invoke(app, ["confirm", str(run_dir), "--supersede"], input="reject\nn\nconfirm\nn\nbo\n")
+    assert replaced.exit_code == 0, replaced.output
+    assert "replacing the decision standing: ana recorded confirmed" in replaced.output
+    now = gates.standing(run_dir, "gate1")
+    assert now is not None and now.base_decision == head.operation_id and now.supersedes is not None
