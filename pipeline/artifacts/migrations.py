@@ -57,11 +57,28 @@ def _shortlist_reused(doc: Doc) -> Doc:
     return dict(doc)
 
 
+def _shortlist_stable_digest(doc: Doc) -> Doc:
+    # v4 seals the digest without call metadata (``call``; the plan calls' keys, attempts, errors,
+    # reused, ok, request tokens); the fields are the same, and an older file keeps the digest it was
+    # sealed with (read_shortlist checks it against the content as written).
+    return dict(doc)
+
+
+def _receipt_chain(doc: Doc) -> Doc:
+    # v2 binds a decision to the gate's decision chain: ``base_decision`` (the standing decision it
+    # was made on) and ``supersedes``. A v1 receipt was made without looking at the chain: none.
+    return {"base_decision": "none", "supersedes": None, **doc}
+
+
 # Artifact-specific steps, in number order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "weakness-shortlist", 1, 2, _shortlist_plan, "v2 adds plan (Sol's calls and the cells each saw)"),
     Migration(2, "followup", 1, 2, _followup_judge, "v2 adds the judged part (judge, conflicts, decided_by)"),
     Migration(3, "weakness-shortlist", 2, 3, _shortlist_reused, "v3 adds reused to plan calls (map answers)"),
+    Migration(
+        4, "weakness-shortlist", 3, 4, _shortlist_stable_digest, "v4's digest leaves out call metadata (same fields)"
+    ),
+    Migration(5, "gate-receipt", 1, 2, _receipt_chain, "v2 adds base_decision and supersedes (the decision chain)"),
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,7 +13,7 @@ if TYPE_CHECKING:
     from pipeline.gates import gate1 as gates
 
 from pipeline.cli.common import JSON_OPTION, check_digest, emit_json, moves_run, resolve_run
-from pipeline.core.errors import BadInput
+from pipeline.core.errors import BadInput, NeedsRebase
 
 
 def on_terminal() -> bool:
@@ -28,12 +29,21 @@ def receipt_line(gate: str, receipt: gates.Receipt, replayed: bool, run_dir: Pat
 
     path = gates.receipt_path(run_dir, receipt.gate, receipt.operation_id)
     if not replayed:
-        return f"{gate} recorded: {what}; receipt {path} (revision {receipt.base_revision}→{receipt.new_revision})"
-    now = handoff.load(run_dir).revision
-    return (
+        line = f"{gate} recorded: {what}; receipt {path} (revision {receipt.base_revision}→{receipt.new_revision})"
+        if receipt.supersedes is not None:
+            old = receipt.supersedes
+            was = gates.outcome(receipt.gate, old.result)
+            line += f"; supersedes {old.by}'s {was} ({old.operation_id}, {old.decided_at})"
+        return line
+    h = handoff.load(run_dir)
+    line = (
         f"{gate} replayed (nothing changed): {what}; receipt {path} was recorded at revision "
-        f"{receipt.base_revision}→{receipt.new_revision}; the run is now at revision {now}"
+        f"{receipt.base_revision}→{receipt.new_revision}; the run is now at revision {h.revision}"
     )
+    head = gates.standing(run_dir, receipt.gate, h)
+    if head is None or head.operation_id != receipt.operation_id:
+        line += "; it no longer stands: " + (f"{gates.summary(head)} since" if head else "voided since")
+    return line
 
 
 def register(app: typer.Typer) -> None:
@@ -48,20 +58,31 @@ def register(app: typer.Typer) -> None:
         note: list[str] = typer.Option([], "--note", help='W-01="..." (required for amend: the amended statement).'),
         by: str | None = typer.Option(None, "--by", help="Who decides (required)."),
         digest: str | None = typer.Option(None, "--digest", help="The shortlist digest you decided on."),
+        base: str | None = typer.Option(
+            None,
+            "--base",
+            help="The gate-1 decision you saw standing (its operation id, as `lunasol status` prints it), or "
+            "none. Omitted: none (you saw no decision); a decision standing then refuses with needs_rebase.",
+        ),
         operation_id: str | None = typer.Option(
             None, "--operation-id", help="Idempotency key: the same id returns the same receipt."
         ),
         supersede: bool = typer.Option(
-            False, "--supersede", help="Decide again after gate 2 decided (its selection is invalidated)."
+            False,
+            "--supersede",
+            help="Replace the decision standing (named by --base); the receipt records whom it replaces. "
+            "Proposals and a gate-2 decision made under the old decision are voided.",
         ),
         as_json: bool = JSON_OPTION,
     ) -> None:
         """Gate 1: confirm, reject, keep unresolved or amend each weakness of the shortlist.
 
         Read the cards first (lunasol show RUN W-01, lunasol report RUN). --digest is required with
-        --decision: a compare-and-set on the handoff revision and the shortlist digest; if either
-        changed since you looked, it refuses with needs_rebase (exit 4). Without --decision on a
-        terminal it shows every card and asks, binding the digest it showed. Silence is never approval.
+        --decision: a compare-and-set on the shortlist digest and the gate's standing decision (--base,
+        default none); if either is not what you read, or a decision stands and you did not say
+        --supersede, it refuses with needs_rebase (exit 4) naming who decided what. Without --decision
+        on a terminal it shows every card and asks, binding the digest and base it showed. Silence is
+        never approval.
         """
         # startup: `lunasol --help` and every other verb load none of this
         from pipeline.gates import gate1 as gates
@@ -70,21 +91,31 @@ def register(app: typer.Typer) -> None:
 
         run_dir = resolve_run(run)
         check_digest(digest)
-        # What the decider sees now is the base of the compare-and-set.
-        base = handoff.load(run_dir)
+        now = handoff.load(run_dir)
         decisions = gates.parse_pairs(decision, "--decision")
         notes = gates.parse_pairs(note, "--note")
         interactive = not decisions
-        # Non-interactive: only the digest the decider names; interactive: the digest of what was shown.
-        seen_digest = digest if not interactive else digest or base.shortlist_digest
+        # Non-interactive: only the digest and base the decider names (no --base: none); interactive:
+        # those of what was shown.
+        seen_digest = digest if not interactive else digest or now.shortlist_digest
+        seen_base = base if not interactive else base or handoff.chain_base(run_dir, "gate1", now)
         if not decisions:
             if not on_terminal():
                 raise BadInput(
                     "no --decision given: silence is never approval; decide on every weakness: "
-                    + handoff.confirm_command(run_dir, base)
+                    + handoff.confirm_command(run_dir, now)
+                )
+            head = gates.standing(run_dir, gates.GATE1, now)
+            if head is not None and not supersede:
+                # Said before the questions, not after them: answers that cannot be recorded waste a review.
+                raise NeedsRebase(
+                    f"needs_rebase: gate 1 already decided: {gates.summary(head)}; to replace it, decide "
+                    f"again with --supersede: lunasol confirm {shlex.quote(str(run_dir))} --supersede"
                 )
             s = status(run_dir)
             typer.echo(format_shortlist(s["shortlist"]["weaknesses"], s["shortlist"]["dropped"]))
+            if head is not None:
+                typer.echo(f"replacing the decision standing: {gates.summary(head)}")
             choices = "/".join(gates.DECISIONS)
             for wid in handoff.weakness_ids(run_dir):
                 answer = ""
@@ -104,15 +135,15 @@ def register(app: typer.Typer) -> None:
                 by=by,
                 notes=notes,
                 expected_digest=seen_digest,
-                expected_revision=base.revision,
                 operation_id=operation_id,
                 require_digest=not interactive,
                 supersede=supersede,
+                expected_base=seen_base,
             )
-        superseded = not replayed and base.proposalSelection in gates.LATER_DECISIONS
+        superseded = not replayed and now.proposalSelection in gates.LATER_DECISIONS
         if superseded:
             typer.echo(
-                f"warning: this supersedes gate 2's decision ({base.proposalSelection}); its receipt is "
+                f"warning: this supersedes gate 2's decision ({now.proposalSelection}); its receipt is "
                 "invalidated and proposals must be generated again",
                 err=True,
             )

@@ -133,6 +133,15 @@ def select(
     by: str | None = typer.Option(None, "--by", help="Who decides (required)."),
     note: str | None = typer.Option(None, "--note", help="Why (kept in the receipt)."),
     digest: str | None = typer.Option(None, "--digest", help="The proposals digest you decided on."),
+    base: str | None = typer.Option(
+        None,
+        "--base",
+        help="The gate-2 decision you saw standing (its operation id, as `lunasol status` prints it), or none. "
+        "Omitted: none (you saw no decision); a decision standing then refuses with needs_rebase.",
+    ),
+    supersede: bool = typer.Option(
+        False, "--supersede", help="Replace the decision standing (named by --base); the receipt records whom."
+    ),
     operation_id: str | None = typer.Option(
         None, "--operation-id", help="Idempotency key: the same id returns the same receipt."
     ),
@@ -140,8 +149,9 @@ def select(
 ) -> None:
     """Gate 2: select one proposal, none, or ask for a redo. A selection does not authorise implementation.
 
-    A compare-and-set on the handoff revision and the proposals digest: if either changed since you
-    looked, it refuses with needs_rebase (exit 4).
+    A compare-and-set on the proposals digest and the gate's standing decision (--base, default
+    none): if either is not what you read, or a decision stands and you did not say --supersede, it
+    refuses with needs_rebase (exit 4) naming who decided what.
     """
     # startup: `lunasol --help` and every other verb load none of this
     from pipeline.gates.gate2 import NOT_AUTHORISATION, Choice
@@ -154,7 +164,6 @@ def select(
         raise BadInput("--by NAME is required: a decision needs a named person")
     check_digest(digest)
     run_dir = resolve_run(run)
-    base = handoff.load(run_dir)
     choice: Choice = "proposal" if proposal is not None else "none" if none else "redo"
     with moves_run(run_dir, "select"):
         receipt, replayed = do_select(
@@ -164,9 +173,10 @@ def select(
             proposal_id=proposal,
             note=note,
             expected_digest=digest,
-            expected_revision=base.revision,
             operation_id=operation_id,
             require_digest=True,
+            expected_base=base,
+            supersede=supersede,
         )
     if json_out:
         emit_json({"replayed": replayed, "receipt": receipt.model_dump(mode="json")})

@@ -64,12 +64,19 @@ def register(app: typer.Typer) -> None:
             help="A folder of your own probe files (<id>.sql, docs/patterns.md), run beside the shipped.",
         ),
         no_redact: bool = NO_REDACT_OPTION,
+        supersede: bool = typer.Option(
+            False,
+            "--supersede",
+            help="Rerun into a run id whose gates hold decisions (refused without it): a decision stays only "
+            "if the rerun gives the very shortlist (and proposals) it was made on.",
+        ),
         as_json: bool = JSON_OPTION,
     ) -> None:
         """Export the IR, find patterns, mine root causes, and stop at gate 1.
 
         Rerunning with the same run id reuses everything still valid (an unchanged rerun makes no
-        model call); a changed input invalidates and recomputes only what depends on it.
+        model call); a changed input invalidates and recomputes only what depends on it. A run id
+        whose gates hold decisions is refused (exit 2) unless --supersede.
         """
         # startup: `lunasol --help` and every other verb load none of this
         from pipeline.models.store import check_store
@@ -108,6 +115,7 @@ def register(app: typer.Typer) -> None:
             models=settings,
             probes_dir=probes_dir,
             redact=not no_redact,
+            supersede=supersede,
         )
         # With --json the stage lines go to stderr, so stdout is one JSON document.
         result = run(opts, log=(lambda m: typer.echo(m, err=True)) if as_json else typer.echo)

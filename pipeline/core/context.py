@@ -25,6 +25,7 @@ class RunOptions:
     models: ModelSettings = field(default_factory=ModelSettings)
     probes_dir: Path | None = None  # --probes: a folder of the user's own probe files, run beside the shipped
     redact: bool = True  # False only with --no-redact: secrets stay in the IR's text, hence in prompts and reports
+    supersede: bool = False  # --supersede: rerun into a run id whose gates hold decisions (they may be voided)
 
 
 @dataclass

@@ -137,7 +137,7 @@ def load_selection(parent_dir: Path, proposal_id: str) -> Selection:
     if h.proposalSelection != "selected" or not rel:
         raise BadInput(
             f"parent run {parent_dir} has no gate-2 selection (proposalSelection: {h.proposalSelection}); "
-            f"select the card first: lunasol select {parent_dir} --proposal {proposal_id} --by NAME"
+            f"select the card first: {hf.select_command(parent_dir, h, f'--proposal {proposal_id}')}"
         )
     receipt_file = parent_dir / rel
     if not receipt_file.is_file():

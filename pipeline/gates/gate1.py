@@ -1,21 +1,30 @@
-"""Human gates as receipts: compare-and-set on the handoff revision and the digest of what was decided on.
+"""Human gates as receipts: compare-and-set on what the decider read.
 
-A gate decision (gate 1: confirm root causes; gate 2: select a proposal) is committed by
-:func:`commit`. Under the run lock it
+A decision (gate 1: confirm root causes; gate 2: select a proposal) binds to two things the decider
+read: the digest of its subject (the shortlist, the proposals) and the gate's decision chain, i.e.
+the decision that stands on the gate (its operation id, or ``none``; the *base*). :func:`commit`,
+under the run's file lock (read, check and write are one step),
 
 1. returns the stored receipt unchanged when the same operation id was already committed with
    the same request (idempotent replay; the same id with another request is refused);
-2. refuses with ``needs_rebase`` (exit 4) when the handoff revision or the subject's digest is not
-   the one the decider saw, naming what changed;
-3. writes the receipt to ``runs/<id>/gates/<gate>-<operation>.json`` with exclusive creation (two
-   racing deciders: exactly one wins, the other gets ``needs_rebase``), then applies the state
-   change to the handoff (revision + 1) and records the receipt in the ledger.
+2. refuses with ``needs_rebase`` (exit 4) when the subject's digest is not the one decided on,
+   naming what changed; or when the base is not the decision standing now, or a decision stands
+   and the decider did not say ``supersede``, naming who decided what and when, and the command
+   that replaces it;
+3. writes the receipt to ``runs/<id>/gates/<gate>-<operation>.json`` with exclusive creation,
+   recording the base and the decision it supersedes, then applies the state change to the handoff
+   (revision + 1) and records the receipt in the ledger.
+
+Twenty deciders racing on the same base: exactly one wins, whatever their names; the others are
+told who did. The default operation id includes the base, so a change of mind (a new decision on
+a new base) is a new operation while an identical retry is a replay.
 
 Silence is never approval: nothing after a gate proceeds without a receipt.
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,8 +54,20 @@ class Subject(BaseModel):
     digest: str
 
 
+class Superseded(BaseModel):
+    """The decision a superseding receipt replaced: who decided what, and when."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    operation_id: str
+    by: str
+    decided_at: str
+    result: dict[str, Any]
+    receipt: str = Field(description="its receipt, relative to the run")
+
+
 class Receipt(BaseModel):
-    """Proof of one gate decision, bound to the exact subject digest and base revision."""
+    """Proof of one gate decision, bound to the exact subject digest and the decision chain it was made on."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -62,6 +83,11 @@ class Receipt(BaseModel):
     request: dict[str, Any]
     request_digest: str
     result: dict[str, Any] = Field(description="the handoff fields this decision set")
+    base_decision: str = Field(
+        default=handoff.NO_DECISION,
+        description="the gate's standing decision it was made on (its operation id), or none",
+    )
+    supersedes: Superseded | None = Field(default=None, description="the decision it replaced (--supersede)")
     receipt_digest: str = ""
 
 
@@ -71,14 +97,51 @@ def receipt_path(run_dir: Path, gate: str, operation_id: str) -> Path:
     return run_dir / GATES_DIR / f"{gate}-{safe}.json"
 
 
-def default_operation_id(gate: str, subject_digest: str, request: Mapping[str, Any], by: str) -> str:
-    """A stable id for a decision, so repeating the same command replays instead of deciding twice."""
-    return "op-" + digest({"gate": gate, "subject": subject_digest, "request": request, "by": by}).split(":")[1][:16]
+def _binding(gate: str, subject_digest: str, request: Mapping[str, Any], by: str, base: str) -> dict[str, Any]:
+    bound: dict[str, Any] = {"gate": gate, "subject": subject_digest, "request": request, "by": by}
+    if base != handoff.NO_DECISION:  # a first decision keeps the id it had before chains were bound
+        bound["base"] = base
+    return bound
+
+
+def default_operation_id(
+    gate: str, subject_digest: str, request: Mapping[str, Any], by: str, base: str = handoff.NO_DECISION
+) -> str:
+    """A stable id for a decision on a base: repeating the command replays; deciding again on a new base does not."""
+    return "op-" + digest(_binding(gate, subject_digest, request, by, base)).split(":")[1][:16]
 
 
 def _load_receipt(path: Path) -> Receipt:
     # Through the schema registry: a receipt written by a newer lunasol is refused, an older one upgraded.
     return load_artifact(path, "gate-receipt", Receipt)
+
+
+def standing(run_dir: Path, gate: str, current: handoff.Handoff | None = None) -> Receipt | None:
+    """The decision that stands on ``gate`` now (the head of its chain), or None."""
+    rel = handoff.standing_receipt(run_dir, gate, current)
+    return _load_receipt(run_dir / rel) if rel else None
+
+
+OUTCOME_FIELD = {"gate1": "userRootCauseConfirmation", "gate2": "proposalSelection"}  # a gate's outcome
+
+
+def outcome(gate: str, result: Mapping[str, Any]) -> str:
+    """The outcome a decision's result names (``confirmed``, ``selected``...)."""
+    return str(result.get(OUTCOME_FIELD.get(gate, ""), "decided"))
+
+
+def summary(receipt: Receipt) -> str:
+    """Who decided what and when, in a few words: ``alice recorded confirmed (W-01=confirm) at T``."""
+    req = receipt.request
+    if isinstance(req.get("decisions"), dict):
+        what = ", ".join(f"{w}={d.get('decision')}" for w, d in req["decisions"].items() if isinstance(d, dict))
+    else:
+        what = str(req.get("proposal_id") or req.get("choice") or "")
+    did = outcome(receipt.gate, receipt.result)
+    return f"{receipt.by} recorded {did} ({what}) at {receipt.decided_at} (receipt {receipt.operation_id})"
+
+
+CommandFor = Callable[[str], str]  # base -> the decider's own command on that base (with --supersede when not none)
 
 
 def commit(
@@ -90,27 +153,35 @@ def commit(
     request: Mapping[str, Any],
     apply: Callable[[handoff.Handoff], dict[str, Any]],
     expected_digest: str | None,
-    expected_revision: int | None,
+    expected_revision: int | None = None,
     operation_id: str | None = None,
     subject_digest: Callable[[], str] | None = None,
+    expected_base: str | None = None,
+    supersede: bool = False,
+    command_for: CommandFor | None = None,
 ) -> tuple[Receipt, bool]:
     """Commit one gate decision; return the receipt and whether it was a replay of an earlier commit.
 
     ``apply`` gets the current handoff and returns the fields to set (it may raise to refuse).
-    ``expected_digest`` / ``expected_revision`` are what the decider saw; None means "whatever is
-    current" (the CLI always passes what it read before asking). ``subject_digest`` computes the
-    subject's current digest (default: the file's sha256).
+    ``expected_digest`` is the subject digest the decider saw (None: whatever is current);
+    ``expected_base`` the gate's standing decision they saw (an operation id; None means ``none``:
+    no decision stands). Deciding where a decision stands needs ``supersede``, and the base must be
+    that decision. ``expected_revision`` (optional) also binds the handoff revision.
+    ``subject_digest`` computes the subject's current digest (default: the file's sha256).
+    ``command_for`` renders the decider's command on another base, for the refusal line.
     """
     if not by.strip():
         raise BadInput("--by NAME is required: a decision needs a named person")
+    base = (expected_base or handoff.NO_DECISION).strip() or handoff.NO_DECISION
     art_path = run_dir / artifact
     current_digest = subject_digest or (lambda: sha256_file(art_path))
     with handoff.run_lock(run_dir):
         if not art_path.is_file():
             raise BadInput(f"{art_path} not found: nothing to decide on yet")
         now_digest = current_digest()
-        op = operation_id or default_operation_id(gate, expected_digest or now_digest, request, by)
-        req_digest = digest({"gate": gate, "request": request, "by": by, "subject": expected_digest or now_digest})
+        bound = _binding(gate, expected_digest or now_digest, request, by, base)
+        op = operation_id or default_operation_id(gate, expected_digest or now_digest, request, by, base)
+        req_digest = digest(bound)
         path = receipt_path(run_dir, gate, op)
         current = handoff.load(run_dir)
         if path.is_file():
@@ -138,6 +209,8 @@ def commit(
                 + (f" ({what})" if what else ""),
                 current_digest=now_digest,
             )
+        head = standing(run_dir, gate, current)
+        _check_chain(gate, head, base, supersede, command_for)
         result = apply(current)
         receipt = Receipt(
             gate=gate,
@@ -151,12 +224,47 @@ def commit(
             request=dict(request),
             request_digest=req_digest,
             result=result,
+            base_decision=base,
+            supersedes=None
+            if head is None
+            else Superseded(
+                operation_id=head.operation_id,
+                by=head.by,
+                decided_at=head.decided_at,
+                result=head.result,
+                receipt=str(receipt_path(run_dir, gate, head.operation_id).relative_to(run_dir)),
+            ),
         )
         receipt.receipt_digest = digest(receipt.model_dump(mode="json", exclude={"receipt_digest"}))
         if not atomic_create_bytes(path, pretty_json(receipt.model_dump(mode="json")).encode("utf-8")):
             raise NeedsRebase(f"needs_rebase: another decision with operation id {op} was committed first")
         _apply_receipt(run_dir, receipt, path)
         return receipt, False
+
+
+def _check_chain(gate: str, head: Receipt | None, base: str, supersede: bool, command_for: CommandFor | None) -> None:
+    """Refuse (needs_rebase) unless the decider's base is the decision standing now, and says supersede if one does."""
+    name = gate.replace("gate", "gate ")
+    head_id = head.operation_id if head is not None else handoff.NO_DECISION
+    if head is None:
+        if base == handoff.NO_DECISION:
+            return
+        retry = f": {command_for(head_id)}" if command_for else " (--base none)"
+        raise NeedsRebase(
+            f"needs_rebase: {name} has no standing decision now (the one you decided on, {base}, was voided "
+            f"or never stood); decide on base none{retry}",
+            current_base=head_id,
+        )
+    if base == head_id and supersede:
+        return
+    seen = "you decided on base none" if base == handoff.NO_DECISION else f"you decided on base {base}"
+    if base == head_id:
+        seen = "you did not say --supersede"
+    retry = f": {command_for(head_id)}" if command_for else f" (--base {head_id} --supersede)"
+    raise NeedsRebase(
+        f"needs_rebase: {name} already decided: {summary(head)}; {seen}; to replace it{retry}",
+        current_base=head_id,
+    )
 
 
 def describe_change(run_dir: Path, artifact: str, old_digest: str) -> str:
@@ -189,7 +297,10 @@ def _apply_receipt(run_dir: Path, receipt: Receipt, path: Path) -> None:
     current = handoff.load(run_dir)
     changes = dict(receipt.result)
     changes["receipts"] = {**current.receipts, receipt.gate: rel}
-    handoff.update_locked(run_dir, changes, f"{receipt.gate} by {receipt.by} ({receipt.operation_id})")
+    event = f"{receipt.gate} by {receipt.by} ({receipt.operation_id})"
+    if receipt.supersedes is not None:
+        event += f" superseding {receipt.supersedes.by}'s {receipt.supersedes.operation_id}"
+    handoff.update_locked(run_dir, changes, event)
     Ledger(run_dir).mark_verified(
         receipt.gate,
         receipt.gate,
@@ -258,12 +369,14 @@ def confirm(
     operation_id: str | None = None,
     require_digest: bool = False,
     supersede: bool = False,
+    expected_base: str | None = None,
 ) -> tuple[Receipt, bool]:
     """Gate 1: record a decision on every weakness of the shortlist as a receipt (see :func:`commit`).
 
     ``require_digest``: refuse without ``expected_digest`` (a non-interactive decision must name the
-    shortlist it was made on: compare-and-set is not opt-in). A new decision after gate 2 decided is
-    refused unless ``supersede`` is set; superseding invalidates the gate-2 receipt.
+    shortlist it was made on: compare-and-set is not opt-in). ``expected_base``: the gate-1 decision
+    the decider saw standing (operation id; None: none). Replacing a standing decision needs
+    ``supersede``; it voids the proposals and any gate-2 decision made under the old one.
     """
     notes = dict(notes or {})
     ids = handoff.weakness_ids(run_dir)
@@ -304,7 +417,7 @@ def confirm(
         "decisions": {w: {"decision": decisions[w], "note": notes.get(w) or None} for w in ids},
     }
     outcome = gate1_outcome(decisions)
-    superseded: list[str] = []
+    superseded: list[str] = []  # what this decision voids: the decision standing, a gate-2 decision
 
     def apply(h: handoff.Handoff) -> dict[str, Any]:
         if h.phase != "rootCausesMined":
@@ -320,11 +433,26 @@ def confirm(
                     "gate-1 decision would supersede it and the proposals it was made on: add --supersede to do so"
                 )
             superseded.append(h.proposalSelection)
-        result: dict[str, Any] = {"userRootCauseConfirmation": outcome}
-        if outcome in ("confirmed", "partially_confirmed"):
-            result["proposalGeneration"] = "not_started"
-            result["proposalSelection"] = "not_started"
+        if h.receipts.get(GATE1):
+            superseded.append("gate1")
+        # Every decision starts proposals afresh: those made under an earlier decision are not this one's.
+        result: dict[str, Any] = {
+            "userRootCauseConfirmation": outcome,
+            "proposalGeneration": "not_started",
+            "proposalSelection": "not_started",
+        }
+        if h.proposals_digest:
+            result["proposals_digest"] = None
         return result
+
+    def command_for(base: str) -> str:
+        parts = ["lunasol", "confirm", str(run_dir)]
+        for w in ids:
+            parts += ["--decision", f"{w}={decisions[w]}"]
+            if notes.get(w):
+                parts += ["--note", f"{w}={notes[w]}"]
+        parts += ["--by", by, "--digest", expected_digest or shortlist_digest(run_dir), "--base", base]
+        return shlex.join(parts + (["--supersede"] if base != handoff.NO_DECISION else []))
 
     receipt, replayed = commit(
         run_dir,
@@ -337,9 +465,14 @@ def confirm(
         expected_revision=expected_revision,
         operation_id=operation_id,
         subject_digest=lambda: shortlist_digest(run_dir),
+        expected_base=expected_base,
+        supersede=supersede,
+        command_for=command_for,
     )
-    if superseded:
-        invalidate_gate(run_dir, "gate2", f"superseded by gate-1 decision {receipt.operation_id}")
+    if superseded and not replayed:
+        why = f"superseded by gate-1 decision {receipt.operation_id}"
+        for name in ("proposals", "gate2"):
+            invalidate_gate(run_dir, name, why)
     return receipt, replayed
 
 

@@ -1,8 +1,9 @@
 """Gate 2: the user selects one proposal, none, or asks for a redo - as a receipt.
 
 The decision goes through :func:`pipeline.gates.gate1.commit`, the same compare-and-set as gate 1:
-bound to the digest of ``proposals.yaml`` and to the handoff revision the decider saw (stale →
-``needs_rebase``, exit 4), idempotent per operation id, receipts in ``runs/<id>/gates/``.
+bound to the digest of ``proposals.yaml`` and to the gate's standing decision the decider saw (its
+base; stale → ``needs_rebase``, exit 4; replacing a standing decision needs ``supersede``),
+idempotent per operation id, receipts in ``runs/<id>/gates/``.
 
 A selection is not an authorisation: it does not authorise implementing the change, running
 an experiment, or touching the frozen evidence (seed 000, human gate 2). The receipt says so
@@ -11,11 +12,12 @@ in its request (``authorises_implementation: false``) and :func:`selection_statu
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.artifacts.proposals_file import read_entries
-from pipeline.core.canonical import read_json
+from pipeline.core.canonical import read_json, sha256_file
 from pipeline.core.errors import BadInput, Blocked, NeedsRebase
 from pipeline.gates import gate1 as gates
 from pipeline.state import handoff
@@ -49,10 +51,14 @@ def select(
     expected_revision: int | None = None,
     operation_id: str | None = None,
     require_digest: bool = False,
+    expected_base: str | None = None,
+    supersede: bool = False,
 ) -> tuple[Any, bool]:
     """Gate 2: commit the selection as a receipt; return (receipt, replayed).
 
     ``require_digest``: refuse without ``expected_digest`` (compare-and-set is not opt-in).
+    ``expected_base``: the gate-2 decision the decider saw standing (operation id; None: none);
+    replacing a standing decision needs ``supersede``.
     """
     if (choice == "proposal") != (proposal_id is not None):
         raise BadInput("choose exactly one of --proposal P-.., --none or --redo")
@@ -89,6 +95,13 @@ def select(
             )
         return {"proposalSelection": _STATE[choice]}
 
+    def command_for(base: str) -> str:
+        parts = ["lunasol", "select", str(run_dir)]
+        parts += ["--proposal", proposal_id] if proposal_id else [f"--{choice}"]
+        parts += ["--by", by] + (["--note", note] if note else [])
+        parts += ["--digest", expected_digest or sha256_file(run_dir / PROPOSALS_FILE), "--base", base]
+        return shlex.join(parts + (["--supersede"] if base != handoff.NO_DECISION else []))
+
     return gates.commit(
         run_dir,
         gate=GATE2,
@@ -99,6 +112,9 @@ def select(
         expected_digest=expected_digest,
         expected_revision=expected_revision,
         operation_id=operation_id,
+        expected_base=expected_base,
+        supersede=supersede,
+        command_for=command_for,
     )
 
 
@@ -120,16 +136,16 @@ def _check_made_from_current_shortlist(run_dir: Path) -> None:
 def selection_status(run_dir: Path) -> dict[str, Any]:
     """Gate 2 as ``lunasol status`` can show it: state, the chosen card, and what it does not authorise."""
     h = handoff.load(run_dir)
+    rel = handoff.standing_receipt(run_dir, GATE2, h)  # a voided selection is not the selection
     out: dict[str, Any] = {
         "proposalSelection": h.proposalSelection,
         "proposals_digest": h.proposals_digest,
         "proposal_id": None,
-        "receipt": h.receipts.get(GATE2),
+        "receipt": rel,
         "authorises_implementation": False,
         "meaning": NOT_AUTHORISATION,
     }
-    rel = h.receipts.get(GATE2)
-    if rel and (run_dir / rel).is_file():
+    if rel:
         raw = read_json(run_dir / rel)
         request = raw.get("request", {}) if isinstance(raw, dict) else {}
         out["proposal_id"] = request.get("proposal_id")

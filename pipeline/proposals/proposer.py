@@ -430,7 +430,7 @@ def propose(run_dir: Path, settings: ModelSettings, log: Callable[[str], None] =
         # Regenerating would silently change what gate 2 decided on.
         raise BadInput(
             f"gate 2 already decided ({current.proposalSelection}); to generate new proposals first record "
-            f"a redo: lunasol select {run_dir} --redo --by NAME"
+            f"a redo: {handoff.select_command(run_dir, current, '--redo')}"
         )
     try:
         confirmed = confirmed_weaknesses(run_dir)

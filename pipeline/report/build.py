@@ -34,6 +34,7 @@ from pipeline.report.chart import prevalence_svg
 from pipeline.report.evidence import Evidence, EvidenceReader, Snippet
 from pipeline.report.labels import PATTERN_ORDER, PROPOSAL_ORDER, WEAKNESS_ORDER, label, ordered
 from pipeline.run.index import run_state
+from pipeline.state import handoff
 
 TEMPLATE = "report.html.j2"
 SHARED_CHUNK = "_"  # lines of files that belong to no cell
@@ -50,9 +51,37 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _standing(arts: RunArtifacts) -> set[str]:
+    """Names of the receipts that stand (each gate's decision now; docs/gates.md)."""
+    out = set()
+    if not (arts.path / "ledger.json").is_file():  # a run put together by hand: each gate's latest receipt
+        receipts = _dict(_dict(arts.handoff).get("receipts"))
+        return {Path(str(rel)).stem for rel in receipts.values()}
+    for gate in ("gate1", "gate2"):
+        try:
+            rel = handoff.standing_receipt(arts.path, gate)
+        except (BadInput, OSError):  # a damaged run: no receipt is shown as the decision now
+            rel = None
+        if rel:
+            out.add(Path(rel).stem)
+    return out
+
+
+def _receipt_state(name: str, r: Row, arts: RunArtifacts, standing: set[str]) -> str:
+    """Whether a receipt is the gate's decision now, superseded (by whom) or voided."""
+    if name in standing:
+        return "stands"
+    for other in arts.gates.values():
+        sup = _dict(other.get("supersedes"))
+        if sup.get("operation_id") == r.get("operation_id") and other.get("gate") == r.get("gate"):
+            return f"superseded by {other.get('by')} ({other.get('operation_id')})"
+    return "voided (no longer the decision)"
+
+
 def _gate_receipts(arts: RunArtifacts) -> list[dict[str, Any]]:
     """Every receipt as something to read: who, when, on what, which decisions, which state it set."""
     out = []
+    standing = _standing(arts)
     for name, r in sorted(arts.gates.items()):
         gate = str(r.get("gate") or name)
         req = _dict(r.get("request"))
@@ -82,6 +111,7 @@ def _gate_receipts(arts: RunArtifacts) -> list[dict[str, Any]]:
                 "decisions": rows,
                 "result": sorted((label(k), v) for k, v in (r.get("result") or {}).items()),
                 "operation_id": r.get("operation_id"),
+                "state": _receipt_state(name, r, arts, standing),
                 "raw": json.dumps(r, indent=2, sort_keys=True, ensure_ascii=False),
             }
         )
@@ -89,9 +119,11 @@ def _gate_receipts(arts: RunArtifacts) -> list[dict[str, Any]]:
 
 
 def _gate1_decisions(arts: RunArtifacts) -> dict[str, Any]:
+    # The decision that stands; none when gate 1 was voided (a superseded or voided one is not shown as it)
     latest: tuple[float, Row] | None = None
+    standing = _standing(arts)
     for name, receipt in sorted(arts.gates.items()):
-        if str(receipt.get("gate") or name).startswith("gate1"):
+        if name in standing and str(receipt.get("gate") or name).startswith("gate1"):
             rev = receipt.get("new_revision")
             key = float(rev) if isinstance(rev, int | float) else 0.0
             if latest is None or key >= latest[0]:

@@ -39,6 +39,9 @@ from pipeline.core.context import RunContext, RunOptions
 from pipeline.core.errors import BadInput, Blocked, BundleError
 from pipeline.core.settings import ModelSettings
 from pipeline.core.urls import shown_url
+from pipeline.gates import gate1 as gates
+from pipeline.gates.gate1 import GATE1
+from pipeline.gates.gate2 import GATE2
 from pipeline.ir import export
 from pipeline.ir.digests import ir_cell_digests, stored_ir_digest
 from pipeline.ir.schema import IR_SCHEMA_VERSION
@@ -393,6 +396,7 @@ def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
         return dry_run(ctx)
     if options.resume:
         _check_resume(ctx, bdigest)
+    _check_gates(ctx)
     # the manifest is read and checked once for the run (here, at export, when a reused export is verified)
     with remember_manifests():
         # The bundle's own files are checked before the run dir exists, so a bad one leaves nothing behind.
@@ -556,6 +560,25 @@ def _verify_bundle(bundle: Path, run_dir: Path) -> None:
             f"(re-freeze with: lunasol bundle freeze {bundle})"
         )
     verified.save(run_dir, bundle, manifest, report)
+
+
+def _check_gates(ctx: RunContext) -> None:
+    """Refuse a run into a run id whose gates hold decisions, unless told to supersede them.
+
+    A rerun may change the shortlist and so void what people decided on it; that is theirs to
+    choose (``--supersede``), not a side effect of reusing a run id.
+    """
+    if ctx.options.supersede or not (ctx.run_dir / handoff.HANDOFF_FILE).is_file():
+        return
+    h = handoff.load(ctx.run_dir)
+    held = [(g, r) for g in (GATE1, GATE2) if (r := gates.standing(ctx.run_dir, g, h)) is not None]
+    if held:
+        said = "; ".join(f"{g.replace('gate', 'gate ')}: {gates.summary(r)}" for g, r in held)
+        raise BadInput(
+            f"run {ctx.run_dir.name} holds gate decisions ({said}); a rerun into it may void them: add "
+            "--supersede to rerun anyway (a decision stays only if the rerun gives the very shortlist it was "
+            "made on), or use another --run-id"
+        )
 
 
 def _check_resume(ctx: RunContext, bdigest: str) -> None:

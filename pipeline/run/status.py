@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts.run_info import made_unredacted, run_command
+from pipeline.artifacts.schemas import load_document
 from pipeline.core.canonical import read_json
 from pipeline.core.errors import BadInput
 from pipeline.core.settings import ModelSettings
@@ -134,6 +135,7 @@ def status(run_dir: Path, *, poll: bool = False) -> dict[str, Any]:
         "shortlist": {"digest": sdigest, "weaknesses": rows, "dropped": dropped},
         "block_receipt": block,
         "selection": _selection(run_dir),
+        "gates": gate_rows(run_dir, h),
         "missing_outputs": missing,
         "batches": batch_rows(run_dir, poll=poll),
         "read_first": read_first(run_dir),
@@ -157,6 +159,34 @@ def missing_outputs(run_dir: Path, ledger: Ledger | None = None) -> list[str]:
             if not (run_dir / path).is_file():
                 out.append(f"{path} ({name})")
     return out
+
+
+def gate_rows(run_dir: Path, h: handoff.Handoff) -> dict[str, dict[str, Any]]:
+    """Each gate's latest receipt: whether it stands (the decision now) or was voided, and why."""
+    ledger = Ledger(run_dir)
+    rows: dict[str, dict[str, Any]] = {}
+    for gate, rel in sorted(h.receipts.items()):
+        raw = load_document(run_dir / rel, "gate-receipt")[0] if (run_dir / rel).is_file() else {}
+        standing = handoff.standing_receipt(run_dir, gate, h) == rel
+        voided = None
+        if not standing:
+            entry = ledger.get(gate)
+            if not raw:
+                voided = "the receipt file is missing"
+            elif entry is not None and entry.state != "verified":
+                voided = entry.reason or entry.state
+            else:
+                voided = "made on another subject than the current one"
+        rows[gate] = {
+            "receipt": rel,
+            "standing": standing,
+            "operation_id": raw.get("operation_id"),
+            "by": raw.get("by"),
+            "decided_at": raw.get("decided_at"),
+            "result": raw.get("result"),
+            "voided": voided,
+        }
+    return rows
 
 
 def _selection(run_dir: Path) -> dict[str, Any] | None:
@@ -269,8 +299,11 @@ def format_status(s: dict[str, Any]) -> str:
         lines.append(f"  shortlist digest:          {h['shortlist_digest']}")
     if h.get("proposals_digest"):
         lines.append(f"  proposals digest:          {h['proposals_digest']}")
-    for gate, rel in sorted((h.get("receipts") or {}).items()):
-        lines.append(f"  receipt {gate}: {rel}")
+    for gate, g in sorted((s.get("gates") or {}).items()):
+        if g["standing"]:  # the decision now, by its operation id (what --base names)
+            lines.append(f"  receipt {gate}: {g['receipt']} ({g['operation_id']}, by {g['by']} at {g['decided_at']})")
+        else:  # never listed as current
+            lines.append(f"  voided {gate}: {g['receipt']} ({g['voided']})")
     if s.get("redaction") == "off":
         lines.append(f"  {NO_REDACT_NOTE}")
     sel = s.get("selection")

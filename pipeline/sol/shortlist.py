@@ -1,8 +1,10 @@
 """``weakness-shortlist.json``: the checked cards, the dropped ones with reasons, and the shortlist's own digest.
 
-The digest is the digest of the canonical content without the ``digest`` field, so anyone can
-recompute it; gate 1 binds its receipt to it. Reading a shortlist whose content no longer
-matches its digest is refused (it was edited by hand).
+The digest is the digest of the canonical content without the ``digest`` field and without call
+metadata (:data:`CALL_METADATA`: how the answer was reached, not what it says), so anyone can
+recompute it and a resumed or re-asked run with the same cards has the same digest; gate 1 binds its
+receipt to it. Reading a shortlist whose content no longer matches its digest is refused (it was
+edited by hand).
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from pipeline.sol.cards import Dropped, SolPlan, WeaknessCard
 
 SHORTLIST_FILE = "weakness-shortlist.json"
 SHORTLIST_SCHEMA_VERSION = VERSIONS["weakness-shortlist"]
+# Per-call facts of how Sol's answer was obtained (exchange keys, attempts and the errors re-asked,
+# answers reused from a previous run, request sizes): a kill, a resume or one re-ask changes them
+# while the cards stay the same, so the digest gate 1 binds to leaves them out (with ``call``).
+CALL_METADATA = frozenset({"attempts", "key", "errors", "reused", "ok", "request_tokens"})
 
 
 class Denominator(BaseModel):
@@ -48,8 +54,13 @@ class Shortlist(BaseModel):
     digest: str = ""
 
     def content_digest(self) -> str:
-        """Digest of the canonical content excluding the digest field."""
-        return digest(self.model_dump(mode="json", exclude={"digest"}))
+        """Digest of the canonical content, without the digest field and call metadata (``call``, CALL_METADATA)."""
+        doc = self.model_dump(mode="json", exclude={"digest", "call"})
+        if doc.get("plan"):
+            doc["plan"]["calls"] = [
+                {k: v for k, v in c.items() if k not in CALL_METADATA} for c in doc["plan"]["calls"]
+            ]
+        return digest(doc)
 
 
 def write_shortlist(path: Path, shortlist: Shortlist) -> Shortlist:

@@ -6,29 +6,35 @@ Progress: created → exported → patterns → aggregated → rootCausesMined, 
 (not_started → pending → selected / none / redo). Every change bumps ``revision``; an update
 that changes nothing does not. Gate decisions are compare-and-set on that revision
 (:mod:`pipeline.gates.gate1`). All writes happen under one exclusive lock file per run.
+
+A gate's *standing* decision (:func:`standing_receipt`) is the head of its decision chain: the
+latest receipt, while the ledger holds it verified and it was made on the subject that is current.
+The printed gate commands carry it as ``--base`` (or ``none``).
 """
 
 from __future__ import annotations
 
-import fcntl
-import os
 import shlex
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.artifacts.run_info import run_command
-from pipeline.artifacts.schemas import load_artifact
+from pipeline.artifacts.schemas import load_artifact, load_document
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.canonical import read_json, write_json
 from pipeline.core.errors import NeedsRebase
+from pipeline.state.ledger import Ledger
 
 HANDOFF_FILE = "handoff.json"
 LOCK_FILE = ".lunasol.lock"
 HANDOFF_SCHEMA_VERSION = VERSIONS["handoff"]
+NO_DECISION = "none"  # the base of a gate on which no decision stands
+GATE_SUBJECT = {"gate1": "shortlist_digest", "gate2": "proposals_digest"}  # the handoff field each decides on
 
 Phase = Literal["created", "exported", "patterns", "aggregated", "rootCausesMined"]
 PHASES: tuple[Phase, ...] = ("created", "exported", "patterns", "aggregated", "rootCausesMined")
@@ -75,15 +81,14 @@ class Handoff(BaseModel):
 
 @contextmanager
 def run_lock(run_dir: Path) -> Iterator[None]:
-    """Exclusive lock over a run's state (handoff and gate receipts); released even on a crash."""
+    """Exclusive lock over a run's state (handoff and gate receipts); released even on a crash.
+
+    An OS file lock (flock, through filelock), so deciders in other processes wait their turn and
+    the read-check-write of a gate decision is one step; the kernel releases it when a process dies.
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with FileLock(run_dir / LOCK_FILE, mode=0o644):
         yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
 
 
 def load(run_dir: Path) -> Handoff:
@@ -151,15 +156,60 @@ def weakness_ids(run_dir: Path) -> list[str]:
     return [str(w.get("weakness_id")) for w in raw.get("weaknesses", []) if isinstance(w, dict)]
 
 
+def standing_receipt(run_dir: Path, gate: str, handoff: Handoff | None = None) -> str | None:
+    """The run-relative path of the decision that stands on ``gate`` (the head of its chain), or None.
+
+    A receipt stands while it is the gate's latest, the ledger holds it verified (a rerun, or a
+    superseding gate-1 decision, voids it) and it was made on the subject that is current now.
+    """
+    h = handoff or load(run_dir)
+    rel = h.receipts.get(gate)
+    if not rel or not (run_dir / rel).is_file():
+        return None
+    entry = Ledger(run_dir).get(gate)
+    if entry is None or entry.state != "verified":
+        return None
+    raw, _ = load_document(run_dir / rel, "gate-receipt")  # a damaged receipt is one line (exit 2), not "none"
+    subject = raw.get("subject")
+    field = GATE_SUBJECT.get(gate)
+    if field and (not isinstance(subject, dict) or subject.get("digest") != getattr(h, field)):
+        return None
+    return rel
+
+
+def chain_base(run_dir: Path, gate: str, handoff: Handoff | None = None) -> str:
+    """What a decider reading the run now decides on: the standing decision's operation id, or ``none``."""
+    rel = standing_receipt(run_dir, gate, handoff)
+    if rel is None:
+        return NO_DECISION
+    return str(load_document(run_dir / rel, "gate-receipt")[0].get("operation_id") or NO_DECISION)
+
+
+def _base_args(run_dir: Path, gate: str, handoff: Handoff) -> list[str]:
+    base = chain_base(run_dir, gate, handoff)
+    return ["--base", base] if base == NO_DECISION else ["--base", base, "--supersede"]
+
+
+def _quote(parts: list[str]) -> str:
+    return " ".join(shlex.quote(p) if "|" not in p else f"'{p}'" for p in parts)
+
+
 def confirm_command(run_dir: Path, handoff: Handoff) -> str:
-    """The exact gate-1 command, with one decision placeholder per weakness and the digest."""
+    """The exact gate-1 command: one decision placeholder per weakness, the digest and the chain base."""
     parts = ["lunasol", "confirm", str(run_dir)]
     for wid in weakness_ids(run_dir) or ["W-01"]:
         parts += ["--decision", f"{wid}=confirm|reject|unresolved|amend"]
     parts += ["--by", "NAME"]
     if handoff.shortlist_digest:
         parts += ["--digest", handoff.shortlist_digest]
-    return " ".join(shlex.quote(p) if "|" not in p else f"'{p}'" for p in parts)
+    return _quote(parts + _base_args(run_dir, "gate1", handoff))
+
+
+def select_command(run_dir: Path, handoff: Handoff, choice: str = "(--proposal P-01 | --none | --redo)") -> str:
+    """The exact gate-2 command: the choice, the proposals digest and the chain base."""
+    digest_part = f" --digest {handoff.proposals_digest}" if handoff.proposals_digest else ""
+    base = " ".join(_base_args(run_dir, "gate2", handoff))
+    return f"lunasol select {shlex.quote(str(run_dir))} {choice} --by NAME{digest_part} {base}"
 
 
 def next_command(run_dir: Path, handoff: Handoff | None = None) -> str:
@@ -179,6 +229,5 @@ def next_command(run_dir: Path, handoff: Handoff | None = None) -> str:
     if h.proposalGeneration == "not_started" or h.proposalSelection == "redo":
         return f"lunasol propose {run}"
     if h.proposalSelection in ("pending", "not_started"):
-        digest_part = f" --digest {h.proposals_digest}" if h.proposals_digest else ""
-        return f"lunasol select {run} (--proposal P-01 | --none | --redo) --by NAME{digest_part}"
+        return select_command(run_dir, h)
     return f"lunasol report {run}"

@@ -155,6 +155,9 @@ def test_v0_shortlist_keeps_the_digest_it_was_sealed_with(tmp_path: Path) -> Non
     assert not any(c.reused for c in v2.plan.calls)  # v2 had no reused: every call was made
     v3 = read_shortlist(SAMPLES / "weakness-shortlist.v3.json")
     assert v3.weaknesses == v2.weaknesses and v3.plan is not None and v3.plan.calls[0].reused is False
+    assert v3.digest == read_json(SAMPLES / "weakness-shortlist.v3.json")["digest"]  # sealed before v4: kept
+    v4 = read_shortlist(SAMPLES / "weakness-shortlist.v4.json")
+    assert v4.weaknesses == v3.weaknesses and v4.digest != v3.digest and v4.digest == v4.content_digest()
     # a v0 file edited by hand is still caught
     edited = read_json(SAMPLES / "weakness-shortlist.v0.json")
     edited["run_id"] = "someone-else"

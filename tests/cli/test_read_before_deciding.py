@@ -132,9 +132,12 @@ def test_replay_names_the_real_revisions_and_supersede_is_explicit(copy: Path) -
     assert "was recorded at revision 4→5" in again.stdout and f"now at revision {now}" in again.stdout
     decide = ["confirm", str(copy), "--decision", "W-01=confirm", "--decision", "W-02=reject", "--by", "qa"]
     other = runner.invoke(app, [*decide, "--digest", digest])
-    assert other.exit_code == 2 and "--supersede" in other.stderr
+    # a decision stands: needs_rebase, naming it and the command that replaces it (with its id as --base)
+    assert other.exit_code == 4 and "already decided: qa recorded confirmed" in other.stderr
+    base = other.stderr.split("--base ")[1].split()[0]
+    assert f"--base {base} --supersede" in other.stderr
     assert hf.load(copy).proposalSelection == "selected"
-    forced = runner.invoke(app, [*decide, "--digest", digest, "--supersede"])
+    forced = runner.invoke(app, [*decide, "--digest", digest, "--base", base, "--supersede"])
     assert forced.exit_code == 0, forced.output
     assert "supersedes gate 2" in forced.stderr
     h = hf.load(copy)

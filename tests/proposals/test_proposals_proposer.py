@@ -120,6 +120,25 @@ def test_invalid_card_is_reasked_with_rule_messages(
     assert "V-QUANT-INVENTED proposals[0].expected_effect.expected_metrics.cost" in reask
 
 
+def test_one_reask_or_none_gives_the_same_proposals_digest(
+    runs_dir: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+) -> None:
+    # Gate 2 binds to the proposals digest: the cards decide it, not how they were obtained.
+    bad = card("en_failure_section.yaml")
+    bad["expected_effect"]["expected_metrics"]["cost"] = "Uninformative cycles should fall by 30%."
+    good = card("en_failure_section.yaml")
+    digests, attempts = [], []
+    for sub, first in (("a", bad), ("b", good)):
+        run_dir = make_run(runs_dir / sub)
+        serve(fake_llm, {"proposer/W-02": [[first], [good]], "proposer/W-04": [[]]})
+        result = propose(run_dir, model_settings(), log=lambda _m: None)
+        digests.append(result.proposals_digest)
+        w02 = next(w for w in read_json(run_dir / VALIDATION_FILE)["weaknesses"] if w["weakness_id"] == "W-02")
+        attempts.append(w02["call"]["attempts"])
+    assert attempts == [2, 1]  # one re-ask, then none
+    assert digests[0] == digests[1]
+
+
 def test_card_still_invalid_is_kept_out_with_reasons(
     run: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
 ) -> None:

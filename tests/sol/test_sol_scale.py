@@ -340,6 +340,8 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
     assert [c.reused for c in again.plan.calls if c.role == "sol_map"] == [True] * len(maps)
     assert len(fake_llm.requests) == 1  # the reduce call
     assert again.weaknesses == first.weaknesses
+    # reused map answers are call metadata: gate 1's digest is the first run's (as after a kill in the reduce)
+    assert again.content_digest() == first.content_digest()
     for old, new in zip(maps, again.plan.calls, strict=False):
         assert (new.call_id, new.cells, new.outputs, new.key) == (old.call_id, old.cells, old.outputs, old.key)
 

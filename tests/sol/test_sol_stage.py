@@ -117,3 +117,32 @@ def test_timelines_fit_the_budget_visibly() -> None:
     assert c1[1].startswith("C001-e0001") and c1[-1].startswith("C001-e0048")
     assert omitted == 2 * (30 + n_cut)
     assert len(c1) - 2 + n_cut == 20  # every valuable line is either kept or counted as cut
+
+
+def test_one_reask_or_none_gives_the_same_shortlist_digest(
+    opts: RunOptions, tmp_path: Path, fake_llm: FakeOpenAI
+) -> None:
+    # Gate 1 binds to the digest: how Sol's answer was reached (attempts, exchange keys, errors
+    # re-asked) must not change it, only what the shortlist says.
+    good = sol_answer()
+    fake_llm.handler = h = scripted([{"weaknesses": [*good["weaknesses"], bad_card()]}, good])
+    run(opts, log=lambda _m: None)
+    assert len(h.seen) == 2
+    reasked = read_shortlist(opts.runs_dir / "r1" / SHORTLIST_FILE)
+    other = tmp_path / "other-runs"
+    fake_llm.handler = h2 = scripted([good])
+    run(RunOptions(bundle=opts.bundle, run_id="r1", runs_dir=other, models=opts.models), log=lambda _m: None)
+    assert len(h2.seen) == 1
+    direct = read_shortlist(other / "r1" / SHORTLIST_FILE)
+    assert (reasked.call["attempts"], direct.call["attempts"]) == (2, 1)
+    assert reasked.call["key"] != direct.call["key"]  # the call metadata differs ...
+    assert reasked.digest == direct.digest  # ... the digest does not
+    # and content still counts: a different card is a different digest
+    changed = direct.model_copy(deep=True)
+    changed.weaknesses[0].statement += " (reworded)"
+    assert changed.content_digest() != direct.digest
+    meta = direct.model_copy(deep=True)
+    assert meta.plan is not None
+    meta.plan.calls[0].attempts, meta.plan.calls[0].reused, meta.plan.calls[0].key = 7, True, "sha256:other"
+    meta.call = {"ok": True, "attempts": 7, "errors": ["timeout"], "key": "sha256:other"}
+    assert meta.content_digest() == direct.digest

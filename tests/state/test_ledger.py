@@ -223,6 +223,7 @@ def test_one_changed_cell_costs_one_luna_call_and_invalidates_downstream(ran: di
     old_digest = handoff.load(d).shortlist_digest
     change_cell(ran["bundle"], "C002")
     logs: list[str] = []
+    ran["opts"].supersede = True  # gate 1 holds a decision: a rerun into this run id must say so
     res = run(ran["opts"], log=logs.append)
     assert res.ran == ["export", "probes", "luna", "coordinator", "sol"]
     assert (calls(d, "luna"), calls(d, "sol")) == (6, 2)  # exactly one more Luna call, one more Sol call
@@ -244,6 +245,37 @@ def test_one_changed_cell_costs_one_luna_call_and_invalidates_downstream(ran: di
     with pytest.raises(NeedsRebase, match="same weaknesses; other fields changed"):
         gates.confirm(d, {"W-01": "confirm"}, by="bo", expected_digest=old_digest, expected_revision=None)
     assert (d / "superseded").is_dir()  # the outputs it replaced are kept
+
+
+def test_a_rerun_into_a_gated_run_id_is_refused_unless_told_to_supersede(ran: dict[str, Any]) -> None:
+    d = ran["run_dir"]
+    digest = handoff.load(d).shortlist_digest
+    gates.confirm(d, {"W-01": "confirm"}, by="alice", expected_digest=digest)
+    before = {p: p.read_bytes() for p in (d / "handoff.json", d / "ledger.json", d / "weakness-shortlist.json")}
+    n_requests = len(ran["fake"].requests)
+    opts = ran["opts"]
+    argv = ["run", str(opts.bundle), "--run-id", "r1", "--runs-dir", str(opts.runs_dir)]
+    argv += ["--model", str(opts.models.model), "--api-base", str(opts.models.api_base), "--mode", "tools"]
+    for extra in (["--resume"], []):  # the same bundle resumed, then a changed one
+        if not extra:
+            change_cell(ran["bundle"], "C002")
+        res = CliRunner().invoke(app, [*argv, *extra])
+        assert res.exit_code == 2, res.output
+        err = res.stderr.strip()
+        assert err.count("\n") == 0 and "Traceback" not in res.output
+        assert "holds gate decisions (gate 1: alice recorded confirmed (W-01=confirm)" in err and "--supersede" in err
+    # nothing was touched and nothing was asked
+    assert {p: p.read_bytes() for p in before} == before and len(ran["fake"].requests) == n_requests
+    res = CliRunner().invoke(app, [*argv, "--supersede"])
+    assert res.exit_code == 0, res.output
+    h = handoff.load(d)
+    assert h.userRootCauseConfirmation == "pending" and h.shortlist_digest != digest
+    # status lists the voided receipt as voided, never as the current decision
+    st = CliRunner().invoke(app, ["status", str(d)])
+    assert "receipt gate1:" not in st.output and "voided gate1:" in st.output
+    assert "--base none" in st.output.splitlines()[-1]
+    # now nothing stands: a rerun needs no --supersede
+    assert CliRunner().invoke(app, argv).exit_code == 0
 
 
 def test_blocked_sol_writes_receipt_and_resume_repeats_no_finished_call(setup: dict[str, Any]) -> None:
