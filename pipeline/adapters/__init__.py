@@ -23,6 +23,7 @@ from pipeline.adapters import (
     mini_swe_agent,
     native,
     openhands,
+    otel,
     swe_agent,
     tau,
     who_and_when,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 
 # Order matters for auto-detection ties: the more specific shapes first.
 ADAPTERS: dict[str, Adapter] = {
+    "otel-genai": otel.ADAPTER,
     "mini-swe-agent": mini_swe_agent.ADAPTER,
     "who-and-when": who_and_when.ADAPTER,
     "mast": mast.ADAPTER,

@@ -1,0 +1,145 @@
+"""OpenTelemetry GenAI traces, GitHub Copilot CLI, OpenCode and Aider: real samples in, typed events out.
+
+The samples and where each comes from: tests/fixtures/foreign/<format>/README.md.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.adapters import detect, import_bundle
+from pipeline.cli.app import app
+from pipeline.ir.export import export
+from tests.adapters.adapter_helpers import check_refs, events_of
+
+FIX = Path(__file__).parent.parent / "fixtures" / "foreign"
+SAMPLE_SUFFIXES = (".json", ".jsonl", ".md", ".txt")
+
+
+def _samples(fmt: str, dest: Path) -> Path:
+    """The format's sample files (not their README or recipe), keeping their relative paths."""
+    root = FIX / fmt
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root)
+        if p.is_file() and p.name != "README.md" and p.suffix in SAMPLE_SUFFIXES:
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(p, dest / rel)
+    return dest
+
+
+def _imported(fmt: str, tmp: Path, how: str | None = None) -> tuple[Path, list[dict[str, object]], dict[str, object]]:
+    src = _samples(fmt, tmp / "src")
+    bundle = tmp / "bundle"
+    import_bundle(how or fmt, src, bundle)
+    rep = export(bundle, tmp / "runs" / "r")
+    events = events_of(rep.run_dir)
+    ok, bad = check_refs(bundle, events)
+    assert bad == [] and ok == len(events) > 0
+    return bundle, events, json.loads((bundle / "analysis-request.json").read_text())
+
+
+def _cell(events: list[dict[str, object]], bundle: Path, path_suffix: str) -> list[dict[str, object]]:
+    req = json.loads((bundle / "analysis-request.json").read_text())
+    ids = [c for c, b in req["source"]["cells"].items() if str(b["path"]).endswith(path_suffix)]
+    assert len(ids) == 1, (path_suffix, ids)
+    return [e for e in events if e["cell_id"] == ids[0]]
+
+
+# --- OpenTelemetry GenAI -------------------------------------------------------------------------
+
+
+def test_otel_each_trace_is_a_cell_with_typed_events_and_resolving_refs(tmp_path: Path) -> None:
+    bundle, events, req = _imported("otel-genai", tmp_path, "auto")
+    assert req["format"] == "otel-genai"
+    # contrib agents-v2 (1 trace), OpenInference agents (1), console dump (2), OTLP example (1), synthetic (1)
+    assert len(req["cells"]) == 6
+    for name in ("contrib-openai-agents-v2.spans.jsonl", "openinference-agents.otlp.json"):
+        cell = _cell(events, bundle, name)
+        calls = [e for e in cell if e["kind"] == "tool_call"]
+        assert [c["tool_name"] for c in calls] == ["run_shell", "run_shell", "run_shell"]
+        assert calls[0]["args_digest"] == calls[1]["args_digest"] != calls[2]["args_digest"]  # pytest twice, then rm
+        outs = [e for e in cell if e["actor"] == "environment"]
+        assert [o["kind"] for o in outs] == ["tool_result", "tool_result", "error"]
+        assert "1 failed" in str(outs[0]["text"]) and outs[2]["detail"] == "tool_error"
+        assert {"triage", "fixer"} <= {str(e["actor"]) for e in cell}  # agent names are the actors
+        hand = [(e["actor"], e["target"]) for e in cell if e["kind"] == "handoff"]
+        assert ("triage", "fixer") in hand
+        said = [e["text"] for e in cell if e["kind"] == "message" and e["actor"] == "user"]
+        assert said == ["The test suite fails; find out why."]  # repeated chat inputs are said once
+        finals = [e for e in cell if e["kind"] == "message" and "off by one day" in str(e["text"])]
+        assert len(finals) == 1 and finals[0]["actor"] == "fixer"
+        assert all(e["ts"] for e in cell) and [e["ts"] for e in cell] == sorted(str(e["ts"]) for e in cell)
+    console = _cell(events, bundle, "otlp-proto-example.trace.json")
+    assert [e["kind"] for e in console] == ["other"]  # a span of no GenAI kind is kept, never dropped
+
+
+def test_otel_span_tree_and_outcomes_are_kept_out_of_events(tmp_path: Path) -> None:
+    bundle, events, req = _imported("otel-genai", tmp_path)
+    block = next(b for b in req["source"]["cells"].values() if b["path"].endswith("otlp.jsonl"))
+    spans = block["selector"]["spans"]
+    assert [s[2] for s in spans] == ["invoke_agent lister", "openai.chat", "execute_tool shell"]
+    assert spans[1][1] == spans[0][0] and spans[2][1] == spans[0][0]  # parent ids: the tree
+    cell = _cell(events, bundle, "synthetic-collector-file.otlp.jsonl")
+    assert [(e["kind"], e["step_index"]) for e in cell] == [
+        ("other", 0),
+        ("message", 1),
+        ("message", 1),
+        ("tool_call", 2),
+        ("error", 2),
+        ("error", 0),
+    ]
+    assert "PermissionError" in str(cell[4]["text"]) and cell[5]["detail"] == "span_error:invoke_agent"
+    rows = [json.loads(x) for x in (bundle / "sidecar/outcomes.jsonl").read_text().splitlines()]
+    synthetic = next(r for r in rows if r["root_status"] == "ERROR")
+    assert synthetic["root_status_message"] == "agent gave up" and synthetic["error_spans"] == 2
+    warnings = [w["warning"] for w in req["source"]["warnings"]]
+    assert any("1 line(s) are not spans" in w for w in warnings)  # the cut-off line is counted, not fatal
+
+
+def test_otel_console_dump_refs_are_line_ranges_of_each_span(tmp_path: Path) -> None:
+    _, events, _ = _imported("otel-genai", tmp_path)
+    cells = {e["cell_id"] for e in events if str(e["source_path"]).endswith("console.out.json")}
+    assert len(cells) == 2  # SYNC and ASYNC: two traces in one dump
+    for e in events:
+        if str(e["source_path"]).endswith("console.out.json"):
+            assert e["json_pointer"] is None and e["line_end"] - e["line_start"] > 40  # the whole pretty span
+    runner = CliRunner()
+    e = next(e for e in events if e["kind"] == "message" and e["actor"] == "user")
+    ref = f"{e['source_path']}#L{e['line_start']}-L{e['line_end']}{e['json_pointer'] or ''}"
+    res = runner.invoke(app, ["show-ref", ref, "--run", str(tmp_path / "runs" / "r")])
+    assert res.exit_code == 0, res.output
+    assert "The test suite fails" in res.output or "Write a haiku" in res.output
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "openinference-openai-console.out.json",
+        "otlp-proto-example.trace.json",
+        "openinference-agents.otlp.json",
+        "contrib-openai-agents-v2.spans.jsonl",
+        "synthetic-collector-file.otlp.jsonl",
+    ],
+)
+def test_otel_detected_by_content(name: str, tmp_path: Path) -> None:
+    src = tmp_path / ("renamed" + Path(name).suffix)
+    shutil.copyfile(FIX / "otel-genai" / name, src)
+    assert detect(src) == "otel-genai"
+
+
+@pytest.mark.parametrize("fmt", ["otel-genai"])
+def test_bad_input_is_one_line_exit_2_and_nothing_left(fmt: str, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "notes.json").write_text('{"hello": "world"}\n')
+    dest = tmp_path / "out" / "bundle"
+    res = CliRunner().invoke(app, ["bundle", "import", fmt, str(src), str(dest)])
+    assert res.exit_code == 2
+    lines = [x for x in res.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in res.output, res.output
+    assert not dest.exists() and not any((tmp_path / "out").iterdir())
