@@ -18,6 +18,7 @@ import orjson
 from pipeline.adapters import (
     atif,
     claude_code,
+    copilot_cli,
     inspect_log,
     mast,
     mini_swe_agent,
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 # Order matters for auto-detection ties: the more specific shapes first.
 ADAPTERS: dict[str, Adapter] = {
     "otel-genai": otel.ADAPTER,
+    "copilot-cli": copilot_cli.ADAPTER,
     "mini-swe-agent": mini_swe_agent.ADAPTER,
     "who-and-when": who_and_when.ADAPTER,
     "mast": mast.ADAPTER,

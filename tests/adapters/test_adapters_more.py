@@ -26,7 +26,7 @@ def _samples(fmt: str, dest: Path) -> Path:
     root = FIX / fmt
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root)
-        if p.is_file() and p.name != "README.md" and p.suffix in SAMPLE_SUFFIXES:
+        if p.is_file() and p.name not in ("README.md", "script.json") and p.suffix in SAMPLE_SUFFIXES:
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(p, dest / rel)
     return dest
@@ -132,7 +132,50 @@ def test_otel_detected_by_content(name: str, tmp_path: Path) -> None:
     assert detect(src) == "otel-genai"
 
 
-@pytest.mark.parametrize("fmt", ["otel-genai"])
+# --- GitHub Copilot CLI --------------------------------------------------------------------------
+
+
+def test_copilot_sessions_of_two_versions_typed_with_exit_codes(tmp_path: Path) -> None:
+    bundle, events, req = _imported("copilot-cli", tmp_path, "auto")
+    assert req["format"] == "copilot-cli" and len(req["cells"]) == 3
+    assert req["parent_harness"] == "GitHub Copilot CLI 1.0.102 + GitHub Copilot CLI 1.0.34"
+    for sid in ("15c6b921-b7e9-4879-b52f-dd57657a4394", "e9a36447-7d9e-4cfe-bd50-70eb066c93e5"):
+        cell = _cell(events, bundle, f"{sid}/events.jsonl")
+        calls = [e for e in cell if e["kind"] == "tool_call"]
+        assert [c["tool_name"] for c in calls] == ["bash", "view", "bash", "edit", "bash"]
+        assert calls[3]["target"] == "/tmp/cpwork/calc.py"
+        outs = [e for e in cell if e["actor"] == "environment"]
+        assert [o["call_id"] for o in outs] == [c["call_id"] for c in calls]  # every result joins its call
+        assert [o["kind"] for o in outs] == ["tool_result", "error", "error", "tool_result", "tool_result"]
+        assert outs[1]["detail"] == "tool_error" and outs[1]["text"] == "Path does not exist"
+        assert outs[2]["detail"] == "tool_error exit_code=1"  # 1.0.34: read from the output's last line
+        assert outs[4]["detail"] == "exit_code=0"
+        assert all(e["session_id"] == sid and e["ts"] for e in cell)
+        assert [e["text"] for e in cell if e["actor"] == "user"] == ["The add function in calc.py is wrong; fix it."]
+    err = _cell(events, bundle, "49507bdf-126f-471b-bd09-e9ce227d3402/events.jsonl")
+    assert [e["detail"] for e in err if e["kind"] == "error"] == ["session.error:query"]
+    rows = {
+        json.loads(x)["cell_id"]: json.loads(x) for x in (bundle / "sidecar/outcomes.jsonl").read_text().splitlines()
+    }
+    assert sorted(r["session_errors"] for r in rows.values()) == [0, 0, 1]
+    assert all(r["code_changes"] is not None for r in rows.values())  # accounting is an outcome, not an event
+
+
+def test_copilot_unknown_record_types_are_other_events_counted_once(tmp_path: Path) -> None:
+    src = tmp_path / "src" / "s1"
+    src.mkdir(parents=True)
+    lines = (FIX / "copilot-cli/session-state/e9a36447-7d9e-4cfe-bd50-70eb066c93e5/events.jsonl").read_text()
+    drift = json.dumps({"type": "assistant.telepathy", "data": {"x": 1}, "id": "z1", "parentId": None}) + "\n"
+    (src / "events.jsonl").write_text(lines + drift + drift)
+    bundle = tmp_path / "b"
+    res = import_bundle("auto", tmp_path / "src", bundle)
+    assert [w for _, w in res.warnings] == ["2 record(s) of unknown type read as other events (assistant.telepathy ×2)"]
+    events = events_of(export(bundle, tmp_path / "runs" / "r").run_dir)
+    drifted = [e for e in events if e["detail"] == "unknown:assistant.telepathy"]
+    assert len(drifted) == 2 and all(e["kind"] == "other" for e in drifted)
+
+
+@pytest.mark.parametrize("fmt", ["otel-genai", "copilot-cli"])
 def test_bad_input_is_one_line_exit_2_and_nothing_left(fmt: str, tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
