@@ -53,15 +53,29 @@ class Discovery:
     aux: list[str] = field(default_factory=list)  # files read for outcomes or mappings, not runs (kept in raw/)
 
 
+# How sure an adapter is that a file is its format (0..1) and why, in a few words.
+Score = tuple[float, str]
+
+
 @dataclass(frozen=True)
 class Adapter:
-    """One public trajectory format."""
+    """One trajectory format, registered under the ``lunasol.formats`` entry point (docs/adapters.md)."""
 
     name: str
     description: str
     sniff: Callable[[str, str], bool]  # (relative path, head of text) -> looks like this format
     discover: Callable[[Path, list[str]], Discovery]  # (bundle, raw paths) -> runs
     read: Callable[[Path, dict[str, Any]], Iterator[SourceEvent]]  # (bundle, cell source block) -> events
+    # (relative path, head of text) -> (score, reason) from the format's distinctive fields; None:
+    # 0.5 when ``sniff`` matches (adapters written before scores)
+    score: Callable[[str, str], Score] | None = None
+    detects: str = ""  # what files it claims, for `lunasol formats`
+
+    def sureness(self, rel: str, head: str) -> Score:
+        """:attr:`score`, or 0.5 / 0 from ``sniff`` for an adapter that has none."""
+        if self.score is not None:
+            return self.score(rel, head)
+        return (0.5, "its sniff matched") if self.sniff(rel, head) else (0.0, "")
 
 
 _JSON_CACHE: dict[tuple[str, int, int], JsonFile] = {}

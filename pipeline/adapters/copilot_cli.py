@@ -276,4 +276,6 @@ ADAPTER = Adapter(
     sniff=sniff,
     discover=discover,
     read=read,
+    score=score,
+    detects="session-state/<id>/events.jsonl: {type, data, id, parentId} lines from producer copilot-agent",
 )

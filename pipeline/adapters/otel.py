@@ -688,4 +688,6 @@ ADAPTER = Adapter(
     sniff=sniff,
     discover=discover,
     read=read,
+    score=score,
+    detects="OTLP/JSON resourceSpans exports and SDK span JSON (to_json lines or console dumps)",
 )
