@@ -24,6 +24,7 @@ from pipeline.adapters import (
     mini_swe_agent,
     native,
     openhands,
+    opencode,
     otel,
     swe_agent,
     tau,
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 ADAPTERS: dict[str, Adapter] = {
     "otel-genai": otel.ADAPTER,
     "copilot-cli": copilot_cli.ADAPTER,
+    "opencode": opencode.ADAPTER,
     "mini-swe-agent": mini_swe_agent.ADAPTER,
     "who-and-when": who_and_when.ADAPTER,
     "mast": mast.ADAPTER,

@@ -175,7 +175,41 @@ def test_copilot_unknown_record_types_are_other_events_counted_once(tmp_path: Pa
     assert len(drifted) == 2 and all(e["kind"] == "other" for e in drifted)
 
 
-@pytest.mark.parametrize("fmt", ["otel-genai", "copilot-cli"])
+# --- OpenCode ------------------------------------------------------------------------------------
+
+
+def test_opencode_storage_trees_of_three_versions(tmp_path: Path) -> None:
+    bundle, events, req = _imported("opencode", tmp_path, "auto")
+    assert req["format"] == "opencode" and len(req["cells"]) == 3
+    assert req["parent_harness"] == "OpenCode 0.5.29 + OpenCode 1.0.98 + OpenCode 1.1.34"
+    full = _cell(events, bundle, "ses_db6044604ffepPonzDK5yAQ7ZV.json")
+    calls = [e for e in full if e["kind"] == "tool_call"]
+    assert [c["tool_name"] for c in calls] == ["bash", "read", "bash", "read", "edit", "bash"]
+    outs = [e for e in full if e["actor"] == "environment"]
+    assert [o["call_id"] for o in outs] == [c["call_id"] for c in calls]
+    assert [(o["kind"], o["detail"]) for o in outs] == [
+        ("tool_result", "exit_code=0"),
+        ("error", "tool_error"),
+        ("error", "tool_error exit_code=1"),
+        ("tool_result", None),
+        ("tool_result", None),
+        ("tool_result", "exit_code=0"),
+    ]
+    assert outs[1]["text"] == "Error: File not found: /tmp/ocwork/missing.py"
+    assert str(outs[1]["json_pointer"]) == "/state/error" and str(calls[4]["target"]) == "/tmp/ocwork/calc.py"
+    assert [e["kind"] for e in full][:2] == ["other", "message"]  # the session, then the user's words
+    assert [e["ts"] for e in full] == sorted(str(e["ts"]) for e in full) and all(e["ts"] for e in full)
+    assert {e["actor"] for e in full if e["kind"] == "tool_call"} == {"assistant:build"}
+    crashed = _cell(events, bundle, "ses_db603e3f6ffecj84G628DaUmC4.json")
+    assert [e["kind"] for e in crashed if e["kind"] != "other"] == ["message", "message", "tool_call", "tool_result"]
+    old = _cell(events, bundle, "ses_db602f9d2ffe7wPfhMCirVdNpd.json")  # 0.5 layout: session/info, part/<ses>/<msg>
+    assert [e["kind"] for e in old] == ["other", "message"] and "calc.py" in str(old[1]["text"])
+    rows = [json.loads(x) for x in (bundle / "sidecar/outcomes.jsonl").read_text().splitlines()]
+    done = [r for r in rows if r["last_assistant_completed"]]
+    assert len(done) == 1 and done[0]["diff_files"] == ["calc.py"] and done[0]["finish"][-1] == "stop"
+
+
+@pytest.mark.parametrize("fmt", ["otel-genai", "copilot-cli", "opencode"])
 def test_bad_input_is_one_line_exit_2_and_nothing_left(fmt: str, tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
