@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from pipeline.adapters import (
+    aider,
     atif,
     claude_code,
     copilot_cli,
@@ -48,6 +49,7 @@ ADAPTERS: dict[str, Adapter] = {
     "otel-genai": otel.ADAPTER,
     "copilot-cli": copilot_cli.ADAPTER,
     "opencode": opencode.ADAPTER,
+    "aider": aider.ADAPTER,
     "mini-swe-agent": mini_swe_agent.ADAPTER,
     "who-and-when": who_and_when.ADAPTER,
     "mast": mast.ADAPTER,

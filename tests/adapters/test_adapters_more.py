@@ -209,7 +209,45 @@ def test_opencode_storage_trees_of_three_versions(tmp_path: Path) -> None:
     assert len(done) == 1 and done[0]["diff_files"] == ["calc.py"] and done[0]["finish"][-1] == "stop"
 
 
-@pytest.mark.parametrize("fmt", ["otel-genai", "copilot-cli", "opencode"])
+# --- Aider ---------------------------------------------------------------------------------------
+
+
+def test_aider_sessions_turns_edits_and_test_runs_with_line_refs(tmp_path: Path) -> None:
+    bundle, events, req = _imported("aider", tmp_path, "auto")
+    assert req["format"] == "aider"
+    assert "Aider v0.47.2-dev" in req["parent_harness"] and "Aider v0.86.1" in req["parent_harness"]
+    assert all(e["json_pointer"] is None for e in events)  # refs are line ranges of the markdown
+    raw = {p: (bundle / p).read_text().split("\n") for p in {str(e["source_path"]) for e in events}}
+    for e in events:
+        cited = raw[str(e["source_path"])][int(e["line_start"]) - 1 : int(e["line_end"])]
+        if e["kind"] == "message" and e["actor"] == "user":
+            assert all(line.startswith("####") for line in cited)
+        if e["kind"] == "tool_call" and e["tool_name"] == "edit":
+            assert any(line.startswith("<<<<<<< ") for line in cited) and e["target"]
+            assert any(line.startswith(">>>>>>> ") for line in cited)
+    v47 = [e for e in events if "v0.47" in str(e["source_path"])]
+    tests = [e for e in v47 if e["tool_name"] == "test"]
+    assert [(t["kind"], t["actor"]) for t in tests] == [("tool_call", "user"), ("error", "environment")] * 2
+    assert "1 failed, 6 passed" in str(tests[3]["text"])
+    assert tests[0]["call_id"] == tests[1]["call_id"]
+    edits = [e for e in v47 if e["tool_name"] == "edit"]
+    assert {e["target"] for e in edits} >= {"aider/utils.py", "tests/basic/test_repomap.py"}
+    assert any(e["kind"] == "error" and "InternalServerError" in str(e["text"]) for e in v47)
+    undo = [e for e in v47 if e["kind"] == "state_change" and e["detail"] == "/undo"]
+    assert len(undo) >= 3
+    v48 = [e for e in events if "v0.48" in str(e["source_path"])]
+    assert any(e["kind"] == "error" and e["detail"] == "edit_failed" for e in v48)  # SearchReplaceNoExactMatch
+    assert all(not str(e["target"] or "").startswith("<source>") for e in v48)
+    excluded = {x["cell_id"] for x in req["exclusions"]}
+    assert excluded and all(
+        not any(e["actor"] == "user" for e in events if e["cell_id"] == c) for c in excluded
+    )  # a session with no user turn is excluded, not dropped
+    rows = [json.loads(x) for x in (bundle / "sidecar/outcomes.jsonl").read_text().splitlines()]
+    assert sum(r["edits_applied"] for r in rows) >= 15 and any(r["commits"] for r in rows)
+    assert any(r["cost"] for r in rows)
+
+
+@pytest.mark.parametrize("fmt", ["otel-genai", "copilot-cli", "opencode", "aider"])
 def test_bad_input_is_one_line_exit_2_and_nothing_left(fmt: str, tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
