@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.adapters import detect, import_bundle
+from pipeline.adapters import aider, copilot_cli, detect, import_bundle, opencode, otel, sniff_file
 from pipeline.cli.app import app
 from pipeline.ir.export import export
-from tests.adapters.adapter_helpers import check_refs, events_of
+from tests.adapters.adapter_helpers import SUBSETS, check_refs, events_of
+from tests.conftest import SHARED_DATA
 
 FIX = Path(__file__).parent.parent / "fixtures" / "foreign"
 SAMPLE_SUFFIXES = (".json", ".jsonl", ".md", ".txt")
@@ -258,3 +259,49 @@ def test_bad_input_is_one_line_exit_2_and_nothing_left(fmt: str, tmp_path: Path)
     lines = [x for x in res.output.splitlines() if x.strip()]
     assert len(lines) == 1 and "Traceback" not in res.output, res.output
     assert not dest.exists() and not any((tmp_path / "out").iterdir())
+
+
+# --- Detection: each sample is claimed by its own format only -----------------------------------
+
+MINE = {"otel-genai": otel, "copilot-cli": copilot_cli, "opencode": opencode, "aider": aider}
+
+
+def _sample_files(fmt: str) -> list[Path]:
+    root = FIX / fmt
+    return [
+        p
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+        and p.name not in ("README.md", "script.json", "make_samples.py", "app.json")
+        and p.parent.name != "project"  # OpenCode's project metadata is not a session file
+        and p.suffix in SAMPLE_SUFFIXES
+    ]
+
+
+def _head(p: Path) -> str:
+    return p.read_bytes()[:32768].decode("utf-8", errors="replace")
+
+
+@pytest.mark.parametrize("fmt", sorted(MINE))
+def test_each_sample_is_sniffed_as_its_own_format(fmt: str) -> None:
+    files = _sample_files(fmt)
+    assert files
+    for p in files:
+        rel = p.relative_to(FIX / fmt).as_posix()
+        assert sniff_file(p, rel) == fmt, rel
+        scores = {name: mod.score(rel, _head(p))[0] for name, mod in MINE.items()}
+        assert max(scores, key=lambda n: scores[n]) == fmt and scores[fmt] >= 0.5, (rel, scores)
+        assert sorted(scores.values())[-2] <= scores[fmt] - 0.2, (rel, scores)  # a clear win
+
+
+def test_no_other_format_is_claimed_by_these_adapters() -> None:
+    others = [p for p in FIX.rglob("*") if p.is_file() and p.parent.name not in MINE]
+    others = [p for p in others if not any(part in MINE for part in p.relative_to(FIX).parts)]
+    if SHARED_DATA.is_dir():
+        for folder, files in SUBSETS.values():
+            others += [SHARED_DATA / folder / f for f in files if (SHARED_DATA / folder / f).is_file()]
+    assert len(others) >= 10
+    for p in others:
+        for name, mod in MINE.items():
+            sc, why = mod.score(p.name, _head(p))
+            assert sc < 0.5, (str(p), name, why)
