@@ -147,14 +147,14 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
             continue
         info = as_dict(_doc(bundle, srel)) if srel else {}
         files = ([srel] if srel else []) + [m for m, _ in msgs]
-        part_count = 0
+        steps = 1 if srel else 0  # as read() numbers them: the session, each part, each message's own event
         unknown: Counter[str] = Counter()
         for _, m in msgs:
             ps = idx["parts"].get(str(m["id"]), [])
             files += [p for p, _ in ps]
             inline = m.get("parts") if isinstance(m.get("parts"), list) else []
+            steps += len(ps) + len(inline) + (1 if m.get("error") or not (ps or inline) else 0)
             for d in [d for _, d in ps] + [as_dict(x) for x in inline]:
-                part_count += 1
                 if d.get("type") not in _KNOWN_PARTS:
                     unknown[str(d.get("type"))] += 1
         if unknown:
@@ -177,7 +177,7 @@ def discover(bundle: Path, paths: list[str]) -> Discovery:
                 harness=f"OpenCode {version}" if version else "OpenCode",
                 task_summary=title[:200],
                 step_index_base=0,
-                source_steps=part_count + (1 if srel else 0),
+                source_steps=steps,
                 outcome=_outcome(info, [m for _, m in msgs], _doc(bundle, diff) if diff else None, first_user),
             )
         )
@@ -343,7 +343,8 @@ def read(bundle: Path, cell: dict[str, Any]) -> Iterator[SourceEvent]:
             yield em.event("other", "", actor=actor, detail=f"{role} message without parts", step_index=step,
                            text=json_text({k: m.get(k) for k in ("modelID", "providerID", "finish") if k in m}),
                            **common)  # fmt: skip
-        step += 1
+        if err or n == 0:
+            step += 1
 
 
 ADAPTER = Adapter(

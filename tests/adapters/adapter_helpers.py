@@ -100,6 +100,36 @@ SUBSETS: dict[str, tuple[str, list[str]]] = {
         ],
     ),
     "tau": ("agentrx-examples", ["trajectories/tau-retail/instruction_adherence_failure.json"]),
+    # Formats whose samples are committed with their provenance (tests/fixtures/foreign/<format>/README.md)
+    "otel-genai": (
+        str(FOREIGN_FIXTURES / "otel-genai"),
+        [
+            "openinference-agents.otlp.json",
+            "contrib-openai-agents-v2.spans.jsonl",
+            "openinference-openai-console.out.json",
+        ],
+    ),
+    "copilot-cli": (
+        str(FOREIGN_FIXTURES / "copilot-cli"),
+        [
+            "session-state/15c6b921-b7e9-4879-b52f-dd57657a4394/events.jsonl",
+            "session-state/e9a36447-7d9e-4cfe-bd50-70eb066c93e5/events.jsonl",
+        ],
+    ),
+    "opencode": (
+        str(FOREIGN_FIXTURES / "opencode"),
+        [
+            str(p.relative_to(FOREIGN_FIXTURES / "opencode"))
+            for p in sorted((FOREIGN_FIXTURES / "opencode" / "opencode-1.1.34").rglob("*.json"))
+        ],
+    ),
+    "aider": (
+        str(FOREIGN_FIXTURES / "aider"),
+        [
+            "aider-repo-fixture-excerpt-v0.48/.aider.chat.history.md",
+            "zen-mcp-server-v0.86/.aider.chat.history.md",
+        ],
+    ),
 }
 
 
