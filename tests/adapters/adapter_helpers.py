@@ -121,6 +121,7 @@ SUBSETS: dict[str, tuple[str, list[str]]] = {
         [
             str(p.relative_to(FOREIGN_FIXTURES / "opencode"))
             for p in sorted((FOREIGN_FIXTURES / "opencode" / "opencode-1.1.34").rglob("*.json"))
+            if p.parent.name != "project"  # OpenCode's project metadata is no session's file
         ],
     ),
     "aider": (
