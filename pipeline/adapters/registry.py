@@ -14,14 +14,18 @@ from functools import lru_cache
 from pathlib import Path
 
 from pipeline.adapters import (
+    aider,
     atif,
     claude_code,
     codex,
+    copilot_cli,
     gemini_cli,
     inspect_log,
     mast,
     mini_swe_agent,
+    opencode,
     openhands,
+    otel,
     swe_agent,
     tau,
     who_and_when,
@@ -51,6 +55,10 @@ BUILTIN: dict[str, Adapter] = {
         tau.ADAPTER,
         codex.ADAPTER,
         gemini_cli.ADAPTER,
+        otel.ADAPTER,
+        copilot_cli.ADAPTER,
+        opencode.ADAPTER,
+        aider.ADAPTER,
     )
 }
 

@@ -112,6 +112,37 @@ SUBSETS: dict[str, tuple[str, list[str]]] = {
         str(FOREIGN_FIXTURES / "gemini-cli"),
         ["ai-sessions/session-sample.json", "agent-history/gemini_with_tool_error.jsonl", "agent-history/logs.json"],
     ),
+    # Formats whose samples are committed with their provenance (tests/fixtures/foreign/<format>/README.md)
+    "otel-genai": (
+        str(FOREIGN_FIXTURES / "otel-genai"),
+        [
+            "openinference-agents.otlp.json",
+            "contrib-openai-agents-v2.spans.jsonl",
+            "openinference-openai-console.out.json",
+        ],
+    ),
+    "copilot-cli": (
+        str(FOREIGN_FIXTURES / "copilot-cli"),
+        [
+            "session-state/15c6b921-b7e9-4879-b52f-dd57657a4394/events.jsonl",
+            "session-state/e9a36447-7d9e-4cfe-bd50-70eb066c93e5/events.jsonl",
+        ],
+    ),
+    "opencode": (
+        str(FOREIGN_FIXTURES / "opencode"),
+        [
+            str(p.relative_to(FOREIGN_FIXTURES / "opencode"))
+            for p in sorted((FOREIGN_FIXTURES / "opencode" / "opencode-1.1.34").rglob("*.json"))
+            if p.parent.name != "project"  # OpenCode's project metadata is no session's file
+        ],
+    ),
+    "aider": (
+        str(FOREIGN_FIXTURES / "aider"),
+        [
+            "aider-repo-fixture-excerpt-v0.48/.aider.chat.history.md",
+            "zen-mcp-server-v0.86/.aider.chat.history.md",
+        ],
+    ),
 }
 
 

@@ -27,9 +27,11 @@ ODD_LINES = ['"oops"', "42", "[1]", "null", '{"type": "assistant", "message": {"
 
 def _seed(fmt: str) -> tuple[Path, str]:
     """(source file, its relative path) of one small file of the format."""
-    local = sorted((FIXTURES / fmt).glob("*")) if (FIXTURES / fmt).is_dir() else []
+    root = FIXTURES / fmt
+    # A sample file, not the folder's README or recording recipe
+    local = sorted(p for p in root.rglob("*") if p.is_file() and p.name != "README.md" and p.suffix != ".py")
     if local:
-        return local[0], local[0].name
+        return local[0], local[0].relative_to(root).as_posix()
     need_shared_data()
     folder, files = SUBSETS[fmt]
     return SHARED_DATA / folder / files[0], files[0]
