@@ -72,7 +72,8 @@ def _card(wid: str, cells: list[str], refs: dict[str, str], groups: list[str]) -
 
 
 OCC = re.compile(
-    r"^  (?P<occ>\S+-O\d+) (?P<cell>C\d+) \((?P<task>[^,]+), (?P<outcome>[^)]+)\): events (?P<ev>C\d+-e\d+)"
+    r"^  (?P<occ>\S+-O\d+) (?P<cell>C\d+) \((?P<task>[^,]+), (?P<outcome>[^)]+)\) · patterns .* · "
+    r"events (?P<ev>C\d+-e\d+)"
 )
 
 
@@ -86,6 +87,8 @@ def map_answer(text: str) -> dict[str, Any]:
         gid = line.split()[0]
         refs: dict[str, str] = {}
         for occ in lines[i + 1 :]:
+            if occ.startswith("    "):
+                continue  # the occurrence's evidence: Luna's words and its events' text
             m = OCC.match(occ)
             if not m:
                 break
