@@ -2,8 +2,8 @@
 
 A pattern group alone is a type, a ``concerns`` key and event ids; a model asked to explain it
 would have to take it on trust. So every event an occurrence cites is rendered with its text
-(trimmed with a visible marker, as Luna saw it: :func:`pipeline.luna.render.render_event`; the IR's
-text is already redacted), and every occurrence carries Luna's ``observed`` and
+(Luna's line for it, :func:`pipeline.luna.render.render_event`, cut to :data:`EVENT_CHARS` with a
+visible marker; the IR's text is already redacted), and every occurrence carries Luna's ``observed`` and
 ``definition_fit`` (identical texts said once). Both are read in one query each, for the whole
 batch, from the run's DuckDB IR (tables ``events`` and ``patterns``).
 
@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core import duck
-from pipeline.luna.render import render_event
+from pipeline.luna.render import render_event, trim
 from pipeline.sol.checks import EVENT_ID_RE
 
+EVENT_CHARS = 320  # one cited event's line at most (head and tail kept around a marker, as Luna's lines)
 # What splits an event id from the text around it in a rendered request (ids never hold these).
 _TOKEN_SPLIT = re.compile(r"[\s,;()\[\]{}\"'`|<>]+")
 
@@ -75,7 +76,8 @@ def load_evidence(con: Any, groups: list[dict[str, Any]]) -> GroupEvidence:
                 row = dict(zip(names, tup, strict=True))
                 line = render_event(row)
                 # an event whose text is empty (a grep that found nothing) says so, not a dangling colon
-                out.events[str(row["event_id"])] = line + "(empty)" if line.endswith(": ") else line
+                line = line + "(empty)" if line.endswith(": ") else line
+                out.events[str(row["event_id"])] = trim(line, EVENT_CHARS)
         finally:
             con.unregister("_sol_eids")
     return out

@@ -90,7 +90,7 @@ class SolPlanDraft:
 
 def count(budget: RoleBudget, role: str, context: dict[str, Any], response_model: type[Any]) -> int:
     """Tokens of the whole request ``role`` would send with ``context``."""
-    return request_tokens(budget, render(role, context).messages, response_model)
+    return request_tokens(budget, render(role, context, response_model=response_model).messages, response_model)
 
 
 def request_digest(budget: RoleBudget, messages: list[dict[str, Any]], response_model: type[Any]) -> str:
@@ -112,7 +112,7 @@ def _count_map(
     budget: RoleBudget, context: dict[str, Any], known: dict[str, int], used: dict[str, int]
 ) -> tuple[int, str]:
     # A map request counted by an earlier run (same digest: same text, same tokenizer) is not counted again.
-    messages = render(MAP_ROLE, context).messages
+    messages = render(MAP_ROLE, context, response_model=SolAnswer).messages
     key = request_digest(budget, messages, SolAnswer)
     tokens = known.get(key)
     if tokens is None:
@@ -192,7 +192,7 @@ def plan_sol(
     ``known`` holds map request counts of an earlier run (:func:`plan_maps`).
     """
     budget = role_budget(settings, ROLE)
-    rendered = render(ROLE, single)
+    rendered = render(ROLE, single, response_model=SolAnswer)
     text = "\n".join(str(m["content"]) for m in rendered.messages)
     # characters per token of this batch's text, from a sample of the prompt (sizes are planned in characters)
     cpt = chars_per_token(budget.limits, text[len(text) // 2 : len(text) // 2 + SAMPLE_CHARS])

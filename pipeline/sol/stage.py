@@ -190,6 +190,9 @@ def _no_answer(outcome: CallOutcome[Any], what: str) -> Blocked:
 
 
 def _record(call_id: str, role: str, outcome: CallOutcome[Any], tokens: int, **what: Any) -> SolCall:
+    value = outcome.value
+    if value is not None and not value.weaknesses:
+        what.setdefault("none_reason", value.none_reason)
     return SolCall(
         call_id=call_id,
         role=role,
@@ -218,6 +221,8 @@ def _mine_single(ctx: RunContext, batch: Batch, decision: SolPlanDraft, client: 
     else:
         raise _no_answer(outcome, "Sol")
     call = {"ok": outcome.ok, "attempts": outcome.attempts, "errors": list(outcome.errors), "key": outcome.key}
+    if not drafts and outcome.value is not None:
+        call["none_reason"] = outcome.value.none_reason  # an empty answer always states why (SolAnswer)
     plan = SolPlan(
         mode="single",
         budget_tokens=decision.budget.input_tokens,
@@ -542,6 +547,12 @@ def stage(ctx: RunContext) -> str:
     """Runner stage: mine root causes; one-line summary."""
     sl = mine(ctx)
     kept = ", ".join(w.weakness_id for w in sl.weaknesses) or "none"
+    if not sl.weaknesses:
+        said = [str(sl.call["none_reason"])] if sl.call.get("none_reason") else []
+        if sl.plan is not None and not said:
+            said = [f"{c.call_id}: {c.none_reason}" for c in sl.plan.calls if c.none_reason]
+        if said:
+            kept = "none: Sol says " + " | ".join(said)
     how = ""
     if sl.plan is not None and sl.plan.mode == "map_reduce":
         maps = sum(1 for c in sl.plan.calls if c.role == MAP_ROLE)
