@@ -54,7 +54,7 @@ class CandidateRejection(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    candidate: str = Field(description="the probe candidate id, e.g. C004-H02")
+    candidate: str = Field(description="the probe candidate id as shown (<cell>-H<nn>)")
     observation: str = Field(min_length=5, description="what in the events makes it not a pattern")
     state_changed: bool = Field(description="does the rejection rest on a change of source, artifact, state or input?")
 

@@ -218,7 +218,6 @@ class SolCall(_Strict):
     attempts: int = 0
     key: str | None = None
     errors: list[str] = Field(default_factory=list)
-    none_reason: str | None = Field(default=None, description="why the call found no weakness, when it found none")
     reused: bool = Field(
         default=False,
         description="a map call answered from its stored answer (runs/<id>/sol_map): the same request as a "

@@ -32,6 +32,7 @@ class Chunk:
     tasks: list[str]
     cells: list[str]
     sizes: dict[str, int] = field(default_factory=dict, repr=False)
+    groups: list[str] | None = None  # only these pattern groups (one cell too large with all of its groups)
 
 
 def outcome_of(cell: dict[str, Any]) -> str:
@@ -134,16 +135,22 @@ class Renderer:
         head, texts, events = self.occurrence_block(o)
         return len(head) + 1 + sum(len(line) + 1 for _, line in (*texts, *events))
 
-    def groups_text(self, cells: list[str]) -> str:
+    def group_ids(self, cells: list[str]) -> list[str]:
+        """The pattern groups with an occurrence in ``cells``, sorted."""
+        return sorted({gid for c in cells for gid, _ in self.occ_by_cell.get(c, [])})
+
+    def groups_text(self, cells: list[str], only: list[str] | None = None) -> str:
         """The pattern groups seen in ``cells``: header, then every occurrence here with its evidence.
 
         A text or an event line already said in this request is not said again (the occurrence's
-        head line still names its events).
+        head line still names its events). ``only``: just these groups (a cell too large for one
+        request with all of its groups is read in several, each with every fact of its groups).
         """
         per_group: dict[str, list[dict[str, Any]]] = {}
         for c in cells:
             for gid, o in self.occ_by_cell.get(c, []):
-                per_group.setdefault(gid, []).append(o)
+                if only is None or gid in only:
+                    per_group.setdefault(gid, []).append(o)
         out: list[str] = []
         seen: set[str] = set()
         for gid in sorted(per_group):
@@ -155,6 +162,10 @@ class Renderer:
                     if key not in seen:
                         seen.add(key)
                         out.append(line)
+        if out and only is not None:
+            every = self.group_ids(cells)
+            out.insert(0, f"(this call shows {len(per_group)} of the {len(every)} pattern groups of these cells; "
+                          "other calls read the others, each with all of its facts)")  # fmt: skip
         return "\n".join(out) if out else "none in these cells"
 
     def cell_size(self, cell: str, timeline_cap: int) -> tuple[int, set[str]]:
@@ -214,6 +225,21 @@ def partition(renderer: Renderer, room_chars: int) -> list[Chunk]:
     return [c for c in chunks if c.cells]
 
 
+def split_groups(chunk: Chunk, renderer: Renderer) -> list[Chunk]:
+    """Halve the pattern groups of a one-cell chunk whose request is too large.
+
+    Fewer groups per request, never fewer facts per group: empty when it holds one group (it cannot be cut).
+    """
+    groups = chunk.groups if chunk.groups is not None else renderer.group_ids(chunk.cells)
+    if len(groups) < 2:
+        return []
+    half = len(groups) // 2
+    return [
+        Chunk(call_id=f"{chunk.call_id}{'gh'[i]}", tasks=list(chunk.tasks), cells=list(chunk.cells), groups=g)
+        for i, g in enumerate((groups[:half], groups[half:]))
+    ]
+
+
 def split(chunk: Chunk) -> list[Chunk]:
     """Halve a chunk whose rendered request turned out too large."""
     half = len(chunk.cells) // 2
@@ -235,7 +261,7 @@ def fitted_map_context(renderer: Renderer, chunk: Chunk, room_chars: int) -> dic
     """:func:`map_context` whose timelines get what the cells and groups leave of ``room_chars`` (400 at least)."""
     cells = [renderer.cells[c] for c in chunk.cells]
     cells_text = _cells_text(renderer, cells)
-    groups_text = renderer.groups_text(chunk.cells)
+    groups_text = renderer.groups_text(chunk.cells, chunk.groups)
     timeline_chars = max(room_chars - len(cells_text) - len(groups_text), 400)
     return _map_context(renderer, chunk, cells, cells_text, timeline_chars, groups_text)
 
@@ -268,7 +294,7 @@ def _map_context(
         "cell_header": CELL_HEADER,
         "cells_text": cells_text,
         "negatives": negatives,
-        "groups_text": renderer.groups_text(chunk.cells) if groups_text is None else groups_text,
+        "groups_text": renderer.groups_text(chunk.cells, chunk.groups) if groups_text is None else groups_text,
         "timelines_note": (
             "complete"
             if not omitted

@@ -21,7 +21,15 @@ from pipeline.models import render
 from pipeline.models.budget import RoleBudget, chars_per_token, request_tokens, role_budget
 from pipeline.sol.batch import Batch
 from pipeline.sol.cards import ReduceAnswer, SolAnswer
-from pipeline.sol.partition import Chunk, Renderer, fitted_map_context, map_context, partition, split
+from pipeline.sol.partition import (
+    Chunk,
+    Renderer,
+    fitted_map_context,
+    map_context,
+    partition,
+    split,
+    split_groups,
+)
 
 ROLE = "sol"
 MAP_ROLE = "sol_map"
@@ -161,9 +169,13 @@ def plan_maps(
             out.append(MapCall(chunk=chunk, context=ctx, tokens=tokens, request_digest=key))
         elif len(chunk.cells) > 1:
             todo[:0] = split(chunk)
+        elif halves := split_groups(chunk, renderer):  # one cell: fewer groups per request, never fewer facts
+            todo[:0] = halves
         else:
             raise Blocked(
-                f"cell {chunk.cells[0]} alone needs {tokens:,} tokens in a Sol map request, over the budget "
+                f"cell {chunk.cells[0]} alone needs {tokens:,} tokens in a Sol map request"
+                + (f" with its one pattern group {chunk.groups[0]}" if chunk.groups else "")
+                + ", over the budget "
                 f"{budget.input_tokens:,} ({budget.limits.describe()})",
                 reason="external_system",
                 unblock="lunasol run BUNDLE --model MODEL_WITH_A_LARGER_CONTEXT --resume",

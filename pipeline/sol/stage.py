@@ -190,9 +190,6 @@ def _no_answer(outcome: CallOutcome[Any], what: str) -> Blocked:
 
 
 def _record(call_id: str, role: str, outcome: CallOutcome[Any], tokens: int, **what: Any) -> SolCall:
-    value = outcome.value
-    if value is not None and not value.weaknesses:
-        what.setdefault("none_reason", value.none_reason)
     return SolCall(
         call_id=call_id,
         role=role,
@@ -275,8 +272,16 @@ def _reused(stored: StoredMap, call_id: str, thash: str) -> CallOutcome[SolAnswe
     )
 
 
+def _said(call_id: str, outcome: CallOutcome[Any]) -> str:
+    """``call_id: why`` of a call that answered no weakness (its stated reason), else empty."""
+    value = outcome.value
+    if value is None or value.weaknesses or not value.none_reason:
+        return ""
+    return f"{call_id}: {value.none_reason}" if call_id else str(value.none_reason)
+
+
 async def _run_maps(
-    client: ModelClient, batch: Batch, decision: SolPlanDraft, run_dir: Path
+    client: ModelClient, batch: Batch, decision: SolPlanDraft, run_dir: Path, said: list[str]
 ) -> tuple[list[Draft], list[SolCall], list[Dropped]]:
     answers = MapAnswers(run_dir)
     thash = template_hash(MAP_ROLE)
@@ -354,6 +359,7 @@ async def _run_maps(
         )
     if all(not c.ok and not c.outputs for c in calls) and not any(o.last_answer for o in outcomes):
         raise _no_answer(outcomes[0], "Sol (every map call)")
+    said.extend(_said(m.chunk.call_id, o) for m, o in zip(decision.maps, outcomes, strict=True) if _said("", o))
     return drafts, calls, dropped
 
 
@@ -379,6 +385,7 @@ async def _reduce(
     drafts: list[Draft],
     map_calls: list[SolCall],
     cpt: float,
+    said: list[str],
 ) -> tuple[list[WeaknessDraft], list[SolCall], list[Dropped], set[str]]:
     """Reduce rounds until one call holds every remaining draft.
 
@@ -446,6 +453,7 @@ async def _reduce(
             )
             merged_drafts.append((cid, pack, [assemble(w, by_id) for w in answer.weaknesses], shown))
         if final:
+            said.extend(x for cid, out in zip([o[0] for o in outs], results, strict=True) if (x := _said(cid, out)))
             return merged_drafts[0][2], calls, dropped, merged_drafts[0][3]
         # Not the last round: every pack's checked weaknesses become drafts of the next round.
         nxt: list[Draft] = []
@@ -468,12 +476,15 @@ async def _reduce(
 
 
 def _mine_map_reduce(ctx: RunContext, batch: Batch, decision: SolPlanDraft, client: ModelClient) -> Shortlist:
+    said: list[str] = []  # what the calls that found no weakness said about why
+
     async def go() -> tuple[list[WeaknessDraft], list[SolCall], list[Dropped], set[str]]:
-        drafts, map_calls, dropped = await _run_maps(client, batch, decision, ctx.run_dir)
+        drafts, map_calls, dropped = await _run_maps(client, batch, decision, ctx.run_dir, said)
         if not drafts:
             return [], map_calls, dropped, set()
+        said.clear()  # the reduce's reason is the batch's, not the maps'
         final, reduce_calls, more, shown = await _reduce(
-            client, batch, ctx.options.models, drafts, map_calls, decision.chars_per_token
+            client, batch, ctx.options.models, drafts, map_calls, decision.chars_per_token, said
         )
         return final, map_calls + reduce_calls, dropped + more, shown
 
@@ -491,6 +502,8 @@ def _mine_map_reduce(ctx: RunContext, batch: Batch, decision: SolPlanDraft, clie
         "errors": [f"{c.call_id}: {e}" for c in calls for e in c.errors],
         "key": last.key,
     }
+    if not final and said:
+        call["none_reason"] = " | ".join(said)
     extra = {f"template:{r}": template_hash(r) for r in (MAP_ROLE, REDUCE_ROLE)}
     return make_shortlist(
         batch.run_id,
@@ -547,12 +560,8 @@ def stage(ctx: RunContext) -> str:
     """Runner stage: mine root causes; one-line summary."""
     sl = mine(ctx)
     kept = ", ".join(w.weakness_id for w in sl.weaknesses) or "none"
-    if not sl.weaknesses:
-        said = [str(sl.call["none_reason"])] if sl.call.get("none_reason") else []
-        if sl.plan is not None and not said:
-            said = [f"{c.call_id}: {c.none_reason}" for c in sl.plan.calls if c.none_reason]
-        if said:
-            kept = "none: Sol says " + " | ".join(said)
+    if not sl.weaknesses and sl.call.get("none_reason"):
+        kept = f"none: Sol says {sl.call['none_reason']}"
     how = ""
     if sl.plan is not None and sl.plan.mode == "map_reduce":
         maps = sum(1 for c in sl.plan.calls if c.role == MAP_ROLE)

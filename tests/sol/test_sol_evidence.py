@@ -114,3 +114,28 @@ def test_a_citation_of_an_event_sol_was_not_shown_is_refused(
     assert sl.weaknesses == [] and [d.weakness_id for d in sl.dropped] == ["W-01"]
     assert any("C001-e0002 was not shown" in r for r in sl.dropped[0].reasons)
     assert [c["role"] for c in read_calls(opts.runs_dir / "r1") if c["role"] == "sol"] == ["sol"]
+
+
+def test_a_cell_too_large_is_read_in_several_requests_each_with_whole_groups(demo_gate1: Path) -> None:
+    from pipeline.sol.partition import Chunk, Renderer, map_context, split_groups
+
+    batch = load_batch(demo_gate1, demo_gate1 / "ir.duckdb")
+    renderer = Renderer(batch)
+    whole = Chunk(call_id="M01", tasks=["bat-sanitize"], cells=["C004"])
+    groups = renderer.group_ids(["C004"])
+    halves = split_groups(whole, renderer)
+    assert len(groups) > 2 and len(halves) == 2
+    assert sorted(g for h in halves for g in h.groups or []) == groups  # every group, once
+    occurrences = {g["group_id"]: [o for o in g["occurrences"] if o["cell_id"] == "C004"] for g in batch.groups}
+    for half in halves:
+        text = map_context(renderer, half, 10_000)["groups_text"]
+        assert text.startswith(f"(this call shows {len(half.groups or [])} of the {len(groups)} pattern groups")
+        shown = _events_with_text(text)
+        for gid in groups:
+            events = {e for o in occurrences[gid] for e in o["events"]}
+            if gid in (half.groups or []):
+                assert events <= set(shown), gid  # every fact of a group it shows
+            else:
+                assert f"\n{gid} " not in text  # a group it does not show is not there at all
+    # one group cannot be cut: nothing to split
+    assert split_groups(Chunk(call_id="M01", tasks=[], cells=["C004"], groups=groups[:1]), renderer) == []

@@ -96,7 +96,7 @@ def map_answer(text: str) -> dict[str, Any]:
                 refs[m["cell"]] = m["ev"]
         if refs:
             out.append(_card("W-01", sorted(refs), refs, [gid]))
-    return {"weaknesses": out}
+    return {"weaknesses": out} if out else {"weaknesses": [], "none_reason": "no failed cell of the planted group here"}
 
 
 SAMPLE = re.compile(r"^  \S+-O\d+ (?P<cell>C\d+) \([^)]+\): events (?P<ev>C\d+-e\d+)")
@@ -106,7 +106,7 @@ def reduce_answer(text: str) -> dict[str, Any]:
     """Merge every draft into W-01 and cite the first batch-wide counter-evidence sample shown."""
     drafts = re.findall(r"^### (M\d+\S*/W-\d+) ", text, re.M)
     if not drafts:
-        return {"weaknesses": []}
+        return {"weaknesses": [], "none_reason": "no draft was shown to this reduce call"}
     sample = next((m for line in text.splitlines() if (m := SAMPLE.match(line))), None)
     assert sample is not None, "the reduce prompt shows no batch-wide counter-evidence sample"
     div = re.search(r"first divergence: .* - cells (C\d+)[^;]*; refs (C\d+-e\d+)", text)
@@ -256,7 +256,7 @@ def test_a_context_error_is_not_retried_and_names_the_budget_flag(
     def answer(request: dict[str, Any]) -> Reply:
         sol = request["tools"][0]["function"]["name"] == "SolAnswer"
         data = (
-            {"weaknesses": []}
+            {"weaknesses": [], "none_reason": "nothing in these cells is a harness weakness"}
             if sol
             else {"patterns": [], "rejected_candidates": [], "none_reason": "no step repeats on unchanged state"}
         )
