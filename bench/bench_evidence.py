@@ -38,6 +38,7 @@ import pytest  # noqa: E402
 
 from pipeline.adapters import import_bundle  # noqa: E402
 from pipeline.coordinator.core import run_coordinator  # noqa: E402
+from pipeline.core.errors import Blocked  # noqa: E402
 from pipeline.core.settings import ModelSettings  # noqa: E402
 from pipeline.eval import agentrx  # noqa: E402
 from pipeline.eval.events import USER_ACTORS  # noqa: E402
@@ -153,7 +154,11 @@ def sol_visibility(run_dir: Path, events: dict[str, list[str]], settings: ModelS
     """How many labelled events a pattern group cites, and how many of those the request holding their cell shows."""
     batch = load_batch(run_dir, run_dir / "ir.duckdb")
     cited = {e for g in batch.groups for o in g.get("occurrences") or [] for e in o.get("events") or []}
-    decision = plan_sol(batch, settings, single_context(batch))
+    try:
+        decision = plan_sol(batch, settings, single_context(batch))
+    except Blocked as exc:  # a cell whose one group does not fit this context: said, not hidden
+        return {"cited": len(cited & {e for ids in events.values() for e in ids}), "shown": 0, "mode": "blocked",
+                "calls": 0, "why": str(exc).split(" (context")[0]}  # fmt: skip
     if decision.mode == "single":
         texts = {c: render(ROLE, decision.single_context or {}, response_model=SolAnswer).messages[-1]["content"]
                  for c in [None]}  # fmt: skip
@@ -234,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  context {ctx:>7,}: Luna shown {_rate(luna['shown'], luna['events'])}, "
                   f"whole text {_rate(luna['whole'], luna['events'])}, parts per cell <= {luna['parts_max']}; "
                   f"Sol ({sol['mode']}, {sol['calls']} call(s)) shown {_rate(sol['shown'], sol['cited'])}")  # fmt: skip
+            if sol.get("why"):
+                print(f"    Sol cannot plan at this context: {sol['why']}")
             short = short and luna["shown"] == luna["events"] and sol["shown"] == sol["cited"]
     return 0 if short else 1
 

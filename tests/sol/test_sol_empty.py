@@ -59,7 +59,8 @@ def test_an_empty_sol_answer_without_a_reason_is_reasked_then_fails(
         assert said in json.dumps(request["messages"])
     assert not (tmp_path / "runs" / "r1" / SHORTLIST_FILE).exists()  # no shortlist that reads as "nothing found"
     receipt = read_json(tmp_path / "runs" / "r1" / "block-receipt.json")
-    assert "Sol gave no answer that parses" in receipt["blocker"] or "Sol" in json.dumps(receipt)
+    assert receipt["stage"] == "sol" and "Sol gave no answer that parses" in receipt["blocking_constraint"]
+    assert said in receipt["blocking_constraint"]  # the reason the answer was refused, said where it blocked
 
 
 def test_an_empty_sol_answer_with_a_reason_is_kept_and_said(
