@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from pipeline.core.empties import empty_reason_error
+
 # Non-empty text: whitespace-only counts as empty. Strict: YAML numbers are not text.
 Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, strict=True)]
 Confidence = Literal["high", "medium", "low"]
@@ -92,7 +94,14 @@ class ProposalList(BaseModel):
     and "no card" is always an explicit, reasoned answer.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "nothing_found": "proposals [] and note saying why no clear single-lever strategy follows from the "
+            'evidence (a sentence about this weakness; "none" or "n/a" is sent back, and an empty answer '
+            "without a reason fails the call)"
+        },
+    )
 
     proposals: list[ProposalCard] = Field(description="0..N cards; [] only with a note saying why")
     note: str | None = Field(
@@ -102,8 +111,10 @@ class ProposalList(BaseModel):
 
     @model_validator(mode="after")
     def _no_card_is_explained(self) -> ProposalList:
-        if not self.proposals and not (self.note or "").strip():
-            raise ValueError("proposals is empty but note is missing: say why no single-lever strategy follows")
+        if not self.proposals:
+            problem = empty_reason_error("proposals", "note", self.note, "why no single-lever strategy follows")
+            if problem:
+                raise ValueError(problem)
         return self
 
 

@@ -63,7 +63,13 @@ class JudgedBehaviour(BaseModel):
 class JudgeAnswer(BaseModel):
     """The judge's whole answer: the behavioural change and every rejection condition."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "nothing_found": 'every condition is still answered, by its number: status "undetermined" with a '
+            "reason saying what the logs do not show; the behavioural change likewise"
+        },
+    )
 
     behavioral_change: JudgedBehaviour
     conditions: list[JudgedCondition]
@@ -251,7 +257,8 @@ def fit_request(
     budget = role_budget(settings, ROLE)
 
     def fits(req: JudgeRequest) -> bool:
-        return budget.fits(request_tokens(budget, render(ROLE, req.context).messages, JudgeAnswer))
+        messages = render(ROLE, req.context, response_model=JudgeAnswer).messages
+        return budget.fits(request_tokens(budget, messages, JudgeAnswer))
 
     for kw in ({}, {"chars": 120}, {"chars": 120, "others": False}):
         req = build_request(child, card, matched, covered, **kw)  # type: ignore[arg-type]

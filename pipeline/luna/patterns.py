@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pipeline.artifacts.versions import VERSIONS
+from pipeline.core.empties import MIN_REASON_WORDS, says_nothing
 from pipeline.probes.core import ProbeHit, normalise_key
 from pipeline.probes.files import PatternType
 
@@ -53,7 +54,7 @@ class CandidateRejection(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    candidate: str = Field(description="the probe candidate id, e.g. C004-H02")
+    candidate: str = Field(description="the probe candidate id as shown (<cell>-H<nn>)")
     observation: str = Field(min_length=5, description="what in the events makes it not a pattern")
     state_changed: bool = Field(description="does the rejection rest on a change of source, artifact, state or input?")
 
@@ -65,7 +66,14 @@ class LunaAnswer(BaseModel):
     "nothing found" is an explicit statement: an empty ``patterns`` list needs a ``none_reason``.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "nothing_found": "patterns [] and none_reason saying what in the log shows none of the three "
+            'patterns (a sentence about this log; "none" or "n/a" is sent back), and rejected_candidates with '
+            "every probe candidate"
+        },
+    )
 
     patterns: list[LunaPattern] = Field(description="the patterns this log shows; [] only with a none_reason")
     rejected_candidates: list[CandidateRejection] = Field(
@@ -95,12 +103,7 @@ class LunaAnswer(BaseModel):
         return self
 
 
-MIN_NONE_REASON_WORDS = 3
-
-
-def says_nothing(reason: str) -> bool:
-    """True for a ``none_reason`` too short to state an observation ("none", "No reason", "n/a")."""
-    return len(re.findall(r"\w+", reason)) < MIN_NONE_REASON_WORDS
+MIN_NONE_REASON_WORDS = MIN_REASON_WORDS  # one rule for every role's "nothing found" (pipeline.core.empties)
 
 
 class Pattern(BaseModel):

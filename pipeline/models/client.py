@@ -161,7 +161,7 @@ class ModelClient:
         ``ok=False`` too, until ``max_consecutive_failures`` calls in a row failed so (the provider is
         down for everyone: then :class:`ModelUnavailable` is raised).
         """
-        rendered = render_source(self._template(role), context, name=f"{role}.j2")
+        rendered = render_source(self._template(role), context, name=f"{role}.j2", response_model=response_model)
         state = CallState(role=role, cell_id=cell_id, template_hash=rendered.template_hash)
         token = CALL_STATE.set(state)
         started = time.perf_counter()
@@ -289,7 +289,8 @@ class ModelClient:
 
         def requests() -> Iterator[tuple[str, dict[str, Any]]]:
             for cell_id, context, response_model in calls():
-                messages = [dict(m) for m in render_source(source, context, name=f"{role}.j2").messages]
+                rendered = render_source(source, context, name=f"{role}.j2", response_model=response_model)
+                messages = [dict(m) for m in rendered.messages]
                 try:
                     check_fits(self.settings, role, cell_id, messages, response_model)
                 except ContextExceeded:

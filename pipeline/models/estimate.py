@@ -174,7 +174,7 @@ def estimate(
     store = RecordingStore(settings.store, "replay") if settings.store and settings.mode == "replay" else None
     imode = resolve_mode(settings, model, store)
     for counted, call in enumerate(planned, 1):
-        rendered = render(call.role, call.context)
+        rendered = render(call.role, call.context, response_model=call.response_model)
         request = instructor_request(rendered.messages, call.response_model, imode)
         prompt_tokens = _count(model, request)
         r = by_role.get(call.role)

@@ -33,7 +33,7 @@ from pipeline.artifacts.proposal_card import ProposalCard, ProposalList
 from pipeline.artifacts.proposals_file import write_cards
 from pipeline.artifacts.run_info import analysis_run_id
 from pipeline.artifacts.versions import VERSIONS
-from pipeline.core.canonical import pretty_json, read_json, sha256_file, write_json
+from pipeline.core.canonical import canonical_json, read_json, sha256_file, write_json
 from pipeline.core.errors import BadInput, Blocked
 from pipeline.core.settings import ModelSettings
 from pipeline.core.urls import is_shown, unusable
@@ -206,12 +206,13 @@ def build_context(
         "weakness_id": weakness.weakness_id,
         "decision": str(decision.get("decision")),
         "note": decision.get("note") or "",
-        "weakness_json": pretty_json(card).strip(),
-        "support_json": pretty_json(
+        # JSON without indentation: the card and each group on one line (a third of an indented copy's tokens)
+        "weakness_json": canonical_json(card),
+        "support_json": canonical_json(
             {"cells": weakness.support.cells, "tasks": weakness.support.tasks, "runs": weakness.support.runs}
-        ).strip(),
+        ),
         "cells": sorted(facts.cells),
-        "pattern_groups_json": pretty_json(cited).strip() if cited else "none cited",
+        "pattern_groups_json": "\n".join(canonical_json(g) for g in cited) if cited else "none cited",
         "rules": [{"id": rule, "what": what} for rule, what in PROMPT_RULES.items()],
     }
 
@@ -243,7 +244,8 @@ def fit_context(
     budget = role_budget(settings, ROLE)
 
     def fits(ctx: dict[str, Any]) -> bool:
-        return budget.fits(request_tokens(budget, render(ROLE, ctx).messages, ProposalList))
+        messages = render(ROLE, ctx, response_model=ProposalList).messages
+        return budget.fits(request_tokens(budget, messages, ProposalList))
 
     if fits(context):
         return context  # the full view, as always for a batch that fits

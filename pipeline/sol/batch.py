@@ -16,6 +16,7 @@ from pipeline.artifacts.run_info import analysis_run_id
 from pipeline.core import duck
 from pipeline.core.canonical import read_json
 from pipeline.sol.checks import EvidenceIndex, load_index
+from pipeline.sol.evidence import GroupEvidence, load_evidence
 from pipeline.sol.timeline_cache import Timelines, load_timelines
 
 GROUPS_FILE = "pattern-groups.json"
@@ -82,6 +83,7 @@ class Batch:
     timeline: dict[str, list[tuple[str, str]]]  # cell -> (detail, line), unfitted
     index: EvidenceIndex
     timeline_store: Timelines | None = field(default=None, repr=False)  # what the timeline store must learn
+    evidence: GroupEvidence = field(default_factory=GroupEvidence, repr=False)  # what the groups cite, with text
     eligible: list[dict[str, Any]] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -132,6 +134,7 @@ def load_batch(run_dir: Path, ir_path: Path) -> Batch:
             coverage = doc["coverage"]  # the Coordinator's coverage carries pattern counts per cell
         eligible = [str(c["cell_id"]) for c in cells if c["eligibility"] == "valid_behavior"]
         found = load_timelines(con, run_dir, eligible)  # unchanged cells' lines from the last run
+        evidence = load_evidence(con, groups)  # Luna's words and every cited event's text, one query each
     finally:
         con.close()
     return Batch(
@@ -143,4 +146,5 @@ def load_batch(run_dir: Path, ir_path: Path) -> Batch:
         timeline=found.lines,
         index=index,
         timeline_store=found,
+        evidence=evidence,
     )

@@ -9,9 +9,11 @@ add its own counts is re-asked.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from pipeline.core.empties import empty_reason_error
 
 Confidence = Literal["high", "medium", "low"]
 _WEAKNESS_ID = re.compile(r"W-\d{2,}")
@@ -90,10 +92,39 @@ class WeaknessDraft(_Strict):
         return v
 
 
-class SolAnswer(_Strict):
-    """Sol's whole answer: the candidate weaknesses over the batch."""
+NO_WEAKNESS = (
+    "weaknesses [] and none_reason saying what in the evidence shown argues that the harness has no "
+    'weakness here (a sentence about these cells; "none" or "n/a" is sent back, and an empty answer without '
+    "a reason fails the call)"
+)
+_NONE_REASON = "required when weaknesses is empty: what in the evidence shown argues that there is no weakness"
 
-    weaknesses: list[WeaknessDraft]
+
+def _no_weakness_is_said(weaknesses: list[Any], none_reason: str | None) -> None:
+    if not weaknesses:
+        problem = empty_reason_error(
+            "weaknesses", "none_reason", none_reason, "what in the evidence shown argues that there is no weakness"
+        )
+        if problem:
+            raise ValueError(problem)
+
+
+class SolAnswer(_Strict):
+    """Sol's whole answer: the candidate weaknesses over the batch (or a partition of it).
+
+    "No weakness" is a stated answer: an empty list needs a ``none_reason`` with content, so a model
+    that answers ``{"weaknesses": []}`` is re-asked and, if it never says why, the call fails.
+    """
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"nothing_found": NO_WEAKNESS})
+
+    weaknesses: list[WeaknessDraft] = Field(description="the weaknesses the evidence shows; [] only with a none_reason")
+    none_reason: str | None = Field(default=None, description=_NONE_REASON)
+
+    @model_validator(mode="after")
+    def _nothing_found_is_said(self) -> SolAnswer:
+        _no_weakness_is_said(self.weaknesses, self.none_reason)
+        return self
 
 
 class SupportCounts(_Strict):
@@ -160,9 +191,17 @@ class MergedWeakness(_Strict):
 
 
 class ReduceAnswer(_Strict):
-    """The reduce step's answer: the merged weaknesses of the whole batch."""
+    """The reduce step's answer: the merged weaknesses of the whole batch (none only with a stated reason)."""
 
-    weaknesses: list[MergedWeakness]
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"nothing_found": NO_WEAKNESS})
+
+    weaknesses: list[MergedWeakness] = Field(description="the merged weaknesses; [] only with a none_reason")
+    none_reason: str | None = Field(default=None, description=_NONE_REASON)
+
+    @model_validator(mode="after")
+    def _nothing_found_is_said(self) -> ReduceAnswer:
+        _no_weakness_is_said(self.weaknesses, self.none_reason)
+        return self
 
 
 class SolCall(_Strict):

@@ -52,11 +52,13 @@ class EvidenceIndex:
     pointers: dict[str, str] = field(default_factory=dict)  # event id -> its JSON pointer (events that have one)
     # path -> (start, end, cell, JSON pointer) of every event from that file
     _by_path: dict[str, list[tuple[int, int, str, str | None]]] = field(default_factory=dict, init=False, repr=False)
+    _ids_by_path: dict[str, list[tuple[int, int, str]]] = field(default_factory=dict, init=False, repr=False)
     _asked: set[str] = field(default_factory=set, init=False, repr=False)  # ids and paths already looked up
 
     def __post_init__(self) -> None:
-        for cell, path, a, b in self.events.values():
+        for event_id, (cell, path, a, b) in self.events.items():
             self._by_path.setdefault(path, []).append((a, b, cell, None))
+            self._ids_by_path.setdefault(path, []).append((a, b, event_id))
         if self.ir_path is None:  # hand-built: everything is already here
             self._asked.update(self.events)
             self._asked.update(f"path:{p}" for p in self._by_path)
@@ -100,6 +102,7 @@ class EvidenceIndex:
             if f"path:{path}" in self._asked:
                 continue  # that file's spans are all known already
             self._by_path.setdefault(path, []).append((int(a), int(b), cell, pointer))
+            self._ids_by_path.setdefault(path, []).append((int(a), int(b), event_id))
         self._asked.update(ids)
         self._asked.update(f"path:{p}" for p in paths)
 
@@ -141,6 +144,19 @@ class EvidenceIndex:
         if m:
             return None, f"{ref}: no such event in this run's IR"
         return None, f"{ref}: not an event id (C004-e0012) or a source ref (PATH#Lx-Ly)"
+
+    def events_of(self, ref: str) -> set[str]:
+        """The event ids a resolving ref names: the event itself, or every event a source ref's lines overlap."""
+        ref = ref.strip()
+        if ref in self.events:
+            return {ref}
+        s = REF.match(ref)
+        if not s:
+            return set()
+        self.load([ref])
+        a = int(s["start"])
+        b = int(s["end"]) if s["end"] else a
+        return {e for lo, hi, e in self._ids_by_path.get(s["path"], []) if lo <= b and a <= hi}
 
 
 def _within(pointer: str, event_pointer: str | None) -> bool:
@@ -256,14 +272,20 @@ def _texts(d: WeaknessDraft) -> Iterable[tuple[str, str, bool]]:
 MIN_PREDICTION_CHARS = 20
 
 
-def cited_refs(d: WeaknessDraft) -> list[str]:
+def cited_refs(d: WeaknessDraft | WeaknessCard) -> list[str]:
     """Every ref a draft cites (support, first divergence, counter-evidence)."""
     counter = [r for item in d.counter_evidence.items for r in item.refs]
     return [*d.support.event_refs, *d.first_divergence.event_refs, *counter]
 
 
-def check_card(d: WeaknessDraft, index: EvidenceIndex) -> tuple[WeaknessCard | None, list[str]]:
-    """Check one draft card; return the checked card (support computed) or the list of errors."""
+def check_card(
+    d: WeaknessDraft, index: EvidenceIndex, shown: set[str] | None = None
+) -> tuple[WeaknessCard | None, list[str]]:
+    """Check one draft card; return the checked card (support computed) or the list of errors.
+
+    ``shown``: the event ids the request that wrote the card showed (:func:`pipeline.sol.evidence.shown_events`);
+    a ref to any other event is refused, as a map call's citation of a cell it was not shown is.
+    """
     errs: list[str] = []
     wid = d.weakness_id
 
@@ -294,6 +316,9 @@ def check_card(d: WeaknessDraft, index: EvidenceIndex) -> tuple[WeaknessCard | N
                 continue
             if cells is not None and cell not in cells:
                 err(f"{path}[{i}]", f"{ref} is in {cell}, which is not one of the cells cited here")
+                continue
+            if shown is not None and not (index.events_of(ref) & shown):
+                err(f"{path}[{i}]", f"{ref} was not shown in this request: cite only events shown with their text")
                 continue
             seen.add(cell)
         return seen
@@ -373,8 +398,13 @@ def check_card(d: WeaknessDraft, index: EvidenceIndex) -> tuple[WeaknessCard | N
     return WeaknessCard.model_validate(data), []
 
 
-def check_answer(drafts: list[WeaknessDraft], index: EvidenceIndex) -> tuple[list[WeaknessCard], dict[str, list[str]]]:
-    """Check every card; return the passing cards and, per failing weakness id, its errors."""
+def check_answer(
+    drafts: list[WeaknessDraft], index: EvidenceIndex, shown: set[str] | None = None
+) -> tuple[list[WeaknessCard], dict[str, list[str]]]:
+    """Check every card; return the passing cards and, per failing weakness id, its errors.
+
+    ``shown``: as in :func:`check_card`.
+    """
     cards: list[WeaknessCard] = []
     failed: dict[str, list[str]] = {}
     seen: set[str] = set()
@@ -384,7 +414,7 @@ def check_answer(drafts: list[WeaknessDraft], index: EvidenceIndex) -> tuple[lis
             failed.setdefault(d.weakness_id, []).append(f"{d.weakness_id}: weakness_id used twice")
             continue
         seen.add(d.weakness_id)
-        card, errs = check_card(d, index)
+        card, errs = check_card(d, index, shown)
         if card is None:
             failed[d.weakness_id] = errs
         else:
@@ -392,7 +422,7 @@ def check_answer(drafts: list[WeaknessDraft], index: EvidenceIndex) -> tuple[lis
     return cards, failed
 
 
-def answer_errors(drafts: list[WeaknessDraft], index: EvidenceIndex) -> list[str]:
+def answer_errors(drafts: list[WeaknessDraft], index: EvidenceIndex, shown: set[str] | None = None) -> list[str]:
     """Every error of an answer, flat (what goes back to the model on a re-ask)."""
-    _, failed = check_answer(drafts, index)
+    _, failed = check_answer(drafts, index, shown)
     return [e for errs in failed.values() for e in errs]

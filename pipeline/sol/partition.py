@@ -2,9 +2,11 @@
 
 Partitions follow task families first (whole families are packed together while they fit), then
 chunks of cells (a family too large for one call is cut into consecutive cells). Pattern groups are
-rendered compactly: a header with the group's batch-wide counts per task and outcome, then the
-occurrences in this partition (a bounded sample with events and refs, the rest by id), so every
-occurrence stays reachable by id while the prompt stays bounded.
+rendered compactly: a header with the group's batch-wide counts per task and outcome, then EVERY
+occurrence in this partition with Luna's words and the text of every event it cites
+(:mod:`pipeline.sol.evidence`). When that does not fit, a partition holds fewer cells (and so
+fewer groups), never fewer facts per group. Cells are a table under a header line, not key=value
+pairs repeated on every row.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.sol.batch import Batch, group_id
+from pipeline.sol.evidence import occurrence_lines
 from pipeline.sol.timeline import fit_timelines, timeline_chars
 
-OCCURRENCE_SAMPLE = 8  # occurrences of one group shown with events and refs per call; the rest by id
-EVENTS_PER_OCCURRENCE = 4
-REFS_PER_OCCURRENCE = 2
+CELL_HEADER = "cell|task|run|outcome|quality|completion|cost|stability|patterns|groups|luna"
+"""The columns of :func:`cell_line` (said once, above the rows)."""
 TIMELINE_SHARE = 0.5  # at most this share of a map prompt's room goes to timelines
 
 
@@ -30,6 +32,7 @@ class Chunk:
     tasks: list[str]
     cells: list[str]
     sizes: dict[str, int] = field(default_factory=dict, repr=False)
+    groups: list[str] | None = None  # only these pattern groups (one cell too large with all of its groups)
 
 
 def outcome_of(cell: dict[str, Any]) -> str:
@@ -47,16 +50,26 @@ def by_task_outcome(cells: list[dict[str, Any]]) -> str:
 
 
 def cell_line(cell: dict[str, Any], coverage: dict[str, Any] | None) -> str:
-    """One compact line per cell: ids, outcome and metrics, and what Luna and the Coordinator made of it."""
-    metrics = " ".join(
-        f"{k}={cell[k]}" for k in ("quality", "completion", "cost", "stability") if cell.get(k) is not None
-    )
-    cov = ""
-    if coverage:
-        cov = f" | patterns={coverage.get('patterns', 0)} groups={coverage.get('groups', 0)}"
-        if coverage.get("luna_status") not in (None, "ok", "split"):
-            cov += f" luna={coverage.get('luna_status')} ({coverage.get('luna_reason') or '-'})"
-    return f"{cell['cell_id']} task={cell['task_id']} run={cell['run_id']} outcome={outcome_of(cell)} {metrics}{cov}"
+    """One row of the cell table (:data:`CELL_HEADER`): ids, outcome, metrics, what Luna and the Coordinator made of it.
+
+    A missing value is ``-``; Luna's status is ``ok`` or ``<status> (<reason>)``.
+    """
+    metrics = [cell.get(k) for k in ("quality", "completion", "cost", "stability")]
+    cov = coverage or {}
+    luna = str(cov.get("luna_status") or "-")
+    if cov.get("luna_status") not in (None, "ok", "split"):
+        luna += f" ({cov.get('luna_reason') or '-'})"
+    values = [
+        cell["cell_id"],
+        cell["task_id"],
+        cell["run_id"],
+        outcome_of(cell),
+        *("-" if m is None else m for m in metrics),
+        cov.get("patterns", "-" if coverage is None else 0),
+        cov.get("groups", "-" if coverage is None else 0),
+        luna,
+    ]
+    return "|".join(str(v) for v in values)
 
 
 class Renderer:
@@ -74,9 +87,9 @@ class Renderer:
                 if isinstance(o, dict) and o.get("cell_id"):
                     self.occ_by_cell.setdefault(str(o["cell_id"]), []).append((gid, o))
         self._headers: dict[str, str] = {}
-        # each occurrence line and cell size is asked for several times per plan (partition, then
+        # each occurrence block and cell size is asked for several times per plan (partition, then
         # every map context): made once (pure functions of the batch)
-        self._occ_lines: dict[str, str] = {}
+        self._occ_blocks: dict[str, tuple[str, list[tuple[str, str]], list[tuple[str, str]]]] = {}
         self._cell_lines: dict[str, str] = {}
         self._sizes: dict[tuple[str, int], tuple[int, set[str]]] = {}
         self._by_task: str | None = None
@@ -107,42 +120,52 @@ class Renderer:
             line = self._cell_lines[cell] = cell_line(self.cells[cell], self.coverage.get(cell))
         return line
 
-    def occurrence_line(self, o: dict[str, Any]) -> str:
-        """One occurrence with a bounded list of its events and refs (the rest counted)."""
+    def occurrence_block(self, o: dict[str, Any]) -> tuple[str, list[tuple[str, str]], list[tuple[str, str]]]:
+        """One occurrence: head line, Luna's words, every cited event with its text (:func:`occurrence_lines`)."""
         oid = str(o["occurrence_id"])
-        line = self._occ_lines.get(oid)
-        if line is None:
-            line = self._occ_lines[oid] = self._occurrence_line(o)
-        return line
+        block = self._occ_blocks.get(oid)
+        if block is None:
+            cell = self.cells.get(str(o["cell_id"]), {})
+            where = f"{o['cell_id']} ({cell.get('task_id', '-')}, {outcome_of(cell)})"
+            block = self._occ_blocks[oid] = occurrence_lines(o, where, self.batch.evidence)
+        return block
 
-    def _occurrence_line(self, o: dict[str, Any]) -> str:
-        cell = self.cells.get(str(o["cell_id"]), {})
-        events = list(o.get("events") or [])
-        refs = list(o.get("refs") or [])
-        ev = ", ".join(events[:EVENTS_PER_OCCURRENCE]) + (
-            f" (+{len(events) - EVENTS_PER_OCCURRENCE})" if len(events) > EVENTS_PER_OCCURRENCE else ""
-        )
-        rf = ", ".join(refs[:REFS_PER_OCCURRENCE]) + (
-            f" (+{len(refs) - REFS_PER_OCCURRENCE})" if len(refs) > REFS_PER_OCCURRENCE else ""
-        )
-        where = f"{o['cell_id']} ({cell.get('task_id', '-')}, {outcome_of(cell)})"
-        return f"  {o['occurrence_id']} {where}: events {ev}; refs {rf}"
+    def block_chars(self, o: dict[str, Any]) -> int:
+        """Characters an occurrence's block takes (before texts and events said earlier are left out)."""
+        head, texts, events = self.occurrence_block(o)
+        return len(head) + 1 + sum(len(line) + 1 for _, line in (*texts, *events))
 
-    def groups_text(self, cells: list[str]) -> str:
-        """The pattern groups seen in ``cells``: header, sampled occurrences, the rest by id."""
-        wanted = set(cells)
+    def group_ids(self, cells: list[str]) -> list[str]:
+        """The pattern groups with an occurrence in ``cells``, sorted."""
+        return sorted({gid for c in cells for gid, _ in self.occ_by_cell.get(c, [])})
+
+    def groups_text(self, cells: list[str], only: list[str] | None = None) -> str:
+        """The pattern groups seen in ``cells``: header, then every occurrence here with its evidence.
+
+        A text or an event line already said in this request is not said again (the occurrence's
+        head line still names its events). ``only``: just these groups (a cell too large for one
+        request with all of its groups is read in several, each with every fact of its groups).
+        """
         per_group: dict[str, list[dict[str, Any]]] = {}
         for c in cells:
             for gid, o in self.occ_by_cell.get(c, []):
-                per_group.setdefault(gid, []).append(o)
+                if only is None or gid in only:
+                    per_group.setdefault(gid, []).append(o)
         out: list[str] = []
+        seen: set[str] = set()
         for gid in sorted(per_group):
-            occ = sorted(per_group[gid], key=lambda o: str(o["occurrence_id"]))
             out.append(self.group_header(gid))
-            out += [self.occurrence_line(o) for o in occ[:OCCURRENCE_SAMPLE]]
-            rest = [str(o["occurrence_id"]) for o in occ[OCCURRENCE_SAMPLE:] if str(o["cell_id"]) in wanted]
-            if rest:
-                out.append(f"  {len(rest)} more occurrence(s) here, by id: {', '.join(rest)}")
+            for o in sorted(per_group[gid], key=lambda o: str(o["occurrence_id"])):
+                head, texts, events = self.occurrence_block(o)
+                out.append(head)
+                for key, line in (*texts, *events):
+                    if key not in seen:
+                        seen.add(key)
+                        out.append(line)
+        if out and only is not None:
+            every = self.group_ids(cells)
+            out.insert(0, f"(this call shows {len(per_group)} of the {len(every)} pattern groups of these cells; "
+                          "other calls read the others, each with all of its facts)")  # fmt: skip
         return "\n".join(out) if out else "none in these cells"
 
     def cell_size(self, cell: str, timeline_cap: int) -> tuple[int, set[str]]:
@@ -156,7 +179,7 @@ class Renderer:
         size = len(self.cell_line(cell)) + 1
         gids: set[str] = set()
         for gid, o in self.occ_by_cell.get(cell, []):
-            size += len(self.occurrence_line(o)) + 1
+            size += self.block_chars(o)
             gids.add(gid)
         size += min(timeline_chars(self.batch.timeline.get(cell, [])), timeline_cap)
         return size, gids
@@ -202,6 +225,21 @@ def partition(renderer: Renderer, room_chars: int) -> list[Chunk]:
     return [c for c in chunks if c.cells]
 
 
+def split_groups(chunk: Chunk, renderer: Renderer) -> list[Chunk]:
+    """Halve the pattern groups of a one-cell chunk whose request is too large.
+
+    Fewer groups per request, never fewer facts per group: empty when it holds one group (it cannot be cut).
+    """
+    groups = chunk.groups if chunk.groups is not None else renderer.group_ids(chunk.cells)
+    if len(groups) < 2:
+        return []
+    half = len(groups) // 2
+    return [
+        Chunk(call_id=f"{chunk.call_id}{'gh'[i]}", tasks=list(chunk.tasks), cells=list(chunk.cells), groups=g)
+        for i, g in enumerate((groups[:half], groups[half:]))
+    ]
+
+
 def split(chunk: Chunk) -> list[Chunk]:
     """Halve a chunk whose rendered request turned out too large."""
     half = len(chunk.cells) // 2
@@ -223,7 +261,7 @@ def fitted_map_context(renderer: Renderer, chunk: Chunk, room_chars: int) -> dic
     """:func:`map_context` whose timelines get what the cells and groups leave of ``room_chars`` (400 at least)."""
     cells = [renderer.cells[c] for c in chunk.cells]
     cells_text = _cells_text(renderer, cells)
-    groups_text = renderer.groups_text(chunk.cells)
+    groups_text = renderer.groups_text(chunk.cells, chunk.groups)
     timeline_chars = max(room_chars - len(cells_text) - len(groups_text), 400)
     return _map_context(renderer, chunk, cells, cells_text, timeline_chars, groups_text)
 
@@ -253,14 +291,15 @@ def _map_context(
         "batch_by_task": renderer.batch_by_task,
         "tasks": chunk.tasks,
         "cell_count": len(cells),
+        "cell_header": CELL_HEADER,
         "cells_text": cells_text,
         "negatives": negatives,
-        "groups_text": renderer.groups_text(chunk.cells) if groups_text is None else groups_text,
+        "groups_text": renderer.groups_text(chunk.cells, chunk.groups) if groups_text is None else groups_text,
         "timelines_note": (
             "complete"
             if not omitted
             else f"trimmed to fit the prompt: {omitted} of {sum(len(v) for v in lines.values())} events "
-            "omitted (marked in place); every event id stays citable"
+            "omitted (marked in place); cite only events shown in this request"
         ),
         "timelines_text": "\n\n".join(
             f"### {cell} ({outcome.get(cell, '')})\n" + "\n".join(ls) for cell, ls in sorted(timelines.items())

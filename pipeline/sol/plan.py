@@ -21,7 +21,15 @@ from pipeline.models import render
 from pipeline.models.budget import RoleBudget, chars_per_token, request_tokens, role_budget
 from pipeline.sol.batch import Batch
 from pipeline.sol.cards import ReduceAnswer, SolAnswer
-from pipeline.sol.partition import Chunk, Renderer, fitted_map_context, map_context, partition, split
+from pipeline.sol.partition import (
+    Chunk,
+    Renderer,
+    fitted_map_context,
+    map_context,
+    partition,
+    split,
+    split_groups,
+)
 
 ROLE = "sol"
 MAP_ROLE = "sol_map"
@@ -90,7 +98,7 @@ class SolPlanDraft:
 
 def count(budget: RoleBudget, role: str, context: dict[str, Any], response_model: type[Any]) -> int:
     """Tokens of the whole request ``role`` would send with ``context``."""
-    return request_tokens(budget, render(role, context).messages, response_model)
+    return request_tokens(budget, render(role, context, response_model=response_model).messages, response_model)
 
 
 def request_digest(budget: RoleBudget, messages: list[dict[str, Any]], response_model: type[Any]) -> str:
@@ -112,7 +120,7 @@ def _count_map(
     budget: RoleBudget, context: dict[str, Any], known: dict[str, int], used: dict[str, int]
 ) -> tuple[int, str]:
     # A map request counted by an earlier run (same digest: same text, same tokenizer) is not counted again.
-    messages = render(MAP_ROLE, context).messages
+    messages = render(MAP_ROLE, context, response_model=SolAnswer).messages
     key = request_digest(budget, messages, SolAnswer)
     tokens = known.get(key)
     if tokens is None:
@@ -161,9 +169,13 @@ def plan_maps(
             out.append(MapCall(chunk=chunk, context=ctx, tokens=tokens, request_digest=key))
         elif len(chunk.cells) > 1:
             todo[:0] = split(chunk)
+        elif halves := split_groups(chunk, renderer):  # one cell: fewer groups per request, never fewer facts
+            todo[:0] = halves
         else:
             raise Blocked(
-                f"cell {chunk.cells[0]} alone needs {tokens:,} tokens in a Sol map request, over the budget "
+                f"cell {chunk.cells[0]} alone needs {tokens:,} tokens in a Sol map request"
+                + (f" with its one pattern group {chunk.groups[0]}" if chunk.groups else "")
+                + ", over the budget "
                 f"{budget.input_tokens:,} ({budget.limits.describe()})",
                 reason="external_system",
                 unblock="lunasol run BUNDLE --model MODEL_WITH_A_LARGER_CONTEXT --resume",
@@ -192,7 +204,7 @@ def plan_sol(
     ``known`` holds map request counts of an earlier run (:func:`plan_maps`).
     """
     budget = role_budget(settings, ROLE)
-    rendered = render(ROLE, single)
+    rendered = render(ROLE, single, response_model=SolAnswer)
     text = "\n".join(str(m["content"]) for m in rendered.messages)
     # characters per token of this batch's text, from a sample of the prompt (sizes are planned in characters)
     cpt = chars_per_token(budget.limits, text[len(text) // 2 : len(text) // 2 + SAMPLE_CHARS])

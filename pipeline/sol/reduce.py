@@ -361,8 +361,13 @@ def assemble(merged: MergedWeakness, drafts: dict[str, Draft]) -> WeaknessDraft:
     return WeaknessDraft.model_validate(data)
 
 
-def reduce_errors(answer: list[MergedWeakness], drafts: dict[str, Draft], batch: Batch) -> list[str]:
-    """What goes back to the model on a re-ask: unknown or twice-merged drafts, then every card check."""
+def reduce_errors(
+    answer: list[MergedWeakness], drafts: dict[str, Draft], batch: Batch, shown: set[str] | None = None
+) -> list[str]:
+    """What goes back to the model on a re-ask: unknown or twice-merged drafts, then every card check.
+
+    ``shown``: the event ids this reduce request showed (a citation of another event is refused).
+    """
     errs: list[str] = []
     used: dict[str, str] = {}
     for w in answer:
@@ -375,7 +380,7 @@ def reduce_errors(answer: list[MergedWeakness], drafts: dict[str, Draft], batch:
                 errs.append(f"{w.weakness_id}: merges[{i}]: {did} is already merged into {used[did]}")
             else:
                 used[did] = w.weakness_id
-    return errs + answer_errors([assemble(w, drafts) for w in answer], batch.index)
+    return errs + answer_errors([assemble(w, drafts) for w in answer], batch.index, shown)
 
 
 def outcome_cells(batch: Batch, cells: list[str]) -> str:

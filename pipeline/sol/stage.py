@@ -13,7 +13,7 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.core.canonical import digest, pretty_json, sha256_file, sha256_text
+from pipeline.core.canonical import digest, sha256_file, sha256_text
 from pipeline.core.errors import Blocked
 from pipeline.core.listing import some
 from pipeline.ir.digests import ir_digest
@@ -31,6 +31,8 @@ from pipeline.sol.batch import (
 )
 from pipeline.sol.cards import Dropped, ReduceAnswer, SolAnswer, SolCall, SolPlan, WeaknessCard, WeaknessDraft
 from pipeline.sol.checks import EvidenceIndex, answer_errors, check_answer, cited_refs
+from pipeline.sol.evidence import shown_events
+from pipeline.sol.partition import CELL_HEADER, Renderer, outcome_of
 from pipeline.sol.plan import (
     MAP_ROLE,
     REDUCE_ROLE,
@@ -75,35 +77,36 @@ __all__ = [
 
 
 def single_context(batch: Batch) -> dict[str, Any]:
-    """The template context of the one call over the whole batch (the batch fits the model)."""
+    """The template context of the one call over the whole batch (the batch fits the model).
+
+    Every value is the text the template shows (tables and lines, no indented JSON), so
+    :func:`pipeline.sol.evidence.shown_events` of this context is what the request shows.
+    """
     eligible = batch.eligible
     raw_lines = batch.timeline
     timelines, omitted = fit_timelines(raw_lines, timeline_budget())
-    context: dict[str, Any] = {
+    renderer = Renderer(batch)
+    cells = [str(c["cell_id"]) for c in eligible]
+    outcome = {c["cell_id"]: f"{c['task_id']}, {outcome_of(c)}" for c in eligible}
+    return {
         "run_id": batch.run_id,
         "harnesses": batch.harnesses,
         "eligible_count": len(eligible),
-        "cells": eligible,
-        "excluded": batch.excluded,
+        "cell_header": CELL_HEADER,
+        "cells_text": "\n".join(renderer.cell_line(c) for c in cells),
+        "excluded_text": "\n".join(f"{e['cell_id']}: {e['reason'] or '-'}" for e in batch.excluded) or "none",
         "negatives": batch.negatives,
-        "coverage": batch.coverage,
-        "pattern_groups": batch.groups,
-        "timelines": timelines,
+        "groups_text": renderer.groups_text(cells),
         "timelines_note": (
             "complete"
             if not omitted
             else f"trimmed to fit the prompt: {omitted} of {sum(len(v) for v in raw_lines.values())} events "
-            "omitted (marked in place); every event id stays citable"
+            "omitted (marked in place); cite only events shown in this request"
+        ),
+        "timelines_text": "\n\n".join(
+            f"### {cell} ({outcome.get(cell, '')})\n" + "\n".join(lines) for cell, lines in sorted(timelines.items())
         ),
     }
-    # Pre-serialised views: templates embed JSON verbatim (never re-templated, stable bytes).
-    for key in ("cells", "excluded", "coverage", "pattern_groups"):
-        context[f"{key}_json"] = pretty_json(context[key]).strip()
-    outcome = {c["cell_id"]: f"{c['task_id']}, {c['outcome'] or 'no outcome'}" for c in eligible}
-    context["timelines_text"] = "\n\n".join(
-        f"### {cell} ({outcome.get(cell, '')})\n" + "\n".join(lines) for cell, lines in sorted(timelines.items())
-    )
-    return context
 
 
 def build_context(run_dir: Path, ir_path: Path) -> tuple[dict[str, Any], EvidenceIndex]:
@@ -144,9 +147,13 @@ def make_shortlist(
     call: dict[str, Any],
     plan: SolPlan | None = None,
     dropped_before: list[Dropped] | None = None,
+    shown: set[str] | None = None,
 ) -> Shortlist:
-    """Check the drafts and assemble the shortlist (cards that pass, the rest dropped with reasons)."""
-    cards, failed = check_answer(drafts, index)
+    """Check the drafts and assemble the shortlist (cards that pass, the rest dropped with reasons).
+
+    ``shown``: the event ids the request that wrote the drafts showed; a card citing another is dropped.
+    """
+    cards, failed = check_answer(drafts, index, shown)
     dropped = [
         Dropped(weakness_id=d.weakness_id, statement=d.statement, reasons=failed[d.weakness_id])
         for d in drafts
@@ -198,9 +205,10 @@ def _record(call_id: str, role: str, outcome: CallOutcome[Any], tokens: int, **w
 def _mine_single(ctx: RunContext, batch: Batch, decision: SolPlanDraft, client: ModelClient) -> Shortlist:
     index = batch.index
     context = decision.single_context or {}
+    shown = shown_events(context)
 
     def check(answer: SolAnswer) -> list[str]:
-        return answer_errors(answer.weaknesses, index)
+        return answer_errors(answer.weaknesses, index, shown)
 
     outcome = asyncio.run(client.call(role=ROLE, cell_id=None, context=context, response_model=SolAnswer, check=check))
     if outcome.ok and outcome.value is not None:
@@ -210,6 +218,8 @@ def _mine_single(ctx: RunContext, batch: Batch, decision: SolPlanDraft, client: 
     else:
         raise _no_answer(outcome, "Sol")
     call = {"ok": outcome.ok, "attempts": outcome.attempts, "errors": list(outcome.errors), "key": outcome.key}
+    if not drafts and outcome.value is not None:
+        call["none_reason"] = outcome.value.none_reason  # an empty answer always states why (SolAnswer)
     plan = SolPlan(
         mode="single",
         budget_tokens=decision.budget.input_tokens,
@@ -225,7 +235,9 @@ def _mine_single(ctx: RunContext, batch: Batch, decision: SolPlanDraft, client: 
             )
         ],
     )
-    return make_shortlist(batch.run_id, index, drafts, made_from=_made_from(ctx, context), call=call, plan=plan)
+    return make_shortlist(
+        batch.run_id, index, drafts, made_from=_made_from(ctx, context), call=call, plan=plan, shown=shown
+    )
 
 
 def _outside(answer: SolAnswer, seen: set[str]) -> list[str]:
@@ -260,8 +272,16 @@ def _reused(stored: StoredMap, call_id: str, thash: str) -> CallOutcome[SolAnswe
     )
 
 
+def _said(call_id: str, outcome: CallOutcome[Any]) -> str:
+    """``call_id: why`` of a call that answered no weakness (its stated reason), else empty."""
+    value = outcome.value
+    if value is None or value.weaknesses or not value.none_reason:
+        return ""
+    return f"{call_id}: {value.none_reason}" if call_id else str(value.none_reason)
+
+
 async def _run_maps(
-    client: ModelClient, batch: Batch, decision: SolPlanDraft, run_dir: Path
+    client: ModelClient, batch: Batch, decision: SolPlanDraft, run_dir: Path, said: list[str]
 ) -> tuple[list[Draft], list[SolCall], list[Dropped]]:
     answers = MapAnswers(run_dir)
     thash = template_hash(MAP_ROLE)
@@ -282,9 +302,10 @@ async def _run_maps(
 
     async def one(m: Any, key: str, stored: StoredMap | None) -> CallOutcome[SolAnswer]:
         seen = set(m.chunk.cells)
+        shown = shown_events(m.context)
 
         def check(answer: SolAnswer) -> list[str]:
-            return _outside(answer, seen) + answer_errors(answer.weaknesses, batch.index)
+            return _outside(answer, seen) + answer_errors(answer.weaknesses, batch.index, shown)
 
         cid = m.chunk.call_id
         if stored is not None and not check(stored.answer):  # same request, and today's checks still pass
@@ -309,7 +330,7 @@ async def _run_maps(
         answer = out.value if out.ok else (SolAnswer.model_validate(out.last_answer) if out.last_answer else None)
         made: list[str] = []
         if answer is not None:
-            cards, failed = check_answer(answer.weaknesses, batch.index)
+            cards, failed = check_answer(answer.weaknesses, batch.index, shown_events(m.context))
             outside = _outside(answer, set(m.chunk.cells))
             for card in cards:
                 bad = [e for e in outside if e.startswith(f"{card.weakness_id}:")]
@@ -338,6 +359,7 @@ async def _run_maps(
         )
     if all(not c.ok and not c.outputs for c in calls) and not any(o.last_answer for o in outcomes):
         raise _no_answer(outcomes[0], "Sol (every map call)")
+    said.extend(_said(m.chunk.call_id, o) for m, o in zip(decision.maps, outcomes, strict=True) if _said("", o))
     return drafts, calls, dropped
 
 
@@ -363,8 +385,13 @@ async def _reduce(
     drafts: list[Draft],
     map_calls: list[SolCall],
     cpt: float,
-) -> tuple[list[WeaknessDraft], list[SolCall], list[Dropped]]:
-    """Reduce rounds until one call holds every remaining draft; returns the final weakness drafts."""
+    said: list[str],
+) -> tuple[list[WeaknessDraft], list[SolCall], list[Dropped], set[str]]:
+    """Reduce rounds until one call holds every remaining draft.
+
+    Returns the final weakness drafts, the calls, the drafts dropped, and the event ids the final
+    call showed (its request, and what the drafts it merges cite: their map calls showed those).
+    """
     budget = reduce_budget(settings)
     summaries = [c.model_dump() for c in map_calls]
     calls: list[SolCall] = []
@@ -377,24 +404,25 @@ async def _reduce(
         room = int((budget.input_tokens - fixed) * cpt * 0.9)
         packs = _pack(drafts, blocks, max(room, 1))
         final = len(packs) == 1
-        outs: list[tuple[str, list[Draft], Any, int]] = []
+        outs: list[tuple[str, list[Draft], set[str], int]] = []
         coros = []
         for i, pack in enumerate(packs, 1):
             cid = "R" if final and round_no == 1 else f"R{round_no}-{i:02d}"
             rctx = reduce_context(batch, pack, blocks, cid, summaries)
             tokens = reduce_tokens(budget, rctx)
             by_id = {d.draft_id: d for d in pack}
+            shown = shown_events(rctx) | {e for d in pack for r in cited_refs(d.card) for e in batch.index.events_of(r)}
 
-            def check(answer: ReduceAnswer, by_id: dict[str, Draft] = by_id) -> list[str]:
-                return reduce_errors(answer.weaknesses, by_id, batch)
+            def check(answer: ReduceAnswer, by_id: dict[str, Draft] = by_id, shown: set[str] = shown) -> list[str]:
+                return reduce_errors(answer.weaknesses, by_id, batch, shown)
 
             coros.append(
                 client.call(role=REDUCE_ROLE, cell_id=cid, context=rctx, response_model=ReduceAnswer, check=check)
             )
-            outs.append((cid, pack, None, tokens))
+            outs.append((cid, pack, shown, tokens))
         results = await client.gather(coros, label="sol reduce")
-        merged_drafts: list[tuple[str, list[Draft], list[WeaknessDraft]]] = []
-        for (cid, pack, _, tokens), out in zip(outs, results, strict=True):
+        merged_drafts: list[tuple[str, list[Draft], list[WeaknessDraft], set[str]]] = []
+        for (cid, pack, shown, tokens), out in zip(outs, results, strict=True):
             answer = (
                 out.value if out.ok else (ReduceAnswer.model_validate(out.last_answer) if out.last_answer else None)
             )
@@ -423,13 +451,14 @@ async def _reduce(
                     outputs=[w.weakness_id for w in answer.weaknesses],
                 )
             )
-            merged_drafts.append((cid, pack, [assemble(w, by_id) for w in answer.weaknesses]))
+            merged_drafts.append((cid, pack, [assemble(w, by_id) for w in answer.weaknesses], shown))
         if final:
-            return merged_drafts[0][2], calls, dropped
+            said.extend(x for cid, out in zip([o[0] for o in outs], results, strict=True) if (x := _said(cid, out)))
+            return merged_drafts[0][2], calls, dropped, merged_drafts[0][3]
         # Not the last round: every pack's checked weaknesses become drafts of the next round.
         nxt: list[Draft] = []
-        for cid, pack, weaknesses in merged_drafts:
-            cards, failed = check_answer(weaknesses, batch.index)
+        for cid, pack, weaknesses, shown in merged_drafts:
+            cards, failed = check_answer(weaknesses, batch.index, shown)
             seen = sorted({c for d in pack for c in d.seen_cells})
             nxt += [Draft(f"{cid}/{c.weakness_id}", cid, c, seen) for c in cards]
             dropped += [
@@ -447,16 +476,19 @@ async def _reduce(
 
 
 def _mine_map_reduce(ctx: RunContext, batch: Batch, decision: SolPlanDraft, client: ModelClient) -> Shortlist:
-    async def go() -> tuple[list[WeaknessDraft], list[SolCall], list[Dropped]]:
-        drafts, map_calls, dropped = await _run_maps(client, batch, decision, ctx.run_dir)
-        if not drafts:
-            return [], map_calls, dropped
-        final, reduce_calls, more = await _reduce(
-            client, batch, ctx.options.models, drafts, map_calls, decision.chars_per_token
-        )
-        return final, map_calls + reduce_calls, dropped + more
+    said: list[str] = []  # what the calls that found no weakness said about why
 
-    final, calls, dropped = asyncio.run(go())
+    async def go() -> tuple[list[WeaknessDraft], list[SolCall], list[Dropped], set[str]]:
+        drafts, map_calls, dropped = await _run_maps(client, batch, decision, ctx.run_dir, said)
+        if not drafts:
+            return [], map_calls, dropped, set()
+        said.clear()  # the reduce's reason is the batch's, not the maps'
+        final, reduce_calls, more, shown = await _reduce(
+            client, batch, ctx.options.models, drafts, map_calls, decision.chars_per_token, said
+        )
+        return final, map_calls + reduce_calls, dropped + more, shown
+
+    final, calls, dropped, shown = asyncio.run(go())
     plan = SolPlan(
         mode="map_reduce",
         budget_tokens=decision.budget.input_tokens,
@@ -470,6 +502,8 @@ def _mine_map_reduce(ctx: RunContext, batch: Batch, decision: SolPlanDraft, clie
         "errors": [f"{c.call_id}: {e}" for c in calls for e in c.errors],
         "key": last.key,
     }
+    if not final and said:
+        call["none_reason"] = " | ".join(said)
     extra = {f"template:{r}": template_hash(r) for r in (MAP_ROLE, REDUCE_ROLE)}
     return make_shortlist(
         batch.run_id,
@@ -479,6 +513,7 @@ def _mine_map_reduce(ctx: RunContext, batch: Batch, decision: SolPlanDraft, clie
         call=call,
         plan=plan,
         dropped_before=dropped,
+        shown=shown,
     )
 
 
@@ -525,6 +560,8 @@ def stage(ctx: RunContext) -> str:
     """Runner stage: mine root causes; one-line summary."""
     sl = mine(ctx)
     kept = ", ".join(w.weakness_id for w in sl.weaknesses) or "none"
+    if not sl.weaknesses and sl.call.get("none_reason"):
+        kept = f"none: Sol says {sl.call['none_reason']}"
     how = ""
     if sl.plan is not None and sl.plan.mode == "map_reduce":
         maps = sum(1 for c in sl.plan.calls if c.role == MAP_ROLE)

@@ -40,7 +40,8 @@ def luna_answer(prompt: str) -> dict[str, Any]:
 Occurrence = tuple[str, str, bool]  # (cell, first event id, the cell failed)
 
 _GROUP_LINE = re.compile(r"^(\S+) \S+ concerns=")
-_OCC_LINE = re.compile(r"^  \S+-O\d+ (C\S+) \([^,]+, ([^)]+)\): events (\S+?-e\d+)")
+_OCC_LINE = re.compile(r"^  \S+-O\d+ (C\S+) \([^,]+, ([^)]+)\) · patterns .*? · events (\S+?-e\d+)")
+NONE_REASON = "No pattern group shown here has an occurrence in a failed cell, so no failure is explained by one."
 
 
 def _groups_from_json(prompt: str) -> dict[str, list[Occurrence]]:
@@ -63,7 +64,7 @@ def _groups_from_json(prompt: str) -> dict[str, list[Occurrence]]:
 
 
 def _groups_from_text(prompt: str) -> dict[str, list[Occurrence]]:
-    """Groups as Sol's map prompts render them: a header line, then one line per sampled occurrence."""
+    """Groups as Sol's prompts render them: a header line, then a line per occurrence (its evidence indented)."""
     out: dict[str, list[Occurrence]] = {}
     current: list[Occurrence] | None = None
     for line in prompt.splitlines():
@@ -118,7 +119,7 @@ def sol_answer(prompt: str) -> dict[str, Any]:
     scored = [(len({o[0] for o in occ if o[2]}), gid) for gid, occ in groups.items()]
     scored = [x for x in scored if x[0]]
     if not scored:
-        return {"weaknesses": []}
+        return {"weaknesses": [], "none_reason": NONE_REASON}  # "no weakness" is said (SolAnswer requires it)
     _, best = max(scored, key=lambda x: (x[0], x[1]))
     return {"weaknesses": [_card(best, groups[best])]}
 
@@ -131,7 +132,7 @@ def reduce_answer(prompt: str) -> dict[str, Any]:
     drafts = re.findall(r"^### (\S+/W-\d+) ", prompt, re.M)
     div = re.search(r"first divergence: .* - cells (C[^,;\s]+)[^;]*; refs (\S+?-e\d+)", prompt)
     if not drafts or div is None:
-        return {"weaknesses": []}
+        return {"weaknesses": [], "none_reason": "No draft is shown to merge, so the batch has no weakness here."}
     card = _card("merged", [(div[1], div[2], True)])
     del card["support"]
     card["statement"] = "Failed runs repeat one step with nothing changed in between."

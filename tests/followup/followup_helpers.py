@@ -183,7 +183,7 @@ class Script:
     def sol(self) -> dict[str, Any]:
         groups = self._groups()
         if not groups or self.run_id.startswith("child"):
-            return {"weaknesses": []}
+            return {"weaknesses": [], "none_reason": "the child's cells show no repeat of the targeted pattern group"}
         g = groups[0]
         cells = g["support"]["cells"]
         refs = [e for o in g["occurrences"] for e in o["events"]]

@@ -164,7 +164,7 @@ def test_the_judge_request_shrinks_to_its_token_budget(demo_pair: dict[str, Path
     def size(settings: ModelSettings) -> tuple[int, Any, int]:
         req = fit_request(child, card, matched, set(fams.covered), settings)
         budget = role_budget(settings, "judge")
-        messages = render("judge", req.context).messages
+        messages = render("judge", req.context, response_model=JudgeAnswer).messages
         assert request_tokens(budget, messages, JudgeAnswer) <= budget.input_tokens  # it fits
         return budget.count(messages), req, budget.input_tokens
 

@@ -21,9 +21,11 @@ def test_proposer_context_fits_a_small_budget(demo_gate1: Path) -> None:
     assert fit_context(full, w, groups, roomy) is full  # fits: the full view, unchanged
     small = ModelSettings(model="openai/fixture-model", context_tokens=14_000)
     budget = role_budget(small, ROLE)
-    assert not budget.fits(request_tokens(budget, render(ROLE, full).messages, ProposalList))
+    full_messages = render(ROLE, full, response_model=ProposalList).messages
+    assert not budget.fits(request_tokens(budget, full_messages, ProposalList))
     fitted = fit_context(full, w, groups, small)
-    assert budget.fits(request_tokens(budget, render(ROLE, fitted).messages, ProposalList))
+    fitted_messages = render(ROLE, fitted, response_model=ProposalList).messages
+    assert budget.fits(request_tokens(budget, fitted_messages, ProposalList))
     # every cited group is still named, each of its occurrences reachable by id
     for gid in w.support.pattern_groups:
         assert gid in fitted["pattern_groups_json"]

@@ -119,6 +119,8 @@ def test_cell_results_are_keyed(tmp_path: Path) -> None:
 
 
 def sol_answer() -> dict[str, Any]:
+    # It cites the controller's state lines (e0001): events on the timeline Sol is shown (a citation of an
+    # event Sol was not shown is refused).
     return {
         "weaknesses": [
             {
@@ -127,16 +129,16 @@ def sol_answer() -> dict[str, Any]:
                 "first_divergence": {
                     "where": {"stage": "review", "actor": "reviewer", "what": "blocker reported"},
                     "cells": ["C001"],
-                    "event_refs": ["C001-e0002"],
+                    "event_refs": ["C001-e0001"],
                 },
                 "harness_attribution": {"attributed": True, "why": "the controller offers no route back to design"},
                 "support": {
                     "cells": ["C001", "C002", "C003"],
                     "pattern_groups": [],
-                    "event_refs": ["C001-e0002", "C002-e0002", "C003-e0002"],
+                    "event_refs": ["C001-e0001", "C002-e0001", "C003-e0001"],
                 },
                 "alternative_explanations": ["the reviewer model is weak"],
-                "counter_evidence": {"items": [{"cell": "C004", "refs": ["C004-e0002"], "note": "completed"}]},
+                "counter_evidence": {"items": [{"cell": "C004", "refs": ["C004-e0001"], "note": "completed"}]},
                 "counterfactual_prediction": "A new run re-checks an unchanged source after a blocker; a source change "
                 "before the re-check refutes it.",
                 "confidence": "medium",
