@@ -9,9 +9,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from pipeline.artifacts.rundir import PATTERNS, SMALL, RunArtifacts, RunDir
 from pipeline.core import duck
 from pipeline.core.errors import BadInput, LunasolError
-from pipeline.diff.artifacts import IR_DB, PATTERNS, RUN_JSON, SMALL, RunArtifacts, count_lines, load_run
 from pipeline.diff.compare import call_totals
 from pipeline.run.status import missing_outputs
 from pipeline.state.ledger import Ledger
@@ -35,7 +35,7 @@ class RunSummary(BaseModel):
     error: str | None = None  # an artifact that could not be read (the run is still listed)
 
 
-# handoff.json keys in flow order (DESIGN.md / the gates issue): the first one not done says where the run is.
+# handoff.json keys in flow order: the first one not done says where the run is.
 FLOW_KEYS = ("userRootCauseConfirmation", "proposalGeneration", "proposalSelection")
 DONE = {"done", "confirmed", "selected", "none", "complete", "completed", "verified", "partially_confirmed"}
 
@@ -68,7 +68,7 @@ def run_state(arts: RunArtifacts) -> str:
     for name, present in (
         ("proposals written", arts.proposals is not None),
         ("shortlist written", arts.shortlist is not None),
-        ("patterns written", arts.patterns is not None or (arts.path / PATTERNS).is_file()),
+        ("patterns written", arts.patterns is not None or RunDir(arts.path).patterns.is_file()),
         ("exported", arts.ir_path.is_file()),
     ):
         if present:
@@ -125,9 +125,6 @@ def _ir_cells(arts: RunArtifacts) -> int | None:
     return int(row[0]) if row else None
 
 
-RUN_LOCK = ".run.lock"  # held by `lunasol run` while it works on a run directory (pipeline.run.runner)
-
-
 def _lock_held(path: Path) -> bool:
     if not path.is_file():
         return False
@@ -150,7 +147,7 @@ def activity(path: Path, ledger: Ledger | None = None) -> str | None:
     pending = sorted(name for name, e in entries.items() if e.state == "pending" and "/" not in name)
     if not pending:
         return None
-    return f"running: {pending[0]}" if _lock_held(path / RUN_LOCK) else f"interrupted during {pending[0]}"
+    return f"running: {pending[0]}" if _lock_held(RunDir(path).run_lock) else f"interrupted during {pending[0]}"
 
 
 def summarise_run(path: Path) -> RunSummary:
@@ -160,8 +157,9 @@ def summarise_run(path: Path) -> RunSummary:
     tens of MB a run, and a listing of many runs read them all (2 s and 450 MiB a run).
     """
     try:
-        arts = load_run(path, SMALL | {"calls"})
-        patterns = count_lines(path / PATTERNS)
+        rd = RunDir(path)
+        arts = rd.read(SMALL | {"calls"})
+        patterns = rd.count_rows(PATTERNS)
     except LunasolError as exc:
         return RunSummary(run_id=path.name, path=str(path), state="unreadable", error=exc.one_line())
     bundle, bundle_digest = _bundle(arts.run)
@@ -205,6 +203,6 @@ def list_runs(runs_dir: Path) -> list[RunSummary]:
         raise BadInput(f"runs directory not found: {runs_dir}")
     out = []
     for child in sorted(runs_dir.iterdir()):
-        if child.is_dir() and ((child / RUN_JSON).is_file() or (child / IR_DB).is_file()):
+        if child.is_dir() and RunDir(child).is_run():
             out.append(summarise_run(child))
     return out

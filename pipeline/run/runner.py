@@ -28,11 +28,12 @@ from typing import Any
 
 import pipeline
 from pipeline import coordinator, probes
-from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION, run_command
+from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION, read_run_info, run_command
+from pipeline.artifacts.rundir import GROUPS, PATTERNS, SHORTLIST, RunDir
 from pipeline.artifacts.schemas import load_document
 from pipeline.bundle import verified
-from pipeline.bundle.manifest import read_manifest, remember_manifests, verify
-from pipeline.bundle.request import load_request
+from pipeline.bundle.manifest import MANIFEST_FILE, read_manifest, remember_manifests, verify
+from pipeline.bundle.request import REQUEST_FILE, load_request
 from pipeline.coordinator.probe_estimate import estimate_groups
 from pipeline.core.canonical import digest, read_json, sha256_file, write_json
 from pipeline.core.context import RunContext, RunOptions
@@ -48,8 +49,7 @@ from pipeline.models import ROLES, PlannedCall, estimate, format_estimate, templ
 from pipeline.models.preflight import preflight
 from pipeline.models.progress import plain_every
 from pipeline.models.store import resolve_settings
-from pipeline.run.index import RUN_LOCK  # the lock file `lunasol runs` checks to tell running from interrupted
-from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
+from pipeline.sol.shortlist import read_shortlist
 from pipeline.sol.stage import plan as sol_plan
 from pipeline.sol.stage import stage as sol_run
 from pipeline.state import handoff
@@ -65,7 +65,7 @@ class Stage:
     plan: Callable[[RunContext], Iterable[PlannedCall]] | None = None
 
 
-# The order is the flow of DESIGN.md.
+# The order is the flow of the main job (export, probes, Luna, Coordinator, Sol).
 STAGES: list[tuple[str, Stage]] = [
     ("export", Stage(export.stage)),
     ("probes", Stage(probes.stage)),
@@ -77,9 +77,9 @@ STAGES: list[tuple[str, Stage]] = [
 # Files (relative to the run) whose digests are a stage's output fingerprint. A stage without an
 # entry is deterministic in its inputs, so its fingerprint is the digest of its inputs.
 STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "luna": ("patterns.jsonl",),
-    "coordinator": ("pattern-groups.json",),
-    "sol": ("weakness-shortlist.json",),
+    "luna": (PATTERNS.filename,),
+    "coordinator": (GROUPS.filename,),
+    "sol": (SHORTLIST.filename,),
 }
 
 # Templates a model stage may also render (Sol's map and reduce calls when the batch does not fit one).
@@ -90,8 +90,8 @@ STAGE_ROLES: dict[str, str] = {"luna": "luna", "sol": "sol"}
 
 DEFAULT_TIMEOUT_S = ModelSettings.model_fields["timeout_s"].default
 INCOMPLETE = "incomplete: "  # ledger reason of a stage that finished with failed items
-MANIFEST = "manifest.json"
-REQUEST = "analysis-request.json"
+MANIFEST = MANIFEST_FILE
+REQUEST = REQUEST_FILE
 SUPERSEDED_DIR = "superseded"
 
 
@@ -167,7 +167,7 @@ def model_inputs(settings: ModelSettings) -> dict[str, Any]:
 
 def write_run_json(ctx: RunContext, bdigest: str) -> None:
     """Record the run's inputs in run.json, keeping whatever the export stage wrote there."""
-    path = ctx.run_dir / "run.json"
+    path = RunDir(ctx.run_dir).run_json
     # through pipeline.artifacts.schemas: a newer run.json is refused rather than rewritten as an older one
     data: dict[str, Any] = load_document(path, "run")[0] if path.is_file() else {}
     data.setdefault("schema_version", RUN_SCHEMA_VERSION)
@@ -340,7 +340,7 @@ def _set_phase(ctx: RunContext, phase: handoff.Phase, event: str) -> None:
 
 def _after_sol(ctx: RunContext, ledger: Ledger) -> None:
     """Open gate 1 when the shortlist is new; keep a decision made on the very same shortlist."""
-    path = ctx.run_dir / SHORTLIST_FILE
+    path = RunDir(ctx.run_dir).shortlist
     if not path.is_file():
         return
     sdigest = read_shortlist(path).digest
@@ -412,12 +412,12 @@ def _no_model_message(ctx: RunContext) -> str:
     else:
         why = "no model given"
     hint = "pass --model (e.g. openai/gpt-4o-mini), set LUNASOL_MODEL, or --replay DIR"
-    path = ctx.run_dir / "run.json"
-    last = (read_json(path).get("inputs") or {}).get("models") if path.is_file() else None
-    if isinstance(last, dict) and last.get("model"):
-        used = f"--model {last['model']}"
-        if last.get("mode") in ("replay", "record") and last.get("store"):
-            used = f"--{last['mode']} {last['store']}"
+    inputs = read_run_info(ctx.run_dir).inputs
+    last = inputs.models if inputs else None
+    if last is not None and last.model:
+        used = f"--model {last.model}"
+        if last.mode in ("replay", "record") and last.store:
+            used = f"--{last.mode} {last.store}"
         hint += f"; this run was made with {used}"
     return f"{why}: {hint}"
 
@@ -425,7 +425,7 @@ def _no_model_message(ctx: RunContext) -> str:
 @contextmanager
 def _exclusive_run(run_dir: Path) -> Iterator[None]:
     """One ``lunasol run`` per run directory at a time (a second one is refused, not queued)."""
-    fd = os.open(run_dir / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(RunDir(run_dir).run_lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -559,11 +559,11 @@ def _verify_bundle(bundle: Path, run_dir: Path) -> None:
 
 
 def _check_resume(ctx: RunContext, bdigest: str) -> None:
-    run_json = ctx.run_dir / "run.json"
-    if not run_json.is_file():
+    if not RunDir(ctx.run_dir).run_json.is_file():
         ctx.log(f"[run] nothing to resume in {ctx.run_dir}: starting the run")
         return
-    old = (read_json(run_json).get("inputs") or {}).get("bundle_digest")
+    inputs = read_run_info(ctx.run_dir).inputs
+    old = inputs.bundle_digest if inputs else None
     if old and old != bdigest:
         change = describe_changes({"bundle": old}, {"bundle": bdigest})
         raise BadInput(
