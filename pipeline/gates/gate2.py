@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.artifacts.proposals_file import read_entries
+from pipeline.artifacts.rundir import PROPOSALS, RunDir
 from pipeline.core.canonical import read_json
 from pipeline.core.errors import BadInput, Blocked, NeedsRebase
 from pipeline.gates import gate1 as gates
 from pipeline.state import handoff
 
 GATE2 = "gate2"
-PROPOSALS_FILE = "proposals.yaml"
+PROPOSALS_FILE = PROPOSALS.filename
 NOT_AUTHORISATION = (
     "a selection is not an authorisation: it does not authorise implementing the change, "
     "running an experiment, or modifying the frozen evidence"
@@ -104,7 +105,7 @@ def select(
 
 def _check_made_from_current_shortlist(run_dir: Path) -> None:
     """Proposals made from an older shortlist cannot be selected: the ground under them moved."""
-    path = run_dir / "validation.json"
+    path = RunDir(run_dir).validation
     if not path.is_file():
         return
     raw = read_json(path)

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.canonical import sha256_bytes
+from pipeline.core.roles import ROLE_SPECS
 from pipeline.models.errors import PromptError
 
-ROLES = ("luna", "sol", "sol_map", "sol_reduce", "proposer", "judge")
+ROLES = tuple(r.template for r in ROLE_SPECS)
 """The roles whose templates are hashed into run.json."""
 
 _REPO_PROMPTS = Path(__file__).resolve().parent.parent.parent / "prompts"

@@ -12,13 +12,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.artifacts.rundir import SHORTLIST
 from pipeline.artifacts.schemas import read_document, upgrade
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.canonical import digest, write_json
 from pipeline.core.errors import BadInput
 from pipeline.sol.cards import Dropped, SolPlan, WeaknessCard
 
-SHORTLIST_FILE = "weakness-shortlist.json"
+SHORTLIST_FILE = SHORTLIST.filename
 SHORTLIST_SCHEMA_VERSION = VERSIONS["weakness-shortlist"]
 
 

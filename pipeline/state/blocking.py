@@ -15,13 +15,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.artifacts.rundir import BLOCK
 from pipeline.artifacts.schemas import upgrade
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.canonical import read_json, write_json
 from pipeline.core.errors import Blocked
 from pipeline.state.ledger import Ledger
 
-BLOCK_RECEIPT = "block-receipt.json"
+BLOCK_RECEIPT = BLOCK.filename
 RESOLVED_DIR = "block-receipts"
 BLOCK_SCHEMA_VERSION = VERSIONS["block-receipt"]
 

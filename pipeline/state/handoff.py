@@ -37,14 +37,6 @@ Confirmation = Literal["not_started", "pending", "confirmed", "partially_confirm
 Generation = Literal["not_started", "done"]
 Selection = Literal["not_started", "pending", "selected", "none", "redo"]
 
-# Which stage's success moves the run to which phase.
-STAGE_PHASE: dict[str, Phase] = {
-    "export": "exported",
-    "luna": "patterns",
-    "coordinator": "aggregated",
-    "sol": "rootCausesMined",
-}
-
 
 class HistoryEvent(BaseModel):
     """One change of the state machine."""
