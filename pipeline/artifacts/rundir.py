@@ -365,6 +365,20 @@ class RunArtifacts:
         """The run's DuckDB IR."""
         return RunDir(self.path).ir
 
+    def typed(self, art: ArtifactFile, model: type[M]) -> M | None:
+        """A document of the snapshot validated into ``model`` (None when absent); the wrong shape is one line."""
+        docs: dict[str, Row | None] = {
+            RUN.name: self.run if self.run else None,
+            GROUPS.name: self.groups_doc,
+            SHORTLIST.name: self.shortlist,
+            VALIDATION.name: self.validation,
+            HANDOFF.name: self.handoff,
+            LEDGER.name: self.ledger,
+            BLOCK.name: self.block,
+        }
+        doc = docs[art.name]
+        return None if doc is None else _validate(doc, RunDir(self.path).file(art), art, model)
+
 
 def _list_of(doc: Row, key: str, path: Path) -> list[Row]:
     """``doc[key]`` as a list of objects (absent: empty); anything else is the wrong shape, one line."""

@@ -5,8 +5,9 @@ bound to the digest of ``proposals.yaml`` and to the handoff revision the decide
 ``needs_rebase``, exit 4), idempotent per operation id, receipts in ``runs/<id>/gates/``.
 
 A selection is not an authorisation: it does not authorise implementing the change, running
-an experiment, or touching the frozen evidence: gate 2 is a human's choice of what to try next, nothing more. The receipt says so
-in its request (``authorises_implementation: false``) and :func:`selection_status` says so too.
+an experiment, or touching the frozen evidence (gate 2 is a human's choice of what to try next,
+nothing more). The receipt says so in its request (``authorises_implementation: false``) and
+:func:`selection_status` says so too.
 """
 
 from __future__ import annotations

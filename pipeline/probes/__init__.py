@@ -1,4 +1,4 @@
-"""Deterministic probes: pattern candidates found in the IR without a model (a determinate probe outranks a model's observation)."""
+"""Deterministic probes: pattern candidates found in the IR without a model (they outrank a model's observation)."""
 
 from __future__ import annotations
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 import fcntl
 import os
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel
 
-from pipeline.artifacts.rundir import PATTERNS, SMALL, RunArtifacts, RunDir
+from pipeline.artifacts.run_info import RunInfo
+from pipeline.artifacts.rundir import BLOCK, HANDOFF, PATTERNS, RUN, SMALL, RunArtifacts, RunDir
 from pipeline.core import duck
 from pipeline.core.errors import BadInput, LunasolError
 from pipeline.diff.compare import call_totals
 from pipeline.run.status import missing_outputs
+from pipeline.state.blocking import BlockReceipt
+from pipeline.state.handoff import Handoff
 from pipeline.state.ledger import Ledger
 
 
@@ -41,29 +43,20 @@ DONE = {"done", "confirmed", "selected", "none", "complete", "completed", "verif
 
 
 def run_state(arts: RunArtifacts) -> str:
-    """A short state: blocked, awaiting a gate, or the last stage reached."""
-    if arts.block is not None:
-        what = arts.block.get("constraint_class") or arts.block.get("reason") or "blocked"
-        stage = arts.block.get("stage")
-        return f"blocked: {what}" + (f" at {stage}" if stage else "")
-    h = arts.handoff
+    """A short state: blocked, awaiting a gate, or the last stage reached (a broken receipt or handoff: BadInput)."""
+    block = arts.typed(BLOCK, BlockReceipt)
+    if block is not None:
+        return f"blocked: {block.constraint_class or 'blocked'}" + (f" at {block.stage}" if block.stage else "")
+    h = arts.typed(HANDOFF, Handoff)
     if h is not None:
-        state = h.get("state", h.get("states", h))
-        if isinstance(state, dict):
-            for key in FLOW_KEYS:
-                val = state.get(key)
-                if isinstance(val, str) and val not in DONE and val != "not_started":
-                    return f"{key}: {val}"
-            for key in reversed(FLOW_KEYS):
-                val = state.get(key)
-                if isinstance(val, str) and val in DONE:
-                    return f"{key}: {val}"
-            stage = state.get("stage") or state.get("status") or state.get("phase")
-            if isinstance(stage, str):
-                return stage
-        for key in ("stage", "status", "phase"):
-            if isinstance(h.get(key), str):
-                return str(h[key])
+        flow = {key: str(getattr(h, key)) for key in FLOW_KEYS}
+        for key, val in flow.items():
+            if val not in DONE and val != "not_started":
+                return f"{key}: {val}"
+        for key, val in reversed(flow.items()):
+            if val in DONE:
+                return f"{key}: {val}"
+        return h.phase
     # No handoff: infer from the artifacts present.
     for name, present in (
         ("proposals written", arts.proposals is not None),
@@ -76,39 +69,15 @@ def run_state(arts: RunArtifacts) -> str:
     return "empty"
 
 
-def _model(run: dict[str, Any]) -> str | None:
-    inputs = run.get("inputs")
-    if isinstance(inputs, dict) and isinstance(inputs.get("models"), dict):
-        # run.json as the runner writes it: inputs.models = ModelSettings (model may be None in replay).
-        settings = inputs["models"]
-        model, mode = settings.get("model"), settings.get("mode")
-        if model or mode:
-            return " ".join(str(x) for x in (model, f"({mode})" if mode else None) if x)
-    models = run.get("models", run.get("model"))
-    if isinstance(models, str):
-        return models
-    if isinstance(models, dict):
-        for key in ("model", "luna", "default"):
-            if isinstance(models.get(key), str):
-                return str(models[key])
-        names = sorted({str(v) for v in models.values() if isinstance(v, str)})
-        return ", ".join(names) or None
-    settings = run.get("settings")
-    if isinstance(settings, dict):
-        return _model(settings)
-    return None
+def _model(run: RunInfo) -> str | None:
+    settings = run.inputs.models if run.inputs else None
+    if settings is None or not (settings.model or settings.mode):
+        return None
+    return " ".join(str(x) for x in (settings.model, f"({settings.mode})" if settings.mode else None) if x)
 
 
-def _bundle(run: dict[str, Any]) -> tuple[str | None, str | None]:
-    b = run.get("bundle")
-    if isinstance(b, str) and b:
-        return Path(b).name, str(run.get("bundle_digest") or "") or None
-    if isinstance(b, dict):
-        path = b.get("path") or b.get("name")
-        dig = b.get("digest") or b.get("manifest_digest")
-        return (str(path) if path else None, str(dig) if dig else None)
-    dig = run.get("bundle_digest")
-    return (str(b) if b else None, str(dig) if dig else None)
+def _bundle(run: RunInfo) -> tuple[str | None, str | None]:
+    return (Path(run.bundle).name if run.bundle else None), run.bundle_digest or None
 
 
 def _ir_cells(arts: RunArtifacts) -> int | None:
@@ -160,11 +129,12 @@ def summarise_run(path: Path) -> RunSummary:
         rd = RunDir(path)
         arts = rd.read(SMALL | {"calls"})
         patterns = rd.count_rows(PATTERNS)
+        run = arts.typed(RUN, RunInfo) or RunInfo()
+        state = run_state(arts)
     except LunasolError as exc:
         return RunSummary(run_id=path.name, path=str(path), state="unreadable", error=exc.one_line())
-    bundle, bundle_digest = _bundle(arts.run)
+    bundle, bundle_digest = _bundle(run)
     totals = call_totals(arts.calls) if arts.calls is not None else None
-    state = run_state(arts)
     try:
         ledger: Ledger | None = Ledger(path)  # read once: for the activity and the missing outputs
     except LunasolError:
@@ -177,7 +147,7 @@ def summarise_run(path: Path) -> RunSummary:
         state=state,
         bundle=bundle,
         bundle_digest=bundle_digest,
-        model=_model(arts.run),
+        model=_model(run),
         cells=_ir_cells(arts),
         patterns=patterns,
         weaknesses=len(arts.weaknesses) if arts.weaknesses is not None else None,

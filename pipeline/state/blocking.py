@@ -26,12 +26,12 @@ BLOCK_RECEIPT = BLOCK.filename
 RESOLVED_DIR = "block-receipts"
 BLOCK_SCHEMA_VERSION = VERSIONS["block-receipt"]
 
-# the constraint classes (credential, provider, budget, input, ...); anything else a Blocked error names is kept as given.
+# the constraint classes a block receipt names; anything else a Blocked error names is kept as given.
 CONSTRAINT_CLASSES = ("permission", "missing_data", "external_system", "destructive_risk", "credential", "user_stop")
 
 
 class BlockReceipt(BaseModel):
-    """The whole ``block-receipt.json`` (constraint, class, what was tried, why no path is left, the unblocking command)."""
+    """The whole ``block-receipt.json``: constraint, class, what was tried, why no path is left, how to unblock."""
 
     model_config = ConfigDict(extra="forbid")
 
