@@ -96,3 +96,13 @@ def test_the_run_context_finds_the_ir_where_rundir_does(tmp_path: Path) -> None:
     from pipeline.core.context import RunContext, RunOptions
 
     assert RunContext(RunOptions(bundle=tmp_path), tmp_path).ir_path == RunDir(tmp_path).ir
+
+
+def test_diff_names_a_handoff_of_the_wrong_shape(demo_gate1: Path, demo_copy: Path) -> None:
+    from pipeline.diff import diff_run_dirs
+
+    (demo_copy / "handoff.json").write_text('{"schema_version": 1, "phase": "nowhere"}', encoding="utf-8")
+    with pytest.raises(BadInput) as exc:
+        diff_run_dirs(demo_gate1, demo_copy)
+    line = exc.value.one_line()
+    assert str(demo_copy / "handoff.json") in line and "not a valid handoff" in line and "\n" not in line
