@@ -60,6 +60,14 @@ BENCHMARKS: tuple[Bench, ...] = (
     Bench("adapters", "every public dataset imported, verified and exported; every ref re-read; label leaks "
           "counted; the deterministic Who&When / MAST baselines of `lunasol eval`",
           "`python bench/bench_adapters.py` (data: `LUNASOL_SHARED_DIR`)", "no label leak; every ref resolves"),
+    Bench("formats", "every installed format (plugins included): its samples imported with `auto`, exported and "
+          "probed offline: cells, events, adapters used, probe hits, refs resolved, import MB/s vs an orjson parse",
+          "`python bench/bench_foreign.py --formats [--full]`", "every ref resolves"),
+    Bench("prompt-sizes", "Sol's prompt rendered from the same batch as indented JSON and as today's compact table, "
+          "with the cited evidence counted apart", "`python bench/bench_prompt_sizes.py --cells 24 1000`", "—"),
+    Bench("evidence", "on labelled data, with no model: whether each labelled mistake step's event is in its cell's "
+          "Luna request and in the Sol request that holds its cell, with its text",
+          "`python bench/bench_evidence.py [--context-tokens 8192 32768 131072]`", "100% (exit 1 under it)"),
     Bench("foreign", "every public dataset imported with `auto` into one bundle, run live to gate 1 (32K "
           "context, Sol maps), then the report", "`python bench/bench_foreign.py [--copies N]`",
           "0 unresolved refs"),
