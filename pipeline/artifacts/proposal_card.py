@@ -1,6 +1,6 @@
-"""The proposal card: exactly the seed's fixed schema, nothing more.
+"""The proposal card: exactly the fixed proposal-card schema, nothing more.
 
-Six functional areas (seed 000): identity (proposal_id / parent_harness / source_weakness),
+Six functional areas: identity (proposal_id / parent_harness / source_weakness),
 ``evidence``, ``root_cause``, ``strategy_change``, ``expected_effect`` and
 ``rejection_conditions`` / ``regression_risks``. Every model forbids extra fields so a card
 cannot smuggle in a target file or a patch under a field of its own.
@@ -124,4 +124,4 @@ def card_json_schema() -> dict[str, Any]:
 
 
 FIELD_ORDER: tuple[str, ...] = tuple(ProposalCard.model_fields)
-"""Top-level field order of the seed's schema, kept when writing YAML."""
+"""Top-level field order of the card schema, kept when writing YAML."""

@@ -109,7 +109,7 @@ _Dumper.add_representer(str, _str_representer)
 
 
 def card_to_dict(card: ProposalCard) -> dict[str, Any]:
-    """A card as a plain dict in the seed's field order."""
+    """A card as a plain dict in the card schema's field order."""
     data = card.model_dump(mode="json")
     return {key: data[key] for key in FIELD_ORDER}
 

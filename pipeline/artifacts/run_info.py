@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.artifacts.rundir import RUN, RunDir
 from pipeline.artifacts.versions import VERSIONS
-from pipeline.core.canonical import read_json
 from pipeline.core.settings import ModelSettings
 from pipeline.core.urls import RESUME_API_BASE, is_shown
 
@@ -91,60 +90,58 @@ class RunInfo(BaseModel):
     inputs: RunInputs | None = None
 
 
+def read_run_info(run_dir: Path) -> RunInfo:
+    """``run.json`` typed and migrated (empty when the run has none yet); a broken file is one BadInput line."""
+    return RunDir(run_dir).load(RUN, RunInfo) or RunInfo()
+
+
 def made_unredacted(run_dir: Path) -> bool:
     """Whether the run's IR was exported with ``--no-redact`` (run.json ``export.redacted`` is false)."""
-    path = Path(run_dir) / "run.json"
-    raw = read_json(path) if path.is_file() else None
-    exported = raw.get("export") if isinstance(raw, dict) else None
-    return isinstance(exported, dict) and exported.get("redacted") is False
+    exported = read_run_info(run_dir).export
+    return exported is not None and exported.redacted is False
 
 
 def run_command(run_dir: Path, *, resume: bool = True) -> str:
     """The exact ``lunasol run`` command that continues this run (from run.json)."""
+    info = read_run_info(run_dir)
+    inputs = info.inputs or RunInputs()
+    models = inputs.models or ModelInputs()
     bundle = "BUNDLE"
-    models: dict[str, Any] = {}
-    inputs: dict[str, Any] = {}
-    run_json = run_dir / "run.json"
-    if run_json.is_file():
-        raw = read_json(run_json)
-        if isinstance(raw, dict):
-            inputs = raw.get("inputs", {})
-            given = inputs.get("bundle_path")
-            if given and Path(given).is_dir():
-                bundle = str(given)  # as the user typed it, still valid from here
-            elif isinstance(raw.get("bundle"), str):
-                bundle = str((run_dir / raw["bundle"]).resolve())  # export stores it relative to the run
-            elif given:
-                bundle = str(given)
-            models = inputs.get("models") or {}
+    given = inputs.bundle_path
+    if given and Path(given).is_dir():
+        bundle = str(given)  # as the user typed it, still valid from here
+    elif info.bundle is not None:
+        bundle = str((run_dir / info.bundle).resolve())  # export stores it relative to the run
+    elif given:
+        bundle = str(given)
     parts = ["lunasol", "run", bundle, "--run-id", run_dir.name, "--runs-dir", str(run_dir.parent)]
-    if models.get("model"):
-        parts += ["--model", str(models["model"])]
-    api_base = models.get("api_base")
-    if api_base:
+    if models.model:
+        parts += ["--model", str(models.model)]
+    if models.api_base:
         # kept without its credentials: the shell takes the whole URL from the env (pipeline.core.urls)
-        parts += ["--api-base", _FROM_ENV if is_shown(api_base) else str(api_base)]
-    if models.get("mode") in ("replay", "record") and models.get("store"):
-        parts += [f"--{models['mode']}", str(models["store"])]
-    if inputs.get("probes_dir"):
-        parts += ["--probes", str(inputs["probes_dir"])]
-    if models.get("context_tokens"):
-        parts += ["--context-tokens", str(models["context_tokens"])]
+        parts += ["--api-base", _FROM_ENV if is_shown(models.api_base) else str(models.api_base)]
+    if models.mode in ("replay", "record") and models.store:
+        parts += [f"--{models.mode}", str(models.store)]
+    if inputs.probes_dir:
+        parts += ["--probes", str(inputs.probes_dir)]
+    if models.context_tokens:
+        parts += ["--context-tokens", str(models.context_tokens)]
     # The settings a local server needs and the replay key holds: a resume without them would send
     # other requests (mode, max_tokens: new keys, answers paid again) or time out (a CPU server).
-    if models.get("instructor_mode") and models.get("mode") != "replay":  # replay: the store's mode
-        parts += ["--mode", str(models["instructor_mode"])]
-    if models.get("max_tokens") is not None:
-        parts += ["--max-tokens", str(models["max_tokens"])]
-    if models.get("timeout_s"):
-        parts += ["--timeout", f"{float(models['timeout_s']):g}"]
-    if models.get("concurrency") and models["concurrency"] != DEFAULT_CONCURRENCY:
-        parts += ["--concurrency", str(models["concurrency"])]
-    if models.get("batch"):
+    if models.instructor_mode and models.mode != "replay":  # replay: the store's mode
+        parts += ["--mode", str(models.instructor_mode)]
+    if models.max_tokens is not None:
+        parts += ["--max-tokens", str(models.max_tokens)]
+    if models.timeout_s:
+        parts += ["--timeout", f"{float(models.timeout_s):g}"]
+    if models.concurrency and models.concurrency != DEFAULT_CONCURRENCY:
+        parts += ["--concurrency", str(models.concurrency)]
+    if models.batch:
         parts.append("--batch")
-    if models.get("batch_queue_tokens"):
-        parts += ["--batch-queue-tokens", str(models["batch_queue_tokens"])]
-    if made_unredacted(run_dir):
+    queue_tokens = (models.model_extra or {}).get("batch_queue_tokens")
+    if queue_tokens:
+        parts += ["--batch-queue-tokens", str(queue_tokens)]
+    if info.export is not None and info.export.redacted is False:
         parts.append("--no-redact")  # continuing without it would re-export the run redacted
     if resume:
         parts.append("--resume")
@@ -158,7 +155,4 @@ def analysis_run_id(run_dir: Path) -> str:
     (``--run-id``, ``--runs-dir``) and must not change a replay key or an artifact's bytes. A run
     without one (an IR made elsewhere) falls back to the directory name.
     """
-    path = Path(run_dir) / "run.json"
-    raw = read_json(path) if path.is_file() else None
-    value = raw.get("analysis_run_id") if isinstance(raw, dict) else None
-    return value if isinstance(value, str) and value else Path(run_dir).name
+    return read_run_info(run_dir).analysis_run_id or Path(run_dir).name

@@ -19,10 +19,11 @@ from typing import Any
 
 import orjson
 
+from pipeline.artifacts import rundir
 from pipeline.bundle.manifest import Manifest, VerifyReport
 from pipeline.core.canonical import StatKey, atomic_write_bytes, settled
 
-VERIFIED_FILE = "verified-files.json"
+VERIFIED_FILE = rundir.VERIFIED_FILE
 SCHEMA = 1
 
 Known = dict[str, tuple[StatKey, str]]

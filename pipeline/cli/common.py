@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 
+from pipeline.artifacts.rundir import RunDir
 from pipeline.core.canonical import pretty_json
 from pipeline.core.errors import BadInput, Blocked, LunasolError
 
@@ -60,7 +61,7 @@ def resolve_run(run: str) -> Path:
     path = Path(run)
     if not path.is_dir() and (DEFAULT_RUNS_DIR / run).is_dir():
         path = DEFAULT_RUNS_DIR / run
-    if not (path / "run.json").is_file() and not (path / "ir.duckdb").is_file():
+    if not RunDir(path).is_run():
         raise BadInput(f"not a lunasol run directory: {run} (expected run.json inside)")
     return path
 

@@ -16,13 +16,14 @@ from typing import Any
 import duckdb
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.artifacts.rundir import GROUPS
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.coordinator.incidents import update_incidents
 from pipeline.core import duck
 from pipeline.core.canonical import atomic_write_bytes, pretty_json_plain
 from pipeline.core.errors import BadInput
 
-GROUPS_FILE = "pattern-groups.json"
+GROUPS_FILE = GROUPS.filename
 GROUPS_SCHEMA_VERSION = VERSIONS["pattern-groups"]
 INCIDENTS_SQL = "01_incidents.sql"
 

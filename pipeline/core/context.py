@@ -45,5 +45,5 @@ class RunContext:
 
     @property
     def ir_path(self) -> Path:
-        """The run's DuckDB IR."""
+        """The run's DuckDB IR (the core sits below RunDir: a test checks this agrees with ``RunDir.ir``)."""
         return self.run_dir / "ir.duckdb"

@@ -1,6 +1,6 @@
 """One error hierarchy; the CLI turns each into one line and the contract's exit code.
 
-Exit codes (DESIGN.md): 0 success; 1 findings; 2 bad input or usage; 3 blocked
+Exit codes: 0 success; 1 findings; 2 bad input or usage; 3 blocked
 (a block receipt was written); 4 refused by a gate's compare-and-set. An unexpected
 exception (a bug) is one line and exit 70 (EX_SOFTWARE) at the CLI boundary.
 """

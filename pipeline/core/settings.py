@@ -10,16 +10,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline.core import config
+from pipeline.core import config, roles
 from pipeline.core.errors import BadInput
 
 Mode = Literal["live", "record", "replay"]
 InstructorMode = Literal["tools", "json_schema", "json", "md_json"]
 Client = Literal["auto", "litellm"]
 
-ROLE_MAX_TOKENS: dict[str, int] = {"luna": 4096, "sol": 8192, "proposer": 4096, "judge": 4096}
-"""Default ``max_tokens`` per role: a bound a CPU server can finish (never unbounded); ``--max-tokens`` overrides."""
-DEFAULT_MAX_TOKENS = 2048  # any other role (tests, new roles)
 FLAGS = {"timeout_s": "--timeout", "instructor_mode": "--mode"}  # fields whose flag is not --<field>
 
 
@@ -100,7 +97,8 @@ class ModelSettings(BaseModel):
         """``max_tokens`` sent for a role (None: send none)."""
         if self.max_tokens is not None:
             return self.max_tokens or None
-        return ROLE_MAX_TOKENS.get(role, DEFAULT_MAX_TOKENS)
+        spec = roles.BY_NAME.get(role)
+        return spec.max_tokens if spec else roles.DEFAULT_MAX_TOKENS
 
 
 def _check_consistent(settings: ModelSettings, source: dict[str, str]) -> None:

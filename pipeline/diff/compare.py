@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from pipeline.diff.artifacts import Row, RunArtifacts
+from pipeline.artifacts.rundir import Row, RunArtifacts
 from pipeline.diff.match import (
     FieldChange,
     cited_ids,

@@ -20,6 +20,7 @@ from typing import Any
 import duckdb
 
 from pipeline.adapters import cell_block
+from pipeline.artifacts.rundir import RunDir
 from pipeline.core import duck
 from pipeline.core.errors import BadInput
 from pipeline.eval import agentrx
@@ -185,7 +186,7 @@ def evaluate(run_dir: Path, labels: str) -> dict[str, Any]:
     """Scores of every prediction source against the run's sidecar labels (see module doc)."""
     if labels not in LABEL_FORMATS:
         raise BadInput(f"unknown label format {labels!r}; known: {', '.join(LABEL_FORMATS)}")
-    ir = run_dir / "ir.duckdb"
+    ir = RunDir(run_dir).ir
     if not ir.is_file():
         raise BadInput(f"no IR in {run_dir} (run `lunasol export` first)")
     con = duck.connect(ir, read_only=True)

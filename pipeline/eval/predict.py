@@ -25,8 +25,8 @@ from typing import Any
 
 import duckdb
 
+from pipeline.artifacts.rundir import SHORTLIST, RunDir
 from pipeline.core import duck
-from pipeline.core.canonical import read_json
 from pipeline.eval.checks import run_checks
 from pipeline.eval.events import USER_ACTORS, Event
 from pipeline.probes import run_probes
@@ -122,10 +122,9 @@ def _event_for_ref(ref: str, events: list[Event], by_id: dict[str, Event]) -> Ev
 
 def from_weakness_cards(run_dir: Path, events: dict[str, list[Event]]) -> tuple[dict[str, Prediction], str]:
     """Per cell, the earliest event a weakness card's first divergence cites; plus a status line."""
-    path = run_dir / "weakness-shortlist.json"
-    if not path.is_file():
-        return {}, "no weakness-shortlist.json in the run: no predictions from weakness cards"
-    data = read_json(path)
+    data = RunDir(run_dir).document(SHORTLIST)
+    if data is None:
+        return {}, f"no {SHORTLIST.filename} in the run: no predictions from weakness cards"
     by_id = {e.event_id: e for evs in events.values() for e in evs}
     out: dict[str, Prediction] = {}
     cards = data.get("weaknesses") or []

@@ -2,7 +2,7 @@
 
 Only what a deterministic count can settle is settled here; everything else is listed for a
 human (status ``undetermined``, ``check`` None). Two rejection conditions have a count that
-speaks to them (seed 002's cascade: the determinate result is recorded, never a guess):
+speaks to them (a determinate result is recorded, never a guess):
 
 - ``unchanged_recheck`` — a condition about the same check re-run with nothing changed (or the
   old loop coming back): triggered when any child cell still shows one of the weakness's repeat

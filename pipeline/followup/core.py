@@ -53,7 +53,7 @@ METHOD = {
     "matching": "a parent group matches the child group of the same type and concerns key "
     "(else the nearest key of that type with character-bigram similarity >= 0.75), greedily, best first",
     "tests": "Fisher's exact test (two-sided) decides significance at alpha 0.05; the pooled two-proportion z "
-    "is reported beside it (seed 002 §3.4's ruler); Welch's t for metrics that are not 0/1",
+    "is reported beside it (the usual ruler for two pass rates); Welch's t for metrics that are not 0/1",
     "interval": "95% Wald interval of child rate - parent rate",
     "power": "minimum detectable difference: the smallest change in the predicted direction the pooled z-test "
     "finds with 80% power at alpha 0.05 for these sample sizes (normal approximation); none when even the "

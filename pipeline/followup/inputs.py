@@ -14,6 +14,8 @@ from typing import Any
 
 from pipeline.artifacts.proposal_card import ProposalCard
 from pipeline.artifacts.proposals_file import read_entries
+from pipeline.artifacts.run_info import RunInfo
+from pipeline.artifacts.rundir import GROUPS, RUN, SHORTLIST, RunDir
 from pipeline.bundle.request import AnalysisRequest, load_request
 from pipeline.core import duck
 from pipeline.core.canonical import digest, read_json, sha256_file
@@ -53,20 +55,17 @@ class Selection:
     receipt_digest: str
 
 
-def _run_json(run_dir: Path) -> Row:
-    path = run_dir / "run.json"
-    if not path.is_file():
-        raise BadInput(f"not a lunasol run directory: {run_dir} (expected run.json inside)")
-    raw = read_json(path)
-    if not isinstance(raw, dict):
-        raise BadInput(f"{path}: expected a JSON object")
-    return raw
+def _run_json(run_dir: Path) -> RunInfo:
+    rd = RunDir(run_dir)
+    if not rd.run_json.is_file():
+        raise BadInput(f"not a lunasol run directory: {run_dir} (expected {RUN.filename} inside)")
+    return rd.need(RUN, RunInfo)
 
 
-def _bundle_of(run_dir: Path, run: Row, what: str) -> tuple[AnalysisRequest, str]:
+def _bundle_of(run_dir: Path, run: RunInfo, what: str) -> tuple[AnalysisRequest, str]:
     """The run's frozen bundle (request, digest), checked unchanged since the run read it."""
-    rel, recorded = run.get("bundle"), run.get("bundle_digest")
-    if not isinstance(rel, str) or not isinstance(recorded, str):
+    rel, recorded = run.bundle, run.bundle_digest
+    if rel is None or recorded is None:
         raise BadInput(f"{what} run {run_dir} does not record its bundle (run.json bundle / bundle_digest)")
     bundle = (run_dir / rel).resolve()
     if not bundle.is_dir():
@@ -79,9 +78,9 @@ def _bundle_of(run_dir: Path, run: Row, what: str) -> tuple[AnalysisRequest, str
 
 def ir_rows(run_dir: Path, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
     """Rows of a read-only query on the run's IR."""
-    path = run_dir / "ir.duckdb"
+    path = RunDir(run_dir).ir
     if not path.is_file():
-        raise BadInput(f"{run_dir} has no ir.duckdb: export the run first")
+        raise BadInput(f"{run_dir} has no {path.name}: export the run first")
     con = duck.connect(path, read_only=True)
     try:
         return con.execute(sql, params or []).fetchall()
@@ -93,20 +92,19 @@ def load_side(run_dir: Path, what: str) -> RunSide:
     """One run analysed up to gate 1: bundle, shortlist, pattern groups, eligible cells, outcomes."""
     run = _run_json(run_dir)
     request, bundle_digest = _bundle_of(run_dir, run, what)
-    groups_path = run_dir / "pattern-groups.json"
-    if not groups_path.is_file() or not (run_dir / "weakness-shortlist.json").is_file():
+    rd = RunDir(run_dir)
+    doc = rd.document(GROUPS)
+    if doc is None or not rd.shortlist.is_file():
         raise BadInput(
-            f"{what} run {run_dir} is not analysed up to gate 1 (no pattern-groups.json or weakness-shortlist.json): "
+            f"{what} run {run_dir} is not analysed up to gate 1 (no {GROUPS.filename} or {SHORTLIST.filename}): "
             f"lunasol run BUNDLE first"
         )
-    shortlist = read_shortlist(run_dir / "weakness-shortlist.json")
-    doc = read_json(groups_path)
-    groups = [g for g in doc.get("groups", []) if isinstance(g, dict)] if isinstance(doc, dict) else []
-    totals = doc.get("totals", {}) if isinstance(doc, dict) else {}
-    not_analysed = sorted(str(c) for c in (totals.get("cells_not_analysed") or []))
+    shortlist = read_shortlist(rd.shortlist)
+    groups = [g for g in doc.get("groups", []) if isinstance(g, dict)]
+    not_analysed = sorted(str(c) for c in (doc.get("totals", {}).get("cells_not_analysed") or []))
     side = RunSide(
         run_dir=run_dir,
-        run_id=str(run.get("run_id") or run.get("analysis_run_id") or run_dir.name),
+        run_id=run.run_id or run.analysis_run_id or run_dir.name,
         request=request,
         bundle_digest=bundle_digest,
         shortlist=shortlist,
@@ -149,9 +147,9 @@ def load_selection(parent_dir: Path, proposal_id: str) -> Selection:
     chosen = receipt.request.get("proposal_id")
     if chosen != proposal_id:
         raise BadInput(f"{proposal_id} was not selected in parent run {parent_dir}: gate 2 selected {chosen}")
-    proposals = parent_dir / "proposals.yaml"
+    proposals = RunDir(parent_dir).proposals
     if not proposals.is_file():
-        raise BadInput(f"parent run {parent_dir} has no proposals.yaml")
+        raise BadInput(f"parent run {parent_dir} has no {proposals.name}")
     proposals_digest = sha256_file(proposals)
     if receipt.subject.digest != proposals_digest:
         raise BadInput(

@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.artifacts.rundir import RunDir
+from pipeline.core import roles
 from pipeline.core.errors import Blocked
 from pipeline.core.settings import ModelSettings
 from pipeline.followup.inputs import RunSide, ir_rows
@@ -32,7 +34,7 @@ from pipeline.proposals.proposer import compact_groups
 from pipeline.sol.checks import EvidenceIndex, load_index
 from pipeline.state.blocking import write_block_receipt
 
-ROLE = "judge"
+ROLE = roles.JUDGE.name
 Row = dict[str, Any]
 REPEAT_TYPES = frozenset({"repeated_exploration", "zero_information_gain"})
 EVENT_CHARS = 240  # a controller line is short; a longer one is cut (the ref still shows it whole)
@@ -298,7 +300,7 @@ def judge(
 
     ``command`` is the follow-up's own command line, for the block receipt of a blocked call.
     """
-    evidence = JudgeEvidence(index=load_index(child.run_dir / "ir.duckdb"),
+    evidence = JudgeEvidence(index=load_index(RunDir(child.run_dir).ir),
                              cells={c for c, t in child.cells.items() if t in covered})  # fmt: skip
     n = len(card.rejection_conditions)
     preflight(settings)  # a missing key or unknown model: one line, exit 2, before any call

@@ -6,11 +6,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.artifacts.rundir import FOLLOWUP
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.canonical import digest
 from pipeline.followup.stats import Direction, MeanTest, ProportionTest
 
-FOLLOWUP_FILE = "followup.json"
+FOLLOWUP_FILE = FOLLOWUP.filename
 FOLLOWUP_SCHEMA_VERSION = VERSIONS["followup"]
 
 Verdict = Literal["supported", "rejected", "inconclusive"]

@@ -2,7 +2,7 @@
 
 Everything here is a pure function of counts or values, so the verdict can be recomputed by hand:
 
-- :func:`two_proportions`: the pooled two-proportion z-test (seed 002 §3.4's ruler), Fisher's exact
+- :func:`two_proportions`: the pooled two-proportion z-test (the usual ruler for two pass rates), Fisher's exact
   test on the 2x2 table, the difference with its 95% (Wald) interval, and the minimum difference this
   sample could detect with 80% power at alpha 0.05 in the predicted direction.
 - :func:`two_means`: Welch's t-test for a continuous outcome (cost, stability), reported the same way.
@@ -89,7 +89,7 @@ def z_pooled(a_hits: int, a_n: int, b_hits: int, b_n: int) -> float | None:
 
 
 def z_from_rates(pa: float, pb: float, n: int) -> float:
-    """Seed 002 §3.4's form for two equal samples given as rates: (pb-pa) / sqrt(p̄(1-p̄)·2/n)."""
+    """The textbook form for two equal samples given as rates: (pb-pa) / sqrt(p̄(1-p̄)·2/n)."""
     pbar = (pa + pb) / 2
     return (pb - pa) / math.sqrt(pbar * (1 - pbar) * 2 / n)
 

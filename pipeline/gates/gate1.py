@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.artifacts import rundir
 from pipeline.artifacts.run_info import run_command
 from pipeline.artifacts.schemas import load_artifact
 from pipeline.artifacts.versions import VERSIONS
@@ -41,7 +42,7 @@ from pipeline.sol.shortlist import read_shortlist
 from pipeline.state import handoff
 from pipeline.state.ledger import Ledger
 
-GATES_DIR = "gates"
+GATES_DIR = rundir.GATES_DIR
 RECEIPT_SCHEMA_VERSION = VERSIONS["gate-receipt"]
 
 
@@ -320,7 +321,7 @@ Decision = Literal["confirm", "reject", "unresolved", "amend"]
 DECISIONS: tuple[str, ...] = ("confirm", "reject", "unresolved", "amend")
 GATE1 = "gate1"
 LATER_DECISIONS = ("selected", "none", "redo")  # gate-2 states a new gate-1 decision would supersede
-SHORTLIST = "weakness-shortlist.json"
+SHORTLIST = rundir.SHORTLIST.filename
 
 
 def shortlist_digest(run_dir: Path) -> str:

@@ -6,8 +6,9 @@ base; stale → ``needs_rebase``, exit 4; replacing a standing decision needs ``
 idempotent per operation id, receipts in ``runs/<id>/gates/``.
 
 A selection is not an authorisation: it does not authorise implementing the change, running
-an experiment, or touching the frozen evidence (seed 000, human gate 2). The receipt says so
-in its request (``authorises_implementation: false``) and :func:`selection_status` says so too.
+an experiment, or touching the frozen evidence (gate 2 is a human's choice of what to try next,
+nothing more). The receipt says so in its request (``authorises_implementation: false``) and
+:func:`selection_status` says so too.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.artifacts.proposals_file import read_entries
+from pipeline.artifacts.rundir import PROPOSALS, RunDir
 from pipeline.core.canonical import read_json, sha256_file
 from pipeline.core.errors import BadInput, Blocked, NeedsRebase
 from pipeline.gates import gate1 as gates
 from pipeline.state import handoff
 
 GATE2 = "gate2"
-PROPOSALS_FILE = "proposals.yaml"
+PROPOSALS_FILE = PROPOSALS.filename
 NOT_AUTHORISATION = (
     "a selection is not an authorisation: it does not authorise implementing the change, "
     "running an experiment, or modifying the frozen evidence"
@@ -120,7 +122,7 @@ def select(
 
 def _check_made_from_current_shortlist(run_dir: Path) -> None:
     """Proposals made from an older shortlist cannot be selected: the ground under them moved."""
-    path = run_dir / "validation.json"
+    path = RunDir(run_dir).validation
     if not path.is_file():
         return
     raw = read_json(path)

@@ -23,6 +23,7 @@ import pipeline
 from pipeline.adapters import cell_block, cell_harness, reader_for, step_index_base
 from pipeline.adapters.native import iter_lines
 from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION
+from pipeline.artifacts.rundir import RUN
 from pipeline.artifacts.schemas import load_document
 from pipeline.bundle import verified
 from pipeline.bundle.manifest import MANIFEST_FILE, Manifest, read_frozen, read_manifest, verify
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from pipeline.core.context import RunContext
 
 OUTCOMES_FILE = "sidecar/outcomes.jsonl"
-RUN_FILE = "run.json"
+RUN_FILE = RUN.filename
 _OUTCOME_NUMBERS = ("quality", "completion", "cost", "stability")
 
 _INSERT_EVENTS = (

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.artifacts import rundir
 from pipeline.artifacts.run_info import run_command
 from pipeline.core import duck
 from pipeline.core.errors import BadInput
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     import duckdb
     import pyarrow as pa
 
-IR_FILE = "ir.duckdb"
+IR_FILE = rundir.IR_FILE
 # Table order for loading and for Parquet; every table of schema.DDL.
 TABLES = ("meta", "cells", "segments", "events", "outcomes", "coverage", "cell_digests")
 

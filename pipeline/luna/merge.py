@@ -1,7 +1,8 @@
 """From Luna's answers to the run's patterns: merge split parts, apply probe overrules, order and number.
 
-Seed 002's cascade: where a deterministic probe proves that nothing changed between two events,
-a model claim that something did is overruled. Two cases, both recorded as conflicts:
+The probe cascade (a determinate result outranks an observation): where a deterministic probe
+proves that nothing changed between two events, a model claim that something did is overruled.
+Two cases, both recorded as conflicts:
 
 * a Luna pattern with ``state_changed`` true whose evidence lies inside a probe's proven span:
   the pattern is kept with ``state_changed`` false and ``overruled`` true;

@@ -21,8 +21,9 @@ import orjson
 from pydantic import TypeAdapter
 
 import pipeline
+from pipeline.artifacts.rundir import PATTERNS
 from pipeline.bundle.request import load_request
-from pipeline.core import duck
+from pipeline.core import duck, roles
 from pipeline.core.canonical import atomic_write_bytes, canonical_json, digest, sha256_bytes
 from pipeline.core.errors import BadInput
 from pipeline.core.listing import SHOWN, some
@@ -44,13 +45,13 @@ from pipeline.state.ledger import CellResults, cell_key
 if TYPE_CHECKING:
     from pipeline.core.context import RunContext
 
-PATTERNS_FILE = "patterns.jsonl"
+PATTERNS_FILE = PATTERNS.filename
 PATTERN_COLUMNS = ("pattern_id", "cell_id", "type", "concerns", "observed", "definition_fit", "evidence", "confidence",
                    "state_changed", "probe_hits", "origin", "overruled")  # fmt: skip
 LUNA_CELL_COLUMNS = ("cell_id", "status", "parts", "est_tokens", "attempts", "patterns", "reason", "reused")
 CONFLICT_COLUMNS = ("conflict_id", "cell_id", "hit_id", "pattern_id", "kind", "model_claim", "probe_finding",
                     "resolution")  # fmt: skip
-ROLE = "luna"
+ROLE = roles.LUNA.name
 ELIGIBLE_SQL = "SELECT cell_id, task_id FROM cells WHERE eligibility = 'valid_behavior' ORDER BY cell_id"
 PARTS_DIR = "luna-parts"  # answered parts of split cells, kept until their whole cell is answered
 PROMPT_OVERHEAD_TOKENS = 6_000  # Luna's instructions, probe candidates and output schema, around the IR
@@ -271,7 +272,7 @@ def plan(ctx: RunContext) -> Iterator[PlannedCall]:
         for cell, parts, _size in prepare_in_chunks(con, budget, ids):
             for part in parts:
                 yield PlannedCall(
-                    role="luna",
+                    role=ROLE,
                     cell_id=cell.cell_id,
                     context=part_context(cell, part, summaries.get(cell.task_id, "")),
                     response_model=LunaAnswer,
@@ -285,7 +286,7 @@ async def _call_part(client: ModelClient, cell: CellIR, part: Part, context: dic
         return check_answer(answer, cell_id=cell.cell_id, shown_ids=part.shown_ids, candidates=part.candidates)
 
     return await client.call(
-        role="luna",
+        role=ROLE,
         cell_id=_part_label(cell, part),
         context=context,
         response_model=LunaAnswer,
@@ -306,9 +307,9 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
     """
     summaries = _task_summaries(ctx.bundle, ctx.options.redact)
     client = ModelClient(ctx.options.models, ctx.run_dir, log=ctx.log)
-    store = CellResults(ctx.run_dir, "luna")
+    store = CellResults(ctx.run_dir, ROLE)
     part_store = CellResults(ctx.run_dir, PARTS_DIR)
-    thash = template_hash("luna")
+    thash = template_hash(roles.LUNA.template)
     budget = part_budget(ctx.options.models)
     stamp = cache_stamp(thash, client.model, budget)
     con = duck.connect(ctx.ir_path)

@@ -43,17 +43,19 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from pipeline.artifacts.rundir import BATCH_QUEUE_FILE, BATCHES_FILE
 from pipeline.core.canonical import atomic_write_text
 from pipeline.core.errors import Blocked
 from pipeline.core.memory import give_back
+from pipeline.core.roles import ROLE_SPECS
 from pipeline.models.batch import TERMINAL, BatchEndpoint, BatchState, ItemResult, batch_line, wire_bodies
 from pipeline.models.transport import describe
 
-BATCHED_ROLES = frozenset({"luna"})
+BATCHED_ROLES = frozenset(r.name for r in ROLE_SPECS if r.batched)
 """Roles whose calls ``--batch`` sends as one provider batch (the per-cell fan-out)."""
 
-BATCHES_NAME = "batches.json"
-QUEUE_NAME = "batch-queue.json"
+BATCHES_NAME = BATCHES_FILE
+QUEUE_NAME = BATCH_QUEUE_FILE
 """The model's enqueued-token limit as its provider stated it in a refusal (``{"model", "tokens"}``)."""
 CLOSED_UNANSWERED = frozenset({"expired", "cancelled"})  # a batch that ended with requests left unanswered
 RESUBMITTED = CLOSED_UNANSWERED | {"failed"}  # an earlier process's batch so ended: its unanswered keys go again

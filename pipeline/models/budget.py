@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from pipeline.core.roles import ROLE_SPECS
 from pipeline.core.settings import ModelSettings
 from pipeline.models import modelmap
 from pipeline.models.errors import ContextExceeded
@@ -33,14 +34,7 @@ ASSUMED_CONTEXT_TOKENS = 128_000
 ESTIMATE_FACTOR = 1.25
 """cl100k_base count times this when litellm has no tokenizer of the model (over-counts on purpose)."""
 
-ANSWER_TOKENS: dict[str, int] = {
-    "luna": 4_000,
-    "sol": 8_000,
-    "sol_map": 6_000,
-    "sol_reduce": 8_000,
-    "proposer": 6_000,
-    "judge": 4_000,
-}
+ANSWER_TOKENS: dict[str, int] = {r.name: r.answer_room for r in ROLE_SPECS}
 """Room kept for each role's answer (capped by the model's output limit and a quarter of its context)."""
 
 DEFAULT_ANSWER_TOKENS = 4_000

@@ -9,12 +9,13 @@ from typing import Any, BinaryIO, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.artifacts.rundir import CALLS
 from pipeline.artifacts.schemas import upgrade_rows
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.canonical import canonical_json
 from pipeline.core.errors import BadInput
 
-CALLLOG_NAME = "calls.jsonl"
+CALLLOG_NAME = CALLS.filename
 CALLLOG_SCHEMA_VERSION = VERSIONS["calls"]
 
 

@@ -26,6 +26,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
+from pipeline.artifacts import rundir
 from pipeline.core.errors import BadInput, LunasolError
 from pipeline.core.settings import ModelSettings
 from pipeline.models import shaping
@@ -45,7 +46,7 @@ from pipeline.models.transport import describe, load_litellm, load_openai, lunas
 T = TypeVar("T", bound=BaseModel)
 
 UNFINISHED = ("cancelled", "interrupted")  # calls whose last answer (if any arrived) nobody used
-EXCHANGES_DIR = "exchanges"  # runs/<id>/exchanges: a live run's raw answers, laid out like a recording store
+EXCHANGES_DIR = rundir.EXCHANGES_DIR  # runs/<id>/exchanges: a live run's raw answers, laid out like a recording store
 
 __all__ = ["EXCHANGES_DIR", "INSTRUCTOR_MODES", "CallOutcome", "ModelClient", "Usage"]
 

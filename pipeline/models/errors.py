@@ -14,7 +14,7 @@ class PromptError(BadInput):
 class ReplayMiss(Blocked):
     """Replay found no recording for a request; never falls back to a live call."""
 
-    kind = "replay_miss"  # outcome in calls.jsonl; ``reason`` is seed 001's constraint class
+    kind = "replay_miss"  # outcome in calls.jsonl; ``reason`` is the block receipt's constraint class
 
     def __init__(
         self, *, role: str, cell_id: str | None, template_hash: str, key: str, model: str | None, store: str

@@ -28,10 +28,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from pipeline.core.canonical import sha256_bytes
+from pipeline.core.roles import ROLE_SPECS
 from pipeline.models.errors import PromptError
 from pipeline.models.schema_text import schema_text
 
-ROLES = ("luna", "sol", "sol_map", "sol_reduce", "proposer", "judge")
+ROLES = tuple(r.template for r in ROLE_SPECS)
 """The roles whose templates are hashed into run.json."""
 
 _REPO_PROMPTS = Path(__file__).resolve().parent.parent.parent / "prompts"

@@ -164,7 +164,7 @@ def retry_after(exc: BaseException) -> float | None:
 
 def reason_for(exc: BaseException) -> str:
     """Block receipt constraint class for a provider error."""
-    # seed 001's constraint classes: a refused key is a credential problem, the rest is the provider's.
+    # the block receipt's constraint classes: a refused key is a credential problem, the rest is the provider's.
     return "credential" if refusal_kind(exc) == "credential" else "external_system"
 
 

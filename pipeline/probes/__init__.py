@@ -1,4 +1,4 @@
-"""Deterministic probes: pattern candidates found in the IR without a model (seed 002's cascade)."""
+"""Deterministic probes: pattern candidates found in the IR without a model (they outrank a model's observation)."""
 
 from __future__ import annotations
 

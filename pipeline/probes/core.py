@@ -3,7 +3,7 @@
 Each probe is one file in ``sql/`` returning rows ``(cell_id, key, evidence, first_seq, last_seq,
 explanation)``. Probes that establish "nothing changed between the first and the last evidence
 event" carry ``proves_unchanged``: where a model claims a change inside such a span, the probe wins
-(seed 002: a determinate probe overrides observation) and the conflict is recorded.
+(a determinate result outranks an observation) and the conflict is recorded.
 """
 
 from __future__ import annotations

@@ -31,8 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.artifacts.proposal_card import ProposalCard, ProposalList
 from pipeline.artifacts.proposals_file import write_cards
-from pipeline.artifacts.run_info import analysis_run_id
+from pipeline.artifacts.run_info import analysis_run_id, read_run_info
+from pipeline.artifacts.rundir import GROUPS, PROPOSALS, SHORTLIST, VALIDATION, RunDir
 from pipeline.artifacts.versions import VERSIONS
+from pipeline.core import roles
 from pipeline.core.canonical import canonical_json, read_json, sha256_file, write_json
 from pipeline.core.errors import BadInput, Blocked
 from pipeline.core.settings import ModelSettings
@@ -48,11 +50,11 @@ from pipeline.state.blocking import write_block_receipt
 from pipeline.state.ledger import Ledger
 from pipeline.validator import PROMPT_RULES, RunFacts, load_run_facts, validate_entries
 
-ROLE = "proposer"
-PROPOSALS_FILE = "proposals.yaml"
-VALIDATION_FILE = "validation.json"
+ROLE = roles.PROPOSER.name
+PROPOSALS_FILE = PROPOSALS.filename
+VALIDATION_FILE = VALIDATION.filename
 VALIDATION_SCHEMA_VERSION = VERSIONS["validation"]
-GROUPS_FILE = "pattern-groups.json"
+GROUPS_FILE = GROUPS.filename
 OCCURRENCE_SAMPLE = 8  # occurrences of a cited group shown with refs when the full view does not fit
 
 
@@ -152,12 +154,10 @@ class ProposeResult:
 def run_model_settings(run_dir: Path, **overrides: Any) -> ModelSettings:
     """The model settings the run was made with (run.json ``inputs.models``), flags overriding them."""
     recorded: dict[str, Any] = {}
-    path = run_dir / "run.json"
-    if path.is_file():
-        raw = read_json(path)
-        models = (raw.get("inputs") or {}).get("models") if isinstance(raw, dict) else None
-        if isinstance(models, dict):
-            recorded = {k: v for k, v in models.items() if k in ModelSettings.model_fields and v is not None}
+    inputs = read_run_info(run_dir).inputs
+    if inputs is not None and inputs.models is not None:
+        models = inputs.models.model_dump(exclude_unset=True)
+        recorded = {k: v for k, v in models.items() if k in ModelSettings.model_fields and v is not None}
     mode_override = overrides.get("mode")
     if mode_override is not None or overrides.get("model") is not None:
         # A new mode or model from the flags: the recorded store belongs to the recorded mode.
@@ -425,8 +425,8 @@ def _without_gate1(run_dir: Path, exc: Blocked) -> BadInput:
 
 def propose(run_dir: Path, settings: ModelSettings, log: Callable[[str], None] = print) -> ProposeResult:
     """Generate, validate and write the run's proposal cards (``lunasol propose``)."""
-    if not (run_dir / "weakness-shortlist.json").is_file():
-        raise BadInput(f"{run_dir} has no weakness-shortlist.json: run the analysis up to gate 1 first")
+    if not RunDir(run_dir).shortlist.is_file():
+        raise BadInput(f"{run_dir} has no {SHORTLIST.filename}: run the analysis up to gate 1 first")
     current = handoff.load(run_dir)
     if current.proposalSelection in ("selected", "none"):
         # Regenerating would silently change what gate 2 decided on.

@@ -22,10 +22,10 @@ from typing import Any
 import jinja2
 from markupsafe import Markup, escape
 
+from pipeline.artifacts.rundir import REPORT_FILE, Row, RunArtifacts, RunDir
 from pipeline.core.canonical import atomic_write_text
 from pipeline.core.errors import BadInput
 from pipeline.core.refs import REF_IN_TEXT
-from pipeline.diff.artifacts import Row, RunArtifacts, load_run
 from pipeline.diff.compare import call_totals, validation_by_id, validation_summary
 from pipeline.diff.match import EVENT_ID_RE, cited_ids
 from pipeline.models.calllog import summarise
@@ -504,7 +504,7 @@ def _followup(arts: RunArtifacts) -> dict[str, Any] | None:
 
 def render_report(run_dir: Path) -> tuple[str, dict[str, int]]:
     """The report's HTML and its figures (refs embedded, hash mismatches, unresolved ids)."""
-    arts = load_run(run_dir)
+    arts = RunDir(run_dir).read()
     ctx, evidence = context(arts)
     internal = _internal_anchors(arts, [str(r["cell_id"]) for r in ctx["coverage"]])
     html = _environment(evidence.snippets, internal).get_template(TEMPLATE).render(**ctx)
@@ -523,10 +523,10 @@ def write_report(run_dir: Path, out: Path | None = None) -> tuple[Path, dict[str
     if out is not None:
         # Checked before rendering: a typo in the output path is bad input, not a new directory tree.
         if out.is_dir():
-            raise BadInput(f"output {out} is a directory; name the file, e.g. {out / 'report.html'}")
+            raise BadInput(f"output {out} is a directory; name the file, e.g. {out / REPORT_FILE}")
         if not out.parent.is_dir():
             raise BadInput(f"output directory does not exist: {out.parent}")
     html, stats = render_report(run_dir)
-    path = out if out is not None else run_dir / "report.html"
+    path = out if out is not None else RunDir(run_dir).report
     atomic_write_text(path, html)
     return path, stats

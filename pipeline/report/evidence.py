@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.artifacts.rundir import RunDir
 from pipeline.core import duck
 from pipeline.core.canonical import sha256_text
 from pipeline.core.errors import LunasolError
@@ -116,7 +117,7 @@ class EvidenceReader:
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
-        self.ir_path = run_dir / "ir.duckdb"
+        self.ir_path = RunDir(run_dir).ir
 
     def _events(self, ids: list[str]) -> dict[str, dict[str, Any]]:
         if not ids or not self.ir_path.is_file():

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.artifacts.rundir import SMALL, Row, RunArtifacts, RunDir
 from pipeline.core.errors import BadInput
-from pipeline.diff.artifacts import PATTERNS, SMALL, Row, RunArtifacts, load_run
 from pipeline.diff.compare import validation_by_id
 from pipeline.diff.match import cited_ids
 from pipeline.report import data
@@ -111,10 +111,10 @@ def _grouped(run_dir: Path, ir: data.IR, item_id: str) -> tuple[str, dict[str, A
     # Pattern groups, patterns and cells: the artifacts that grow with the batch, read as little as can be.
     has_table = bool(ir.rows("SELECT 1 FROM information_schema.tables WHERE table_name = 'pattern_groups'"))
     if not has_table or ir.rows("SELECT 1 FROM pattern_groups WHERE group_id = ?", [item_id]):
-        for g in load_run(run_dir, frozenset({"groups"})).groups or []:
+        for g in RunDir(run_dir).read(frozenset({"groups"})).groups or []:
             if g.get("group_id") == item_id:
                 return "group", g
-    patterns = run_dir / PATTERNS
+    patterns = RunDir(run_dir).patterns
     found = _matching_rows(patterns, "pattern_id", item_id)
     if found:
         return "pattern", found[0]
@@ -132,7 +132,7 @@ def find_item(run_dir: Path, item_id: str, *, evidence: bool = False, context: i
     The pattern groups (54 MB at 10,000 cells) are read only for a group's id, and of the patterns
     only the lines that hold the id.
     """
-    arts = load_run(run_dir, SMALL)
+    arts = RunDir(run_dir).read(SMALL)
     ir = data.IR(arts.ir_path)
     try:
         found = _card(arts, item_id) or _event_or_ref(ir, item_id) or _grouped(run_dir, ir, item_id)

@@ -5,15 +5,17 @@ from __future__ import annotations
 import fcntl
 import os
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel
 
+from pipeline.artifacts.run_info import RunInfo
+from pipeline.artifacts.rundir import BLOCK, HANDOFF, PATTERNS, RUN, SMALL, RunArtifacts, RunDir
 from pipeline.core import duck
 from pipeline.core.errors import BadInput, LunasolError
-from pipeline.diff.artifacts import IR_DB, PATTERNS, RUN_JSON, SMALL, RunArtifacts, count_lines, load_run
 from pipeline.diff.compare import call_totals
 from pipeline.run.status import missing_outputs
+from pipeline.state.blocking import BlockReceipt
+from pipeline.state.handoff import Handoff
 from pipeline.state.ledger import Ledger
 
 
@@ -35,40 +37,31 @@ class RunSummary(BaseModel):
     error: str | None = None  # an artifact that could not be read (the run is still listed)
 
 
-# handoff.json keys in flow order (DESIGN.md / the gates issue): the first one not done says where the run is.
+# handoff.json keys in flow order: the first one not done says where the run is.
 FLOW_KEYS = ("userRootCauseConfirmation", "proposalGeneration", "proposalSelection")
 DONE = {"done", "confirmed", "selected", "none", "complete", "completed", "verified", "partially_confirmed"}
 
 
 def run_state(arts: RunArtifacts) -> str:
-    """A short state: blocked, awaiting a gate, or the last stage reached."""
-    if arts.block is not None:
-        what = arts.block.get("constraint_class") or arts.block.get("reason") or "blocked"
-        stage = arts.block.get("stage")
-        return f"blocked: {what}" + (f" at {stage}" if stage else "")
-    h = arts.handoff
+    """A short state: blocked, awaiting a gate, or the last stage reached (a broken receipt or handoff: BadInput)."""
+    block = arts.typed(BLOCK, BlockReceipt)
+    if block is not None:
+        return f"blocked: {block.constraint_class or 'blocked'}" + (f" at {block.stage}" if block.stage else "")
+    h = arts.typed(HANDOFF, Handoff)
     if h is not None:
-        state = h.get("state", h.get("states", h))
-        if isinstance(state, dict):
-            for key in FLOW_KEYS:
-                val = state.get(key)
-                if isinstance(val, str) and val not in DONE and val != "not_started":
-                    return f"{key}: {val}"
-            for key in reversed(FLOW_KEYS):
-                val = state.get(key)
-                if isinstance(val, str) and val in DONE:
-                    return f"{key}: {val}"
-            stage = state.get("stage") or state.get("status") or state.get("phase")
-            if isinstance(stage, str):
-                return stage
-        for key in ("stage", "status", "phase"):
-            if isinstance(h.get(key), str):
-                return str(h[key])
+        flow = {key: str(getattr(h, key)) for key in FLOW_KEYS}
+        for key, val in flow.items():
+            if val not in DONE and val != "not_started":
+                return f"{key}: {val}"
+        for key, val in reversed(flow.items()):
+            if val in DONE:
+                return f"{key}: {val}"
+        return h.phase
     # No handoff: infer from the artifacts present.
     for name, present in (
         ("proposals written", arts.proposals is not None),
         ("shortlist written", arts.shortlist is not None),
-        ("patterns written", arts.patterns is not None or (arts.path / PATTERNS).is_file()),
+        ("patterns written", arts.patterns is not None or RunDir(arts.path).patterns.is_file()),
         ("exported", arts.ir_path.is_file()),
     ):
         if present:
@@ -76,39 +69,15 @@ def run_state(arts: RunArtifacts) -> str:
     return "empty"
 
 
-def _model(run: dict[str, Any]) -> str | None:
-    inputs = run.get("inputs")
-    if isinstance(inputs, dict) and isinstance(inputs.get("models"), dict):
-        # run.json as the runner writes it: inputs.models = ModelSettings (model may be None in replay).
-        settings = inputs["models"]
-        model, mode = settings.get("model"), settings.get("mode")
-        if model or mode:
-            return " ".join(str(x) for x in (model, f"({mode})" if mode else None) if x)
-    models = run.get("models", run.get("model"))
-    if isinstance(models, str):
-        return models
-    if isinstance(models, dict):
-        for key in ("model", "luna", "default"):
-            if isinstance(models.get(key), str):
-                return str(models[key])
-        names = sorted({str(v) for v in models.values() if isinstance(v, str)})
-        return ", ".join(names) or None
-    settings = run.get("settings")
-    if isinstance(settings, dict):
-        return _model(settings)
-    return None
+def _model(run: RunInfo) -> str | None:
+    settings = run.inputs.models if run.inputs else None
+    if settings is None or not (settings.model or settings.mode):
+        return None
+    return " ".join(str(x) for x in (settings.model, f"({settings.mode})" if settings.mode else None) if x)
 
 
-def _bundle(run: dict[str, Any]) -> tuple[str | None, str | None]:
-    b = run.get("bundle")
-    if isinstance(b, str) and b:
-        return Path(b).name, str(run.get("bundle_digest") or "") or None
-    if isinstance(b, dict):
-        path = b.get("path") or b.get("name")
-        dig = b.get("digest") or b.get("manifest_digest")
-        return (str(path) if path else None, str(dig) if dig else None)
-    dig = run.get("bundle_digest")
-    return (str(b) if b else None, str(dig) if dig else None)
+def _bundle(run: RunInfo) -> tuple[str | None, str | None]:
+    return (Path(run.bundle).name if run.bundle else None), run.bundle_digest or None
 
 
 def _ir_cells(arts: RunArtifacts) -> int | None:
@@ -123,9 +92,6 @@ def _ir_cells(arts: RunArtifacts) -> int | None:
     except Exception:  # a locked or half-written IR must not hide the run from the list
         return None
     return int(row[0]) if row else None
-
-
-RUN_LOCK = ".run.lock"  # held by `lunasol run` while it works on a run directory (pipeline.run.runner)
 
 
 def _lock_held(path: Path) -> bool:
@@ -150,7 +116,7 @@ def activity(path: Path, ledger: Ledger | None = None) -> str | None:
     pending = sorted(name for name, e in entries.items() if e.state == "pending" and "/" not in name)
     if not pending:
         return None
-    return f"running: {pending[0]}" if _lock_held(path / RUN_LOCK) else f"interrupted during {pending[0]}"
+    return f"running: {pending[0]}" if _lock_held(RunDir(path).run_lock) else f"interrupted during {pending[0]}"
 
 
 def summarise_run(path: Path) -> RunSummary:
@@ -160,13 +126,15 @@ def summarise_run(path: Path) -> RunSummary:
     tens of MB a run, and a listing of many runs read them all (2 s and 450 MiB a run).
     """
     try:
-        arts = load_run(path, SMALL | {"calls"})
-        patterns = count_lines(path / PATTERNS)
+        rd = RunDir(path)
+        arts = rd.read(SMALL | {"calls"})
+        patterns = rd.count_rows(PATTERNS)
+        run = arts.typed(RUN, RunInfo) or RunInfo()
+        state = run_state(arts)
     except LunasolError as exc:
         return RunSummary(run_id=path.name, path=str(path), state="unreadable", error=exc.one_line())
-    bundle, bundle_digest = _bundle(arts.run)
+    bundle, bundle_digest = _bundle(run)
     totals = call_totals(arts.calls) if arts.calls is not None else None
-    state = run_state(arts)
     try:
         ledger: Ledger | None = Ledger(path)  # read once: for the activity and the missing outputs
     except LunasolError:
@@ -179,7 +147,7 @@ def summarise_run(path: Path) -> RunSummary:
         state=state,
         bundle=bundle,
         bundle_digest=bundle_digest,
-        model=_model(arts.run),
+        model=_model(run),
         cells=_ir_cells(arts),
         patterns=patterns,
         weaknesses=len(arts.weaknesses) if arts.weaknesses is not None else None,
@@ -205,6 +173,6 @@ def list_runs(runs_dir: Path) -> list[RunSummary]:
         raise BadInput(f"runs directory not found: {runs_dir}")
     out = []
     for child in sorted(runs_dir.iterdir()):
-        if child.is_dir() and ((child / RUN_JSON).is_file() or (child / IR_DB).is_file()):
+        if child.is_dir() and RunDir(child).is_run():
             out.append(summarise_run(child))
     return out

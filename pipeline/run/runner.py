@@ -28,15 +28,18 @@ from typing import Any
 
 import pipeline
 from pipeline import coordinator, probes
-from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION, run_command
+from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION, read_run_info, run_command
+from pipeline.artifacts.rundir import GROUPS, IR_FILE, PATTERNS, SHORTLIST, RunDir
 from pipeline.artifacts.schemas import load_document
 from pipeline.bundle import verified
-from pipeline.bundle.manifest import read_manifest, remember_manifests, verify
-from pipeline.bundle.request import load_request
+from pipeline.bundle.manifest import MANIFEST_FILE, read_manifest, remember_manifests, verify
+from pipeline.bundle.request import REQUEST_FILE, load_request
 from pipeline.coordinator.probe_estimate import estimate_groups
+from pipeline.core import roles
 from pipeline.core.canonical import digest, read_json, sha256_file, write_json
 from pipeline.core.context import RunContext, RunOptions
 from pipeline.core.errors import BadInput, Blocked, BundleError
+from pipeline.core.roles import RoleSpec
 from pipeline.core.settings import ModelSettings
 from pipeline.core.urls import shown_url
 from pipeline.gates import gate1 as gates
@@ -51,8 +54,7 @@ from pipeline.models import ROLES, PlannedCall, estimate, format_estimate, templ
 from pipeline.models.preflight import preflight
 from pipeline.models.progress import plain_every
 from pipeline.models.store import resolve_settings
-from pipeline.run.index import RUN_LOCK  # the lock file `lunasol runs` checks to tell running from interrupted
-from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
+from pipeline.sol.shortlist import read_shortlist
 from pipeline.sol.stage import plan as sol_plan
 from pipeline.sol.stage import stage as sol_run
 from pipeline.state import handoff
@@ -62,39 +64,40 @@ from pipeline.state.ledger import CellResults, Ledger, describe_changes, output_
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage of the flow: ``run(ctx) -> one-line summary``; model stages also ``plan(ctx)`` their calls."""
+    """One stage of the flow, all its facts in one place: a new stage is one spec in :data:`STAGES` plus its code.
 
+    ``run(ctx)`` does the work and returns a one-line summary; a model stage also ``plan(ctx)``s its calls.
+    """
+
+    name: str
     run: Callable[[RunContext], str]
     plan: Callable[[RunContext], Iterable[PlannedCall]] | None = None
+    outputs: tuple[str, ...] = ()
+    """Files (relative to the run) whose digests are its output fingerprint; none: it is deterministic
+    in its inputs, so its fingerprint is the digest of its inputs."""
+    role: RoleSpec | None = None
+    """The model role it calls: the role's template hash and the model are then among its inputs."""
+    extra_roles: tuple[RoleSpec, ...] = ()
+    """Roles it may also call, their templates inputs too (Sol's map and reduce, when one call cannot hold it all)."""
+    phase: handoff.Phase | None = None
+    """The run's phase once it succeeds."""
 
 
-# The order is the flow of DESIGN.md.
-STAGES: list[tuple[str, Stage]] = [
-    ("export", Stage(export.stage)),
-    ("probes", Stage(probes.stage)),
-    ("luna", Stage(luna_run, luna_plan)),
-    ("coordinator", Stage(coordinator.stage)),
-    ("sol", Stage(sol_run, sol_plan)),
-]
-
-# Files (relative to the run) whose digests are a stage's output fingerprint. A stage without an
-# entry is deterministic in its inputs, so its fingerprint is the digest of its inputs.
-STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "luna": ("patterns.jsonl",),
-    "coordinator": ("pattern-groups.json",),
-    "sol": ("weakness-shortlist.json",),
-}
-
-# Templates a model stage may also render (Sol's map and reduce calls when the batch does not fit one).
-STAGE_EXTRA_TEMPLATES: dict[str, tuple[str, ...]] = {"sol": ("sol_map", "sol_reduce")}
-
-# Stages that call a model: their inputs include the role's template hash and the model.
-STAGE_ROLES: dict[str, str] = {"luna": "luna", "sol": "sol"}
+# The order is the flow of the main job.
+STAGES: tuple[Stage, ...] = (
+    Stage("export", export.stage, phase="exported"),
+    Stage("probes", probes.stage),
+    Stage("luna", luna_run, luna_plan, outputs=(PATTERNS.filename,), role=roles.LUNA, phase="patterns"),
+    Stage("coordinator", coordinator.stage, outputs=(GROUPS.filename,), phase="aggregated"),
+    Stage("sol", sol_run, sol_plan, outputs=(SHORTLIST.filename,), role=roles.SOL,
+          extra_roles=(roles.SOL_MAP, roles.SOL_REDUCE), phase="rootCausesMined"),
+)  # fmt: skip
+_BY_NAME = {s.name: s for s in STAGES}
 
 DEFAULT_TIMEOUT_S = ModelSettings.model_fields["timeout_s"].default
 INCOMPLETE = "incomplete: "  # ledger reason of a stage that finished with failed items
-MANIFEST = "manifest.json"
-REQUEST = "analysis-request.json"
+MANIFEST = MANIFEST_FILE
+REQUEST = REQUEST_FILE
 SUPERSEDED_DIR = "superseded"
 
 
@@ -170,7 +173,7 @@ def model_inputs(settings: ModelSettings) -> dict[str, Any]:
 
 def write_run_json(ctx: RunContext, bdigest: str) -> None:
     """Record the run's inputs in run.json, keeping whatever the export stage wrote there."""
-    path = ctx.run_dir / "run.json"
+    path = RunDir(ctx.run_dir).run_json
     # through pipeline.artifacts.schemas: a newer run.json is refused rather than rewritten as an older one
     data: dict[str, Any] = load_document(path, "run")[0] if path.is_file() else {}
     data.setdefault("schema_version", RUN_SCHEMA_VERSION)
@@ -206,12 +209,12 @@ def stage_inputs(name: str, ctx: RunContext, bdigest: str, upstream: tuple[str, 
         # a changed (added, removed) probe file of --probes reruns the probes and what follows
         for p in probes.user_probes(ctx.options.probes_dir):
             inputs[f"probe:{p.probe_id}"] = p.sha256
-    role = STAGE_ROLES.get(name)
-    if role:
-        inputs["template"] = _template_hash(role) or "missing"
+    spec = _BY_NAME.get(name)
+    if spec is not None and spec.role is not None:
+        inputs["template"] = _template_hash(spec.role.template) or "missing"
         inputs["model"] = ctx.options.models.model or "default"
-        for extra in STAGE_EXTRA_TEMPLATES.get(name, ()):
-            inputs[f"template:{extra}"] = _template_hash(extra) or "missing"
+        for extra in spec.extra_roles:
+            inputs[f"template:{extra.template}"] = _template_hash(extra.template) or "missing"
         if ctx.options.models.context_tokens:
             # another budget plans other requests (Luna's parts, Sol's map/reduce partitions)
             inputs["context_tokens"] = str(ctx.options.models.context_tokens)
@@ -223,8 +226,8 @@ def stage_outputs(name: str, ctx: RunContext) -> dict[str, str] | None:
     if name == "export":
         # an IR without its stored per-cell digests (an older lunasol's) is re-exported
         content = stored_ir_digest(ctx.ir_path) if ctx.ir_path.is_file() else None
-        return {"ir.duckdb#content": content} if content is not None else None
-    return output_digests(ctx.run_dir, STAGE_OUTPUTS.get(name, ()))
+        return {f"{IR_FILE}#content": content} if content is not None else None
+    return output_digests(ctx.run_dir, _BY_NAME[name].outputs if name in _BY_NAME else ())
 
 
 def fingerprint(inputs: dict[str, str], outputs: dict[str, str]) -> str:
@@ -265,12 +268,12 @@ def _record_ir_changes(ledger: Ledger, now: dict[str, str]) -> None:
     for cell, d in sorted(now.items()):
         name = f"ir/{cell}"
         entry = ledger.get(name)
-        if entry is not None and entry.outputs.get("ir.duckdb#" + cell) != d:
+        if entry is not None and entry.outputs.get(f"{IR_FILE}#{cell}") != d:
             ledger.invalidate(name, f"cell {cell} IR changed")
-            for role in set(STAGE_ROLES.values()):
+            for role in {s.role.name for s in STAGES if s.role is not None}:
                 ledger.invalidate(f"{role}/{cell}", f"cell {cell} IR changed")
-        if entry is None or entry.state != "verified" or entry.outputs.get("ir.duckdb#" + cell) != d:
-            ledger.mark_verified(name, "export", {"cell": cell}, {"ir.duckdb#" + cell: d})
+        if entry is None or entry.state != "verified" or entry.outputs.get(f"{IR_FILE}#{cell}") != d:
+            ledger.mark_verified(name, "export", {"cell": cell}, {f"{IR_FILE}#{cell}": d})
 
 
 def _record_cells(ctx: RunContext, ledger: Ledger, role: str) -> None:
@@ -297,7 +300,7 @@ def _record_results(ctx: RunContext, ledger: Ledger, role: str, store: CellResul
 
 def _downstream(ledger: Ledger, index: int) -> list[str]:
     """Every ledger entry after stage ``index`` (later stages, their per-cell entries, gates, proposals)."""
-    earlier = {n for n, _ in STAGES[: index + 1]}
+    earlier = {s.name for s in STAGES[: index + 1]}
     # per-cell entries are invalidated precisely, by their own cell digest (_invalidate_cells)
     return [
         n
@@ -343,7 +346,7 @@ def _set_phase(ctx: RunContext, phase: handoff.Phase, event: str) -> None:
 
 def _after_sol(ctx: RunContext, ledger: Ledger) -> None:
     """Open gate 1 when the shortlist is new; keep a decision made on the very same shortlist."""
-    path = ctx.run_dir / SHORTLIST_FILE
+    path = RunDir(ctx.run_dir).shortlist
     if not path.is_file():
         return
     sdigest = read_shortlist(path).digest
@@ -385,11 +388,11 @@ def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
 
     options.models = resolve_settings(options.models)
     ctx = RunContext(options=options, run_dir=options.runs_dir / run_id, log=log)
-    if not options.dry_run and not options.models.model and any(n in STAGE_ROLES for n, _ in STAGES):
+    if not options.dry_run and not options.models.model and any(s.role is not None for s in STAGES):
         # Known before any work: failing at the first model stage would leave a half-made run and,
         # on a rerun, invalidate everything made with the model the run used.
         raise BadInput(_no_model_message(ctx))
-    if not options.dry_run and any(n in STAGE_ROLES for n, _ in STAGES):
+    if not options.dry_run and any(s.role is not None for s in STAGES):
         preflight(options.models, log)  # a missing key or unknown model: one line, exit 2, before any work
     bdigest = bundle_digest(options.bundle)
     if options.dry_run:
@@ -416,12 +419,12 @@ def _no_model_message(ctx: RunContext) -> str:
     else:
         why = "no model given"
     hint = "pass --model (e.g. openai/gpt-4o-mini), set LUNASOL_MODEL, or --replay DIR"
-    path = ctx.run_dir / "run.json"
-    last = (read_json(path).get("inputs") or {}).get("models") if path.is_file() else None
-    if isinstance(last, dict) and last.get("model"):
-        used = f"--model {last['model']}"
-        if last.get("mode") in ("replay", "record") and last.get("store"):
-            used = f"--{last['mode']} {last['store']}"
+    inputs = read_run_info(ctx.run_dir).inputs
+    last = inputs.models if inputs else None
+    if last is not None and last.model:
+        used = f"--model {last.model}"
+        if last.mode in ("replay", "record") and last.store:
+            used = f"--{last.mode} {last.store}"
         hint += f"; this run was made with {used}"
     return f"{why}: {hint}"
 
@@ -429,7 +432,7 @@ def _no_model_message(ctx: RunContext) -> str:
 @contextmanager
 def _exclusive_run(run_dir: Path) -> Iterator[None]:
     """One ``lunasol run`` per run directory at a time (a second one is refused, not queued)."""
-    fd = os.open(run_dir / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(RunDir(run_dir).run_lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -448,9 +451,10 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
     result = RunResult(ctx=ctx)
     upstream: tuple[str, str] | None = None
     left_pending: list[str] = []
-    for i, (name, target) in enumerate(STAGES):
+    for i, target in enumerate(STAGES):
+        name = target.name
         inputs = stage_inputs(name, ctx, bdigest, upstream)
-        ok, why = ledger.check(name, inputs, STAGE_OUTPUTS.get(name, ()))
+        ok, why = ledger.check(name, inputs, target.outputs)
         outputs: dict[str, str] | None = None
         if ok:
             outputs = stage_outputs(name, ctx)
@@ -464,7 +468,7 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
             result.reused.append(name)
             upstream = (name, fingerprint(inputs, outputs))
             continue
-        role = STAGE_ROLES.get(name)
+        role = target.role.name if target.role is not None else None
         with ledger.batch():  # one ledger write for the whole hand-over to this stage
             _start_stage(ctx, ledger, i, name, inputs, why)
         ctx.incomplete.clear()
@@ -475,12 +479,12 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
                 _record_cells(ctx, ledger, role)  # finished per-cell calls stay reusable for --resume
             raise _blocked(ctx, name, exc) from None
         except BadInput:
-            if created and name == STAGES[0][0]:
+            if created and name == STAGES[0].name:
                 shutil.rmtree(ctx.run_dir, ignore_errors=True)  # bad input leaves no partial run behind
             raise
         outputs = stage_outputs(name, ctx)
         if outputs is None:
-            raise BadInput(f"stage {name} finished but its output is missing: {STAGE_OUTPUTS.get(name)}")
+            raise BadInput(f"stage {name} finished but its output is missing: {target.outputs or None}")
         with ledger.batch():  # the stage's entry and its per-cell entries: one ledger write
             if ctx.incomplete:
                 # The run goes on with what finished; the stage stays pending, so a rerun retries the rest.
@@ -494,14 +498,14 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
                 _record_cells(ctx, ledger, role)
         if name == "sol":
             _after_sol(ctx, ledger)
-        elif name in handoff.STAGE_PHASE:
-            _set_phase(ctx, handoff.STAGE_PHASE[name], f"{name} done")
+        elif target.phase is not None:
+            _set_phase(ctx, target.phase, f"{name} done")
         result.ran.append(name)
         upstream = (name, fingerprint(inputs, outputs))
         log(f"[{name}] {summary}")
 
     resolve_block_receipt(ctx.run_dir)
-    if any(n == "sol" for n, _ in STAGES):
+    if any(s.name == "sol" for s in STAGES):
         _after_sol(ctx, ledger)
     for line in left_pending:
         log(f"NOT verified: {line}; retry exactly those with: {run_command(ctx.run_dir)}")
@@ -525,7 +529,7 @@ def _start_stage(ctx: RunContext, ledger: Ledger, index: int, name: str, inputs:
         gone = ledger.invalidate_many(_downstream(ledger, index), f"upstream {name} recomputed: {why}")
         if gone:
             ctx.log(f"[{name}] {why}; invalidated downstream: {', '.join(sorted(gone))}")
-    phase = handoff.STAGE_PHASE.get(name)
+    phase = _BY_NAME[name].phase
     if phase and handoff.phase_reached(handoff.load(ctx.run_dir), phase):
         # the run is back before this stage until it is recomputed
         _set_phase(ctx, handoff.PHASES[handoff.PHASES.index(phase) - 1], f"{name} recomputed: {why}")
@@ -582,11 +586,11 @@ def _check_gates(ctx: RunContext) -> None:
 
 
 def _check_resume(ctx: RunContext, bdigest: str) -> None:
-    run_json = ctx.run_dir / "run.json"
-    if not run_json.is_file():
+    if not RunDir(ctx.run_dir).run_json.is_file():
         ctx.log(f"[run] nothing to resume in {ctx.run_dir}: starting the run")
         return
-    old = (read_json(run_json).get("inputs") or {}).get("bundle_digest")
+    inputs = read_run_info(ctx.run_dir).inputs
+    old = inputs.bundle_digest if inputs else None
     if old and old != bdigest:
         change = describe_changes({"bundle": old}, {"bundle": bdigest})
         raise BadInput(
@@ -618,7 +622,8 @@ def dry_run(ctx: RunContext) -> RunResult:
         tctx = RunContext(options=ctx.options, run_dir=Path(tmp) / ctx.run_dir.name, log=lambda _m: None)
         tctx.run_dir.mkdir(parents=True)
         model_stage_seen = False
-        for name, target in STAGES:
+        for target in STAGES:
+            name = target.name
             if target.plan is not None:
                 model_stage_seen = True
                 say(f"planning {name}")

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts.run_info import made_unredacted, run_command
+from pipeline.artifacts.run_info import ModelInputs, made_unredacted, read_run_info, run_command
+from pipeline.artifacts.rundir import RunDir
 from pipeline.artifacts.schemas import load_document
-from pipeline.core.canonical import read_json
 from pipeline.core.errors import BadInput
 from pipeline.core.settings import ModelSettings
 from pipeline.core.urls import is_shown, unusable
@@ -62,16 +62,16 @@ def batch_rows(run_dir: Path, *, poll: bool = False) -> list[dict[str, Any]]:
     open_rows = [r for r in rows if r["id"] and r["status"] not in TERMINAL]
     if not (poll and open_rows):
         return rows
-    path = run_dir / "run.json"
-    models = ((read_json(path) if path.is_file() else {}).get("inputs") or {}).get("models") or {}
-    if not models.get("model"):
-        raise BadInput(f"{path} names no model: cannot ask the provider about its batches")
-    api_base = models.get("api_base")
+    inputs = read_run_info(run_dir).inputs
+    models = (inputs.models if inputs else None) or ModelInputs()
+    if not models.model:
+        raise BadInput(f"{RunDir(run_dir).run_json} names no model: cannot ask the provider about its batches")
+    api_base = models.api_base
     if is_shown(api_base):  # kept without its credentials: from LUNASOL_API_BASE (or the config files)
         api_base = ModelSettings.from_env().api_base
         if not api_base:
-            raise unusable(str(models["api_base"]))
-    endpoint = BatchEndpoint(str(models["model"]), api_base=api_base)
+            raise unusable(str(models.api_base))
+    endpoint = BatchEndpoint(str(models.model), api_base=api_base)
 
     async def poll_all() -> None:
         for r in open_rows:
@@ -191,7 +191,7 @@ def gate_rows(run_dir: Path, h: handoff.Handoff) -> dict[str, dict[str, Any]]:
 
 def _selection(run_dir: Path) -> dict[str, Any] | None:
     """Gate-2 state, which always says that a selection does not authorise implementation."""
-    if not (run_dir / "proposals.yaml").is_file():
+    if not RunDir(run_dir).proposals.is_file():
         return None
 
     return selection_status(run_dir)
@@ -264,7 +264,7 @@ def read_first(run_dir: Path) -> list[str]:
     others = f" (then {', '.join(ids[1:])})" if len(ids) > 1 else ""
     return [
         f"lunasol show {run} {ids[0]}{others}   # every field of the card; --evidence adds the raw lines",
-        f"lunasol report {run}   # {run_dir / 'report.html'}: cards, timelines, raw lines beside the text",
+        f"lunasol report {run}   # {RunDir(run_dir).report}: cards, timelines, raw lines beside the text",
     ]
 
 

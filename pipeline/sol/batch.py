@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts.run_info import analysis_run_id
+from pipeline.artifacts.rundir import GROUPS
 from pipeline.core import duck
 from pipeline.core.canonical import read_json
 from pipeline.sol.checks import EvidenceIndex, load_index
 from pipeline.sol.evidence import GroupEvidence, load_evidence
 from pipeline.sol.timeline_cache import Timelines, load_timelines
 
-GROUPS_FILE = "pattern-groups.json"
+GROUPS_FILE = GROUPS.filename
 TIMELINE_BUDGET_CHARS = 400_000  # ~100K tokens; larger batches are trimmed visibly (fit_timelines)
 
 

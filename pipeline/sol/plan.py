@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.core import roles
 from pipeline.core.canonical import canonical_json, sha256_text
 from pipeline.core.errors import Blocked
 from pipeline.core.settings import ModelSettings
@@ -31,9 +32,9 @@ from pipeline.sol.partition import (
     split_groups,
 )
 
-ROLE = "sol"
-MAP_ROLE = "sol_map"
-REDUCE_ROLE = "sol_reduce"
+ROLE = roles.SOL.name
+MAP_ROLE = roles.SOL_MAP.name
+REDUCE_ROLE = roles.SOL_REDUCE.name
 SAFETY = 0.9  # plan pieces at 90% of the room: sizes are measured in characters, then counted
 SAMPLE_CHARS = 60_000
 # The single call is counted whole unless a sample already puts it at over this many times the budget:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pipeline
+from pipeline.core import roles
 from pipeline.core.canonical import digest
 from pipeline.core.settings import ModelSettings
 from pipeline.sol.cards import SolAnswer
@@ -54,7 +55,7 @@ def map_key(
         model=model,
         mode=instructor_mode,
         temperature=repr(settings.temperature),
-        max_tokens=repr(settings.max_tokens_for("sol_map")),
+        max_tokens=repr(settings.max_tokens_for(roles.SOL_MAP.name)),
         max_reasks=repr(settings.max_reasks),
         lunasol=pipeline.__version__,
     )

@@ -14,13 +14,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.artifacts.rundir import SHORTLIST
 from pipeline.artifacts.schemas import read_document, upgrade
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.canonical import digest, write_json
 from pipeline.core.errors import BadInput
 from pipeline.sol.cards import Dropped, SolPlan, WeaknessCard
 
-SHORTLIST_FILE = "weakness-shortlist.json"
+SHORTLIST_FILE = SHORTLIST.filename
 SHORTLIST_SCHEMA_VERSION = VERSIONS["weakness-shortlist"]
 # Per-call facts of how Sol's answer was obtained (exchange keys, attempts and the errors re-asked,
 # answers reused from a previous run, request sizes): a kill, a resume or one re-ask changes them

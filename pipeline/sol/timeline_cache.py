@@ -26,6 +26,7 @@ import duckdb
 import orjson
 
 import pipeline
+from pipeline.artifacts import rundir
 from pipeline.core import duck
 from pipeline.core.canonical import atomic_write_bytes, digest, sha256_bytes
 from pipeline.ir.digests import content_digests
@@ -33,7 +34,7 @@ from pipeline.sol import timeline
 from pipeline.sol.reuse import MAP_ANSWERS_DIR
 from pipeline.sol.timeline import read_timelines
 
-TIMELINES_FILE = "timelines.json"
+TIMELINES_FILE = rundir.TIMELINES_FILE
 Lines = list[tuple[str, str]]
 
 

@@ -1,6 +1,6 @@
 """Block receipts: when a run cannot go on, say what blocked it, what was tried, and how to unblock it.
 
-``runs/<id>/block-receipt.json`` follows seed 001: the blocking constraint and its class, every
+``runs/<id>/block-receipt.json`` holds the blocking constraint and its class, every
 action tried with its real outcome (the error carries them: retries, re-asks, fallbacks), why no
 path is left, the exact command that unblocks, and the work already kept. A later successful run
 keeps the old receipt as ``block-receipts/<n>.json`` (resolved), never deletes it.
@@ -15,22 +15,23 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.artifacts.rundir import BLOCK
 from pipeline.artifacts.schemas import upgrade
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.canonical import read_json, write_json
 from pipeline.core.errors import Blocked
 from pipeline.state.ledger import Ledger
 
-BLOCK_RECEIPT = "block-receipt.json"
+BLOCK_RECEIPT = BLOCK.filename
 RESOLVED_DIR = "block-receipts"
 BLOCK_SCHEMA_VERSION = VERSIONS["block-receipt"]
 
-# seed 001's constraint classes; anything else a Blocked error names is kept as given.
+# the constraint classes a block receipt names; anything else a Blocked error names is kept as given.
 CONSTRAINT_CLASSES = ("permission", "missing_data", "external_system", "destructive_risk", "credential", "user_stop")
 
 
 class BlockReceipt(BaseModel):
-    """The whole ``block-receipt.json`` (seed 001's fields)."""
+    """The whole ``block-receipt.json``: constraint, class, what was tried, why no path is left, how to unblock."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -87,7 +88,7 @@ def write_block_receipt(run_dir: Path, exc: Blocked, *, stage: str, unblock: str
         stage,
         receipt["blocking_constraint"],
     ):
-        # the same wall twice with nothing new tried is not persistence, it is a loop (seed 001, T3)
+        # the same wall twice with nothing new tried is not persistence, it is a loop
         receipt["repeats"] = int(previous.get("repeats", 1)) + 1
         receipt["why_all_paths_dead"] = (
             f"the same block {receipt['repeats']} times in a row; retrying changes nothing. "

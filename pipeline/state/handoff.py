@@ -24,14 +24,15 @@ from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.artifacts.run_info import run_command
+from pipeline.artifacts.rundir import HANDOFF, HANDOFF_LOCK, SHORTLIST, RunDir
 from pipeline.artifacts.schemas import load_artifact, load_document
 from pipeline.artifacts.versions import VERSIONS
-from pipeline.core.canonical import read_json, write_json
+from pipeline.core.canonical import write_json
 from pipeline.core.errors import NeedsRebase
 from pipeline.state.ledger import Ledger
 
-HANDOFF_FILE = "handoff.json"
-LOCK_FILE = ".lunasol.lock"
+HANDOFF_FILE = HANDOFF.filename
+LOCK_FILE = HANDOFF_LOCK
 HANDOFF_SCHEMA_VERSION = VERSIONS["handoff"]
 NO_DECISION = "none"  # the base of a gate on which no decision stands
 GATE_SUBJECT = {"gate1": "shortlist_digest", "gate2": "proposals_digest"}  # the handoff field each decides on
@@ -41,14 +42,6 @@ PHASES: tuple[Phase, ...] = ("created", "exported", "patterns", "aggregated", "r
 Confirmation = Literal["not_started", "pending", "confirmed", "partially_confirmed", "rejected"]
 Generation = Literal["not_started", "done"]
 Selection = Literal["not_started", "pending", "selected", "none", "redo"]
-
-# Which stage's success moves the run to which phase.
-STAGE_PHASE: dict[str, Phase] = {
-    "export": "exported",
-    "luna": "patterns",
-    "coordinator": "aggregated",
-    "sol": "rootCausesMined",
-}
 
 
 class HistoryEvent(BaseModel):
@@ -149,11 +142,8 @@ def phase_reached(handoff: Handoff, phase: Phase) -> bool:
 
 def weakness_ids(run_dir: Path) -> list[str]:
     """Ids of the weaknesses in the run's shortlist (empty when there is none)."""
-    path = run_dir / "weakness-shortlist.json"
-    if not path.is_file():
-        return []
-    raw = read_json(path)
-    return [str(w.get("weakness_id")) for w in raw.get("weaknesses", []) if isinstance(w, dict)]
+    doc = RunDir(run_dir).document(SHORTLIST) or {}
+    return [str(w.get("weakness_id")) for w in doc.get("weaknesses") or [] if isinstance(w, dict)]
 
 
 def standing_receipt(run_dir: Path, gate: str, handoff: Handoff | None = None) -> str | None:
@@ -219,7 +209,7 @@ def next_command(run_dir: Path, handoff: Handoff | None = None) -> str:
     if h.phase != "rootCausesMined":
         return run_command(run_dir)
     if h.userRootCauseConfirmation in ("pending", "not_started"):
-        if (run_dir / "weakness-shortlist.json").is_file() and not weakness_ids(run_dir):
+        if RunDir(run_dir).shortlist.is_file() and not weakness_ids(run_dir):
             return "# the shortlist holds no weakness: nothing to confirm. Rerun the analysis: " + run_command(
                 run_dir, resume=False
             )

@@ -28,6 +28,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 import pipeline
+from pipeline.artifacts import rundir
+from pipeline.artifacts.rundir import LEDGER
 from pipeline.artifacts.schemas import artifact_from_bytes
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.canonical import (
@@ -41,8 +43,8 @@ from pipeline.core.canonical import (
     write_json,
 )
 
-LEDGER_FILE = "ledger.json"
-LEDGER_LOCK = ".ledger.lock"
+LEDGER_FILE = LEDGER.filename
+LEDGER_LOCK = rundir.LEDGER_LOCK
 LEDGER_SCHEMA_VERSION = VERSIONS["ledger"]
 
 State = Literal["pending", "verified", "invalidated"]

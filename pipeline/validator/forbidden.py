@@ -1,8 +1,8 @@
 """What a card must never contain: taxonomy, mutation family, target files, source paths, patches, code.
 
 Prompt diffs too.
-A card freezes the behaviour to change, not an implementation guess (seed 000). The
-policy for file names, decided here and documented in docs/validator.md:
+A card freezes the behaviour to change, not an implementation guess (how to build it is left to
+whoever implements it). The policy for file names, decided here and documented in docs/validator.md:
 
 * A workflow artifact the harness itself produces (``review.md``, ``validation.md``,
   ``tasks.json``: a bare name with an artifact extension md / txt / log / json / jsonl /

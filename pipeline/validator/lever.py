@@ -1,6 +1,6 @@
 """Exactly one primary lever.
 
-A card changes one harness strategy lever (seed 000). Bundling shows in the
+A card changes one harness strategy lever, so that its effect can be told apart. Bundling shows in the
 ``proposed_strategy`` (and its ``rationale``) as:
 
 * an enumeration of two or more changes ("1. ... 2. ...", "first, ... second, ...", "一是…二是…");

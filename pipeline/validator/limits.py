@@ -1,6 +1,6 @@
 """How much of a card the rules read: a bound per field and per card.
 
-A card states one behaviour change in a few sentences (the seed's cards: fields under 400
+A card states one behaviour change in a few sentences (the reference example cards: fields under 400
 characters, cards under 3,000). Every pattern is linear, but a model can still answer with
 megabytes; so a field longer than ``MAX_FIELD_CHARS`` or a card longer than
 ``MAX_CARD_CHARS`` is a finding of its own (``V-TOO-LONG``), and the content rules read
@@ -15,7 +15,7 @@ from dataclasses import replace
 from pipeline.validator.findings import TextField
 
 MAX_FIELD_CHARS = 4_000
-"""Longest text field the rules read whole (10x the longest field of the seed's cards)."""
+"""Longest text field the rules read whole (10x the longest field of the reference example cards)."""
 MAX_CARD_CHARS = 32_000
 """Most text the rules read in one card (10x the longest seed card)."""
 

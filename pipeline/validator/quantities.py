@@ -1,6 +1,6 @@
 """No invented quantitative targets in predictions and rejection conditions.
 
-Seed 000 forbids percentages, score deltas, cell counts and tool-call thresholds that have
+A card must not state percentages, score deltas, cell counts and tool-call thresholds that have
 no historical effect size behind them. The rule covers the fields that *predict* or
 *decide*: ``strategy_change``, ``expected_effect``, ``rejection_conditions`` and
 ``regression_risks``. The ``evidence`` section reports what was observed, so figures are

@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.artifacts.proposal_card import ProposalCard
+from pipeline.artifacts.run_info import read_run_info
+from pipeline.artifacts.rundir import RunDir
 from pipeline.core import duck
-from pipeline.core.canonical import read_json
 from pipeline.core.errors import BadInput, Blocked, LunasolError
 from pipeline.gates.gate1 import confirmed_weaknesses
 from pipeline.ir.refs import resolve_ref
-from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
+from pipeline.sol.shortlist import read_shortlist
 from pipeline.validator.findings import TextField
 from pipeline.validator.quantities import CELL_REF
 
@@ -67,7 +68,7 @@ class RunFacts:
         if not event_ids or not self.has_ir:
             return set()
 
-        con = duck.connect(self.run_dir / "ir.duckdb", read_only=True)
+        con = duck.connect(RunDir(self.run_dir).ir, read_only=True)
         try:
             ids = sorted(event_ids)
             marks = ", ".join("?" for _ in ids)
@@ -80,9 +81,9 @@ class RunFacts:
 
     def unresolved_refs(self, refs: set[str]) -> dict[str, str]:
         """Source refs that do not resolve to the frozen bundle bytes, with the reason."""
-        if not refs or not (self.run_dir / "run.json").is_file():
+        if not refs or not RunDir(self.run_dir).run_json.is_file():
             return {}
-        if "bundle" not in read_json(self.run_dir / "run.json"):
+        if read_run_info(self.run_dir).bundle is None:
             return {}  # a run without a recorded bundle has nothing to resolve refs against
 
         out: dict[str, str] = {}
@@ -99,14 +100,11 @@ def load_run_facts(run_dir: Path) -> RunFacts:
     if not run_dir.is_dir():
         raise BadInput(f"run directory not found: {run_dir}")
     parent: str | None = None
-    run_json = run_dir / "run.json"
-    if run_json.is_file():
-        raw = read_json(run_json)
-        if isinstance(raw, dict) and isinstance(raw.get("parent_harness"), str):
-            parent = raw["parent_harness"]
-    if not (run_dir / SHORTLIST_FILE).is_file():
-        raise BadInput(f"{run_dir} has no {SHORTLIST_FILE}: run the analysis up to gate 1 first")
-    shortlist = read_shortlist(run_dir / SHORTLIST_FILE)
+    parent = read_run_info(run_dir).parent_harness
+    rd = RunDir(run_dir)
+    if not rd.shortlist.is_file():
+        raise BadInput(f"{run_dir} has no {rd.shortlist.name}: run the analysis up to gate 1 first")
+    shortlist = read_shortlist(rd.shortlist)
     facts = RunFacts(run_dir=run_dir, parent_harness=parent, shortlist_digest=shortlist.digest)
     for w in shortlist.weaknesses:
         facts.weaknesses[w.weakness_id] = WeaknessSupport(
@@ -116,7 +114,7 @@ def load_run_facts(run_dir: Path) -> RunFacts:
             runs=frozenset(w.support.runs),
         )
     facts.cells = frozenset(shortlist.denominator.cells) | frozenset(shortlist.denominator.excluded)
-    facts.has_ir = (run_dir / "ir.duckdb").is_file()
+    facts.has_ir = rd.ir.is_file()
     try:
         decided = confirmed_weaknesses(run_dir)
     except Blocked as exc:

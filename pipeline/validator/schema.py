@@ -1,4 +1,4 @@
-"""Schema rules: the card must be exactly the seed's fixed schema.
+"""Schema rules: the card must be exactly the fixed proposal-card schema.
 
 Pydantic does the checking; this module turns each pydantic error into a rule id and a
 field path, and adds the checks pydantic cannot express (placeholder text, id formats,

@@ -4,10 +4,10 @@ Deterministic measure: the ``proposed_strategy`` and ``rationale`` of each card 
 normalised (NFKC, lower case, punctuation dropped) and cut into units - one unit per CJK
 character, one per Latin word (stop words dropped, a plural / past ``s`` / ``ed`` / ``ing``
 stripped). The score is the mean of the Jaccard similarity of unit unigrams and of unit
-bigrams, so it works for Chinese, English and the mixed text the seed's cards use. Two
+bigrams, so it works for Chinese, English and the mixed text example cards use. Two
 cards at or above ``THRESHOLD`` are flagged on the later card.
 
-Calibration (tests/test_validator_similarity.py): the seed's P-01 vs P-02 (two genuinely
+Calibration (tests/test_validator_similarity.py): the reference example cards P-01 vs P-02 (two genuinely
 different levers on one weakness) and every pair of valid corpus cards stay well below
 the threshold; paraphrased duplicates in the invalid corpus stay above it. Limitation: a
 duplicate written in another language is not caught.

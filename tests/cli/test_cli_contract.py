@@ -25,7 +25,7 @@ from pipeline.cli.app import app
 from pipeline.core.errors import EXIT_BAD_INPUT, EXIT_BLOCKED, EXIT_INTERNAL, EXIT_NEEDS_REBASE, BadInput
 from tests.conftest import DEMO_BUNDLE, DEMO_RECORDINGS, ROOT
 
-# The verbs that report (DESIGN.md's list, plus eval): each must take --json.
+# The verbs that report (status, calls, config, show, report, runs, diff..., plus eval): each must take --json.
 REPORTING = ("bundle verify", "status", "calls", "validate", "diff", "runs", "query", "eval")
 
 

@@ -15,9 +15,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from pipeline.artifacts.rundir import RunArtifacts, RunDir
 from pipeline.cli.app import app
 from pipeline.core.canonical import write_json, write_jsonl
-from pipeline.diff import diff_run_dirs, load_run, render_markdown, render_text
+from pipeline.diff import diff_run_dirs, render_markdown, render_text
 from pipeline.diff.match import greedy_match, jaccard, text_similarity
 
 
@@ -443,7 +444,7 @@ def test_load_run_reads_partial_runs(base_run: Path) -> None:
     b = copy_run(base_run, "partial")
     for name in ("patterns.jsonl", "pattern-groups.json", "weakness-shortlist.json", "calls.jsonl"):
         (b / name).unlink()
-    arts = load_run(b)
+    arts = RunDir(b).read()
     assert arts.patterns is None and arts.weaknesses is None and arts.calls is None
     assert arts.proposals is not None
 
@@ -488,7 +489,6 @@ def test_group_matching_reads_each_group_once(monkeypatch: pytest.MonkeyPatch, t
     # Every pair of same-type groups is scored; at 1,000 cells a group cites thousands of events, and
     # reading both sides' citations per pair made a diff take 19 s (269 s at 10,000 cells).
     from pipeline.diff import compare
-    from pipeline.diff.artifacts import RunArtifacts
 
     def groups(offset: int) -> list[dict[str, Any]]:
         return [

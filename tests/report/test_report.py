@@ -165,8 +165,10 @@ def test_partial_run_renders(run_dir: Path) -> None:
 def test_blocked_run_shows_the_receipt_and_the_unblock_command(run_dir: Path) -> None:
     blocked = run_dir.parent / "blocked-report"
     shutil.copytree(run_dir, blocked, ignore=shutil.ignore_patterns("weakness-shortlist.json", "proposals.yaml"))
-    receipt = {"stage": "sol", "constraint_class": "missing_data", "blocking_constraint": "no recording for <sol>",
-               "requested_unblock": "lunasol run B --record DIR && echo '<x>'", "tried_actions": []}  # fmt: skip
+    receipt = {"schema_version": 1, "run_id": "blocked-report", "stage": "sol", "blocked_at": "2026-01-01T00:00:00Z",
+               "constraint_class": "missing_data", "blocking_constraint": "no recording for <sol>", "error": "Blocked",
+               "why_all_paths_dead": "replay only", "requested_unblock": "lunasol run B --record DIR && echo '<x>'",
+               "tried_actions": []}  # fmt: skip
     (blocked / "block-receipt.json").write_text(json.dumps(receipt))
     html, _ = render_report(blocked)
     assert "Blocked at sol" in html and "missing_data" in html

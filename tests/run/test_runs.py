@@ -18,6 +18,8 @@ from tests.diff.test_diff import build_run  # the synthetic run builder
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("runs-index")
     full = build_run(root, "full")
+    run_json = json.loads((full / "run.json").read_text())  # the model where the runner records it
+    (full / "run.json").write_text(json.dumps({**run_json, "inputs": {"models": {"model": "openai/test-model"}}}))
     # A run that stopped at gate 1: shortlist written, no receipt, no proposals.
     gate1 = root / "runs" / "at-gate1"
     shutil.copytree(full, gate1)
@@ -35,9 +37,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     blocked.mkdir()
     shutil.copy(full / "ir.duckdb", blocked / "ir.duckdb")
     (blocked / "run.json").write_text(json.dumps({**r, "run_id": "blocked"}))
-    (blocked / "block-receipt.json").write_text(
-        json.dumps({"constraint_class": "missing_data", "stage": "luna", "requested_unblock": "lunasol run ..."})
-    )
+    receipt = {"schema_version": 1, "run_id": "blocked", "stage": "luna", "blocked_at": "2026-01-01T00:00:00Z",
+               "blocking_constraint": "no answer", "constraint_class": "missing_data", "error": "Blocked",
+               "why_all_paths_dead": "no answer after the retries", "requested_unblock": "lunasol run ..."}  # fmt: skip
+    (blocked / "block-receipt.json").write_text(json.dumps(receipt))
     # A broken one is still listed, with the error named.
     broken = root / "runs" / "broken"
     broken.mkdir()

@@ -68,3 +68,26 @@ def test_the_batches_of_a_large_run_are_summed_by_status_and_the_open_ones_liste
     assert [ln.split(":")[0].strip() for ln in lines[1:-1]] == [f"batch batch_o{i:02d}" for i in range(BATCH_LINES)]
     assert lines[-1] == "  ... and 3 more open (lunasol status RUN --json lists every batch)"
     assert not any("batch_000" in ln or "batch_f" in ln for ln in lines)  # finished batches are counted only
+
+
+def _one_error_line(output: str) -> str:
+    lines = [ln for ln in output.splitlines() if ln.strip()]
+    assert len(lines) == 1, output
+    return lines[0]
+
+
+def test_status_of_a_truncated_run_json_is_one_line_naming_it(demo_copy: Path) -> None:
+    text = (demo_copy / "run.json").read_text(encoding="utf-8")
+    (demo_copy / "run.json").write_text(text[: len(text) // 2], encoding="utf-8")
+    res = CliRunner().invoke(app, ["status", str(demo_copy)])
+    assert res.exit_code == 2, res.output
+    line = _one_error_line(res.output)
+    assert str(demo_copy / "run.json") in line and "not valid JSON" in line and "Traceback" not in res.output
+
+
+def test_status_of_an_empty_shortlist_is_one_line_naming_it(demo_copy: Path) -> None:
+    (demo_copy / "weakness-shortlist.json").write_bytes(b"")
+    res = CliRunner().invoke(app, ["status", str(demo_copy)])
+    assert res.exit_code == 2, res.output
+    line = _one_error_line(res.output)
+    assert str(demo_copy / "weakness-shortlist.json") in line and "is empty" in line
