@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.artifacts.proposal_card import ProposalCard
 from pipeline.artifacts.proposals_file import read_entries
+from pipeline.artifacts.rundir import FOLLOWUP, RUN, VALIDATION, RunDir
 from pipeline.core import duck
 from pipeline.core.canonical import read_json
 from pipeline.core.errors import BadInput
-from pipeline.gates.gate2 import PROPOSALS_FILE, selection_status
+from pipeline.gates.gate2 import selection_status
 from pipeline.run.status import status
 from pipeline.sol.batch import read_groups
-from pipeline.sol.shortlist import SHORTLIST_FILE, Shortlist, read_shortlist
+from pipeline.sol.shortlist import Shortlist, read_shortlist
 from pipeline.state import handoff
 from pipeline.state.handoff import Handoff
 
@@ -30,29 +31,22 @@ if TYPE_CHECKING:
 
     from pipeline.followup.model import Followup
 
-RUN_JSON = "run.json"
-IR_FILE = "ir.duckdb"
-VALIDATION_FILE = "validation.json"
-FOLLOWUP_FILE = "followup.json"  # = pipeline.followup.model.FOLLOWUP_FILE (imported lazily, see followup_of)
+FOLLOWUP_FILE = FOLLOWUP.filename
 
 
 def check_run(run_dir: Path) -> None:
     """Refuse, in one line, what is not a lunasol run directory."""
-    if not run_dir.is_dir():
-        raise BadInput(f"run directory not found: {run_dir}")
-    if not (run_dir / RUN_JSON).is_file():
-        raise BadInput(f"not a lunasol run directory: {run_dir} (expected run.json inside)")
+    RunDir(run_dir).require()
 
 
 def run_json(run_dir: Path) -> dict[str, Any]:
     """run.json as written by export (an empty dict when it is not an object)."""
-    raw = read_json(run_dir / RUN_JSON)
-    return raw if isinstance(raw, dict) else {}
+    return RunDir(run_dir).document(RUN) or {}
 
 
 def run_id_of(run_dir: Path) -> str:
     """The run's id: run.json's, else the directory name."""
-    raw = run_json(run_dir) if (run_dir / RUN_JSON).is_file() else {}
+    raw = run_json(run_dir)
     for key in ("run_id", "analysis_run_id"):
         if isinstance(raw.get(key), str) and raw[key]:
             return str(raw[key])
@@ -71,13 +65,13 @@ def run_status(run_dir: Path) -> dict[str, Any]:
 
 def shortlist(run_dir: Path) -> Shortlist | None:
     """The sealed weakness shortlist (digest checked), or None before Sol."""
-    path = run_dir / SHORTLIST_FILE
+    path = RunDir(run_dir).shortlist
     return read_shortlist(path) if path.is_file() else None
 
 
 def proposal_cards(run_dir: Path) -> tuple[list[ProposalCard], list[str]]:
     """The cards of proposals.yaml as validated models, and one line per entry that is not a valid card."""
-    path = run_dir / PROPOSALS_FILE
+    path = RunDir(run_dir).proposals
     if not path.is_file():
         return [], []
     cards: list[ProposalCard] = []
@@ -92,14 +86,12 @@ def proposal_cards(run_dir: Path) -> tuple[list[ProposalCard], list[str]]:
 
 def validation(run_dir: Path) -> dict[str, Any] | None:
     """validation.json (the validator's findings per card), or None."""
-    path = run_dir / VALIDATION_FILE
-    raw = read_json(path) if path.is_file() else None
-    return raw if isinstance(raw, dict) else None
+    return RunDir(run_dir).document(VALIDATION)
 
 
 def selection(run_dir: Path) -> dict[str, Any] | None:
     """Gate 2 as ``lunasol status`` shows it (None before any proposal)."""
-    return selection_status(run_dir) if (run_dir / PROPOSALS_FILE).is_file() else None
+    return selection_status(run_dir) if RunDir(run_dir).proposals.is_file() else None
 
 
 def gate_receipts(run_dir: Path) -> dict[str, dict[str, Any]]:
@@ -120,7 +112,7 @@ def groups(run_dir: Path) -> list[dict[str, Any]]:
 
 def followup_of(run_dir: Path) -> Followup | None:
     """The run's own followup.json (it is the child of a follow-up), validated, or None."""
-    if not (run_dir / FOLLOWUP_FILE).is_file():
+    if not RunDir(run_dir).followup.is_file():
         return None
     from pipeline.followup.core import read_followup  # startup: followup imports the runner and its stages
 
@@ -141,7 +133,7 @@ def followup_candidates(run_dir: Path, served: list[Path]) -> Iterator[Path]:
 @contextmanager
 def ir(run_dir: Path) -> Iterator[duckdb.DuckDBPyConnection]:
     """The run's IR, read-only, with no external access (no files, no ATTACH, no extension downloads)."""
-    path = run_dir / IR_FILE
+    path = RunDir(run_dir).ir
     if not path.is_file():
         raise BadInput(f"no IR in {run_dir} (run: lunasol export BUNDLE)")
     con = duck.connect(path, read_only=True, config={"enable_external_access": False})

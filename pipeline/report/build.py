@@ -54,7 +54,7 @@ def _dict(value: Any) -> dict[str, Any]:
 def _standing(arts: RunArtifacts) -> set[str]:
     """Names of the receipts that stand (each gate's decision now; docs/gates.md)."""
     out = set()
-    if not (arts.path / "ledger.json").is_file():  # a run put together by hand: each gate's latest receipt
+    if not RunDir(arts.path).ledger.is_file():  # a run put together by hand: each gate's latest receipt
         receipts = _dict(_dict(arts.handoff).get("receipts"))
         return {Path(str(rel)).stem for rel in receipts.values()}
     for gate in ("gate1", "gate2"):

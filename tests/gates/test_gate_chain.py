@@ -329,14 +329,14 @@ def test_interactive_confirm_binds_the_base_it_showed(run_dir: Path, monkeypatch
 
 
 def test_the_report_says_which_receipt_stands(run_dir: Path) -> None:
-    from pipeline.diff.artifacts import load_run
+    from pipeline.artifacts.rundir import RunDir
     from pipeline.report.build import _gate1_decisions, _gate_receipts
 
     assert _cli_confirm(run_dir, "alice", "confirm").exit_code == 0
     alice = gates.standing(run_dir, "gate1")
     assert alice is not None
     assert _cli_confirm(run_dir, "bob", "reject", "--base", alice.operation_id, "--supersede").exit_code == 0
-    arts = load_run(run_dir, frozenset({"gates", "handoff", "ledger"}))
+    arts = RunDir(run_dir).read(frozenset({"gates", "handoff", "ledger"}))
     states = {r["by"]: r["state"] for r in _gate_receipts(arts)}
     assert states == {
         "alice": f"superseded by bob ({gates.standing(run_dir, 'gate1').operation_id})",  # type: ignore[union-attr]
@@ -344,6 +344,6 @@ def test_the_report_says_which_receipt_stands(run_dir: Path) -> None:
     }
     assert _gate1_decisions(arts)["W-01"] == "reject"  # the cards show bob's decision, not alice's
     Ledger(run_dir).invalidate("gate1", "upstream sol recomputed: test")  # as a rerun that changed the shortlist
-    arts = load_run(run_dir, frozenset({"gates", "handoff", "ledger"}))
+    arts = RunDir(run_dir).read(frozenset({"gates", "handoff", "ledger"}))
     assert {r["by"]: r["state"] for r in _gate_receipts(arts)}["bob"].startswith("voided")
     assert _gate1_decisions(arts) == {}
