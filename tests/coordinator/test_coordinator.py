@@ -81,7 +81,8 @@ def build(tmp_path: Path) -> Path:
 
 
 def group(doc: dict[str, Any], typ: str, concerns: str) -> dict[str, Any]:
-    [g] = [g for g in doc["groups"] if g["type"] == typ and g["concerns"] == concerns]
+    found: list[dict[str, Any]] = [g for g in doc["groups"] if g["type"] == typ and g["concerns"] == concerns]
+    [g] = found
     return g
 
 
