@@ -84,6 +84,7 @@ def test_the_demo_survives_an_endpoint_dying_mid_run(tmp_path: Path) -> None:
         )
         result = run(RunOptions(bundle=DEMO_BUNDLE, runs_dir=tmp_path / "runs", models=models), log=lambda _m: None)
         answered_by_b = len(b.requests)
+        hosts = [u.removeprefix("http://").removesuffix("/v1") for u in (a.base_url, b.base_url)]
     assert dies.served > dies.n, "the first endpoint died during the run"
     assert answered_by_b > 0
     assert a.max_in_flight <= 2 and b.max_in_flight <= 4  # each endpoint's own bound
@@ -94,3 +95,6 @@ def test_the_demo_survives_an_endpoint_dying_mid_run(tmp_path: Path) -> None:
     recorded = {p.relative_to(tmp_path / "rec").as_posix() for p in (tmp_path / "rec").glob("*/*.json")}
     demo = {p.relative_to(DEMO_RECORDINGS).as_posix() for p in DEMO_RECORDINGS.glob("*/*.json")}
     assert recorded and recorded <= demo  # the keys of a single endpoint's recording: none names an endpoint
+    for path in (tmp_path / "rec").rglob("*.json"):  # nor does any recorded exchange
+        text = path.read_text(encoding="utf-8")
+        assert not [h for h in hosts if h in text], path
