@@ -5,7 +5,7 @@ calls in flight, default ``--concurrency``) runs every live call through ``litel
 deployment per endpoint, each with its own parallel-request bound, and a call that fails on one
 endpoint (refused connection, timeout, 5xx) is retried on another while the failing one cools
 down. An endpoint that dies mid-run so takes no cell with it. The Router is litellm's, not a
-balancer of ours; lunasol only counts which endpoint answered (for the run's log).
+balancer of ours.
 
 The request key and the recorded exchange never name the endpoint (``store.request_key`` leaves
 ``api_base`` out), so a fleet's recording replays with one endpoint or none, and the reverse.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,7 +71,7 @@ def total_concurrency(api_base: str | None, per_endpoint: int) -> int:
 
 
 class Fleet:
-    """litellm's Router over the endpoints of ``api_base``, for one model; counts answers per endpoint."""
+    """litellm's Router over the endpoints of ``api_base``, for one model."""
 
     def __init__(self, model: str, api_base: str, *, concurrency: int, timeout_s: float, api_key: str) -> None:
         from pipeline.models.transport import load_litellm
@@ -106,8 +105,6 @@ class Fleet:
             cooldown_time=COOLDOWN_S,
             timeout=timeout_s,
         )
-        self._lock = threading.Lock()
-        self.answered: dict[int, int] = {}
 
     async def acompletion(self, call_kwargs: dict[str, Any]) -> Any:
         """One chat completion through the Router (the kwargs of ``litellm.acompletion``, minus the endpoint)."""
@@ -122,20 +119,7 @@ class Fleet:
                 if SLOTS_FULL not in str(exc):
                     raise
                 await asyncio.sleep(SLOT_WAIT_S)
-        info = (getattr(response, "_hidden_params", None) or {}).get("model_id")
-        if isinstance(info, str) and info.startswith("endpoint-"):
-            with self._lock:
-                i = int(info.removeprefix("endpoint-"))
-                self.answered[i] = self.answered.get(i, 0) + 1
         return response
-
-    def summary(self) -> str:
-        """One line: calls answered per endpoint (URLs as :func:`~pipeline.core.urls.shown_url` keeps them)."""
-        from pipeline.core.urls import shown_url
-
-        with self._lock:
-            parts = [f"{shown_url(e.url)} {self.answered.get(i, 0)}" for i, e in enumerate(self.endpoints)]
-        return "fleet: answers per endpoint: " + ", ".join(parts)
 
 
 DUMMY_API_KEY = "sk-lunasol-no-key"  # as pipeline.models.exchange sends to a bare OpenAI-compatible server
