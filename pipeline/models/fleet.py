@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.core.errors import BadInput
+from pipeline.models.transport import load_litellm
 
 FLEET_GROUP = "lunasol-fleet"
 """The Router's model group name: every endpoint is one deployment of it."""
@@ -74,8 +75,6 @@ class Fleet:
     """litellm's Router over the endpoints of ``api_base``, for one model."""
 
     def __init__(self, model: str, api_base: str, *, concurrency: int, timeout_s: float, api_key: str) -> None:
-        from pipeline.models.transport import load_litellm
-
         litellm = load_litellm()
         self.endpoints = endpoints(api_base)
         deployments = [
