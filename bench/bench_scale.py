@@ -3,6 +3,14 @@
 Run: ``python bench/bench_scale.py [--cells 100,1000] [--keep DIR] [--json] [--rerun-repeats 3]`` (or
 ``pytest -q -m bench bench/bench_scale.py -o addopts="" -s``; the 10,000-cell case also needs ``-m "bench and slow"``).
 
+Task diversity: ``python bench/bench_scale.py --cells 1000 --tasks 1000,100 [--context-tokens 128000]``
+runs one row per (cells, tasks) pair on :func:`pipeline.bundle.synth.clone_diverse` bundles (distinct
+task ids in name families, per-task outcome mixes, cells cut to varied lengths); :data:`DIVERSITY_ROWS`
+lists the issue's rows (the ones past 1,000 cells are parameters, not run here: ``--rows 10000x2500``).
+Each row also prints Sol's calls per level (map, reduce round 1, 2, ...), the largest request per role by
+the server's own count (``openai_server.request_tokens``) and, for the largest Sol request, the tokens
+of each rendered section, so where a request grows with the task count is visible.
+
 Bundles are the demo's 24 eligible cells cloned (new cell and run ids, same bytes of logs) plus
 its excluded cell. Each ``lunasol run`` is a fresh child process talking to the shipped local
 OpenAI-compatible server (pipeline.testing.openai_server) with a scripted handler that answers
@@ -35,12 +43,99 @@ from typing import Any
 import pytest
 from bench_export import tree_rss  # the same whole-process-tree RSS sampling as the export benchmark
 
-from pipeline.bundle.synth import clone_bundle
+from pipeline.bundle.synth import clone_bundle, clone_diverse
+from pipeline.testing.openai_server import Reply, request_tokens
 from pipeline.testing.scripted import ScriptedModel
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "fixtures" / "bundles" / "h0-demo"
 CONTEXT_TOKENS = 128_000
+
+DIVERSITY_ROWS: tuple[tuple[int, int, int], ...] = (
+    (1_000, 1_000, 128_000),
+    (1_000, 100, 128_000),
+    (10_000, 2_500, 128_000),
+    (10_000, 2_500, 32_000),
+    (10_000, 10_000, 128_000),  # one run per task
+    (100_000, 5_000, 128_000),  # behind the slow marker
+)
+"""(cells, tasks, context tokens) of issue 33's rows; only the 1,000-cell ones fit this shared machine."""
+
+
+def prompt_sections(prompt: str) -> dict[str, int]:
+    """Tokens (the server's ~4 characters each) of each ``## `` section of a prompt, plus the header.
+
+    The header's bracketed per-task counts (``[... ]`` after "eligible cells", rendered from
+    ``batch_by_task``) are split out as ``header: per-task counts``: they are the part that grows
+    with the batch's task count rather than with the request's own cells.
+    """
+    sections: dict[str, int] = {}
+    name = "header"
+    for line in prompt.splitlines(keepends=True):
+        if line.startswith("## "):
+            name = line[3:].split("(")[0].strip()
+        elif name == "header" and "eligible cells" in line and "[" in line:
+            bracket = line[line.index("[") : line.rindex("]") + 1]
+            sections["header: per-task counts"] = sections.get("header: per-task counts", 0) + len(bracket) // 4
+            line = line.replace(bracket, "")
+        sections[name] = sections.get(name, 0) + len(line) // 4
+    return sections
+
+
+class ServerCounts:
+    """Wraps the scripted model: per role, the largest request by the server's count and its sections."""
+
+    def __init__(self, model: ScriptedModel) -> None:
+        self.model = model
+        self.lock = threading.Lock()
+        self.largest: dict[str, int] = {}
+        self.sections: dict[str, dict[str, int]] = {}
+        self.calls: dict[str, int] = {}  # per role, map (sol) and reduce (sol_reduce) apart
+
+    def __call__(self, request: dict[str, Any]) -> Reply:
+        """Count the request, then answer as the scripted model does."""
+        name = request["tools"][0]["function"]["name"] if request.get("tools") else ""
+        role = {"LunaAnswer": "luna", "SolAnswer": "sol", "ReduceAnswer": "sol_reduce"}.get(name, "other")
+        tokens = request_tokens(request)
+        with self.lock:
+            self.calls[role] = self.calls.get(role, 0) + 1
+            if tokens > self.largest.get(role, 0):
+                self.largest[role] = tokens
+                if role != "luna":
+                    prompt = "\n".join(str(m.get("content") or "") for m in request.get("messages", []))
+                    self.sections[role] = prompt_sections(prompt)
+        return self.model(request)
+
+    def take(self) -> tuple[dict[str, int], dict[str, dict[str, int]], dict[str, int]]:
+        """(largest request tokens per role, sections of the largest non-Luna ones, calls per role); resets."""
+        with self.lock:
+            out = (dict(self.largest), dict(self.sections), dict(self.calls))
+            self.largest.clear()
+            self.sections.clear()
+            self.calls.clear()
+        return out
+
+
+def sol_levels(runs_dir: Path) -> dict[str, int]:
+    """Sol's calls per level from the run's shortlist: ``map``, ``reduce-1``, ``reduce-2``, ... or ``single``."""
+    found = sorted(runs_dir.rglob("weakness-shortlist.json"))
+    if not found:
+        return {}
+    plan = (json.loads(found[-1].read_text(encoding="utf-8")).get("plan") or {}).get("calls") or []
+    levels: dict[str, int] = {}
+    for call in plan:
+        cid = str(call.get("call_id", ""))
+        if cid.startswith("M"):
+            level = "map"
+        elif cid == "R":
+            level = "reduce-1"
+        elif cid.startswith("R"):
+            level = "reduce-" + cid[1:].split("-")[0]
+        else:
+            level = "single"
+        levels[level] = levels.get(level, 0) + 1
+    return levels
+
 
 # Runs `lunasol run` in this process, timing each stage and the runner's bookkeeping (CPU of
 # the whole process, every thread), then prints one JSON line.
@@ -116,12 +211,12 @@ def change_one_cell(bundle: Path, cell_id: str) -> None:
     freeze(bundle)
 
 
-def start_server(model: ScriptedModel) -> Any:
+def start_server(model: Any, context_tokens: int = CONTEXT_TOKENS) -> Any:
     from pipeline.testing.openai_server import FakeOpenAI
 
     kw: dict[str, Any] = {}
     if "context_tokens" in inspect.signature(FakeOpenAI).parameters:  # the server can declare a context
-        kw["context_tokens"] = CONTEXT_TOKENS
+        kw["context_tokens"] = context_tokens
     return FakeOpenAI(model, **kw).start(), bool(kw)
 
 
@@ -137,6 +232,8 @@ def lunasol_run(
     progress: Path | None = None,
     extra_args: tuple[str, ...] = (),
     extra_env: dict[str, str] | None = None,
+    context_tokens: int = CONTEXT_TOKENS,
+    counts: ServerCounts | None = None,
 ) -> dict[str, Any]:
     """One ``lunasol run`` in a child process; its figures, the calls it made and its peak tree RSS.
 
@@ -148,7 +245,7 @@ def lunasol_run(
     # otherwise get plain JSON mode from litellm's capability map, and every answer would be a schema example)
     args += ["--api-base", server.base_url, "--mode", "tools"]
     if context:
-        args += ["--context-tokens", str(CONTEXT_TOKENS)]
+        args += ["--context-tokens", str(context_tokens)]
     args += extra_args
     env = {**os.environ, "OPENAI_API_KEY": "sk-bench-not-a-key", "LUNASOL_CONCURRENCY": "8", **(extra_env or {})}
     # An installed lunasol runs from bytecode (pip compiles it; an editable install caches it on first
@@ -197,6 +294,16 @@ def lunasol_run(
     calls, largest = model.take()
     result.update(wall_s=wall, peak_tree_rss_mib=peak / 2**20, calls=calls, largest_request_chars=largest)
     result["stage_peak_rss_mib"] = {k: round(v / 2**20) for k, v in stage_peak.items()}
+    result["sol_levels"] = sol_levels(runs_dir)
+    if counts is not None:
+        largest, sections, served = counts.take()
+        result.update(largest_request_tokens=largest, largest_request_sections=sections, served_calls=served)
+    with server.lock:  # the server keeps every request it served: not needed here, and 100s of MB at size
+        result["refused_for_size"] = getattr(server, "refused_for_size", 0)
+        server.requests.clear()
+        server.headers.clear()
+        if hasattr(server, "refused_for_size"):
+            server.refused_for_size = 0
     result["lines"] = lines[:-1]  # everything the run printed
     result["log"] = [line for line in lines[:-1] if line.startswith("[")]
     if result["exit"] != 0:
@@ -339,6 +446,85 @@ def run_bench(
     return runs
 
 
+def diversity(root: Path, rows: list[tuple[int, int, int]]) -> dict[str, Any]:
+    """One full run per (cells, tasks, context) row on a diverse clone of the demo; every figure per row."""
+    compile_lunasol()
+    out: dict[str, Any] = {}
+    for cells, tasks, context_tokens in rows:
+        counts = ServerCounts(ScriptedModel())
+        server, context = start_server(counts, context_tokens)
+        try:
+            bundle = clone_diverse(DEMO, root / f"bundle-{cells}x{tasks}", cells, tasks)
+            settle()
+            runs_dir = root / f"runs-{cells}x{tasks}-{context_tokens // 1000}k"
+            r = lunasol_run(
+                bundle, runs_dir, server, counts.model, context, root / f"progress-{cells}x{tasks}.json",
+                context_tokens=context_tokens, counts=counts,
+            )  # fmt: skip
+        finally:
+            server.stop()
+        r.update(cells=cells, tasks=tasks, context_tokens=context_tokens if context else None)
+        out[f"{cells}x{tasks}@{context_tokens // 1000}K"] = r
+    return out
+
+
+def diversity_report(rows: dict[str, Any]) -> list[str]:
+    """Human-readable lines per diversity row: CPU per stage, peak RSS, Sol levels, largest requests and sections."""
+    lines: list[str] = []
+    for name, r in rows.items():
+        stages = ", ".join(f"{k} {v:.1f}" for k, v in r["stages"].items())
+        lines.append(
+            f"{name} ({r['cells']:,} cells x {r['tasks']:,} tasks, context {r['context_tokens']}): exit {r['exit']}, "
+            f"CPU {r['cpu']:.1f} s (stages: {stages or '-'}), wall {r['wall_s']:.1f} s, "
+            f"peak RSS {r['peak_tree_rss_mib']:.0f} MiB, calls {r['calls'] or 0}, "
+            f"refused for size {r.get('refused_for_size', 0)}"
+        )
+        if r.get("stage_peak_rss_mib"):
+            by_stage = ", ".join(f"{k} {v}" for k, v in r["stage_peak_rss_mib"].items())
+            lines.append(f"  peak RSS by stage (MiB): {by_stage}")
+        levels = ", ".join(f"{k} {v}" for k, v in r.get("sol_levels", {}).items())
+        served = r.get("served_calls", {})
+        lines.append(
+            f"  Sol calls per level: {levels or 'none (no shortlist)'}; served: map/single {served.get('sol', 0)}, "
+            f"reduce {served.get('sol_reduce', 0)}"
+        )
+        largest = ", ".join(f"{k} {v:,}" for k, v in r.get("largest_request_tokens", {}).items())
+        lines.append(f"  largest request by the server's count (tokens): {largest or '-'}")
+        for role, sections in r.get("largest_request_sections", {}).items():
+            parts = ", ".join(f"{k} {v:,}" for k, v in sorted(sections.items(), key=lambda kv: -kv[1]))
+            lines.append(f"  sections of the largest {role} request (tokens): {parts}")
+        if r.get("error"):
+            lines.append(f"  error: {r['error']}")
+    return lines
+
+
+@pytest.mark.bench
+def test_scale_diversity() -> None:
+    """1,000 cells over 1,000 and over 100 distinct tasks: figures printed, the run ends (exit code printed)."""
+    root = Path(tempfile.mkdtemp(prefix="lunasol-scale-div-"))
+    try:
+        rows = diversity(root, [r for r in DIVERSITY_ROWS if r[0] <= 1_000])
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    for line in diversity_report(rows):
+        print(line)
+    assert all(r["refused_for_size"] == 0 for r in rows.values())  # no request over the declared context
+
+
+@pytest.mark.bench
+@pytest.mark.slow
+def test_scale_diversity_large() -> None:
+    """The issue's rows past 1,000 cells (10,000 x 2,500 at 128K and 32K, 10,000 x 10,000, 100,000 x 5,000)."""
+    root = Path(tempfile.mkdtemp(prefix="lunasol-scale-div-"))
+    try:
+        rows = diversity(root, [r for r in DIVERSITY_ROWS if r[0] > 1_000])
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    for line in diversity_report(rows):
+        print(line)
+    assert all(r["exit"] == 0 and r["refused_for_size"] == 0 for r in rows.values())
+
+
 @pytest.mark.bench
 def test_scale_benchmark() -> None:
     """100 and 1,000 cells, one changed cell, unchanged rerun (figures printed; gate 1 reached)."""
@@ -377,9 +563,34 @@ def main() -> None:
         default=RERUN_REPEATS,
         help=f"times the one-changed rerun is timed from the same state; its median counts (default {RERUN_REPEATS})",
     )
+    parser.add_argument("--tasks", default=None, help="distinct tasks per row, e.g. 1000,100 (diverse bundles)")
+    parser.add_argument("--rows", default=None, help="CELLSxTASKS[@CONTEXT] rows, e.g. 1000x1000,10000x2500@32000")
+    parser.add_argument("--context-tokens", type=int, default=CONTEXT_TOKENS)
     ns = parser.parse_args()
     if ns.rerun_repeats < 1:
         parser.error("--rerun-repeats must be at least 1")
+    if ns.tasks or ns.rows:
+        rows: list[tuple[int, int, int]] = []
+        for spec in (ns.rows or "").split(","):
+            if spec:
+                shape, _, ctx = spec.partition("@")
+                c, _, t = shape.partition("x")
+                rows.append((int(c), int(t), int(ctx or ns.context_tokens)))
+        for c in [int(x) for x in ns.cells.split(",")] if ns.tasks else []:
+            rows += [(c, int(t), ns.context_tokens) for t in ns.tasks.split(",")]
+        root = ns.keep or Path(tempfile.mkdtemp(prefix="lunasol-scale-div-"))
+        if ns.keep is not None and ns.keep.exists():
+            shutil.rmtree(ns.keep)
+        try:
+            out = diversity(root, rows)
+        finally:
+            if ns.keep is None:
+                shutil.rmtree(root, ignore_errors=True)
+        for line in diversity_report(out):
+            print(line)
+        if ns.json:
+            print(json.dumps(out, indent=1, default=str))
+        return
     runs = run_bench([int(x) for x in ns.cells.split(",")], ns.keep, reruns=not ns.no_reruns, repeats=ns.rerun_repeats)
     if ns.json:
         print(json.dumps(runs, indent=1, default=str))

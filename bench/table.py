@@ -57,6 +57,13 @@ BENCHMARKS: tuple[Bench, ...] = (
           "`python bench/bench_scale.py --cells 100,1000 [--keep DIR]` (10,000: `--cells 10000 --no-reruns`)",
           "bookkeeping ≤ 5%; 100 → 1,000 CPU ≤ 11×; one changed cell ≤ 0.1×; unchanged rerun 0 calls, "
           "< 400 MiB; 10,000 cells < 2 GiB"),
+    Bench("scale-tasks", "the main job on demo clones spread over N distinct tasks in name families (per-task outcome "
+          "mixes, varied cell lengths): CPU and peak RSS per stage, Sol calls per level, the largest request per role "
+          "by the server's own count and its sections", "`python bench/bench_scale.py --cells 1000 --tasks 1000,100` "
+          "(rows: `--rows 10000x2500@32000,...`)", "every row reaches gate 1 with no request over the context"),
+    Bench("fleet", "Luna over two local endpoints through litellm's Router, one stopped mid-run: calls per endpoint, "
+          "cells finished, wall time against one endpoint", "`python bench/bench_fleet.py`",
+          "an endpoint that dies takes no cell with it"),
     Bench("adapters", "every public dataset imported, verified and exported; every ref re-read; label leaks "
           "counted; the deterministic Who&When / MAST baselines of `lunasol eval`",
           "`python bench/bench_adapters.py` (data: `LUNASOL_SHARED_DIR`)", "no label leak; every ref resolves"),

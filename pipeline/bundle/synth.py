@@ -187,3 +187,80 @@ def tree_snapshot(root: Path) -> dict[str, str]:
             else:
                 snap[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
     return snap
+
+
+FAILURE_RATES = (0.0, 0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
+"""Per-task failure rates drawn for a diverse clone: tasks that never fail, always fail, and mixes."""
+
+LENGTH_FACTORS = (1.0, 1.0, 0.8, 0.6, 0.4)
+"""Share of each session file's lines a diverse clone keeps (its cells vary in length)."""
+
+
+def clone_diverse(src: Path, dest: Path, cells: int, tasks: int, seed: int = 33) -> Path:
+    """The demo's eligible cells cloned to ``cells`` cells over ``tasks`` distinct tasks, frozen.
+
+    Unlike :func:`clone_bundle` (which keeps the demo's 8 tasks), tasks get distinct ids grouped in
+    families by name (``f003-ripgrep-glob-case-00042``: family ``f003-ripgrep-glob-case``, about
+    √tasks families), each task its own failure rate (from :data:`FAILURE_RATES`), and each cell
+    is copied from a demo cell with the outcome its task drew (so logs and outcome agree), its
+    session files cut to a share of their lines (:data:`LENGTH_FACTORS`). Cells go to tasks round
+    robin, so ``cells == tasks`` is one run per task. Deterministic for a given seed.
+    """
+    import json
+    import math
+    import shutil
+
+    if cells < 1 or not 1 <= tasks <= cells:
+        raise ValueError(f"need 1 <= tasks <= cells, got {tasks} tasks for {cells} cells")
+    rng = random.Random(seed)
+    req = json.loads((src / "analysis-request.json").read_text(encoding="utf-8"))
+    lines = (src / "sidecar" / "outcomes.jsonl").read_text(encoding="utf-8").splitlines()
+    outcomes = {row["cell_id"]: row for row in (json.loads(line) for line in lines if line.strip())}
+    eligible = [c for c in req["cells"] if c["eligibility"] == "valid_behavior"]
+    excluded = [c for c in req["cells"] if c["eligibility"] != "valid_behavior"]
+    failed = [c for c in eligible if outcomes.get(c["cell_id"], {}).get("label") != "completed"]
+    passed = [c for c in eligible if c not in failed]
+    stems = [t["task_id"] for t in req["tasks"]]
+    families = [f"f{f:03d}-{stems[f % len(stems)]}" for f in range(max(1, math.isqrt(tasks)))]
+    task_ids = [f"{families[k % len(families)]}-{k:05d}" for k in range(tasks)]
+    rates = [rng.choice(FAILURE_RATES) for _ in task_ids]
+    dest.mkdir(parents=True)
+    specs: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    for i in range(cells):
+        k = i % tasks
+        pool = failed if (rng.random() < rates[k] and failed) or not passed else passed
+        orig = pool[rng.randrange(len(pool))]
+        cell_id = f"C{i + 1:05d}"
+        run_id = f"h0-{task_ids[k]}-r{i // tasks + 1}"
+        out = dest / "cells" / cell_id
+        shutil.copytree(src / orig["path"], out)
+        factor = rng.choice(LENGTH_FACTORS)
+        if factor < 1.0:
+            for session in sorted((out / "sessions").glob("*.jsonl")):
+                kept = session.read_text(encoding="utf-8").splitlines(keepends=True)
+                session.write_text("".join(kept[: max(1, math.ceil(len(kept) * factor))]), encoding="utf-8")
+        meta = json.loads((out / "cell.json").read_text(encoding="utf-8"))
+        meta.update(cell_id=cell_id, run_id=run_id, task_id=task_ids[k])
+        (out / "cell.json").write_text(json.dumps(meta), encoding="utf-8")
+        specs.append({**orig, "cell_id": cell_id, "task_id": task_ids[k], "run_id": run_id, "path": f"cells/{cell_id}"})
+        if orig["cell_id"] in outcomes:
+            rows.append({**outcomes[orig["cell_id"]], "cell_id": cell_id})
+    for c in excluded:
+        shutil.copytree(src / c["path"], dest / c["path"])
+        specs.append({**c, "task_id": task_ids[0]})
+        if c["cell_id"] in outcomes:
+            rows.append(outcomes[c["cell_id"]])
+    summaries = {t["task_id"]: t["summary"] for t in req["tasks"]}
+    req["tasks"] = [
+        {"task_id": t, "summary": f"family {t.rsplit('-', 1)[0]}, variant {t.rsplit('-', 1)[1]}: "
+         + summaries[stems[(k % len(families)) % len(stems)]]}
+        for k, t in enumerate(task_ids)
+    ]  # fmt: skip
+    req["cells"] = specs
+    req["analysis_run_id"] = f"{req['analysis_run_id']}-x{cells}-t{tasks}"
+    (dest / "analysis-request.json").write_text(json.dumps(req, indent=1), encoding="utf-8")
+    (dest / "sidecar").mkdir()
+    (dest / "sidecar" / "outcomes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    freeze(dest)
+    return dest

@@ -36,7 +36,8 @@ def register(app: typer.Typer) -> None:
         api_base: str | None = typer.Option(
             None,
             "--api-base",
-            help="OpenAI-compatible base URL. Credentials in it (user:pw@, ?api-key=) are kept out of run.json, "
+            help="OpenAI-compatible base URL; a comma list (URL#N: N calls in flight there) spreads calls over a fleet "
+            "with litellm's Router (docs/models.md). Credentials in it (user:pw@, ?api-key=) are kept out of run.json, "
             "receipts and error lines; a later propose or resume then takes the URL from LUNASOL_API_BASE.",
         ),
         replay: Path | None = typer.Option(None, "--replay", help="Serve model answers only from this store."),

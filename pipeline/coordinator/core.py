@@ -20,8 +20,8 @@ from pipeline.artifacts.rundir import GROUPS
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.coordinator.incidents import update_incidents
 from pipeline.core import duck
-from pipeline.core.canonical import atomic_write_bytes, pretty_json_plain
 from pipeline.core.errors import BadInput
+from pipeline.core.jsonstream import Items, atomic_write_chunks, pretty_object
 
 GROUPS_FILE = GROUPS.filename
 GROUPS_SCHEMA_VERSION = VERSIONS["pattern-groups"]
@@ -169,8 +169,27 @@ ORDER BY g.group_id
 """
 
 
-def coordinate(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
-    """Run the SQL over the IR on ``con`` (tables written there) and return the groups document."""
+GROUPS_PER_BATCH = 16
+"""Groups fetched from DuckDB at a time when the document is streamed (one group may hold an occurrence per cell)."""
+
+COVERAGE_PER_BATCH = 2_048
+
+_TOTALS_SQL = """
+SELECT
+    (SELECT count(*) FROM pattern_coverage) AS eligible_cells,
+    (SELECT count(*) FROM pattern_coverage WHERE patterns <> 0) AS cells_with_patterns,
+    (SELECT count(*) FROM pattern_coverage WHERE patterns = 0) AS cells_without_patterns,
+    (SELECT coalesce(list(cell_id ORDER BY cell_id), [])
+       FROM pattern_coverage WHERE luna_status IS NULL OR luna_status NOT IN ('ok', 'split')) AS cells_not_analysed,
+    (SELECT coalesce(sum(patterns), 0)::BIGINT FROM pattern_coverage) AS patterns,
+    (SELECT count(*) FROM pattern_groups) AS groups,
+    (SELECT coalesce(sum(occurrences), 0)::BIGINT FROM pattern_groups) AS occurrences,
+    (SELECT coalesce(sum(collapsed_lines), 0)::BIGINT FROM pattern_groups) AS collapsed_lines
+"""
+
+
+def _run_sql(con: duckdb.DuckDBPyConnection) -> None:
+    # The Coordinator's SQL files, in order: pattern_occurrences, pattern_groups, pattern_coverage in the IR.
     if not duck.has_table(con, "patterns"):
         raise BadInput("no patterns table in the IR: the luna stage must run before the coordinator")
     con.execute(_FALLBACK_DDL)
@@ -179,33 +198,55 @@ def coordinate(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
             update_incidents(con, _sql(name))
         else:
             con.execute(_sql(name))
-    doc_groups: list[dict[str, Any]] = con.sql(_GROUPS_SQL).to_arrow_table().to_pylist()
-    coverage = _rows(con, "SELECT * FROM pattern_coverage ORDER BY cell_id")
-    failed = [c["cell_id"] for c in coverage if c["luna_status"] not in ("ok", "split")]
+
+
+def totals(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """The document's ``totals``, aggregated in DuckDB from the tables the SQL wrote."""
+    return _rows(con, _TOTALS_SQL)[0]
+
+
+def _batches(con: duckdb.DuckDBPyConnection, sql: str, size: int) -> Any:
+    # Arrow record batches of ``size`` rows: at most one batch of groups is in Python at a time.
+    reader = con.sql(sql).fetch_record_batch(size)
+    for batch in reader:
+        yield from batch.to_pylist()
+
+
+def coordinate(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """Run the SQL over the IR on ``con`` (tables written there) and return the whole groups document.
+
+    Held whole in Python: for tests and small batches. :func:`run_coordinator` streams the same bytes.
+    """
+    _run_sql(con)
     return {
         "schema_version": GROUPS_SCHEMA_VERSION,
-        "totals": {
-            "eligible_cells": len(coverage),
-            "cells_with_patterns": sum(1 for c in coverage if c["patterns"]),
-            "cells_without_patterns": sum(1 for c in coverage if not c["patterns"]),
-            "cells_not_analysed": failed,
-            "patterns": sum(c["patterns"] for c in coverage),
-            "groups": len(doc_groups),
-            "occurrences": sum(g["support"]["occurrences"] for g in doc_groups),
-            "collapsed_lines": sum(g["collapsed_lines"] for g in doc_groups),
-        },
-        "groups": doc_groups,
-        "coverage": coverage,
+        "totals": totals(con),
+        "groups": con.sql(_GROUPS_SQL).to_arrow_table().to_pylist(),
+        "coverage": _rows(con, "SELECT * FROM pattern_coverage ORDER BY cell_id"),
     }
 
 
 def run_coordinator(ir_path: Path, run_dir: Path) -> dict[str, Any]:
-    """Coordinate the run's patterns; write ``pattern-groups.json`` and the tables; return the document."""
+    """Coordinate the run's patterns into the IR's tables and stream ``pattern-groups.json`` from them.
+
+    The groups live in the run's DuckDB (``pattern_groups``, ``pattern_occurrences``,
+    ``pattern_coverage``); the JSON artifact is written a batch of groups at a time, never built whole
+    (its bytes are those of :func:`coordinate`'s document through ``pretty_json_plain``). Returns the
+    document's ``schema_version`` and ``totals`` (read the file for its groups and coverage).
+    """
     con = duck.connect(ir_path)
     try:
-        doc = coordinate(con)
+        _run_sql(con)
+        head = {"schema_version": GROUPS_SCHEMA_VERSION, "totals": totals(con)}
+        chunks = pretty_object(
+            {
+                **head,
+                "groups": Items(_batches(con, _GROUPS_SQL, GROUPS_PER_BATCH)),
+                "coverage": Items(_batches(con, "SELECT * FROM pattern_coverage ORDER BY cell_id", COVERAGE_PER_BATCH)),
+            }
+        )
+        # strings, whole numbers, booleans and None only: orjson's bytes are pretty_json's (pipeline.core.canonical)
+        atomic_write_chunks(run_dir / GROUPS_FILE, chunks)
     finally:
         con.close()
-    # strings, whole numbers, booleans and None only: orjson's bytes are pretty_json's (pipeline.core.canonical)
-    atomic_write_bytes(run_dir / GROUPS_FILE, pretty_json_plain(doc))
-    return doc
+    return head

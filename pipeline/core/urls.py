@@ -39,6 +39,8 @@ def shown_url(url: str) -> str:
 
     Everything else is kept byte for byte, so a URL without credentials comes back unchanged.
     """
+    if "," in url and url.count("://") > 1:  # a fleet's comma list (pipeline.models.fleet): each URL alone
+        return ",".join(shown_url(part) for part in url.split(","))
     try:
         parts = urlsplit(url)
     except ValueError:

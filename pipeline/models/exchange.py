@@ -22,6 +22,7 @@ from pipeline.models.accounting import Accounting, Booked
 from pipeline.models.batching import BATCHED_ROLES, Batcher
 from pipeline.models.budget import context_error
 from pipeline.models.errors import EmptyAnswer, ModelUnavailable, ReplayMiss
+from pipeline.models.fleet import Fleet, fleet_api_key, is_fleet, total_concurrency
 from pipeline.models.shaping import as_litellm_holds
 from pipeline.models.store import RecordingStore, canonical_request, check_record, make_record, request_key
 from pipeline.models.transport import (
@@ -94,6 +95,9 @@ class Exchange:
         self._openai_clients: dict[int, Any] = {}
         self.batcher: Batcher | None = None  # --batch: set by the client (pipeline.models.batching)
         self.refused: LunasolError | None = None  # a refusal stops every later request of the client
+        # Several endpoints in --api-base: live calls go through litellm's Router (pipeline.models.fleet).
+        self.is_fleet = is_fleet(settings.api_base)
+        self._fleet: Fleet | None = None
 
     async def complete(self, **kwargs: Any) -> Any:
         """One exchange as instructor needs it: a coroutine function returning a response object."""
@@ -102,7 +106,7 @@ class Exchange:
     @property
     def openai_sdk(self) -> bool:
         """True when live calls go through the openai SDK without litellm (:func:`uses_openai_sdk`)."""
-        return uses_openai_sdk(self.settings, self.model)
+        return not self.is_fleet and uses_openai_sdk(self.settings, self.model)
 
     def request_of(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The canonical request the replay key is made of, for the kwargs instructor hands over."""
@@ -203,12 +207,15 @@ class Exchange:
     # ------------------------------------------------------------------ live
     def _semaphore(self) -> asyncio.Semaphore:
         if self._sem is None:
-            self._sem = asyncio.Semaphore(self.settings.concurrency)
+            bound = self.settings.concurrency
+            if self.is_fleet:  # every endpoint has its own bound (the Router keeps each); in flight: their sum
+                bound = total_concurrency(self.settings.api_base, bound)
+            self._sem = asyncio.Semaphore(bound)
         return self._sem
 
     def _transport_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {"timeout": self.settings.timeout_s, "num_retries": 0, "max_retries": 0}
-        if self.settings.api_base:
+        if self.settings.api_base and not self.is_fleet:  # a fleet's endpoints are the Router's
             kw["api_base"] = self.settings.api_base
             if self._is_openai() and not os.environ.get("OPENAI_API_KEY"):
                 kw["api_key"] = DUMMY_API_KEY
@@ -248,6 +255,18 @@ class Exchange:
 
     async def _send(self, call_kwargs: dict[str, Any], state: CallState) -> Any:
         """One HTTP request: through the openai SDK (an OpenAI-compatible --api-base) or litellm."""
+        if self.is_fleet:
+            if self._fleet is None:
+                self._fleet = Fleet(
+                    str(self.model),
+                    str(self.settings.api_base),
+                    concurrency=self.settings.concurrency,
+                    timeout_s=self.settings.timeout_s,
+                    api_key=fleet_api_key(),
+                )
+            response = await self._fleet.acompletion(call_kwargs)
+            state.add(self.accounting.book(response))
+            return response
         if self.openai_sdk:
             sdk_kwargs = sdk_body(str(self.model), call_kwargs)
             # The SDK's documented ``post`` for the request ``chat.completions.create`` would build (same
@@ -291,7 +310,7 @@ class Exchange:
             )
 
         call_kwargs = {**kwargs, **self._transport_kwargs(), "model": self.model}
-        use_capture = self._is_openai()
+        use_capture = self._is_openai() and not self.is_fleet  # the Router makes its own clients per endpoint
         if use_capture and not self.openai_sdk:
             call_kwargs["client"] = self._openai_client()
         retrying = AsyncRetrying(

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 from pipeline.core.errors import BadInput
 from pipeline.core.settings import ModelSettings
 from pipeline.core.urls import shown_url
-from pipeline.models import modelmap
+from pipeline.models import fleet, modelmap
 from pipeline.models.transport import load_litellm
 
 CONNECT_TIMEOUT_S = 3.0
@@ -38,6 +38,10 @@ def preflight(settings: ModelSettings, log: Callable[[str], None] | None = None)
     if settings.effective_mode() == "replay" or not settings.model:
         return
     model = settings.model
+    if fleet.is_fleet(settings.api_base):
+        check_fleet(settings)
+        if model.startswith(modelmap.PREFIX):
+            return
     if model.startswith(modelmap.PREFIX) and settings.api_base:
         # An OpenAI-compatible server of your own: litellm's answer is fixed (provider openai, the
         # server names its models, a dummy key), so only reachability is checked, and a run whose
@@ -58,7 +62,7 @@ def preflight(settings: ModelSettings, log: Callable[[str], None] | None = None)
             f"unknown model {model!r}: not in litellm's model list{_close_match(litellm, model, str(provider))}; "
             "for a model served by your own server pass --api-base URL"
         )
-    if settings.api_base:
+    if settings.api_base and not fleet.is_fleet(settings.api_base):
         check_reachable(settings.api_base)
     if not (settings.api_base and provider == "openai"):  # a compatible server gets a dummy key
         missing = _missing_keys(litellm, model)
@@ -67,6 +71,21 @@ def preflight(settings: ModelSettings, log: Callable[[str], None] | None = None)
                 f"{' or '.join(missing)} is not set: provider {provider} needs it for {model} "
                 f"(export {missing[0]}=..., never stored); or use --replay DIR"
             )
+
+
+def check_fleet(settings: ModelSettings) -> None:
+    """A fleet (several ``--api-base`` endpoints): every entry a URL, one at least reachable, no ``--batch``."""
+    eps = fleet.endpoints(settings.api_base)
+    if settings.batch:
+        raise BadInput("--batch sends one provider batch to one endpoint: give a single --api-base with --batch")
+    refused: list[str] = []
+    for e in eps:
+        try:
+            check_reachable(e.url)
+        except BadInput as exc:
+            refused.append(str(exc))
+    if len(refused) == len(eps):
+        raise BadInput(f"no endpoint of --api-base is reachable: {refused[0]}")
 
 
 def check_reachable(api_base: str) -> None:

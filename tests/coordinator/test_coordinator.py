@@ -14,6 +14,7 @@ import duckdb
 
 from pipeline.coordinator import GROUPS_FILE, run_coordinator, sql_files
 from pipeline.coordinator.incidents import CACHE_TABLE, update_incidents
+from pipeline.core.canonical import read_json
 from pipeline.luna.stage import TABLES_DDL
 from pipeline.probes.synthetic import write_ir
 
@@ -80,13 +81,15 @@ def build(tmp_path: Path) -> Path:
 
 
 def group(doc: dict[str, Any], typ: str, concerns: str) -> dict[str, Any]:
-    [g] = [g for g in doc["groups"] if g["type"] == typ and g["concerns"] == concerns]
+    found: list[dict[str, Any]] = [g for g in doc["groups"] if g["type"] == typ and g["concerns"] == concerns]
+    [g] = found
     return g
 
 
 def test_groups_across_cells_with_support_and_negatives(tmp_path: Path) -> None:
     ir = build(tmp_path)
-    doc = run_coordinator(ir, tmp_path / "run")
+    run_coordinator(ir, tmp_path / "run")
+    doc = read_json(tmp_path / "run" / GROUPS_FILE)
     g = group(doc, "repeated_exploration", "target:review.md")
     assert g["support"]["cells"] == ["C001", "C002"]
     assert g["support"]["tasks"] == ["bat", "prom"]
@@ -99,7 +102,8 @@ def test_groups_across_cells_with_support_and_negatives(tmp_path: Path) -> None:
 
 
 def test_duplicate_controller_lines_collapse_into_one_occurrence_keeping_every_ref(tmp_path: Path) -> None:
-    doc = run_coordinator(build(tmp_path), tmp_path / "run")
+    run_coordinator(build(tmp_path), tmp_path / "run")
+    doc = read_json(tmp_path / "run" / GROUPS_FILE)
     g = group(doc, "zero_information_gain", "transition:review->review")
     [occ] = g["occurrences"]
     assert occ["pattern_ids"] == ["C003-P01", "C003-P02"]
@@ -128,13 +132,15 @@ def test_non_identical_controller_lines_stay_separate(tmp_path: Path) -> None:
         ],
     )
     con.close()
-    doc = run_coordinator(ir, tmp_path / "run")
+    run_coordinator(ir, tmp_path / "run")
+    doc = read_json(tmp_path / "run" / GROUPS_FILE)
     assert doc["groups"][0]["support"]["occurrences"] == 2
     assert doc["totals"]["collapsed_lines"] == 0
 
 
 def test_every_eligible_cell_is_in_coverage_zero_patterns_counted(tmp_path: Path) -> None:
-    doc = run_coordinator(build(tmp_path), tmp_path / "run")
+    run_coordinator(build(tmp_path), tmp_path / "run")
+    doc = read_json(tmp_path / "run" / GROUPS_FILE)
     cov = {c["cell_id"]: c for c in doc["coverage"]}
     assert sorted(cov) == ["C001", "C002", "C003", "C004", "C005"]
     assert cov["C004"]["patterns"] == 0 and cov["C004"]["luna_status"] == "ok"
@@ -303,3 +309,30 @@ def test_a_rerun_looks_again_only_at_changed_cells_and_gives_every_incident_a_fr
         assert dict((r[0], r[1]) for r in cached)[cells[0]] == "sha256:changed"
     finally:
         con.close()
+
+
+def test_the_streamed_file_is_the_whole_documents_bytes(tmp_path: Path) -> None:
+    """run_coordinator streams the file from DuckDB a batch at a time: the bytes of the document built whole."""
+    from pipeline.coordinator import core
+    from pipeline.core import duck
+    from pipeline.core.canonical import pretty_json_plain
+
+    ir = build(tmp_path)
+    head = run_coordinator(ir, tmp_path / "run")
+    con = duck.connect(ir)
+    try:
+        whole = core.coordinate(con)
+    finally:
+        con.close()
+    assert (tmp_path / "run" / GROUPS_FILE).read_bytes() == pretty_json_plain(whole)
+    assert head == {"schema_version": whole["schema_version"], "totals": whole["totals"]}
+    assert whole["totals"]["groups"] == len(whole["groups"]) > 1 and whole["coverage"]
+
+
+def test_an_empty_batch_streams_empty_lists(tmp_path: Path) -> None:
+    from pipeline.core.canonical import pretty_json_plain
+    from pipeline.core.jsonstream import Items, pretty_object
+
+    doc = {"coverage": [], "groups": [{"a": [1, {"b": "x\ny"}], "c": {}}], "schema_version": 1, "totals": {"n": None}}
+    fields = {k: Items(iter(v)) if isinstance(v, list) else v for k, v in doc.items()}
+    assert b"".join(pretty_object(fields)) == pretty_json_plain(doc)

@@ -1,0 +1,71 @@
+"""Pretty JSON written piece by piece: a document whose lists are too large to hold whole in Python.
+
+The bytes equal :func:`pipeline.core.canonical.pretty_json_plain` of the whole document (orjson,
+2-space indent, sorted keys), for the same data: strings, whole numbers, booleans and None.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+_OPTS = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
+
+
+@dataclass(frozen=True)
+class Items:
+    """A list value given as an iterable of its items, written one at a time."""
+
+    items: Iterable[Any]
+
+
+def _indented(obj: Any, depth: int) -> bytes:
+    # JSON strings never hold a raw newline, so every b"\n" is a line break of the layout
+    pad = b"  " * depth
+    return orjson.dumps(obj, option=_OPTS).replace(b"\n", b"\n" + pad)
+
+
+def pretty_object(fields: dict[str, Any]) -> Iterator[bytes]:
+    """Chunks of the pretty JSON of an object whose values may be :class:`Items` (streamed lists)."""
+    if not fields:
+        yield b"{}\n"
+        return
+    yield b"{"
+    for i, key in enumerate(sorted(fields)):
+        yield (b"," if i else b"") + b"\n  " + orjson.dumps(key) + b": "
+        value = fields[key]
+        if not isinstance(value, Items):
+            yield _indented(value, 1)
+            continue
+        first = True
+        for item in value.items:
+            yield (b"[\n    " if first else b",\n    ") + _indented(item, 2)
+            first = False
+        yield b"[]" if first else b"\n  ]"
+    yield b"\n}\n"
+
+
+def atomic_write_chunks(path: Path, chunks: Iterable[bytes]) -> None:
+    """Write ``chunks`` via a synced temp file in the same directory and rename (never half a file)."""
+    from pipeline.core.canonical import _umask  # the same mode as every other artifact
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as fh:
+            for chunk in chunks:
+                fh.write(chunk)
+            fh.flush()
+            if os.environ.get("LUNASOL_TEST_NO_FSYNC") != "1":  # as canonical._synced_temp
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
