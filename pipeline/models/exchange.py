@@ -121,10 +121,11 @@ class Exchange:
 
         Answers from the store when it holds a usable answer for the key: always in replay; in record
         mode and in the run's own exchange store when this process recorded it (a repeated request
-        gets the answer replay will give) or an earlier process received it but no finished call used
-        it (killed between receipt and parse). Else calls live, and stores the raw answer *before*
-        anything parses it, so a resume never pays for an answer it already received, while a
-        deliberate new ask of a finished call (a redo) is asked again.
+        gets the answer replay will give) or an earlier process received it and no failed call used it
+        (killed between receipt and parse, or between the call and its artifact). Else calls live, and
+        stores the raw answer *before* anything parses it, so a resume never pays for an answer it
+        already received, while a failed call, or any finished one in a deliberate redo (the client's
+        ``fresh``), is asked again.
         """
         state = CALL_STATE.get()
         request = self.request_of(kwargs)

@@ -184,9 +184,12 @@ async def test_kill_between_receipt_and_parse_never_pays_twice(
     out = await one(ModelClient(model_settings(**store), tmp_path / "r"))  # the resume, a new client
     assert out.ok and out.value == Finding(**GOOD)
     assert len(fake_llm.requests) == 1  # the answer already received was not paid for again
-    # a finished call asked again on purpose (a redo) is asked again
+    # a finished ok call asked again is served (its artifact may never have been written) ...
     again = await one(ModelClient(model_settings(**store), tmp_path / "r"))
-    assert again.ok and len(fake_llm.requests) == 2
+    assert again.ok and len(fake_llm.requests) == 1
+    # ... unless the caller asks for a new answer on purpose (a redo)
+    redo = await one(ModelClient(model_settings(**store), tmp_path / "r", fresh=True))
+    assert redo.ok and len(fake_llm.requests) == 2
 
 
 def test_sigkill_right_after_the_answer_arrived_is_resumed_without_a_new_request(
