@@ -28,6 +28,7 @@ from pipeline.adapters.native import cell_records
 from pipeline.bundle.manifest import Manifest
 from pipeline.bundle.request import CellSpec
 from pipeline.core.errors import BadInput
+from pipeline.core.limits import check_count
 from pipeline.ir.redact import display_paths, redact_column
 from pipeline.ir.schema import TEXT_LIMIT, trim_text
 
@@ -181,6 +182,7 @@ class ColumnBuilder:
     def add_records(self, cell_id: str, records: list[Record]) -> None:
         """Order, number and segment one cell's records and append their columns."""
         n = len(records)
+        check_count(n, "LUNASOL_MAX_CELL_EVENTS", f"cell {cell_id}", "events")
         self.counts.append((cell_id, n))
         if not n:
             return
