@@ -105,6 +105,7 @@ class ModelClient:
             # Live: every raw answer is kept in the run's own store before it is parsed, so a resume
             # (or a kill right after an answer arrived) never pays for an answer already received.
             self.store = RecordingStore(self.run_dir / EXCHANGES_DIR, "record")
+            self.store.remove_stale_temps()  # a kill mid-write leaves .<key>.json.*.tmp behind
         self.model = settings.model or self._model_from_store()
         self.calllog = CallLog(self.run_dir)
         self.instructor_mode = resolve_mode(settings, self.model, self.store)
