@@ -192,9 +192,11 @@ class ColumnBuilder:
          state_d, targets) = cols[:16]  # fmt: skip
         n_session = 0
         if self.redact:  # a session id is often a file name: a secret in it is one too
-            red_sessions, n_session = redact_column(sessions)
+            distinct = list(dict.fromkeys(sessions))  # a cell has a few sessions: each redacted once
+            red_sessions, n_session = redact_column(distinct)
             if red_sessions is not None:
-                sessions = tuple(red_sessions)
+                shown = dict(zip(distinct, red_sessions, strict=True))
+                sessions = tuple(shown[v] for v in sessions)
         # Segments: maximal runs of the same (stage, session, actor).
         seg_nos: list[int] = []
         seg_append = seg_nos.append
