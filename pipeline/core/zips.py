@@ -14,6 +14,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from pipeline.core.limits import check_count
+
 if sys.version_info < (3, 14):
     import zipfile_zstd  # noqa: F401  (registers zip method 93 with stdlib zipfile on import)
 
@@ -27,8 +29,6 @@ def open_zip(source: Path | bytes, where: str | None = None) -> zipfile.ZipFile:
     An archive of more members than ``LUNASOL_MAX_ZIP_MEMBERS`` is refused (one BundleError line,
     naming ``where`` or the path): each member costs memory long before any is read.
     """
-    from pipeline.core.limits import check_count
-
     zf = zipfile.ZipFile(io.BytesIO(source) if isinstance(source, bytes) else source)
     try:
         label = where or ("the zip" if isinstance(source, bytes) else str(source))

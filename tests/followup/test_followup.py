@@ -8,6 +8,7 @@ gate 2 before it is followed up. Model answers are scripted fixtures (tests/foll
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -361,6 +362,9 @@ def test_an_invented_ref_is_re_asked_then_undetermined(world: dict[str, Any]) ->
         return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
 
     server.handler = inventing
+    # the judge's earlier answer to the same request is held in the run's exchanges and would be served
+    # (an answer is never bought twice): this test needs the server's new, inventing one
+    shutil.rmtree(world["child-gone"] / "exchanges", ignore_errors=True)
     doc = followup(world["parent"], "P-01", world["child-gone"], settings=world["settings"]).doc
     reasks = world["settings"].max_reasks
     assert len(judge_requests) == reasks + 1  # the first ask and every re-ask
