@@ -25,8 +25,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.bundle.request import check_relative, parse_bundle_json, read_bundle_bytes
-from pipeline.core.canonical import StatKey, sha256_bytes, sha256_file, stat_key, write_json
+from pipeline.core.canonical import (
+    StatKey,
+    atomic_write_bytes,
+    pretty_json_bytes,
+    sha256_bytes,
+    sha256_file,
+    stat_key,
+)
 from pipeline.core.errors import BundleError
+from pipeline.core.limits import check_count, check_size
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_SCHEMA_VERSION = VERSIONS["manifest"]
@@ -236,11 +244,15 @@ def freeze(bundle: Path) -> Manifest:
     rels = sorted(found)
     if not [r for r in rels if r != MANIFEST_FILE]:
         raise BundleError(f"nothing to freeze: {bundle} holds no files")
+    check_count(len(rels), "LUNASOL_MAX_BUNDLE_FILES", str(bundle), "files")  # what run would refuse
     paths = [bundle / r for r in rels]
     digests = _hash_many(paths, [found[r] for r in rels])
     files = tuple(FileEntry(r, d, p.stat().st_size) for r, d, p in zip(rels, digests, paths, strict=True))
     manifest = Manifest(files=files)
-    write_json(bundle / MANIFEST_FILE, manifest.to_json())
+    data = pretty_json_bytes(manifest.to_json())
+    # run reads the manifest as one document: one it would refuse is never written
+    check_size(len(data), "LUNASOL_MAX_DOC_BYTES", f"{bundle}/{MANIFEST_FILE}", "the manifest")
+    atomic_write_bytes(bundle / MANIFEST_FILE, data)
     return manifest
 
 
@@ -294,6 +306,7 @@ def _check_manifest(data: Any) -> Manifest:
         raise BundleError(f"{MANIFEST_FILE}: unsupported schema_version {version!r}")
     entries: list[FileEntry] = []
     seen: set[str] = set()
+    check_count(len(data["files"]), "LUNASOL_MAX_BUNDLE_FILES", MANIFEST_FILE, "files")
     for i, item in enumerate(data["files"]):
         if not isinstance(item, dict) or set(item) != {"path", "sha256", "size"}:
             raise BundleError(f"{MANIFEST_FILE}: files[{i}] must have exactly path, sha256 and size")

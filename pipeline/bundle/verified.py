@@ -10,6 +10,10 @@ inode), so its hash is taken from ``runs/<id>/verified-files.json`` instead.
 The file is only trusted whole: it is read when it parses, names this bundle's resolved path and
 holds well-formed entries; each entry counts only when its stat key and its manifest sha256 are
 both unchanged. ``lunasol bundle verify`` never reads it: it always hashes every byte.
+
+Files are named by their position in the manifest (sorted and frozen), not by their path: a run
+directory never holds a bundle file name, which may hold a secret (``pipeline.ir.redact``). A
+position that now names another file cannot pass: its stat key holds the inode.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pipeline.bundle.manifest import Manifest, VerifyReport
 from pipeline.core.canonical import StatKey, atomic_write_bytes, settled
 
 VERIFIED_FILE = rundir.VERIFIED_FILE
-SCHEMA = 1
+SCHEMA = 2  # 2: files keyed by manifest position (1: by path, which may hold a secret)
 
 Known = dict[str, tuple[StatKey, str]]
 """Bundle-relative path -> (its stat key when hashed, the sha256 it had)."""
@@ -39,7 +43,7 @@ def _entry(value: Any) -> tuple[StatKey, str] | None:
     return None
 
 
-def load(run_dir: Path, bundle: Path) -> Known:
+def load(run_dir: Path, bundle: Path, manifest: Manifest) -> Known:
     """The files of ``bundle`` this run hashed before, with what they hashed to (empty when unknown)."""
     path = run_dir / VERIFIED_FILE
     try:
@@ -54,11 +58,12 @@ def load(run_dir: Path, bundle: Path) -> Known:
     ):
         return {}
     known: Known = {}
-    for rel, value in raw["files"].items():
+    files = manifest.files
+    for pos, value in raw["files"].items():
         entry = _entry(value)
-        if entry is None:
+        if entry is None or not pos.isdigit() or int(pos) >= len(files):
             return {}  # never trust part of a file someone edited
-        known[rel] = entry
+        known[files[int(pos)].path] = entry
     return known
 
 
@@ -68,9 +73,10 @@ def save(run_dir: Path, bundle: Path, manifest: Manifest, report: VerifyReport) 
     Files whose mtime or ctime is less than :data:`~pipeline.core.canonical.RACY_NS` older than the verify
     are left out.
     """
+    position = {f.path: i for i, f in enumerate(manifest.files)}
     files = {
-        rel: [*key, manifest.by_path[rel].sha256]
-        for rel, key in sorted(manifest.hashed_ok.items())
+        str(position[rel]): [*key, manifest.by_path[rel].sha256]
+        for rel, key in sorted(manifest.hashed_ok.items(), key=lambda item: position[item[0]])
         if settled(key, report.started_ns)
     }
     if not files:

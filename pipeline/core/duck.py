@@ -97,6 +97,10 @@ def connect(
     con = duckdb.connect(str(path), read_only=read_only, config=config or {})
     try:
         con.execute(f"SET memory_limit = '{limit}'")
+        if str(path) != ":memory:":
+            # spills next to the file, inside the run (an in-memory instance would use ./.tmp)
+            with contextlib.suppress(duckdb.Error):  # a sandboxed connection may refuse the setting
+                con.execute(f"SET temp_directory = {literal(os.path.realpath(path) + '.tmp')}")
     except BaseException:
         con.close()
         raise

@@ -11,7 +11,13 @@ the public data under /work/shared/data is 0.3 MB) and each can be raised by an 
 ``LUNASOL_MAX_DOC_BYTES``      64 MiB      one whole JSON document (a ``.json`` log, a zip member)
 ``LUNASOL_MAX_FILE_BYTES``     256 MiB     one log file read whole (native JSON Lines)
 ``LUNASOL_MAX_ZIP_RATIO``      200         decompressed / compressed size of a zip member over 1 MiB
+``LUNASOL_MAX_BUNDLE_FILES``   200,000     files in one bundle (``bundle freeze`` refuses what ``run`` would)
+``LUNASOL_MAX_ZIP_MEMBERS``    50,000      members of one archive (an Inspect ``.eval``)
+``LUNASOL_MAX_CELL_EVENTS``    1,000,000   events read from one cell
 =============================  ==========  ==========================================
+
+Counts are bounded like sizes: a 200,000-member ``.eval`` imported at 1.57 GiB and a million tiny
+files froze into a 155 MB manifest every later ``run`` refused; each is now one line up front.
 
 Nesting depth needs no setting: orjson refuses past 1,024 levels and the standard parser's
 recursion error is caught (:func:`parse_json`), so a deep document is one clear line too.
@@ -33,6 +39,9 @@ _DEFAULTS = {
     "LUNASOL_MAX_DOC_BYTES": 64 * MiB,
     "LUNASOL_MAX_FILE_BYTES": 256 * MiB,
     "LUNASOL_MAX_ZIP_RATIO": 200,
+    "LUNASOL_MAX_BUNDLE_FILES": 200_000,
+    "LUNASOL_MAX_ZIP_MEMBERS": 50_000,
+    "LUNASOL_MAX_CELL_EVENTS": 1_000_000,
 }
 _RATIO_FLOOR = MiB  # small members may compress extremely well (a run of spaces); only large ones are judged
 _CHUNK = MiB
@@ -61,6 +70,13 @@ def check_size(size: int, name: str, where: str, what: str) -> None:
     cap = limit(name)
     if size > cap:
         raise BundleError(f"{where}: {what} is {_size(size)}, over the {_size(cap)} limit (raise {name} to read it)")
+
+
+def check_count(count: int, name: str, where: str, what: str) -> None:
+    """Refuse ``count`` ``what`` (files, members, events) at ``where`` when over the limit ``name``."""
+    cap = limit(name)
+    if count > cap:
+        raise BundleError(f"{where}: {count:,} {what}, over the {cap:,} limit (raise {name} to read it)")
 
 
 def check_lines(lines: list[bytes] | list[str], where: str) -> None:

@@ -14,6 +14,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from pipeline.core.limits import check_count
+
 if sys.version_info < (3, 14):
     import zipfile_zstd  # noqa: F401  (registers zip method 93 with stdlib zipfile on import)
 
@@ -21,6 +23,17 @@ ZIP_ERRORS = (zipfile.BadZipFile, NotImplementedError)
 """What a damaged zip or one with a compression method nobody registered raises on open or read."""
 
 
-def open_zip(source: Path | bytes) -> zipfile.ZipFile:
-    """A read-only ZipFile over a path or in-memory bytes (zstd, deflate, bzip2, lzma, stored)."""
-    return zipfile.ZipFile(io.BytesIO(source) if isinstance(source, bytes) else source)
+def open_zip(source: Path | bytes, where: str | None = None) -> zipfile.ZipFile:
+    """A read-only ZipFile over a path or in-memory bytes (zstd, deflate, bzip2, lzma, stored).
+
+    An archive of more members than ``LUNASOL_MAX_ZIP_MEMBERS`` is refused (one BundleError line,
+    naming ``where`` or the path): each member costs memory long before any is read.
+    """
+    zf = zipfile.ZipFile(io.BytesIO(source) if isinstance(source, bytes) else source)
+    try:
+        label = where or ("the zip" if isinstance(source, bytes) else str(source))
+        check_count(len(zf.filelist), "LUNASOL_MAX_ZIP_MEMBERS", label, "members")
+    except BaseException:
+        zf.close()
+        raise
+    return zf

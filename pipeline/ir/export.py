@@ -324,7 +324,7 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None, *, reda
         if out is not None and _inside(bundle, out):
             raise BadInput(f"{what} {out} is inside the bundle; lunasol never writes inside a bundle")
     manifest = read_manifest(bundle)
-    report = verify(bundle, manifest, verified.load(run_dir, bundle))  # files this run hashed before: by stat
+    report = verify(bundle, manifest, verified.load(run_dir, bundle, manifest))  # files this run hashed before: by stat
     if not report.ok:
         raise BundleError(f"bundle {bundle} differs from its {MANIFEST_FILE}: {report.summary()}")
     request = load_request(bundle)

@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.adapters.spans import ref_lines, resolve_element_at
-from pipeline.bundle.manifest import MANIFEST_FILE, read_frozen, read_manifest
+from pipeline.bundle.manifest import MANIFEST_FILE, Manifest, read_frozen, read_manifest
 from pipeline.bundle.request import check_relative
 from pipeline.core.canonical import sha256_bytes
 from pipeline.core.errors import BadInput, BundleError
 from pipeline.core.refs import REF
 from pipeline.core.zips import ZIP_ERRORS
 from pipeline.ir.export import read_run_json, run_bundle
-from pipeline.ir.redact import redact
+from pipeline.ir.redact import raw_paths, redact
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,23 @@ def _frozen_bundle(run_dir: Path) -> tuple[Path, Any]:
     return bundle, manifest
 
 
+_RAW: list[tuple[Manifest, dict[str, str]]] = []  # the last manifest's display -> raw paths
+
+
+def raw_path(manifest: Manifest, path: str) -> str:
+    """The bundle path a ref's path names: itself, or the raw name of a path shown redacted.
+
+    The IR, refs and the report store a path whose names hold a secret redacted
+    (``REDACTED-<kind>``, :func:`pipeline.ir.redact.display_paths`); the frozen manifest maps it back,
+    so the ref still resolves to and hash-checks the raw bytes.
+    """
+    if path in manifest.by_path:
+        return path
+    if not _RAW or _RAW[0][0] is not manifest:
+        _RAW[:] = [(manifest, raw_paths([f.path for f in manifest.files]))]
+    return _RAW[0][1].get(path, path)
+
+
 def _ref_text(raw: bytes, ref: Ref) -> str:
     """The raw lines a ref names (of the file, or of the zip member its pointer names); one-line errors."""
     try:
@@ -122,10 +139,11 @@ def resolve_ref(run_dir: Path, ref: str | Ref) -> RefView:
     """The frozen bytes behind a ref of this run (hash-checked); errors are one line."""
     parsed = parse_ref(ref) if isinstance(ref, str) else ref
     bundle, manifest = _frozen_bundle(run_dir)
-    raw = read_frozen(bundle, parsed.path, manifest)
+    rel = raw_path(manifest, parsed.path)
+    raw = read_frozen(bundle, rel, manifest)
     text = _ref_text(raw, parsed)
     element, place = _pointer_element(raw, parsed) if parsed.json_pointer else (None, None)
-    return RefView(parsed, text, element, manifest.get(parsed.path).sha256, place)
+    return RefView(parsed, text, element, manifest.get(rel).sha256, place)
 
 
 def redacted(view: RefView) -> RefView:
@@ -184,7 +202,7 @@ def read_refs(run_dir: Path, refs: list[str]) -> dict[str, str]:
     for text in refs:
         ref = parse_ref(text)
         if ref.path not in files:
-            files[ref.path] = read_frozen(bundle, ref.path, manifest)
+            files[ref.path] = read_frozen(bundle, raw_path(manifest, ref.path), manifest)
         out[text] = _ref_text(files[ref.path], ref)
     return out
 
@@ -208,7 +226,7 @@ class RefReader:
         if rel != self._path:
             self._path, self._lines = rel, None
             try:
-                self._raw = read_frozen(self.bundle, rel, self.manifest)
+                self._raw = read_frozen(self.bundle, raw_path(self.manifest, rel), self.manifest)
             except BundleError as exc:
                 self._raw = exc
         if isinstance(self._raw, BundleError):
@@ -242,4 +260,4 @@ class RefReader:
                     f"of the file ({len(lines)} lines)"
                 )
             text, element, place = "\n".join(lines[parsed.line_start - 1 : parsed.line_end]), None, None
-        return RefView(parsed, text, element, self.manifest.get(parsed.path).sha256, place)
+        return RefView(parsed, text, element, self.manifest.get(raw_path(self.manifest, parsed.path)).sha256, place)

@@ -28,7 +28,8 @@ from pipeline.adapters.native import cell_records
 from pipeline.bundle.manifest import Manifest
 from pipeline.bundle.request import CellSpec
 from pipeline.core.errors import BadInput
-from pipeline.ir.redact import redact_column
+from pipeline.core.limits import check_count
+from pipeline.ir.redact import display_paths, redact_column
 from pipeline.ir.schema import TEXT_LIMIT, trim_text
 
 if TYPE_CHECKING:
@@ -127,6 +128,17 @@ def _ill_typed(cell_id: str, exc: Exception) -> BadInput:
     return BadInput(f"the reader produced an ill-typed event field in cell {cell_id}: {exc}")
 
 
+_DISPLAY: list[tuple[Manifest, dict[str, str]]] = []  # the last manifest's display paths (one per process)
+
+
+def _display_of(manifest: Manifest) -> dict[str, str]:
+    # Computed over the whole manifest (two names that would show alike are told apart in manifest
+    # order), once per manifest object: a worker keeps its manifest for all its tasks.
+    if not _DISPLAY or _DISPLAY[0][0] is not manifest:
+        _DISPLAY[:] = [(manifest, display_paths([f.path for f in manifest.files]))]
+    return _DISPLAY[0][1]
+
+
 class ColumnBuilder:
     """Accumulates the event columns of whole cells; ``flush`` hands them over as one Arrow batch."""
 
@@ -148,11 +160,16 @@ class ColumnBuilder:
         self._starts: list[int] = []  # first row of each cell in the columns
         self._paths: dict[str, int] = {}
         self._shas: list[str] = []
+        self._shown: list[str] = []  # each path of self._paths as the IR stores it (redacted names)
         self._cols: list[list[Any]] = [[] for _ in range(19)]
         self._path_idx: list[int] = []
         self._lines: list[int] = []
         self._line_ends: list[int] | None = None  # None while every line_end equals its line_start
         self._pointers: list[str | None] | None = None  # None while no json_pointer is set
+
+    def _display(self) -> dict[str, str]:
+        """Map raw -> shown path of every bundle file whose name holds a secret (pipeline.ir.redact.display_paths)."""
+        return _display_of(self.manifest)
 
     def add(self, cell: CellSpec) -> None:
         """Read one cell and add its events (see the module doc for the rules)."""
@@ -165,6 +182,7 @@ class ColumnBuilder:
     def add_records(self, cell_id: str, records: list[Record]) -> None:
         """Order, number and segment one cell's records and append their columns."""
         n = len(records)
+        check_count(n, "LUNASOL_MAX_CELL_EVENTS", f"cell {cell_id}", "events")
         self.counts.append((cell_id, n))
         if not n:
             return
@@ -172,6 +190,13 @@ class ColumnBuilder:
         cols = list(zip(*records, strict=True))
         (ts, paths, lines, kinds, details, actors, stages, sessions, steps, texts, tools, calls, args_d, result_d,
          state_d, targets) = cols[:16]  # fmt: skip
+        n_session = 0
+        if self.redact:  # a session id is often a file name: a secret in it is one too
+            distinct = list(dict.fromkeys(sessions))  # a cell has a few sessions: each redacted once
+            red_sessions, n_session = redact_column(distinct)
+            if red_sessions is not None:
+                shown = dict(zip(distinct, red_sessions, strict=True))
+                sessions = tuple(shown[v] for v in sessions)
         # Segments: maximal runs of the same (stage, session, actor).
         seg_nos: list[int] = []
         seg_append = seg_nos.append
@@ -205,7 +230,7 @@ class ColumnBuilder:
             texts = tuple(red_texts)
         if red_targets is not None:
             targets = tuple(red_targets)
-        self.redactions.append((cell_id, n_text + n_target))
+        self.redactions.append((cell_id, n_text + n_target + n_session))
         chars = list(map(len, texts))
         cut = [False] * n
         if max(chars) > TEXT_LIMIT:
@@ -218,6 +243,7 @@ class ColumnBuilder:
             if p not in index:
                 index[p] = len(index)
                 self._shas.append(self.manifest.get(p).sha256)
+                self._shown.append(self._display().get(p, p) if self.redact else p)
         self._starts.append(self.rows)
         cell_no = len(self._cell_ids)
         self._cell_ids.append(cell_id)
@@ -267,7 +293,7 @@ class ColumnBuilder:
         return [
             pa.DictionaryArray.from_arrays(pa.array(c[0][lo:hi], type=i32), pa.array(self._cell_ids, type=s)),
             *plain,
-            pa.DictionaryArray.from_arrays(path_idx, pa.array(list(self._paths), type=s)),
+            pa.DictionaryArray.from_arrays(path_idx, pa.array(self._shown, type=s)),
             line,
             line_end,
             pa.DictionaryArray.from_arrays(path_idx, pa.array(self._shas, type=s)),

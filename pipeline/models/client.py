@@ -89,6 +89,7 @@ class ModelClient:
         run_dir: Path,
         *,
         log: Callable[[str], None] | None = None,
+        fresh: bool = False,
     ) -> None:
         self.settings = settings
         self.mode = settings.effective_mode()
@@ -105,6 +106,7 @@ class ModelClient:
             # Live: every raw answer is kept in the run's own store before it is parsed, so a resume
             # (or a kill right after an answer arrived) never pays for an answer already received.
             self.store = RecordingStore(self.run_dir / EXCHANGES_DIR, "record")
+            self.store.remove_stale_temps()  # a kill mid-write leaves .<key>.json.*.tmp behind
         self.model = settings.model or self._model_from_store()
         self.calllog = CallLog(self.run_dir)
         self.instructor_mode = resolve_mode(settings, self.model, self.store)
@@ -117,10 +119,14 @@ class ModelClient:
             instructor_mode=self.instructor_mode,
             accounting=self.accounting,
             log=self.log,
+            # Asked live again: the answers of a call that failed (a retry wants a new answer) and, with
+            # ``fresh`` (a deliberate redo, e.g. after gate 2's --redo), of every finished call. An ok
+            # answer is otherwise served from the store: a resume killed before its artifact, or a
+            # stage blocked on a sibling call, never buys it twice.
             consumed=frozenset(
                 k
                 for row in read_calls(self.run_dir)
-                if row.get("outcome") not in UNFINISHED
+                if row.get("outcome") not in UNFINISHED and (fresh or row.get("outcome") != "ok")
                 for k in row.get("keys") or []
             ),
         )

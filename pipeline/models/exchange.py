@@ -125,10 +125,11 @@ class Exchange:
 
         Answers from the store when it holds a usable answer for the key: always in replay; in record
         mode and in the run's own exchange store when this process recorded it (a repeated request
-        gets the answer replay will give) or an earlier process received it but no finished call used
-        it (killed between receipt and parse). Else calls live, and stores the raw answer *before*
-        anything parses it, so a resume never pays for an answer it already received, while a
-        deliberate new ask of a finished call (a redo) is asked again.
+        gets the answer replay will give) or an earlier process received it and no failed call used it
+        (killed between receipt and parse, or between the call and its artifact). Else calls live, and
+        stores the raw answer *before* anything parses it, so a resume never pays for an answer it
+        already received, while a failed call, or any finished one in a deliberate redo (the client's
+        ``fresh``), is asked again.
         """
         state = CALL_STATE.get()
         request = self.request_of(kwargs)
@@ -346,6 +347,9 @@ class Exchange:
                     persist(body, source)  # before any parsing: a kill from here on never pays again
                     why = unusable(body)
                     if why is not None:
+                        error = error_in(body)
+                        if error is not None and is_context_error(error):
+                            raise error  # a 200 saying context_length_exceeded: the context error, not retried
                         raise EmptyAnswer(why)
                     return body
         except EmptyAnswer as exc:
@@ -389,10 +393,32 @@ def _response_body(record: dict[str, Any]) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
+class ErrorBody(Exception):
+    """A 200 whose body is an error object instead of choices (some servers and proxies answer so)."""
+
+    def __init__(self, message: str, code: str | None) -> None:
+        super().__init__(f"{code}: {message}" if code else message)
+        self.code = code
+
+
+def error_in(body: dict[str, Any]) -> ErrorBody | None:
+    """The error object a 200 body carries (``{"error": {"message", "code"}}``), or None."""
+    err = body.get("error")
+    if isinstance(err, str):
+        return ErrorBody(err, None)
+    if not isinstance(err, dict):
+        return None
+    code = err.get("code") or err.get("type")
+    return ErrorBody(str(err.get("message") or ""), None if code is None else str(code))
+
+
 def unusable(body: dict[str, Any]) -> str | None:
     """Why an answer body says nothing (no choices; neither a tool call nor content), or None when usable."""
     choices = body.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        error = error_in(body)
+        if error is not None:  # say what the body says, not only what it lacks
+            return f"the answer has no choices, only an error: {' '.join(str(error).split())[:300]}"
         return "the answer has no choices"
     message = choices[0].get("message") or {}
     if not isinstance(message, dict):

@@ -8,8 +8,10 @@ concurrency), so a recording made against one endpoint replays against any other
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
@@ -63,6 +65,7 @@ KEY_FIELDS = (
 """Request fields that can change the answer; everything else (api_base, api_key, timeout, retries) is left out."""
 
 StoreMode = Literal["record", "replay"]
+STALE_TEMP_S = 10.0  # a temp file untouched this long was left by a killed writer
 
 
 def canonical_request(kwargs: dict[str, Any], instructor_mode: str) -> dict[str, Any]:
@@ -131,6 +134,23 @@ class RecordingStore:
         with self._lock:
             self.written.add(record["key"])
         return path
+
+    def remove_stale_temps(self, older_than_s: float = STALE_TEMP_S) -> int:
+        """Remove the temp files a killed writer left (``<xx>/.<key>.json.*.tmp``); how many went.
+
+        Only those untouched for ``older_than_s``: a writer finishes a temp file in milliseconds, so
+        one that old belongs to no live process (another verb may be writing to the same run).
+        """
+        if not self.root.is_dir():
+            return 0
+        cutoff = time.time() - older_than_s
+        removed = 0
+        for tmp in self.root.glob("*/.*.tmp"):
+            with contextlib.suppress(OSError):  # gone meanwhile: someone else cleaned it
+                if tmp.stat().st_mtime < cutoff:
+                    tmp.unlink()
+                    removed += 1
+        return removed
 
     def keys(self) -> list[str]:
         """Every key in the store, sorted."""

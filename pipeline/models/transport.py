@@ -184,8 +184,16 @@ def refusal(exc: BaseException, model: str, api_base: str | None) -> ModelRefuse
             reason="credential",
         )
     if kind == "not_found":
+        said = describe(exc)
+        if "model" in said.split(":", 1)[-1].lower():  # the body names a model it does not serve
+            return ModelRefused(
+                f"model {model} was not found{where} ({said}); pass a --model the provider serves",
+                reason="not_found",
+            )
+        # a 404 whose body says something else (a wrong path, a missing deployment): quote it, guess nothing
         return ModelRefused(
-            f"model {model} was not found{where} ({describe(exc)}); pass a --model the provider serves",
+            f"the provider answered 404 Not Found{where} for {model}: {said}; check --api-base (its path, "
+            "e.g. .../v1) and --model",
             reason="not_found",
         )
     if kind == "bad_request":

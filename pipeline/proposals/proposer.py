@@ -291,12 +291,14 @@ async def _propose_all(
     facts: RunFacts,
     confirmed: dict[str, dict[str, Any]],
     log: Callable[[str], None],
+    *,
+    fresh: bool = False,
 ) -> list[WeaknessResult]:
 
     shortlist = read_shortlist(run_dir / SHORTLIST_FILE)
     groups = _groups_by_id(run_dir)
     weaknesses = [w for w in shortlist.weaknesses if w.weakness_id in confirmed]
-    client = ModelClient(settings, run_dir, log=log)
+    client = ModelClient(settings, run_dir, log=log, fresh=fresh)
     check = make_check(facts)
     coros = [
         client.call(
@@ -441,7 +443,9 @@ def propose(run_dir: Path, settings: ModelSettings, log: Callable[[str], None] =
     facts = load_run_facts(run_dir)
     preflight(settings, log)  # a missing key or unknown model: one line, exit 2, before any call
     try:
-        results = asyncio.run(_propose_all(run_dir, settings, facts, confirmed, log))
+        # after gate 2's --redo the same requests must get new answers, not the stored ones
+        fresh = current.proposalSelection == "redo"
+        results = asyncio.run(_propose_all(run_dir, settings, facts, confirmed, log, fresh=fresh))
     except Blocked as exc:
         unblock = exc.unblock
         if isinstance(exc, ContextExceeded):  # the same budget flag, on this verb

@@ -556,7 +556,7 @@ def _blocked(ctx: RunContext, stage: str, exc: Blocked) -> Blocked:
 def _verify_bundle(bundle: Path, run_dir: Path) -> None:
     """A reused export still needs the frozen bytes to be the frozen bytes (files unchanged since hashed: by stat)."""
     manifest = read_manifest(bundle)
-    report = verify(bundle, manifest, verified.load(run_dir, bundle))
+    report = verify(bundle, manifest, verified.load(run_dir, bundle, manifest))
     bad = [*report.changed, *report.missing]
     if bad:
         raise BundleError(

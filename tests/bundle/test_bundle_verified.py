@@ -47,7 +47,7 @@ def hashed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def _verify(bundle: Path, run_dir: Path) -> manifest_mod.VerifyReport:
     manifest = read_manifest(bundle)
-    report = verify(bundle, manifest, verified.load(run_dir, bundle))
+    report = verify(bundle, manifest, verified.load(run_dir, bundle, manifest))
     if report.ok:
         verified.save(run_dir, bundle, manifest, report)
     return report
@@ -95,18 +95,21 @@ def test_a_cache_that_is_torn_edited_or_of_another_bundle_is_not_used(
     assert _verify(bundle, run_dir).ok
     path = run_dir / verified.VERIFIED_FILE
     good = json.loads(path.read_text())
-    assert verified.load(run_dir, bundle)
+    assert verified.load(run_dir, bundle, read_manifest(bundle))
     copy = tmp_path / "copy"
     copy.mkdir()
     (copy / verified.VERIFIED_FILE).write_text(json.dumps(good))
-    assert verified.load(copy, tmp_path / "elsewhere") == {}  # names another bundle
+    assert verified.load(copy, tmp_path / "elsewhere", read_manifest(bundle)) == {}  # names another bundle
     bad_values = (["12", 1, 2, 3, "sha256:x"], [True, 1, 2, 3, "sha256:x"], [12, 1, 2, "sha256:x"], [12, 1, 2, 3, 4])
-    bad_entries = [json.dumps({**good, "files": {**good["files"], SESSION: v}}) for v in bad_values]
+    first = next(iter(good["files"]))
+    bad_entries = [json.dumps({**good, "files": {**good["files"], first: v}}) for v in bad_values]
+    bad_entries.append(json.dumps({**good, "files": {**good["files"], "999999": good["files"][first]}}))  # no such file
+    bad_entries.append(json.dumps({**good, "files": {**good["files"], SESSION: good["files"][first]}}))  # a path
     for text in (path.read_text()[:-9], json.dumps({**good, "schema": 99}), *bad_entries):
         path.write_text(text)
-        assert verified.load(run_dir, bundle) == {}
+        assert verified.load(run_dir, bundle, read_manifest(bundle)) == {}
         hashed.clear()
-        assert verify(bundle, read_manifest(bundle), verified.load(run_dir, bundle)).ok
+        assert verify(bundle, read_manifest(bundle), verified.load(run_dir, bundle, read_manifest(bundle))).ok
         assert len(hashed) == len(good["files"])  # every file hashed again
 
 
@@ -119,7 +122,8 @@ def test_an_entry_counts_only_for_the_sha256_the_manifest_still_lists(bundle: Pa
     entry = next(f for f in doc["files"] if f["path"] == SESSION)
     entry["sha256"] = "sha256:" + "0" * 64  # a manifest that lists other bytes for an untouched file
     (bundle / "manifest.json").write_text(json.dumps(doc))
-    assert verify(bundle, read_manifest(bundle), verified.load(run_dir, bundle)).changed == [SESSION]
+    manifest = read_manifest(bundle)
+    assert verify(bundle, manifest, verified.load(run_dir, bundle, manifest)).changed == [SESSION]
 
 
 def test_files_changed_moments_before_the_verify_are_not_kept(bundle: Path, tmp_path: Path) -> None:

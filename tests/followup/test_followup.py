@@ -8,6 +8,7 @@ gate 2 before it is followed up. Model answers are scripted fixtures (tests/foll
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -361,6 +362,9 @@ def test_an_invented_ref_is_re_asked_then_undetermined(world: dict[str, Any]) ->
         return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
 
     server.handler = inventing
+    # the judge's earlier answer to the same request is held in the run's exchanges and would be served
+    # (an answer is never bought twice): this test needs the server's new, inventing one
+    shutil.rmtree(world["child-gone"] / "exchanges", ignore_errors=True)
     doc = followup(world["parent"], "P-01", world["child-gone"], settings=world["settings"]).doc
     reasks = world["settings"].max_reasks
     assert len(judge_requests) == reasks + 1  # the first ask and every re-ask
@@ -379,3 +383,37 @@ def test_an_invented_ref_is_re_asked_then_undetermined(world: dict[str, Any]) ->
         assert res.exit_code == 0 and res.output.strip(), res.output
     calls = [json.loads(x) for x in (world["child-gone"] / "calls.jsonl").read_text().splitlines()]
     assert calls[-1]["role"] == "judge" and calls[-1]["outcome"] == "check_failed"
+
+
+@pytest.mark.slow
+def test_a_judge_killed_between_answer_and_artifact_is_not_paid_again(world: dict[str, Any]) -> None:
+    """A real SIGKILL after the judge's ok row reached calls.jsonl, before followup's artifact: 0 re-paid."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    from tests.run.test_kill_never_pays_twice import _KILLER, ROOT, _held, _repaid
+
+    server, child, s = world["server"], world["child-one-left"], world["settings"]
+    server.handler = world["script"]
+    shutil.rmtree(child / "exchanges", ignore_errors=True)  # whatever an earlier test held: asked afresh
+    body = textwrap.dedent(
+        f"""
+        from pathlib import Path
+        from pipeline.core.settings import ModelSettings
+        from pipeline.followup import followup
+        settings = ModelSettings.model_validate_json({s.model_dump_json()!r})
+        followup(Path({str(world["parent"])!r}), "P-01", Path({str(child)!r}), settings=settings)
+        """
+    )
+    script = _KILLER.format(root=str(ROOT), role="judge", point="logged") + body
+    before = len(server.requests)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ))  # fmt: skip
+    assert proc.returncode == -9, (proc.returncode, proc.stderr[-3000:])
+    killed_at, held = len(server.requests), _held(child)
+    assert killed_at > before and held  # the judge was really asked, and its answer kept
+    doc = followup(world["parent"], "P-01", child, settings=s).doc
+    assert doc.judge is not None and doc.judge.ok
+    assert _repaid(server.requests, killed_at, held) == 0

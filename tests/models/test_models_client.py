@@ -463,3 +463,38 @@ async def test_a_context_overflow_is_never_retried_even_as_a_5xx(
         await one(ModelClient(model_settings(client=via, context_tokens=16000), tmp_path / "r"))
     assert len(fake_llm.requests) == 1 and err.value.exit_code == 3
     assert "--context-tokens 8192" in str(err.value.unblock)  # lowered to what the provider said
+
+
+async def test_a_404_quotes_what_its_body_says(
+    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+) -> None:
+    """A 404 that is not about the model (a wrong path) is quoted, not called "model ... was not found"."""
+    fake_llm.push(Reply(status=404, body={"error": {"message": "no route /v2/chat/completions", "type": "nf"}}))
+    with pytest.raises(ModelRefused) as err:
+        await one(ModelClient(model_settings(), tmp_path / "r"))
+    line = err.value.one_line()
+    assert "was not found" not in line and "404" in line and "no route /v2/chat/completions" in line
+    assert "--api-base" in line and len(fake_llm.requests) == 1
+
+
+async def test_a_200_carrying_a_context_error_is_named_as_one(
+    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+) -> None:
+    error = {"message": "This model's maximum context length is 8192 tokens", "code": "context_length_exceeded"}
+    body = {"error": error}
+    fake_llm.push(Reply(status=200, body=body))
+    with pytest.raises(ContextExceeded) as err:
+        await one(ModelClient(model_settings(), tmp_path / "r"))
+    line = err.value.one_line()
+    assert "exceeds its context" in line and "context_length_exceeded" in line and "no choices" not in line
+    assert len(fake_llm.requests) == 1  # not retried
+    assert "--context-tokens 8192" in err.value.unblock  # the size the body states
+
+
+async def test_a_200_carrying_another_error_says_what_it_says(
+    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+) -> None:
+    fake_llm.handler = lambda _req: Reply(status=200, body={"error": {"message": "upstream overloaded", "code": "x"}})
+    with pytest.raises(ModelUnavailable) as err:
+        await one(ModelClient(model_settings(), tmp_path / "r"))
+    assert "only an error: x: upstream overloaded" in err.value.one_line()

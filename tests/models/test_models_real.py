@@ -184,9 +184,12 @@ async def test_kill_between_receipt_and_parse_never_pays_twice(
     out = await one(ModelClient(model_settings(**store), tmp_path / "r"))  # the resume, a new client
     assert out.ok and out.value == Finding(**GOOD)
     assert len(fake_llm.requests) == 1  # the answer already received was not paid for again
-    # a finished call asked again on purpose (a redo) is asked again
+    # a finished ok call asked again is served (its artifact may never have been written) ...
     again = await one(ModelClient(model_settings(**store), tmp_path / "r"))
-    assert again.ok and len(fake_llm.requests) == 2
+    assert again.ok and len(fake_llm.requests) == 1
+    # ... unless the caller asks for a new answer on purpose (a redo)
+    redo = await one(ModelClient(model_settings(**store), tmp_path / "r", fresh=True))
+    assert redo.ok and len(fake_llm.requests) == 2
 
 
 def test_sigkill_right_after_the_answer_arrived_is_resumed_without_a_new_request(
@@ -363,3 +366,44 @@ async def test_the_sdk_request_is_the_one_chat_completions_create_sends(
     await theirs.chat.completions.create(**ours)
     assert fake_llm.requests[1] == ours
     assert our_headers.get("authorization") == fake_llm.headers[1].get("authorization") == "Bearer sk-the-users-key"
+
+
+def test_a_kill_mid_write_leaves_a_temp_file_the_next_run_removes(
+    tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings], tiny_prompts: Path
+) -> None:
+    """A SIGKILL between the temp file's write and its rename leaves ``exchanges/xx/.<key>.json.*.tmp``."""
+    fake_llm.handler = answer(GOOD)
+    script = textwrap.dedent(
+        f"""
+        import asyncio, os, signal, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from pipeline.core import canonical
+        from pipeline.core.settings import ModelSettings
+        from pipeline.models import ModelClient
+        from tests.models.test_models_real import Finding
+        real = canonical._synced_temp
+        def synced_then_killed(path, data):
+            tmp = real(path, data)
+            if path.parent.parent.name == "exchanges":
+                os.kill(os.getpid(), signal.SIGKILL)
+            return tmp
+        canonical._synced_temp = synced_then_killed
+        settings = ModelSettings(model="openai/test-model", api_base={fake_llm.base_url!r}, instructor_mode="tools")
+        client = ModelClient(settings, {str(tmp_path / "r")!r})
+        asyncio.run(client.call(role="t", cell_id="C1", context={{"cell_id": "C1", "text": "e1 x"}},
+                                response_model=Finding))
+        """
+    )
+    env = {**os.environ, "LUNASOL_PROMPTS_DIR": str(tiny_prompts)}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    exchanges = tmp_path / "r" / "exchanges"
+    stray = list(exchanges.glob("*/.*.tmp"))
+    assert len(stray) == 1 and not list(exchanges.glob("*/*.json"))
+    ModelClient(model_settings(), tmp_path / "r")  # a write this fresh may be another process's: kept
+    assert stray[0].exists()
+    old = stray[0].stat().st_mtime - 60
+    os.utime(stray[0], (old, old))
+    resumed = asyncio.run(one(ModelClient(model_settings(), tmp_path / "r")))  # the next run
+    assert resumed.ok and not list(exchanges.glob("*/.*.tmp"))
+    assert len(fake_llm.requests) == 2  # the answer never reached the store: bought again, honestly

@@ -332,7 +332,8 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
     assert sorted(_map_ids(fake_llm)) == sorted(c.call_id for c in maps)
 
     assert set(counted) >= {c.call_id for c in maps}
-    # nothing changed: every map answer is taken again, only the reduce is asked; no map request is counted again
+    # nothing changed: every map answer is taken again and the reduce's answer, the same request, is served from
+    # the run's exchanges (never bought twice); no map request is counted again
     fake_llm.requests.clear()
     counted.clear()
     read.clear()
@@ -341,7 +342,7 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
     assert [c.request_tokens for c in again.plan.calls if c.role == "sol_map"] == [c.request_tokens for c in maps]
     assert again.plan is not None and _map_ids(fake_llm) == []
     assert [c.reused for c in again.plan.calls if c.role == "sol_map"] == [True] * len(maps)
-    assert len(fake_llm.requests) == 1  # the reduce call
+    assert len(fake_llm.requests) == 0  # the reduce call's answer is already held
     assert again.weaknesses == first.weaknesses
     # reused map answers are call metadata: gate 1's digest is the first run's (as after a kill in the reduce)
     assert again.content_digest() == first.content_digest()
@@ -386,7 +387,8 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
     ]
     assert [w.weakness_id for w in third.weaknesses] == ["W-01"]
 
-    # a stored answer that no longer passes today's checks is asked again, never taken
+    # a stored map answer that no longer passes today's checks is never taken: the call is made again, and the
+    # provider's own answer, still held in the run's exchanges (and passing), is served without a request
     other = next(c.call_id for c in maps if c.call_id != part[changed] and c.outputs)
     path = run_dir / "sol_map" / f"{other}.json"
     stored = read_json(path)
@@ -394,5 +396,13 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
     path.write_text(json.dumps(stored), encoding="utf-8")
     fake_llm.requests.clear()
     fourth = mine(ctx)
-    assert fourth.plan is not None and _map_ids(fake_llm) == [other]
+    assert fourth.plan is not None and _map_ids(fake_llm) == []
+    assert "C999-e9999" not in path.read_text(encoding="utf-8")  # the edited answer was replaced, not taken
+    assert [c.reused for c in fourth.plan.calls if c.call_id == other] == [False]
     assert read_shortlist(run_dir / SHORTLIST_FILE).digest == fourth.digest
+    # without the held answer (exchanges/ removed) the call is bought again
+    shutil.rmtree(run_dir / "exchanges")
+    stored["value"]["answer"]["weaknesses"][0]["support"]["event_refs"] = ["C999-e9999"]
+    path.write_text(json.dumps(stored), encoding="utf-8")
+    fifth = mine(ctx)
+    assert fifth.plan is not None and _map_ids(fake_llm) == [other]
