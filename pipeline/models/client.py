@@ -34,7 +34,7 @@ from pipeline.models.batch import TERMINAL
 from pipeline.models.batching import BATCHED_ROLES, Batcher, read_batches
 from pipeline.models.budget import check_fits
 from pipeline.models.calllog import CallLog, read_calls
-from pipeline.models.errors import ContextExceeded, ModelUnavailable
+from pipeline.models.errors import AnswerTruncated, ContextExceeded, ModelUnavailable
 from pipeline.models.exchange import CALL_STATE, CallState, Exchange
 from pipeline.models.modes import INSTRUCTOR_MODES, resolve_mode
 from pipeline.models.progress import gather_bounded
@@ -136,6 +136,8 @@ class ModelClient:
             )
         self._instructor: Any = None
         self._templates: dict[str, str] = {}
+        self._requests_done = 0  # logical calls finished / in flight, for progress (a cell may be many)
+        self._requests_active = 0
 
     # ------------------------------------------------------------------ public
     def usage(self) -> Usage:
@@ -170,6 +172,7 @@ class ModelClient:
         last: T | None = None
         errors: list[str] = []
         outcome = "interrupted"  # what the log says when a KeyboardInterrupt or SystemExit passes through
+        self._requests_active += 1
         try:
             self.accounting.check_budget()
             # Whole-request token budget (pipeline.models.budget): a request that cannot fit is never sent.
@@ -201,6 +204,15 @@ class ModelClient:
             if not soft_fail or exc.reason == "credential":
                 raise
             self._consecutive_failures += 1
+            if self._consecutive_failures >= self.settings.max_consecutive_failures and isinstance(
+                exc, AnswerTruncated
+            ):
+                raise AnswerTruncated(
+                    f"{self._consecutive_failures} calls in a row ran out of max_tokens before their answer "
+                    f"ended (not the provider: the bound is too low for these answers); last: {exc.one_line()}",
+                    reason=exc.reason,
+                    unblock=exc.unblock,
+                ) from None
             if self._consecutive_failures >= self.settings.max_consecutive_failures:
                 raise ModelUnavailable(
                     f"{self._consecutive_failures} calls in a row failed after their retries (provider down?); "
@@ -223,6 +235,8 @@ class ModelClient:
             raise
         finally:
             CALL_STATE.reset(token)
+            self._requests_active -= 1
+            self._requests_done += 1
             self.accounting.count_call()
             if outcome != "cancelled" or state.keys:  # a call cancelled before it asked anything is not logged
                 self.calllog.append(
@@ -237,7 +251,10 @@ class ModelClient:
                         "completion_tokens": state.completion_tokens,
                         "cached_tokens": state.cached_tokens,
                         "cost_usd": None if state.cost_usd is None else round(state.cost_usd, 10),
-                        "latency_ms": round((time.perf_counter() - started) * 1000, 1),
+                        # the call's own time; waiting behind --concurrency is queue_ms (summed latency
+                        # of a 1,106 s run was 27,481 s when the two were one figure)
+                        "latency_ms": round((time.perf_counter() - started - state.queued_s) * 1000, 1),
+                        "queue_ms": round(state.queued_s * 1000, 1),
                         "attempts": len(state.keys),
                         "transport_retries": state.transport_retries,
                         "outcome": outcome,
@@ -310,8 +327,21 @@ class ModelClient:
         if self.exchange.batcher is not None and not self.exchange.batcher.prefetched:
             # --batch without prefetch(): every call must reach the batcher before it submits, so none
             # waits on the bound.
-            return await gather_bounded(coros, max(1, len(coros)), label=label, usage=self.usage, budget=budget)
-        return await gather_bounded(coros, 2 * self.settings.concurrency, label=label, usage=self.usage, budget=budget)
+            return await gather_bounded(
+                coros, max(1, len(coros)), label=label, usage=self.usage, budget=budget, requests=self.request_counts
+            )
+        return await gather_bounded(
+            coros,
+            2 * self.settings.concurrency,
+            label=label,
+            usage=self.usage,
+            budget=budget,
+            requests=self.request_counts,
+        )
+
+    def request_counts(self) -> tuple[int, int]:
+        """(model calls finished, model calls in flight) of this client so far: progress counts parts, not cells."""
+        return self._requests_done, self._requests_active
 
     # ------------------------------------------------------------------ internals
     def _batching(self) -> bool:
@@ -375,9 +405,13 @@ class ModelClient:
             ours = lunasol_cause(exc)
             if ours is not None:
                 raise ours from None
+            if type(exc).__name__ == "IncompleteOutputException":
+                raise _truncated(exc, max_tokens) from exc
             if isinstance(exc, InstructorRetryException):
                 attempts = getattr(exc, "failed_attempts", None) or []
                 last_exc = getattr(attempts[-1], "exception", None) if attempts else None
+                if type(last_exc).__name__ == "IncompleteOutputException":
+                    raise _truncated(last_exc or exc, max_tokens) from exc
                 return None, [describe(last_exc or exc)]
             raise ModelUnavailable(
                 f"model call failed for role={CALL_STATE.get().role}: {describe(exc)}", reason=reason_for(exc)
@@ -405,10 +439,22 @@ class ModelClient:
             return None, [describe(exc.shown)]
         except shaping.IncompleteOutputException as exc:
             # What the live path reports for instructor's unwrapped IncompleteOutputException.
-            raise ModelUnavailable(
-                f"model call failed for role={CALL_STATE.get().role}: {describe(exc)}", reason="external_system"
-            ) from exc
+            raise _truncated(exc, max_tokens) from exc
         return response_model.model_validate(obj.model_dump()), []
+
+
+def _truncated(exc: BaseException, max_tokens: int | None) -> AnswerTruncated:
+    """The model ran out of ``max_tokens`` (finish_reason length): the unblock raises the bound."""
+    state = CALL_STATE.get()
+    bound = f"max_tokens={max_tokens}" if max_tokens else "the server's default max_tokens"
+    higher = 2 * max_tokens if max_tokens else 4096
+    return AnswerTruncated(
+        f"the answer for role={state.role} cell={state.cell_id or '-'} was cut at {bound} (finish_reason "
+        f"length: the model ran out of tokens before the answer ended; {type(exc).__name__})",
+        reason="external_system",
+        unblock=f"lunasol run BUNDLE --resume --max-tokens {higher}  (answers cut at {bound} are asked again)",
+        max_tokens=max_tokens,
+    )
 
 
 def _reask_text(errors: list[str]) -> str:

@@ -12,12 +12,14 @@ import asyncio
 import contextvars
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from pipeline.core.errors import LunasolError
 from pipeline.core.settings import ModelSettings
+from pipeline.models import servermodes
 from pipeline.models.accounting import Accounting, Booked
 from pipeline.models.batching import BATCHED_ROLES, Batcher
 from pipeline.models.budget import context_error
@@ -54,6 +56,7 @@ class CallState:
     cost_usd: float | None = 0.0
     transport_retries: int = 0
     cached_tokens: int = 0
+    queued_s: float = 0.0  # waiting for a slot behind --concurrency (kept out of the call's latency)
 
     def add(self, booked: Booked) -> None:
         """Add one exchange's tokens and cost (cost stays None once any exchange had no price)."""
@@ -307,7 +310,9 @@ class Exchange:
                     slot: list[bytes] = []
                     tok = _CAPTURE.set(slot if use_capture else None)
                     try:
+                        waited = time.perf_counter()
                         async with self._semaphore():
+                            state.queued_s += time.perf_counter() - waited
                             # Budget checked and spend booked while holding the slot, so calls queued
                             # behind the bound never start on a budget that is already spent.
                             self.accounting.check_budget()
@@ -342,7 +347,15 @@ class Exchange:
         except Exception as exc:
             if is_context_error(exc):  # not transient: never retried; the unblock lowers --context-tokens
                 raise context_error(exc, self.settings, state.role, state.cell_id) from exc
-            refused = refusal(exc, str(self.model), self.settings.api_base)
+            refused = refusal(
+                exc,
+                str(self.model),
+                self.settings.api_base,
+                mode=self.instructor_mode,
+                accepted=servermodes.accepted(self.settings.api_base, self.model),
+            )
+            if refused is not None and refused.data.get("mode") and self.settings.api_base and self.model:
+                servermodes.forget(self.settings.api_base, self.model)  # the server changed: ask it again next run
             if refused is not None:
                 self.refused = refused
                 raise refused from None
