@@ -19,13 +19,16 @@ Never at import, never in replay, never anywhere but the user's own ``--api-base
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import re
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pydantic import BaseModel, ValidationError
 
@@ -118,10 +121,17 @@ def _in_shape(answer: dict[str, Any]) -> bool:
 
 
 def _ask(api_base: str, body: dict[str, Any], timeout_s: float) -> tuple[int, dict[str, Any] | None, str]:
-    url = api_base.rstrip("/") + "/chat/completions"
-    req = urllib.request.Request(
-        url, data=json.dumps(body).encode("utf-8"), headers={"Content-Type": "application/json"}, method="POST"
-    )
+    # The request a run would send: user:pw@ in the URL as basic auth, else the provider key when set.
+    parts = urlsplit(api_base)
+    headers = {"Content-Type": "application/json"}
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, netloc = netloc.rsplit("@", 1)
+        headers["Authorization"] = "Basic " + base64.b64encode(unquote(userinfo).encode("utf-8")).decode("ascii")
+    elif os.environ.get("OPENAI_API_KEY"):
+        headers["Authorization"] = "Bearer " + os.environ["OPENAI_API_KEY"]
+    url = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/chat/completions", parts.query, ""))
+    req = urllib.request.Request(url, data=json.dumps(body).encode("utf-8"), headers=headers, method="POST")
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             raw = resp.read()
