@@ -26,6 +26,7 @@ from pipeline.core import duck
 from pipeline.core.canonical import atomic_write_bytes, canonical_json, digest, sha256_bytes
 from pipeline.core.errors import BadInput
 from pipeline.core.listing import SHOWN, some
+from pipeline.core.phrases import parts_phrase
 from pipeline.core.settings import ModelSettings
 from pipeline.ir.cache import cached_rows
 from pipeline.ir.digests import content_digests
@@ -449,8 +450,10 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
             failed = [(p, o) for p, o in zip(parts, outs, strict=True) if not o.ok or o.value is None]
             if failed:
                 run.status = "failed"
-                why = "; ".join(f"part {p.label}: {' | '.join(o.errors) or 'no answer'}" for p, o in failed)
-                run.reason = why if run.reason is None else f"{run.reason}; {why}"
+                # one phrase (the full errors are in calls.jsonl, per part, and in the report)
+                run.reason = parts_phrase([o.errors for _, o in failed], len(parts))
+                if len(parts) > 1 and len(failed) == 1:
+                    run.reason += f" (part {failed[0][0].label})"
                 return run
             answers = [o.value for o in outs if o.value is not None]
             store.put(

@@ -11,6 +11,7 @@ that changes nothing does not. Gate decisions are compare-and-set on that revisi
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shlex
 from collections.abc import Iterator, Mapping
@@ -162,6 +163,24 @@ def confirm_command(run_dir: Path, handoff: Handoff) -> str:
     return " ".join(shlex.quote(p) if "|" not in p else f"'{p}'" for p in parts)
 
 
+def _proposal_outcome(run_dir: Path) -> tuple[list[str], list[str]]:
+    """(accepted card ids, weaknesses whose proposer call failed) from ``validation.json`` ([] and [] without it)."""
+    try:
+        data = json.loads((run_dir / "validation.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return [], []
+    if not isinstance(data, dict):
+        return [], []
+    cards = [c for c in data.get("cards") or [] if isinstance(c, dict)]
+    ids = [str(c["proposal_id"]) for c in cards if c.get("status") == "accepted" and c.get("proposal_id")]
+    failed = [
+        str(w.get("weakness_id"))
+        for w in data.get("weaknesses") or []
+        if isinstance(w, dict) and isinstance(w.get("call"), dict) and w["call"].get("ok") is False
+    ]
+    return ids, failed
+
+
 def next_command(run_dir: Path, handoff: Handoff | None = None) -> str:
     """The exact next command for a run, given its state."""
     h = handoff or load(run_dir)
@@ -179,6 +198,10 @@ def next_command(run_dir: Path, handoff: Handoff | None = None) -> str:
     if h.proposalGeneration == "not_started" or h.proposalSelection == "redo":
         return f"lunasol propose {run}"
     if h.proposalSelection in ("pending", "not_started"):
+        ids, failed = _proposal_outcome(run_dir)
+        if failed:
+            return f"lunasol propose {run}   # the proposer failed for {', '.join(failed)}: their cards are missing"
         digest_part = f" --digest {h.proposals_digest}" if h.proposals_digest else ""
-        return f"lunasol select {run} (--proposal P-01 | --none | --redo) --by NAME{digest_part}"
+        pick = f"--proposal {ids[0]} | " if ids else ""  # never a card that does not exist
+        return f"lunasol select {run} ({pick}--none | --redo) --by NAME{digest_part}"
     return f"lunasol report {run}"
