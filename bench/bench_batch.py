@@ -32,8 +32,7 @@ from pydantic import BaseModel
 
 import pipeline  # noqa: F401  (sets the offline switches first)
 from pipeline.core.settings import ModelSettings
-from pipeline.models import ModelClient
-from pipeline.models import servermodes
+from pipeline.models import ModelClient, servermodes
 from pipeline.models.batching import read_batches
 from pipeline.testing.openai_server import FakeOpenAI, auto_answer
 

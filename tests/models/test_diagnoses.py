@@ -28,10 +28,10 @@ class Fact(BaseModel):
 
 
 def rejects_json_schema(request: dict[str, Any]) -> Reply:
-    """llama-cpp-python's answer to a json_schema response format: an HTTP 500 naming it."""
+    """llama-cpp-python's answer to a json_schema response format: an HTTP 500 naming it (as measured)."""
     fmt = request.get("response_format") or {}
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-        return Reply(status=500, body={"error": {"message": "response_format type json_schema is not supported"}})
+        return Reply(status=500, body={"error": {"message": "response_format.type must be text or json_object"}})
     return auto_answer(request)
 
 
