@@ -32,7 +32,7 @@ from pipeline.models import shaping
 from pipeline.models.accounting import Accounting, Usage
 from pipeline.models.batch import TERMINAL
 from pipeline.models.batching import BATCHED_ROLES, Batcher, read_batches
-from pipeline.models.budget import check_fits
+from pipeline.models.budget import check_fits, role_budget
 from pipeline.models.calllog import CallLog, read_calls
 from pipeline.models.errors import AnswerTruncated, ContextExceeded, ModelUnavailable
 from pipeline.models.exchange import CALL_STATE, CallState, Exchange
@@ -179,7 +179,7 @@ class ModelClient:
             check_fits(self.settings, role, cell_id, messages, response_model)
             asked = "ok"
             for round_no in range(self.settings.max_reasks + 1):
-                parsed, errors = await self._ask(messages, response_model, self.settings.max_tokens_for(role))
+                parsed, errors = await self._ask(messages, response_model, self.max_tokens(role))
                 if parsed is None:
                     asked = "invalid"
                     break
@@ -278,6 +278,19 @@ class ModelClient:
             last_answer=None if ok or last is None else last.model_dump(mode="json"),
         )
 
+    def max_tokens(self, role: str) -> int | None:
+        """The ``max_tokens`` a request of ``role`` carries: never more than the room its budget keeps.
+
+        With ``--context-tokens`` and no ``--max-tokens``, a role's default bound (Luna 4,096) could
+        exceed the answer's room (a quarter of an 8K context): prompt plus bound would then pass the
+        context, which vLLM refuses and llama.cpp truncates. Without ``--context-tokens`` nothing
+        changes (the recordings' requests stay as they were).
+        """
+        sent = self.settings.max_tokens_for(role)
+        if sent and self.settings.context_tokens and self.settings.max_tokens is None:
+            sent = min(sent, role_budget(self.settings, role).answer_tokens)
+        return sent
+
     def batching(self, role: str) -> bool:
         """Whether this role's first requests go out as provider batches (``--batch``)."""
         return self.exchange.batcher is not None and role in BATCHED_ROLES
@@ -299,7 +312,7 @@ class ModelClient:
         if batcher is None or role not in BATCHED_ROLES:
             return 0
         source = self._template(role)
-        max_tokens = self.settings.max_tokens_for(role)
+        max_tokens = self.max_tokens(role)
         params: dict[str, Any] = {"temperature": self.settings.temperature}
         if max_tokens:
             params["max_tokens"] = max_tokens

@@ -177,3 +177,15 @@ def test_the_preflight_asks_the_server_once_which_modes_it_takes(
     secret = fake_llm.base_url.replace("http://", "http://me:s3cr3t-pw@")
     servermodes.probe(secret, "openai/small")
     assert all("s3cr3t-pw" not in f.read_text() for f in (tmp_path / "cache").rglob("*.json"))
+
+
+def test_the_answer_bound_sent_fits_the_room_a_small_context_keeps(
+    fake_llm: FakeOpenAI, model_settings: Any, tiny_prompts: Path, tmp_path: Path
+) -> None:
+    fake_llm.handler = auto_answer
+    small = ModelClient(model_settings(context_tokens=8192), tmp_path / "a")
+    assert small.max_tokens("luna") == 2048  # the role's 4,096 would pass the context beside a full prompt
+    asyncio.run(call(small))
+    assert fake_llm.requests[-1]["max_tokens"] == 2048
+    assert ModelClient(model_settings(), tmp_path / "b").max_tokens("luna") == 4096  # no context given: unchanged
+    assert ModelClient(model_settings(context_tokens=8192, max_tokens=3000), tmp_path / "c").max_tokens("luna") == 3000
