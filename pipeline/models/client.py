@@ -352,9 +352,10 @@ class ModelClient:
             requests=self.request_counts,
         )
 
-    def request_counts(self) -> tuple[int, int]:
-        """(model calls finished, model calls in flight) of this client so far: progress counts parts, not cells."""
-        return self._requests_done, self._requests_active
+    def request_counts(self) -> tuple[int, int, int]:
+        """(calls finished, requests being answered, calls queued behind --concurrency): progress counts parts."""
+        sending = min(self.exchange.sending, self._requests_active)
+        return self._requests_done, sending, self._requests_active - sending
 
     # ------------------------------------------------------------------ internals
     def _batching(self) -> bool:

@@ -97,6 +97,7 @@ class Exchange:
         self._openai_clients: dict[int, Any] = {}
         self.batcher: Batcher | None = None  # --batch: set by the client (pipeline.models.batching)
         self.refused: LunasolError | None = None  # a refusal stops every later request of the client
+        self.sending = 0  # HTTP requests holding a --concurrency slot now (progress: the rest are queued)
 
     async def complete(self, **kwargs: Any) -> Any:
         """One exchange as instructor needs it: a coroutine function returning a response object."""
@@ -313,12 +314,16 @@ class Exchange:
                         waited = time.perf_counter()
                         async with self._semaphore():
                             state.queued_s += time.perf_counter() - waited
-                            # Budget checked and spend booked while holding the slot, so calls queued
-                            # behind the bound never start on a budget that is already spent.
-                            self.accounting.check_budget()
-                            if self.refused is not None:  # a call queued behind the refused one never sends
-                                raise self.refused
-                            response = await self._send(call_kwargs, state)
+                            self.sending += 1
+                            try:
+                                # Budget checked and spend booked while holding the slot, so calls queued
+                                # behind the bound never start on a budget that is already spent.
+                                self.accounting.check_budget()
+                                if self.refused is not None:  # a call queued behind the refused one never sends
+                                    raise self.refused
+                                response = await self._send(call_kwargs, state)
+                            finally:
+                                self.sending -= 1
                     finally:
                         _CAPTURE.reset(tok)
                     raw = _json_object(slot[-1]) if slot else None

@@ -45,7 +45,7 @@ class Outcome(Protocol):
 
 
 Budget = tuple[float | None, int | None]  # (usd, tokens)
-Requests = Callable[[], tuple[int, int]]  # (model requests finished, model requests in flight) so far
+Requests = Callable[[], tuple[int, int, int]]  # (model calls finished, requests being answered, calls queued)
 
 PLAIN_EVERY_S = 15.0  # seconds between progress lines when stderr is not a terminal (CI, nohup)
 
@@ -115,8 +115,8 @@ class Tally:
         """In flight, retried and failed calls (and the model requests made so far, when known)."""
         asked = ""
         if self.requests is not None:
-            done, active = self.requests()
-            asked = f" · requests {done} done, {active} asking"
+            done, sending, queued = self.requests()
+            asked = f" · requests {done} done, {sending} sent, {queued} queued"
         return f"in flight {self.in_flight}{asked} · retried {self.retried} · failed {self.failed}"
 
     def line(self) -> str:

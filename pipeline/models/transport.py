@@ -239,7 +239,7 @@ _FORMAT_FEATURES = re.compile(
 )
 _FORMAT_REFUSALS = re.compile(
     r"not supported|unsupported|does not support|doesn't support|not implemented|requires|not allowed|"
-    r"unknown|unrecognized|invalid|cannot|can't|failed to parse|not available|only supports|must be",
+    r"unknown|unrecognized|invalid|cannot|can't|failed to parse|not available|only supports|must be|should be",
     re.I,
 )
 

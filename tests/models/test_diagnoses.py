@@ -61,6 +61,24 @@ def test_a_rejected_request_format_is_a_configuration_error_not_retried(
     assert servermodes.read(settings.api_base, "openai/local") is None  # the server changed: probed again
 
 
+LLAMA_CPP_PYTHON_500 = (  # the body llama-cpp-python 0.3.36 sent for a json_schema response format (probe, live)
+    "{'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
+    "'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema'}"
+)
+
+
+def test_llama_cpp_pythons_own_500_is_a_format_rejection(
+    fake_llm: FakeOpenAI, model_settings: Any, tiny_prompts: Path, tmp_path: Path
+) -> None:
+    fake_llm.handler = lambda _r: Reply(
+        status=500, body={"error": {"message": "1 validation error:\n " + LLAMA_CPP_PYTHON_500}}
+    )
+    client = ModelClient(model_settings(instructor_mode="json_schema"), tmp_path)
+    with pytest.raises(BadInput, match="rejected the request format of --mode json_schema"):
+        asyncio.run(call(client))
+    assert len(fake_llm.requests) == 1
+
+
 def test_a_format_rejection_without_a_probe_still_names_the_mode(
     fake_llm: FakeOpenAI, model_settings: Any, tiny_prompts: Path, tmp_path: Path
 ) -> None:
@@ -135,13 +153,13 @@ def test_latency_is_the_calls_own_time_and_queue_time_is_apart(
     assert sum(r["latency_ms"] for r in rows) <= wall_ms + 50
     assert all(250 <= r["latency_ms"] < 900 for r in rows)
     assert max(r["queue_ms"] for r in rows) >= 500  # the last one waited for the two before it
-    assert client.request_counts() == (3, 0)
+    assert client.request_counts() == (3, 0, 0)
 
 
 def test_progress_counts_requests_as_well_as_cells() -> None:
-    tally = Tally(1, "luna", None, None, requests=lambda: (29, 4))
+    tally = Tally(1, "luna", None, None, requests=lambda: (29, 1, 3))
     line = tally.line()
-    assert "luna: 0/1" in line and "requests 29 done, 4 asking" in line
+    assert "luna: 0/1" in line and "requests 29 done, 1 sent, 3 queued" in line
 
 
 def test_the_preflight_asks_the_server_once_which_modes_it_takes(
