@@ -57,11 +57,13 @@ class CallState:
     transport_retries: int = 0
     cached_tokens: int = 0
     queued_s: float = 0.0  # waiting for a slot behind --concurrency (kept out of the call's latency)
+    last_completion_tokens: int = 0  # of the latest exchange: an answer cut at max_tokens uses them all
 
     def add(self, booked: Booked) -> None:
         """Add one exchange's tokens and cost (cost stays None once any exchange had no price)."""
         self.prompt_tokens += booked.prompt_tokens
         self.completion_tokens += booked.completion_tokens
+        self.last_completion_tokens = booked.completion_tokens
         self.cached_tokens += booked.cached_tokens
         cost = booked.cost_usd
         self.cost_usd = None if cost is None or self.cost_usd is None else self.cost_usd + cost

@@ -207,3 +207,19 @@ def test_the_answer_bound_sent_fits_the_room_a_small_context_keeps(
     assert fake_llm.requests[-1]["max_tokens"] == 2048
     assert ModelClient(model_settings(), tmp_path / "b").max_tokens("luna") == 4096  # no context given: unchanged
     assert ModelClient(model_settings(context_tokens=8192, max_tokens=3000), tmp_path / "c").max_tokens("luna") == 3000
+
+
+def test_a_tool_call_torn_at_max_tokens_is_a_cut_answer_even_without_finish_reason_length(
+    fake_llm: FakeOpenAI, model_settings: Any, tiny_prompts: Path, tmp_path: Path
+) -> None:
+    # llama-cpp-python 0.3.36, live: finish_reason "tool_calls", 384 of 384 tokens, the JSON torn mid-string
+    def torn(request: dict[str, Any]) -> Reply:
+        return Reply(body=completion_body(request, tool_arguments='{"fact": "no, no, no, no', usage=(900, 384)))
+
+    fake_llm.handler = torn
+    client = ModelClient(model_settings(max_tokens=384, max_reasks=0), tmp_path)
+    with pytest.raises(AnswerTruncated, match="cut at max_tokens=384"):
+        asyncio.run(call(client))
+    fake_llm.handler = lambda r: Reply(body=completion_body(r, tool_arguments='{"fact": "no', usage=(900, 20)))
+    out = asyncio.run(call(ModelClient(model_settings(max_tokens=384, max_reasks=0), tmp_path / "b")))
+    assert not out.ok  # torn JSON well under the bound: an invalid answer, not a cut one
