@@ -109,6 +109,7 @@ def propose(
 
 
 def _print_proposals(run_dir: Path, result: ProposeResult) -> None:
+    # startup: `lunasol --help` and every other verb load none of this
     from pipeline.core.phrases import one_phrase
     from pipeline.run.status import format_proposals
     from pipeline.state import handoff

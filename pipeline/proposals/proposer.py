@@ -35,6 +35,7 @@ from pipeline.artifacts.run_info import analysis_run_id
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.canonical import pretty_json, read_json, sha256_file, write_json
 from pipeline.core.errors import BadInput, Blocked
+from pipeline.core.phrases import one_phrase
 from pipeline.core.settings import ModelSettings
 from pipeline.core.urls import is_shown, unusable
 from pipeline.gates.gate1 import confirmed_weaknesses
@@ -136,8 +137,6 @@ class ProposeResult:
 
     def incomplete(self) -> Blocked:
         """The block of a run whose proposer failed for some confirmed weakness (its cards are missing)."""
-        from pipeline.core.phrases import one_phrase
-
         why = "; ".join(
             f"{w['weakness_id']}: {one_phrase(w['call']['errors'][0]) if w['call'].get('errors') else 'no answer'}"
             for w in self.failed
