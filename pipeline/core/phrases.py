@@ -14,7 +14,8 @@ from collections.abc import Sequence
 PHRASE_CHARS = 120
 
 _URL = re.compile(r"For further information visit \S+")
-_PYDANTIC_DETAIL = re.compile(r"\[type=[^\]]*\]")
+# "[type=..., input_value=..., input_type=...]": the input value may hold brackets and quotes of its own
+_PYDANTIC_DETAIL = re.compile(r"\[type=[\w.]+(?:, input_value=.*?, input_type=\w+)?\]")
 _HEAD = re.compile(r"^(?:[\w.]+Error|[\w.]+Exception): (?:\d+ validation errors? for \w+\s*)?")
 # Our own checks' messages, worded for the model: the few that recur get their short name.
 _KNOWN = (

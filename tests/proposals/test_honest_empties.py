@@ -46,6 +46,12 @@ def test_a_failure_reason_is_one_phrase() -> None:
         "4 of 5 parts: empty list without none_reason (+1 other cause)"
     )
     assert len(one_phrase("x" * 10_000)) <= 120
+    torn = (  # SmolLM2 live, a part cut at max_tokens: the input value holds brackets of its own
+        "ValidationError: 1 validation error for LunaAnswer Invalid JSON: EOF while parsing a string at line 1 "
+        'column 629 [type=json_invalid, input_value=\'{ "patterns": [ ] ,"reje...":"2018-04-30T15:17:19.\', '
+        "input_type=str] For further information visit https://errors.pydantic.dev/2.13/v/json_invalid"
+    )
+    assert one_phrase(torn) == "Invalid JSON: EOF while parsing a string at line 1 column 629"
 
 
 def test_the_next_step_never_selects_a_card_that_does_not_exist(demo_copy: Path) -> None:
