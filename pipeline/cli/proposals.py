@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -19,6 +20,9 @@ from pipeline.cli.common import (
 )
 from pipeline.cli.gates import receipt_line
 from pipeline.core.errors import BadInput, Findings
+
+if TYPE_CHECKING:
+    from pipeline.proposals.proposer import ProposeResult
 
 
 def validate(
@@ -44,6 +48,9 @@ def validate(
             for finding in card.findings:
                 typer.echo(f"  {finding.line()}")
         typer.echo(f"{counts['valid']} of {counts['cards']} cards valid, {counts['findings']} findings")
+    if not counts["cards"]:
+        # "0 of 0 cards valid", exit 0, read as a clean bill: an empty file proposes nothing to check
+        raise Findings(f"no proposal card in {file}: nothing was validated (an empty file is not a valid proposal set)")
     if not result.valid:
         raise Findings(f"{counts['invalid']} of {counts['cards']} cards invalid in {file}")
 
@@ -71,8 +78,6 @@ def propose(
     from pipeline.models.store import check_store
     from pipeline.proposals.proposer import propose as do_propose
     from pipeline.proposals.proposer import run_model_settings
-    from pipeline.run.status import format_proposals
-    from pipeline.state import handoff
 
     if replay and record:
         raise BadInput("--replay and --record exclude each other")
@@ -94,9 +99,21 @@ def propose(
     check_store(settings)
     with moves_run(run_dir, "propose"):
         result = do_propose(run_dir, settings, log=typer.echo if not json_out else (lambda _m: None))
-    if json_out:
-        emit_json({"proposals_digest": result.proposals_digest, "validation": result.validation})
-        return
+        if json_out:
+            emit_json({"proposals_digest": result.proposals_digest, "validation": result.validation})
+        else:
+            _print_proposals(run_dir, result)
+        if result.failed:
+            # Missing cards are not an honest zero: exit 3 with a receipt (moves_run writes it), as any block.
+            raise result.incomplete()
+
+
+def _print_proposals(run_dir: Path, result: ProposeResult) -> None:
+    # startup: `lunasol --help` and every other verb load none of this
+    from pipeline.core.phrases import one_phrase
+    from pipeline.run.status import format_proposals
+    from pipeline.state import handoff
+
     typer.echo(f"[propose] {result.summary()}")
     failed = [str(w["weakness_id"]) for w in result.failed]
     typer.echo(format_proposals([c.model_dump(mode="json") for c in result.cards], result.validation, failed))
@@ -110,19 +127,15 @@ def propose(
             typer.echo(f"  {c['proposal_id']} ({c['source_weakness']}) kept out: {rules}")
     for w in result.failed:
         call = w["call"]
-        why = " ".join(str(call["errors"][0]).split())[:300] if call["errors"] else "no answer"
+        why = one_phrase(call["errors"][0]) if call["errors"] else "no answer"
         typer.echo(
             f"  {w['weakness_id']}: FAILED after {call['attempts']} attempt(s), its cards are missing (not zero): {why}"
         )
     if result.cards:
         pid = result.cards[0].proposal_id
         typer.echo(f"read first: lunasol show {run_dir} {pid}   # the whole card; lunasol report {run_dir} for all")
-    if failed:
-        typer.echo(
-            f"retry: lunasol propose {run_dir}   # asks again; selecting now decides without the cards of "
-            f"{', '.join(failed)}"
-        )
-    typer.echo(f"next: {handoff.next_command(run_dir)}")
+    if not failed:
+        typer.echo(f"next: {handoff.next_command(run_dir)}")
 
 
 def select(

@@ -16,7 +16,16 @@ from pathlib import Path
 import duckdb
 
 from pipeline.core import duck
-from pipeline.luna.render import CellIR, Part, context_budget, estimate_tokens, load_cells, render_cell, split_parts
+from pipeline.luna.render import (
+    JSON_CHARS_PER_TOKEN,
+    CellIR,
+    Part,
+    context_budget,
+    estimate_tokens,
+    load_cells,
+    render_cell,
+    split_parts,
+)
 
 LOAD_CELLS = 100  # cells per load: a few times the calls in flight (2 x concurrency), ~0.2 s of DuckDB each
 
@@ -24,25 +33,46 @@ Prepared = tuple[CellIR, list[Part], int]
 """A cell, its parts (split only when over the budget) and its rendered size in tokens."""
 
 
-def prepare(con: duckdb.DuckDBPyConnection, budget: int | None = None, only: list[str] | None = None) -> list[Prepared]:
-    """Every eligible cell (or those in ``only``) with its parts (split only when over ``budget``) and its size."""
+def prepare(
+    con: duckdb.DuckDBPyConnection,
+    budget: int | None = None,
+    only: list[str] | None = None,
+    chars_per_token: float = JSON_CHARS_PER_TOKEN,
+) -> list[Prepared]:
+    """Every eligible cell (or those in ``only``) with its parts and its size in tokens.
+
+    ``budget``: tokens per call for the log AND the probe candidates it carries; split only when over it.
+    """
     budget = budget or context_budget()
-    return [(cell, split_parts(cell, budget), estimate_tokens(render_cell(cell))) for cell in load_cells(con, only)]
+    return [
+        (cell, split_parts(cell, budget, chars_per_token), estimate_tokens(render_cell(cell), chars_per_token))
+        for cell in load_cells(con, only)
+    ]
 
 
-def prepare_in_chunks(con: duckdb.DuckDBPyConnection, budget: int, ids: list[str]) -> Iterator[Prepared]:
+def prepare_in_chunks(
+    con: duckdb.DuckDBPyConnection, budget: int, ids: list[str], chars_per_token: float = JSON_CHARS_PER_TOKEN
+) -> Iterator[Prepared]:
     """:func:`prepare` of ``ids`` in order, ``LOAD_CELLS`` at a time: one chunk of cells in memory, never all."""
     for start in range(0, len(ids), LOAD_CELLS):
-        yield from prepare(con, budget, only=ids[start : start + LOAD_CELLS])
+        yield from prepare(con, budget, only=ids[start : start + LOAD_CELLS], chars_per_token=chars_per_token)
 
 
 class CellFeed:
     """Hands out each of ``cell_ids`` once (:meth:`take`), loading ``chunk`` cells at a time in the given order."""
 
-    def __init__(self, ir_path: Path, cell_ids: list[str], budget: int, chunk: int | None = None) -> None:
+    def __init__(
+        self,
+        ir_path: Path,
+        cell_ids: list[str],
+        budget: int,
+        chunk: int | None = None,
+        chars_per_token: float = JSON_CHARS_PER_TOKEN,
+    ) -> None:
         self.ir_path = ir_path
         self.cell_ids = cell_ids
         self.budget = budget
+        self.chars_per_token = chars_per_token
         self.chunk = max(1, chunk or LOAD_CELLS)
         self.loads = 0  # how many chunks were read (tests)
         self._pos = {c: i for i, c in enumerate(cell_ids)}
@@ -52,7 +82,7 @@ class CellFeed:
     def _load(self, ids: list[str]) -> list[Prepared]:
         con = duck.connect(self.ir_path)
         try:
-            return prepare(con, self.budget, only=ids)
+            return prepare(con, self.budget, only=ids, chars_per_token=self.chars_per_token)
         finally:
             con.close()
 

@@ -7,6 +7,7 @@ Outcomes are never read here: this module only touches ``cells``, ``segments``, 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -17,10 +18,13 @@ import duckdb
 from pipeline.core import duck
 from pipeline.probes.core import ProbeHit, read_probe_hits
 
-# Rough token estimate: characters / 4 (no tokenizer needed offline, good enough for a budget).
-CHARS_PER_TOKEN = 4
-# Budget for one cell's rendered IR in one call; the prompt's fixed text comes on top.
-DEFAULT_CONTEXT_TOKENS = 30_000
+# Characters per token of rendered IR when the model's tokenizer is not known: JSON-heavy log lines
+# count 2.84 with cl100k_base and 2.16 with SmolLM2's tokenizer on the demo (a local server counted
+# 2.03 on whole requests), so 2.0 is a conservative default (4, the old guess, under-counted by half).
+JSON_CHARS_PER_TOKEN = 2.0
+# Budget for one cell's rendered IR in one call (the same 120,000 characters as 30,000 at 4 characters
+# a token); the prompt's fixed text comes on top, and the model's context lowers it (luna.stage).
+DEFAULT_CONTEXT_TOKENS = 60_000
 CONTEXT_ENV = "LUNASOL_LUNA_CONTEXT_TOKENS"
 
 _LIMITS = {"message": 600, "tool_result": 400, "error": 400}
@@ -33,9 +37,20 @@ def context_budget() -> int:
     return int(raw) if raw and raw.isdigit() and int(raw) > 0 else DEFAULT_CONTEXT_TOKENS
 
 
-def estimate_tokens(text: str) -> int:
-    """Token estimate used for the budget: ceil(chars / 4)."""
-    return -(-len(text) // CHARS_PER_TOKEN)
+def estimate_tokens(text: str, chars_per_token: float = JSON_CHARS_PER_TOKEN) -> int:
+    """Token estimate used for the budget: ceil(chars / chars_per_token)."""
+    return math.ceil(len(text) / chars_per_token)
+
+
+def candidate_chars(hit: ProbeHit) -> int:
+    """Characters of one probe candidate as the Luna prompt lists it (id, type, key, evidence, explanation)."""
+    evidence = sum(len(e) + 2 for e in hit.evidence)
+    return len(hit.hit_id) + len(hit.type) + len(hit.key) + len(hit.explanation) + evidence + 40
+
+
+def candidates_tokens(hits: list[ProbeHit], chars_per_token: float = JSON_CHARS_PER_TOKEN) -> int:
+    """Token estimate of probe candidates as the Luna prompt lists them."""
+    return math.ceil(sum(map(candidate_chars, hits)) / chars_per_token)
 
 
 @dataclass
@@ -219,48 +234,75 @@ def _segment_text(seg: Segment, lines: list[str], note: str = "") -> str:
     return "\n".join([seg.header + note, *lines])
 
 
-def split_parts(cell: CellIR, budget_tokens: int) -> list[Part]:
+def split_parts(cell: CellIR, budget_tokens: int, chars_per_token: float = JSON_CHARS_PER_TOKEN) -> list[Part]:
     """Pack whole segments, in order, into as few parts as fit ``budget_tokens`` each.
 
     A single segment larger than the budget is cut between events, and the cut is stated in the
     segment header. Nothing is dropped: every event of the cell is in exactly one part.
+    The budget covers the log AND the probe candidates: each candidate travels with the part holding
+    its first evidence event (:func:`_place_candidates`), so its characters count where it lands.
     """
-    budget_chars = max(budget_tokens, 1) * CHARS_PER_TOKEN
+    budget_chars = int(max(budget_tokens, 1) * chars_per_token)
     whole = render_cell(cell)
-    if estimate_tokens(whole) <= budget_tokens:
+    # candidates whose first event is not in the log go to part 1: their room is kept in every part
+    stray = sum(candidate_chars(h) for h in cell.hits if h.evidence[0] not in cell.seq_of)
+    extra: dict[str, int] = {}
+    for h in cell.hits:
+        if h.evidence[0] in cell.seq_of:
+            extra[h.evidence[0]] = extra.get(h.evidence[0], 0) + candidate_chars(h)
+    if len(whole) + sum(map(candidate_chars, cell.hits)) <= budget_chars:
         return _place_candidates(cell, [Part(1, 1, whole, set(cell.seq_of), len(cell.seq_of))])
-    blocks: list[tuple[str, list[str]]] = []  # (text, event ids)
-    for seg in cell.segments:
-        full = _segment_text(seg, seg.lines)
-        if len(full) <= budget_chars:
-            blocks.append((full, seg.event_ids))
-            continue
-        chunk: list[int] = []
-        size = len(seg.header) + 40
-        pieces: list[list[int]] = []
-        for i, line in enumerate(seg.lines):
-            if chunk and size + len(line) + 1 > budget_chars:
-                pieces.append(chunk)
-                chunk, size = [], len(seg.header) + 40
-            chunk.append(i)
-            size += len(line) + 1
-        pieces.append(chunk)
-        for k, idx in enumerate(pieces, 1):
-            note = f" · piece {k}/{len(pieces)} of this segment"
-            blocks.append((_segment_text(seg, [seg.lines[i] for i in idx], note), [seg.event_ids[i] for i in idx]))
-    groups: list[list[tuple[str, list[str]]]] = [[]]
+    budget_chars = max(budget_chars - stray, 1)
+
+    # Fill each part: a segment that does not fit the room left continues in the next part (its
+    # header repeated with "piece k/n"), unless it fits a part of its own and little room is left
+    # (then it starts the next part whole). Whole-segment packing wasted half a segment per part:
+    # 10 parts instead of 8 for the demo's largest cell at an 8K context.
+    overhead = 44  # a piece's header note and the blank line between blocks
+    groups: list[list[tuple[Segment, list[int]]]] = [[]]
     size = 0
-    for text, ids in blocks:
-        if groups[-1] and size + len(text) + 2 > budget_chars:
+    for seg in cell.segments:
+        whole_chars = (
+            len(seg.header)
+            + overhead
+            + sum(len(line) + 1 + extra.get(e, 0) for line, e in zip(seg.lines, seg.event_ids, strict=True))
+        )
+        if groups[-1] and size + whole_chars > budget_chars >= whole_chars and budget_chars - size < budget_chars // 4:
             groups.append([])
             size = 0
-        groups[-1].append((text, ids))
-        size += len(text) + 2
+        idx: list[int] = []
+        used = len(seg.header) + overhead
+        for i, line in enumerate(seg.lines):
+            grow = len(line) + 1 + extra.get(seg.event_ids[i], 0)
+            if (groups[-1] or idx) and size + used + grow > budget_chars:
+                if idx:
+                    groups[-1].append((seg, idx))
+                groups.append([])
+                size, idx, used = 0, [], len(seg.header) + overhead
+            idx.append(i)
+            used += grow
+        if idx:
+            groups[-1].append((seg, idx))
+            size += used
+    pieces: dict[str, int] = {}
+    for group in groups:
+        for seg, _ in group:
+            pieces[seg.segment_id] = pieces.get(seg.segment_id, 0) + 1
+    seen: dict[str, int] = {}
+    texts: list[list[tuple[str, list[str]]]] = []
+    for group in groups:
+        texts.append([])
+        for seg, idx in group:
+            seen[seg.segment_id] = seen.get(seg.segment_id, 0) + 1
+            total = pieces[seg.segment_id]
+            note = "" if total == 1 else f" · piece {seen[seg.segment_id]}/{total} of this segment"
+            texts[-1].append((_segment_text(seg, [seg.lines[i] for i in idx], note), [seg.event_ids[i] for i in idx]))
+    groups_text = [g for g in texts if g]
     parts: list[Part] = []
-    for n, group in enumerate(groups, 1):
-        shown = {i for _, ids in group for i in ids}
-        text = "\n\n".join(t for t, _ in group)
-        parts.append(Part(index=n, total=len(groups), text=text, shown_ids=shown, events=len(shown)))
+    for n, group_text in enumerate(groups_text, 1):
+        shown = {i for _, ids in group_text for i in ids}
+        text = "\n\n".join(t for t, _ in group_text)
+        parts.append(Part(index=n, total=len(groups_text), text=text, shown_ids=shown, events=len(shown)))
     return _place_candidates(cell, parts)
 
 

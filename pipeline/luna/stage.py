@@ -27,6 +27,7 @@ from pipeline.core import duck, roles
 from pipeline.core.canonical import atomic_write_bytes, canonical_json, digest, sha256_bytes
 from pipeline.core.errors import BadInput
 from pipeline.core.listing import SHOWN, some
+from pipeline.core.phrases import parts_phrase
 from pipeline.core.settings import ModelSettings
 from pipeline.ir.cache import cached_rows
 from pipeline.ir.digests import content_digests
@@ -35,9 +36,9 @@ from pipeline.ir.store import insert_rows
 from pipeline.luna.feed import CellFeed, prepare, prepare_in_chunks  # noqa: F401 - prepare: part of this module's API (tests)
 from pipeline.luna.merge import CellPatterns, Conflict, Verdict, merge_cell
 from pipeline.luna.patterns import PATTERN_ROW_SCHEMA_VERSION, LunaAnswer, Pattern, check_answer
-from pipeline.luna.render import CellIR, Part, context_budget
-from pipeline.models import CallOutcome, ModelClient, PlannedCall, template_hash
-from pipeline.models.budget import role_budget
+from pipeline.luna.render import JSON_CHARS_PER_TOKEN, CellIR, Part, context_budget, load_cells, render_cell
+from pipeline.models import CallOutcome, ModelClient, PlannedCall, render, template_hash
+from pipeline.models.budget import chars_per_token, request_tokens, role_budget
 from pipeline.probes import run_probes, write_probe_hits
 from pipeline.probes.cells import made_with as probe_set
 from pipeline.state.ledger import CellResults, cell_key
@@ -54,7 +55,9 @@ CONFLICT_COLUMNS = ("conflict_id", "cell_id", "hit_id", "pattern_id", "kind", "m
 ROLE = roles.LUNA.name
 ELIGIBLE_SQL = "SELECT cell_id, task_id FROM cells WHERE eligibility = 'valid_behavior' ORDER BY cell_id"
 PARTS_DIR = "luna-parts"  # answered parts of split cells, kept until their whole cell is answered
-PROMPT_OVERHEAD_TOKENS = 6_000  # Luna's instructions, probe candidates and output schema, around the IR
+SAMPLE_CELLS = 3  # cells rendered to measure the IR's characters per token
+SAMPLE_CHARS = 60_000
+SAMPLE_MARGIN = 0.9  # a cell may be denser than the sample: plan at 90% of the sample's characters per token
 # A batch's patterns are validated and dumped in one call each (pydantic-core walks the list), not per model.
 _PATTERNS = TypeAdapter(list[Pattern])
 _CONFLICTS = TypeAdapter(list[Conflict])
@@ -79,7 +82,7 @@ CREATE OR REPLACE TABLE luna_cells (
     cell_id VARCHAR PRIMARY KEY,
     status VARCHAR NOT NULL,          -- ok / split (ok, in several calls) / failed
     parts INTEGER NOT NULL,
-    est_tokens INTEGER NOT NULL,      -- rendered IR, chars/4
+    est_tokens INTEGER NOT NULL,      -- rendered IR, estimated tokens (PartBudget.chars_per_token)
     attempts INTEGER NOT NULL,
     patterns INTEGER NOT NULL,
     reason VARCHAR,
@@ -137,7 +140,7 @@ CREATE TABLE IF NOT EXISTS {CACHE_TABLE} (
 """
 
 
-def cache_stamp(thash: str, model: str | None, budget: int) -> str:
+def cache_stamp(thash: str, model: str | None, budget: int | str) -> str:
     """What a cell's prompt depends on besides its IR content and task summary."""
     return digest(
         {
@@ -248,13 +251,73 @@ def _ensure_hits(con: duckdb.DuckDBPyConnection) -> None:
         write_probe_hits(con, run_probes(con))
 
 
-def part_budget(settings: ModelSettings) -> int:
-    """Rendered-IR tokens per Luna call: the configured part size, smaller when the model's context is."""
-    # The whole request (instructions, candidates, output schema, framing) must fit the role's budget
-    # (pipeline.models.budget); the rest of the prompt takes about PROMPT_OVERHEAD_TOKENS, and the IR's
-    # chars/4 estimate may under-count a real tokenizer, hence the margin.
-    room = role_budget(settings, ROLE).input_tokens - PROMPT_OVERHEAD_TOKENS
-    return max(min(context_budget(), int(room * 0.6)), 500)
+@dataclass(frozen=True)
+class PartBudget:
+    """How much of a cell one Luna call carries, from measurement (see :func:`part_budget`)."""
+
+    tokens: int  # the log and the cell's probe candidates, per call
+    chars_per_token: float  # of the rendered log (sizes are planned in characters)
+    overhead: int  # the rest of the request: instructions, framing, output schema (counted)
+    input_tokens: int  # the whole request's budget (context minus the answer's room)
+
+    def stamp(self) -> str:
+        """What the cache depends on (a change re-renders the cells)."""
+        return f"{self.tokens}@{self.chars_per_token:.3f}"
+
+    def describe(self) -> str:
+        """One line: per-call request budget, measured overhead, log share, characters per token."""
+        return (
+            f"luna: {self.input_tokens:,} tokens per request = {self.overhead:,} prompt (measured) + "
+            f"up to {self.tokens:,} of log and probe candidates at {self.chars_per_token:.2f} chars/token"
+        )
+
+
+def prompt_overhead(settings: ModelSettings, summaries: dict[str, str] | None = None) -> int:
+    """Tokens of a Luna request without its log and candidates, counted from the rendered template.
+
+    Rendered with the longest task summary and the split note (a part's prompt is the longest), and
+    counted with the output schema and message framing as the budget counts every request.
+    """
+    summary = max((summaries or {}).values(), key=len, default="")
+    context = {
+        "cell_id": "C000000", "task_id": "T" * 24, "task_summary": summary, "run_id": "r" * 32,
+        "harness": "h" * 16, "part": "99/99", "part_total": 99, "ir": "", "event_count": 99_999, "candidates": [],
+    }  # fmt: skip
+    budget = role_budget(settings, ROLE)
+    return request_tokens(budget, render(ROLE, context).messages, LunaAnswer, exact=True)
+
+
+def ir_chars_per_token(settings: ModelSettings, sample: str) -> float:
+    """Characters per token to plan the log with: measured on ``sample``, never above 2.0 without a known tokenizer.
+
+    With the model's tokenizer (litellm knows it) the sample's own ratio, less a margin; without it the
+    cl100k_base estimate's ratio is no proof for a small-vocabulary model, so the JSON-heavy default
+    (:data:`~pipeline.luna.render.JSON_CHARS_PER_TOKEN`) caps it.
+    """
+    limits = role_budget(settings, ROLE).limits
+    if not sample:
+        return JSON_CHARS_PER_TOKEN
+    measured = chars_per_token(limits, sample[:SAMPLE_CHARS])
+    # the estimate's own ratio (cl100k_base x ESTIMATE_FACTOR) is already conservative: no margin on it
+    return round(measured * SAMPLE_MARGIN if limits.exact else min(measured, JSON_CHARS_PER_TOKEN), 3)
+
+
+def part_budget(settings: ModelSettings, summaries: dict[str, str] | None = None, sample: str = "") -> PartBudget:
+    """Per-call log budget: the role's request budget less the measured prompt, capped by the part size."""
+    overhead = prompt_overhead(settings, summaries)
+    budget = role_budget(settings, ROLE).input_tokens
+    room = min(context_budget(), budget - overhead)
+    return PartBudget(max(room, 500), ir_chars_per_token(settings, sample), overhead, budget)
+
+
+def _sample(con: duckdb.DuckDBPyConnection, ids: list[str]) -> str:
+    """The first cells' rendered log, to measure characters per token on."""
+    text = ""
+    for cell in load_cells(con, ids[:SAMPLE_CELLS]):
+        text += render_cell(cell) + "\n\n"
+        if len(text) >= SAMPLE_CHARS:
+            break
+    return text
 
 
 def plan(ctx: RunContext) -> Iterator[PlannedCall]:
@@ -263,13 +326,13 @@ def plan(ctx: RunContext) -> Iterator[PlannedCall]:
     A generator: the dry run counts each call's tokens as it comes, so at 10,000 cells the rendered
     prompts of the whole batch are never in memory at once (the run itself loads cells the same way).
     """
-    budget = part_budget(ctx.options.models)
     summaries = _task_summaries(ctx.bundle, ctx.options.redact)
     con = duck.connect(ctx.ir_path)
     try:
         _ensure_hits(con)
         ids = [r[0] for r in con.execute(ELIGIBLE_SQL).fetchall()]
-        for cell, parts, _size in prepare_in_chunks(con, budget, ids):
+        budget = part_budget(ctx.options.models, summaries, _sample(con, ids))
+        for cell, parts, _size in prepare_in_chunks(con, budget.tokens, ids, budget.chars_per_token):
             for part in parts:
                 yield PlannedCall(
                     role=ROLE,
@@ -310,19 +373,20 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
     store = CellResults(ctx.run_dir, ROLE)
     part_store = CellResults(ctx.run_dir, PARTS_DIR)
     thash = template_hash(roles.LUNA.template)
-    budget = part_budget(ctx.options.models)
-    stamp = cache_stamp(thash, client.model, budget)
     con = duck.connect(ctx.ir_path)
     try:
         _ensure_hits(con)
         eligible = con.execute(ELIGIBLE_SQL).fetchall()
+        budget = part_budget(ctx.options.models, summaries, _sample(con, [r[0] for r in eligible]))
+        stamp = cache_stamp(thash, client.model, budget.stamp())
         # the IR's stored per-cell digests (an IR not made by export has none: nothing is cached then)
         cell_digests = content_digests(con) or {}
         reused = _cached_runs(con, stamp, {r[0]: summaries.get(r[1], "") for r in eligible}, store)
     finally:
         con.close()
     # cells are loaded a chunk at a time as their calls start, never the whole batch at once
-    feed = CellFeed(ctx.ir_path, [r[0] for r in eligible if r[0] not in reused], budget)
+    feed = CellFeed(ctx.ir_path, [r[0] for r in eligible if r[0] not in reused], budget.tokens,
+                    chars_per_token=budget.chars_per_token)  # fmt: skip
 
     def kept_part(cell: CellIR, part: Part, context: dict[str, Any]) -> tuple[str, str, Any]:
         # A split cell keeps each answered part as it arrives, so a resume after one part failed asks
@@ -340,7 +404,7 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
         # --batch: what cell_job below will ask, a chunk of cells at a time (never all in memory)
         con = duck.connect(ctx.ir_path)
         try:
-            for cell, parts, _size in prepare_in_chunks(con, budget, feed.cell_ids):
+            for cell, parts, _size in prepare_in_chunks(con, budget.tokens, feed.cell_ids, budget.chars_per_token):
                 if not cell.seq_of:
                     continue  # no events: no call
                 _key, contexts, stored = to_ask(cell, parts)
@@ -369,7 +433,10 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
         run = CellRun(cell.cell_id, "split" if len(parts) > 1 else "ok", len(parts), size)
         run.summary = summaries.get(cell.task_id, "")
         if len(parts) > 1:
-            run.reason = f"rendered IR ~{size} tokens > budget {budget}; split by segment into {len(parts)} parts"
+            run.reason = (
+                f"rendered IR ~{size} tokens > budget {budget.tokens} (of {budget.input_tokens} per request); "
+                f"split by segment into {len(parts)} parts"
+            )
         if not cell.seq_of:
             run.reason = "no events in the IR: nothing to analyse, no call made"
             return run
@@ -384,8 +451,10 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
             failed = [(p, o) for p, o in zip(parts, outs, strict=True) if not o.ok or o.value is None]
             if failed:
                 run.status = "failed"
-                why = "; ".join(f"part {p.label}: {' | '.join(o.errors) or 'no answer'}" for p, o in failed)
-                run.reason = why if run.reason is None else f"{run.reason}; {why}"
+                # one phrase (the full errors are in calls.jsonl, per part, and in the report)
+                run.reason = parts_phrase([o.errors for _, o in failed], len(parts))
+                if len(parts) > 1 and len(failed) == 1:
+                    run.reason += f" (part {failed[0][0].label})"
                 return run
             answers = [o.value for o in outs if o.value is not None]
             store.put(

@@ -35,7 +35,8 @@ class CallRow(BaseModel):
     completion_tokens: int
     cached_tokens: int = Field(default=0, description="prompt tokens the provider served from its prompt cache")
     cost_usd: float | None = Field(description="None when litellm knows no price (never guessed)")
-    latency_ms: float
+    latency_ms: float = Field(description="the call's own time: its requests and parsing, without queue_ms")
+    queue_ms: float = Field(default=0.0, description="time spent waiting for a slot behind --concurrency")
     attempts: int
     transport_retries: int
     outcome: str = Field(

@@ -33,9 +33,9 @@ from pipeline.models import shaping
 from pipeline.models.accounting import Accounting, Usage
 from pipeline.models.batch import TERMINAL
 from pipeline.models.batching import BATCHED_ROLES, Batcher, read_batches
-from pipeline.models.budget import check_fits
+from pipeline.models.budget import check_fits, role_budget
 from pipeline.models.calllog import CallLog, read_calls
-from pipeline.models.errors import ContextExceeded, ModelUnavailable
+from pipeline.models.errors import AnswerTruncated, ContextExceeded, ModelUnavailable
 from pipeline.models.exchange import CALL_STATE, CallState, Exchange
 from pipeline.models.modes import INSTRUCTOR_MODES, resolve_mode
 from pipeline.models.progress import gather_bounded
@@ -143,6 +143,8 @@ class ModelClient:
             )
         self._instructor: Any = None
         self._templates: dict[str, str] = {}
+        self._requests_done = 0  # logical calls finished / in flight, for progress (a cell may be many)
+        self._requests_active = 0
 
     # ------------------------------------------------------------------ public
     def usage(self) -> Usage:
@@ -177,13 +179,14 @@ class ModelClient:
         last: T | None = None
         errors: list[str] = []
         outcome = "interrupted"  # what the log says when a KeyboardInterrupt or SystemExit passes through
+        self._requests_active += 1
         try:
             self.accounting.check_budget()
             # Whole-request token budget (pipeline.models.budget): a request that cannot fit is never sent.
             check_fits(self.settings, role, cell_id, messages, response_model)
             asked = "ok"
             for round_no in range(self.settings.max_reasks + 1):
-                parsed, errors = await self._ask(messages, response_model, self.settings.max_tokens_for(role))
+                parsed, errors = await self._ask(messages, response_model, self.max_tokens(role))
                 if parsed is None:
                     asked = "invalid"
                     break
@@ -208,6 +211,15 @@ class ModelClient:
             if not soft_fail or exc.reason == "credential":
                 raise
             self._consecutive_failures += 1
+            if self._consecutive_failures >= self.settings.max_consecutive_failures and isinstance(
+                exc, AnswerTruncated
+            ):
+                raise AnswerTruncated(
+                    f"{self._consecutive_failures} calls in a row ran out of max_tokens before their answer "
+                    f"ended (not the provider: the bound is too low for these answers); last: {exc.one_line()}",
+                    reason=exc.reason,
+                    unblock=exc.unblock,
+                ) from None
             if self._consecutive_failures >= self.settings.max_consecutive_failures:
                 raise ModelUnavailable(
                     f"{self._consecutive_failures} calls in a row failed after their retries (provider down?); "
@@ -230,6 +242,8 @@ class ModelClient:
             raise
         finally:
             CALL_STATE.reset(token)
+            self._requests_active -= 1
+            self._requests_done += 1
             self.accounting.count_call()
             if outcome != "cancelled" or state.keys:  # a call cancelled before it asked anything is not logged
                 self.calllog.append(
@@ -244,7 +258,10 @@ class ModelClient:
                         "completion_tokens": state.completion_tokens,
                         "cached_tokens": state.cached_tokens,
                         "cost_usd": None if state.cost_usd is None else round(state.cost_usd, 10),
-                        "latency_ms": round((time.perf_counter() - started) * 1000, 1),
+                        # the call's own time; waiting behind --concurrency is queue_ms (summed latency
+                        # of a 1,106 s run was 27,481 s when the two were one figure)
+                        "latency_ms": round((time.perf_counter() - started - state.queued_s) * 1000, 1),
+                        "queue_ms": round(state.queued_s * 1000, 1),
                         "attempts": len(state.keys),
                         "transport_retries": state.transport_retries,
                         "outcome": outcome,
@@ -268,6 +285,19 @@ class ModelClient:
             last_answer=None if ok or last is None else last.model_dump(mode="json"),
         )
 
+    def max_tokens(self, role: str) -> int | None:
+        """The ``max_tokens`` a request of ``role`` carries: never more than the room its budget keeps.
+
+        With ``--context-tokens`` and no ``--max-tokens``, a role's default bound (Luna 4,096) could
+        exceed the answer's room (a quarter of an 8K context): prompt plus bound would then pass the
+        context, which vLLM refuses and llama.cpp truncates. Without ``--context-tokens`` nothing
+        changes (the recordings' requests stay as they were).
+        """
+        sent = self.settings.max_tokens_for(role)
+        if sent and self.settings.context_tokens and self.settings.max_tokens is None:
+            sent = min(sent, role_budget(self.settings, role).answer_tokens)
+        return sent
+
     def batching(self, role: str) -> bool:
         """Whether this role's first requests go out as provider batches (``--batch``)."""
         return self.exchange.batcher is not None and role in BATCHED_ROLES
@@ -289,7 +319,7 @@ class ModelClient:
         if batcher is None or role not in BATCHED_ROLES:
             return 0
         source = self._template(role)
-        max_tokens = self.settings.max_tokens_for(role)
+        max_tokens = self.max_tokens(role)
         params: dict[str, Any] = {"temperature": self.settings.temperature}
         if max_tokens:
             params["max_tokens"] = max_tokens
@@ -318,8 +348,22 @@ class ModelClient:
         if self.exchange.batcher is not None and not self.exchange.batcher.prefetched:
             # --batch without prefetch(): every call must reach the batcher before it submits, so none
             # waits on the bound.
-            return await gather_bounded(coros, max(1, len(coros)), label=label, usage=self.usage, budget=budget)
-        return await gather_bounded(coros, 2 * self.settings.concurrency, label=label, usage=self.usage, budget=budget)
+            return await gather_bounded(
+                coros, max(1, len(coros)), label=label, usage=self.usage, budget=budget, requests=self.request_counts
+            )
+        return await gather_bounded(
+            coros,
+            2 * self.settings.concurrency,
+            label=label,
+            usage=self.usage,
+            budget=budget,
+            requests=self.request_counts,
+        )
+
+    def request_counts(self) -> tuple[int, int, int]:
+        """(calls finished, requests being answered, calls queued behind --concurrency): progress counts parts."""
+        sending = min(self.exchange.sending, self._requests_active)
+        return self._requests_done, sending, self._requests_active - sending
 
     # ------------------------------------------------------------------ internals
     def _batching(self) -> bool:
@@ -383,9 +427,13 @@ class ModelClient:
             ours = lunasol_cause(exc)
             if ours is not None:
                 raise ours from None
+            if type(exc).__name__ == "IncompleteOutputException":
+                raise _truncated(exc, max_tokens) from exc
             if isinstance(exc, InstructorRetryException):
                 attempts = getattr(exc, "failed_attempts", None) or []
                 last_exc = getattr(attempts[-1], "exception", None) if attempts else None
+                if type(last_exc).__name__ == "IncompleteOutputException" or _cut(last_exc or exc, max_tokens):
+                    raise _truncated(last_exc or exc, max_tokens) from exc
                 return None, [describe(last_exc or exc)]
             raise ModelUnavailable(
                 f"model call failed for role={CALL_STATE.get().role}: {describe(exc)}", reason=reason_for(exc)
@@ -410,13 +458,39 @@ class ModelClient:
                 **({"max_tokens": max_tokens} if max_tokens else {}),
             )
         except shaping.AskFailed as exc:
+            if _cut(exc.shown, max_tokens):
+                raise _truncated(exc.shown, max_tokens) from exc
             return None, [describe(exc.shown)]
         except shaping.IncompleteOutputException as exc:
             # What the live path reports for instructor's unwrapped IncompleteOutputException.
-            raise ModelUnavailable(
-                f"model call failed for role={CALL_STATE.get().role}: {describe(exc)}", reason="external_system"
-            ) from exc
+            raise _truncated(exc, max_tokens) from exc
         return response_model.model_validate(obj.model_dump()), []
+
+
+def _cut(exc: BaseException, max_tokens: int | None) -> bool:
+    """An answer whose JSON ends mid-way after using every token allowed: cut at max_tokens.
+
+    llama-cpp-python reports ``finish_reason: tool_calls`` for a tool call it stopped at
+    ``max_tokens`` (measured: 384 of 384 completion tokens, "EOF while parsing a string"), so
+    instructor never sees ``length``; the usage and the torn JSON say it all the same.
+    """
+    state = CALL_STATE.get()
+    torn = "EOF while parsing" in str(exc) or "Unterminated string" in str(exc)
+    return bool(max_tokens) and torn and state.last_completion_tokens >= int(max_tokens or 0)
+
+
+def _truncated(exc: BaseException, max_tokens: int | None) -> AnswerTruncated:
+    """The model ran out of ``max_tokens`` (finish_reason length): the unblock raises the bound."""
+    state = CALL_STATE.get()
+    bound = f"max_tokens={max_tokens}" if max_tokens else "the server's default max_tokens"
+    higher = 2 * max_tokens if max_tokens else 4096
+    return AnswerTruncated(
+        f"the answer for role={state.role} cell={state.cell_id or '-'} was cut at {bound} (finish_reason "
+        f"length: the model ran out of tokens before the answer ended; {type(exc).__name__})",
+        reason="external_system",
+        unblock=f"lunasol run BUNDLE --resume --max-tokens {higher}  (answers cut at {bound} are asked again)",
+        max_tokens=max_tokens,
+    )
 
 
 def _reask_text(errors: list[str]) -> str:

@@ -78,6 +78,15 @@ class ModelUnavailable(Blocked):
     kind = "model_unavailable"
 
 
+class AnswerTruncated(ModelUnavailable):
+    """The model ran out of ``max_tokens`` before its answer ended (finish_reason ``length``).
+
+    Not the provider being down: the unblock raises ``--max-tokens``, never repeats the same bound.
+    """
+
+    kind = "answer_truncated"
+
+
 class ModelRefused(BadInput):
     """The provider refused the request for a reason retrying cannot fix: key, model name, request shape.
 

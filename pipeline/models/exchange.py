@@ -12,12 +12,14 @@ import asyncio
 import contextvars
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from pipeline.core.errors import LunasolError
 from pipeline.core.settings import ModelSettings
+from pipeline.models import servermodes
 from pipeline.models.accounting import Accounting, Booked
 from pipeline.models.batching import BATCHED_ROLES, Batcher
 from pipeline.models.budget import context_error
@@ -55,11 +57,14 @@ class CallState:
     cost_usd: float | None = 0.0
     transport_retries: int = 0
     cached_tokens: int = 0
+    queued_s: float = 0.0  # waiting for a slot behind --concurrency (kept out of the call's latency)
+    last_completion_tokens: int = 0  # of the latest exchange: an answer cut at max_tokens uses them all
 
     def add(self, booked: Booked) -> None:
         """Add one exchange's tokens and cost (cost stays None once any exchange had no price)."""
         self.prompt_tokens += booked.prompt_tokens
         self.completion_tokens += booked.completion_tokens
+        self.last_completion_tokens = booked.completion_tokens
         self.cached_tokens += booked.cached_tokens
         cost = booked.cost_usd
         self.cost_usd = None if cost is None or self.cost_usd is None else self.cost_usd + cost
@@ -98,6 +103,7 @@ class Exchange:
         # Several endpoints in --api-base: live calls go through litellm's Router (pipeline.models.fleet).
         self.is_fleet = is_fleet(settings.api_base)
         self._fleet: Fleet | None = None
+        self.sending = 0  # HTTP requests holding a --concurrency slot now (progress: the rest are queued)
 
     async def complete(self, **kwargs: Any) -> Any:
         """One exchange as instructor needs it: a coroutine function returning a response object."""
@@ -327,13 +333,19 @@ class Exchange:
                     slot: list[bytes] = []
                     tok = _CAPTURE.set(slot if use_capture else None)
                     try:
+                        waited = time.perf_counter()
                         async with self._semaphore():
-                            # Budget checked and spend booked while holding the slot, so calls queued
-                            # behind the bound never start on a budget that is already spent.
-                            self.accounting.check_budget()
-                            if self.refused is not None:  # a call queued behind the refused one never sends
-                                raise self.refused
-                            response = await self._send(call_kwargs, state)
+                            state.queued_s += time.perf_counter() - waited
+                            self.sending += 1
+                            try:
+                                # Budget checked and spend booked while holding the slot, so calls queued
+                                # behind the bound never start on a budget that is already spent.
+                                self.accounting.check_budget()
+                                if self.refused is not None:  # a call queued behind the refused one never sends
+                                    raise self.refused
+                                response = await self._send(call_kwargs, state)
+                            finally:
+                                self.sending -= 1
                     finally:
                         _CAPTURE.reset(tok)
                     raw = _json_object(slot[-1]) if slot else None
@@ -365,7 +377,15 @@ class Exchange:
         except Exception as exc:
             if is_context_error(exc):  # not transient: never retried; the unblock lowers --context-tokens
                 raise context_error(exc, self.settings, state.role, state.cell_id) from exc
-            refused = refusal(exc, str(self.model), self.settings.api_base)
+            refused = refusal(
+                exc,
+                str(self.model),
+                self.settings.api_base,
+                mode=self.instructor_mode,
+                accepted=servermodes.accepted(self.settings.api_base, self.model),
+            )
+            if refused is not None and refused.data.get("mode") and self.settings.api_base and self.model:
+                servermodes.forget(self.settings.api_base, self.model)  # the server changed: ask it again next run
             if refused is not None:
                 self.refused = refused
                 raise refused from None

@@ -4,14 +4,16 @@ The mode is part of every replay key, so it is resolved once per client: ``--mod
 ``LUNASOL_INSTRUCTOR_MODE`` when given; in replay, the mode the store was recorded with; else
 from litellm's capability map: tool calls when the model supports function calling, else
 ``json_schema`` when it supports response schemas, else plain ``json`` (a JSON object asked for in
-the prompt, which every OpenAI-compatible server can answer: Ollama, vLLM, llama.cpp).
+the prompt, which every OpenAI-compatible server can answer: Ollama, vLLM, llama.cpp). For
+``openai/<name>`` with an ``--api-base`` the server's own answer comes first: the mode a probe of
+that server chose (:mod:`pipeline.models.servermodes`, cached by the preflight of a live run).
 """
 
 from __future__ import annotations
 
 from pipeline.core.errors import BadInput
 from pipeline.core.settings import ModelSettings
-from pipeline.models import modelmap
+from pipeline.models import modelmap, servermodes
 from pipeline.models.store import RecordingStore
 from pipeline.models.transport import load_litellm
 
@@ -47,4 +49,8 @@ def resolve_mode(settings: ModelSettings, model: str | None, store: RecordingSto
         if len(modes) > 1:
             raise BadInput(f"replay store {store.root} holds several instructor modes ({', '.join(sorted(modes))})")
         return next(iter(modes)) if modes else "tools"
+    if model and settings.api_base and model.startswith(modelmap.PREFIX):
+        probed = servermodes.chosen(settings.api_base, model)
+        if probed is not None:
+            return probed
     return capability_mode(model) if model else "tools"

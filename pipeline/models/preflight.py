@@ -10,7 +10,9 @@ here, each is one line and exit 2:
 * the key env var the provider needs is set (not needed for an OpenAI-compatible ``--api-base``,
   which gets a dummy key);
 * an ``--api-base`` accepts a TCP connection; for ``openai/<name>`` with an ``--api-base`` this is
-  the whole check, made without importing litellm.
+  the whole check, made without importing litellm, plus, when no ``--mode`` is given, which
+  structured-output modes that server accepts (:mod:`pipeline.models.servermodes`: three tiny
+  requests, cached per server for a day), so the default mode is one it answers in.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from urllib.parse import urlsplit
 from pipeline.core.errors import BadInput
 from pipeline.core.settings import ModelSettings
 from pipeline.core.urls import shown_url
-from pipeline.models import fleet, modelmap
+from pipeline.models import fleet, modelmap, servermodes
 from pipeline.models.transport import load_litellm
 
 CONNECT_TIMEOUT_S = 3.0
@@ -47,6 +49,10 @@ def preflight(settings: ModelSettings, log: Callable[[str], None] | None = None)
         # server names its models, a dummy key), so only reachability is checked, and a run whose
         # cells are all unchanged never pays litellm's import (seconds) for a call it will not make.
         check_reachable(settings.api_base)
+        if settings.instructor_mode is None and servermodes.read(settings.api_base, model) is None:
+            found = servermodes.probe(settings.api_base, model, settings.timeout_s)
+            if log is not None:
+                log(servermodes.describe(found))
         return
     litellm = load_litellm(announce=log)
     try:

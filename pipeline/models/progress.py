@@ -45,6 +45,7 @@ class Outcome(Protocol):
 
 
 Budget = tuple[float | None, int | None]  # (usd, tokens)
+Requests = Callable[[], tuple[int, int, int]]  # (model calls finished, requests being answered, calls queued)
 
 PLAIN_EVERY_S = 15.0  # seconds between progress lines when stderr is not a terminal (CI, nohup)
 
@@ -70,8 +71,16 @@ def _duration(seconds: float) -> str:
 class Tally:
     """Counters of one batch of calls, and the line that describes them."""
 
-    def __init__(self, total: int, label: str, usage: Callable[[], Usage] | None, budget: Budget | None) -> None:
+    def __init__(
+        self,
+        total: int,
+        label: str,
+        usage: Callable[[], Usage] | None,
+        budget: Budget | None,
+        requests: Requests | None = None,
+    ) -> None:
         self.total, self.label, self.usage, self.budget = total, label, usage, budget
+        self.requests = requests  # a cell split in parts is many requests: an 18-minute cell is not "0/1, ETA ?"
         self.done = self.in_flight = self.retried = self.failed = 0
         self.started = time.monotonic()
 
@@ -103,8 +112,12 @@ class Tally:
         return f"{tok} · {cost}"
 
     def counts(self) -> str:
-        """In flight, retried and failed calls."""
-        return f"in flight {self.in_flight} · retried {self.retried} · failed {self.failed}"
+        """In flight, retried and failed calls (and the model requests made so far, when known)."""
+        asked = ""
+        if self.requests is not None:
+            done, sending, queued = self.requests()
+            asked = f" · requests {done} done, {sending} sent, {queued} queued"
+        return f"in flight {self.in_flight}{asked} · retried {self.retried} · failed {self.failed}"
 
     def line(self) -> str:
         """One plain progress line (for logs: no bar, no control characters)."""
@@ -127,6 +140,7 @@ async def gather_bounded(
     progress: bool | None = None,
     budget: Budget | None = None,
     plain_every_s: float | None = None,
+    requests: Requests | None = None,
 ) -> list[R]:
     """Await every item with at most ``limit`` running; results in input order.
 
@@ -139,7 +153,7 @@ async def gather_bounded(
     items = list(coros)
     sem = asyncio.Semaphore(max(1, limit))
     show = sys.stderr.isatty() if progress is None else progress
-    tally = Tally(len(items), label, usage, budget)
+    tally = Tally(len(items), label, usage, budget, requests)
     bar: Any = None
     task_id: Any = None
     ticker: asyncio.Task[None] | None = None

@@ -138,6 +138,8 @@ def refusal_kind(exc: BaseException) -> str | None:
 
     if is_context_error(exc):
         return None  # the prompt is too long for this model: the context budget handles it
+    if is_format_rejection(exc):
+        return "request_format"
     if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
         return "credential"
     if isinstance(exc, openai.NotFoundError):
@@ -168,15 +170,37 @@ def reason_for(exc: BaseException) -> str:
     return "credential" if refusal_kind(exc) == "credential" else "external_system"
 
 
-def refusal(exc: BaseException, model: str, api_base: str | None) -> ModelRefused | None:
+def refusal(
+    exc: BaseException,
+    model: str,
+    api_base: str | None,
+    *,
+    mode: str | None = None,
+    accepted: list[str] | None = None,
+) -> ModelRefused | None:
     """A provider error that retrying cannot fix, as one actionable line (None for anything else).
 
-    Authentication and permission (401/403), an unknown model (404) and a bad request (400) are
-    configuration errors; a context-window overflow is not one of them (the prompt is too long for
-    this model, which the context budget handles).
+    Authentication and permission (401/403), an unknown model (404), a bad request (400) and a
+    request whose format the server rejects (any status: llama-cpp-python answers an unsupported
+    ``response_format`` with a 500) are configuration errors; a context-window overflow is not one
+    of them (the prompt is too long for this model, which the context budget handles). ``mode``:
+    the ``--mode`` the request was shaped with; ``accepted``: the modes the server is known to take.
     """
     kind = refusal_kind(exc)
     where = f" at {shown_url(api_base)}" if api_base else ""
+    if kind == "request_format":
+        others = [m for m in (accepted or []) if m != mode]
+        if others:
+            hint = f"this server accepts --mode {' or --mode '.join(others)}"
+        else:
+            hint = "pass another --mode: tools, json_schema or json (the schema in the prompt: every server takes it)"
+        return ModelRefused(
+            f"the server{where} rejected the request format of --mode {mode or '?'} for {model} "
+            f"({describe(exc)}); not retried: {hint}",
+            reason="bad_request",
+            mode=mode,
+            accepted=list(accepted or []),
+        )
     if kind == "credential":
         return ModelRefused(
             f"the provider refused the key for {model}{where} ({describe(exc)}); set a valid key in the provider's "
@@ -215,6 +239,30 @@ def describe(exc: BaseException) -> str:
 
     text = redact(shown_urls(" ".join(str(exc).split())))[0]
     return f"{type(exc).__name__}: {text[:300]}"
+
+
+# A request format a server does not take: its body names the feature, and says it is not supported.
+_FORMAT_FEATURES = re.compile(
+    r"response_format|json_schema|json_object|tool_choice|\btools?\b|function.call|grammar|--jinja"
+)
+_FORMAT_REFUSALS = re.compile(
+    r"not supported|unsupported|does not support|doesn't support|not implemented|requires|not allowed|"
+    r"unknown|unrecognized|invalid|cannot|can't|failed to parse|not available|only supports|must be|should be",
+    re.I,
+)
+
+
+def is_format_rejection(exc: BaseException) -> bool:
+    """True when a 4xx/5xx says the request's format (response_format, tools, grammar) is not supported.
+
+    A configuration error (the wrong ``--mode`` for this server), never transient: retrying the
+    same request gets the same answer (126 retries of one json_schema 500 before this check).
+    """
+    status = getattr(exc, "status_code", None)
+    if not isinstance(status, int) or status < 400 or status in (401, 403, 404, 408, 429) or is_context_error(exc):
+        return False
+    text = " ".join(str(exc).split())
+    return bool(_FORMAT_FEATURES.search(text.lower()) and _FORMAT_REFUSALS.search(text))
 
 
 _CONTEXT_MARKERS = ("context_length_exceeded", "maximum context length", "context window", "too many tokens")

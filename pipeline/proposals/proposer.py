@@ -37,6 +37,7 @@ from pipeline.artifacts.versions import VERSIONS
 from pipeline.core import roles
 from pipeline.core.canonical import canonical_json, read_json, sha256_file, write_json
 from pipeline.core.errors import BadInput, Blocked
+from pipeline.core.phrases import one_phrase
 from pipeline.core.settings import ModelSettings
 from pipeline.core.urls import is_shown, unusable
 from pipeline.gates.gate1 import confirmed_weaknesses
@@ -135,6 +136,22 @@ class ProposeResult:
     def failed(self) -> list[dict[str, Any]]:
         """The weaknesses whose call failed: no answer passed its checks (their cards are missing, not zero)."""
         return [w for w in self.validation["weaknesses"] if not w["call"]["ok"]]
+
+    def incomplete(self) -> Blocked:
+        """The block of a run whose proposer failed for some confirmed weakness (its cards are missing)."""
+        why = "; ".join(
+            f"{w['weakness_id']}: {one_phrase(w['call']['errors'][0]) if w['call'].get('errors') else 'no answer'}"
+            for w in self.failed
+        )
+        ids = ", ".join(w["weakness_id"] for w in self.failed)
+        return Blocked(
+            f"the proposer failed for {ids} ({why}): their cards are missing, not zero; "
+            f"{len(self.cards)} card(s) of the other weaknesses were kept",
+            reason="external_system",
+            unblock=f"lunasol propose {self.run_dir}",
+            tried=[{"action": "proposer call with re-asks", "outcome": why}],
+            failed=ids,
+        )
 
     def summary(self) -> str:
         """One line: cards per weakness (FAILED for a failed call), rejected count, digest."""

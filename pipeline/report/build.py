@@ -385,6 +385,24 @@ def _chunks(
     return dict(sorted(packed.items())), index, events
 
 
+def _luna_failures(arts: RunArtifacts, failed: list[Row]) -> list[dict[str, Any]]:
+    """Cells Luna failed on: the one-phrase reason, and every error of their calls (shown on a click).
+
+    A failed cell is never "no pattern found": its patterns are missing. The errors come from
+    ``calls.jsonl`` (every attempt of every part, as the model layer wrote them).
+    """
+    errors: dict[str, list[str]] = {}
+    for row in arts.calls or []:
+        if row.get("role") == "luna" and row.get("outcome") != "ok":
+            call = str(row.get("cell_id") or "")
+            for e in row.get("errors") or []:
+                errors.setdefault(call.split("#", 1)[0], []).append(f"{call} ({row.get('outcome')}): {e}")
+    return [
+        {"cell_id": r["cell_id"], "reason": r.get("reason") or "no answer", "errors": errors.get(str(r["cell_id"]), [])}
+        for r in failed
+    ]
+
+
 def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
     """Everything the template shows, and the evidence (snippets and lines) of every cited key."""
     cited: set[str] = set()
@@ -419,6 +437,11 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
             for w in weaknesses
         ]
         chunks, index, n_events = _chunks(ir, evidence, by_cell)
+        failed = ir.rows("SELECT cell_id, reason FROM luna_cells WHERE status = 'failed' ORDER BY cell_id")
+        luna_status = {str(r["cell_id"]): r for r in failed}
+        for r in cells:
+            if str(r["cell_id"]) in luna_status:
+                r["luna_failed"] = luna_status[str(r["cell_id"])].get("reason") or "no answer"
     finally:
         ir.close()
     # Occurrence tables are built in the page when a group is opened: at 1,000 cells they are most of the DOM.
@@ -435,6 +458,7 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
     for s in snippets.values():
         statuses[s.status] = statuses.get(s.status, 0) + 1
     eligible = [r for r in cells if r.get("eligibility") == "valid_behavior"]
+    luna_failures = _luna_failures(arts, failed)
     outcomes_count: dict[str, int] = {}
     for r in eligible:
         outcomes_count[str(r.get("outcome"))] = outcomes_count.get(str(r.get("outcome")), 0) + 1
@@ -464,6 +488,7 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
         # made with --no-redact: the IR's text (timelines, quotes) holds the logs' secrets as written
         "unredacted": ((arts.run or {}).get("export") or {}).get("redacted") is False,
         "patterns": arts.patterns,
+        "luna_failures": luna_failures,
         "groups": arts.groups,
         "weaknesses": arts.weaknesses,
         "cards": cards,

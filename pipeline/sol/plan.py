@@ -98,8 +98,14 @@ class SolPlanDraft:
 
 
 def count(budget: RoleBudget, role: str, context: dict[str, Any], response_model: type[Any]) -> int:
-    """Tokens of the whole request ``role`` would send with ``context``."""
-    return request_tokens(budget, render(role, context, response_model=response_model).messages, response_model)
+    """Tokens of the whole request ``role`` would send with ``context`` (counted, never the byte bound).
+
+    Used for sizes that plan other requests (a prompt's fixed part, a reduce pack): the byte bound
+    (1.35 tokens a byte without the model's tokenizer) left a 8K context almost no room.
+    """
+    return request_tokens(
+        budget, render(role, context, response_model=response_model).messages, response_model, exact=True
+    )
 
 
 def request_digest(budget: RoleBudget, messages: list[dict[str, Any]], response_model: type[Any]) -> str:
@@ -172,6 +178,8 @@ def plan_maps(
             todo[:0] = split(chunk)
         elif halves := split_groups(chunk, renderer):  # one cell: fewer groups per request, never fewer facts
             todo[:0] = halves
+        elif (fitted := _shrunk(renderer, chunk, room_chars, tokens, budget, known, used)) is not None:
+            out.append(fitted)
         else:
             raise Blocked(
                 f"cell {chunk.cells[0]} alone needs {tokens:,} tokens in a Sol map request"
@@ -188,6 +196,30 @@ def plan_maps(
             m.context["call_id"] = m.chunk.call_id
             m.tokens, m.request_digest = _count_map(budget, m.context, known, used)
     return out
+
+
+def _shrunk(
+    renderer: Renderer,
+    chunk: Chunk,
+    room_chars: int,
+    tokens: int,
+    budget: RoleBudget,
+    known: dict[str, int],
+    used: dict[str, int],
+) -> MapCall | None:
+    """One cell's map request made to fit by giving its timeline less room (None: it never fits).
+
+    The room in characters comes from a sample's characters per token; a cell whose timeline is
+    denser than the sample overflows by a few percent. Its timeline is trimmed further (marked in
+    place, every event id still citable), in proportion to the overflow, before the cell is refused.
+    """
+    for _ in range(4):
+        room_chars = int(room_chars * budget.input_tokens / tokens * SAFETY)
+        ctx = fitted_map_context(renderer, chunk, room_chars)
+        tokens, key = _count_map(budget, ctx, known, used)
+        if budget.fits(tokens):
+            return MapCall(chunk=chunk, context=ctx, tokens=tokens, request_digest=key)
+    return None
 
 
 def plan_sol(

@@ -24,11 +24,11 @@ from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.artifacts.run_info import run_command
-from pipeline.artifacts.rundir import HANDOFF, HANDOFF_LOCK, SHORTLIST, RunDir
+from pipeline.artifacts.rundir import HANDOFF, HANDOFF_LOCK, SHORTLIST, VALIDATION, RunDir
 from pipeline.artifacts.schemas import load_artifact, load_document
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.canonical import write_json
-from pipeline.core.errors import NeedsRebase
+from pipeline.core.errors import BadInput, NeedsRebase
 from pipeline.state.ledger import Ledger
 
 HANDOFF_FILE = HANDOFF.filename
@@ -202,6 +202,24 @@ def select_command(run_dir: Path, handoff: Handoff, choice: str = "(--proposal P
     return f"lunasol select {shlex.quote(str(run_dir))} {choice} --by NAME{digest_part} {base}"
 
 
+def _proposal_outcome(run_dir: Path) -> tuple[list[str], list[str]]:
+    """(accepted card ids, weaknesses whose proposer call failed) from ``validation.json`` ([] and [] without it)."""
+    try:
+        data = RunDir(run_dir).document(VALIDATION)
+    except BadInput:
+        return [], []
+    if data is None:
+        return [], []
+    cards = [c for c in data.get("cards") or [] if isinstance(c, dict)]
+    ids = [str(c["proposal_id"]) for c in cards if c.get("status") == "accepted" and c.get("proposal_id")]
+    failed = [
+        str(w.get("weakness_id"))
+        for w in data.get("weaknesses") or []
+        if isinstance(w, dict) and isinstance(w.get("call"), dict) and w["call"].get("ok") is False
+    ]
+    return ids, failed
+
+
 def next_command(run_dir: Path, handoff: Handoff | None = None) -> str:
     """The exact next command for a run, given its state."""
     h = handoff or load(run_dir)
@@ -219,5 +237,9 @@ def next_command(run_dir: Path, handoff: Handoff | None = None) -> str:
     if h.proposalGeneration == "not_started" or h.proposalSelection == "redo":
         return f"lunasol propose {run}"
     if h.proposalSelection in ("pending", "not_started"):
-        return select_command(run_dir, h)
+        ids, failed = _proposal_outcome(run_dir)
+        if failed:
+            return f"lunasol propose {run}   # the proposer failed for {', '.join(failed)}: their cards are missing"
+        pick = f"--proposal {ids[0]} | " if ids else ""  # never a card that does not exist
+        return select_command(run_dir, h, f"({pick}--none | --redo)")
     return f"lunasol report {run}"

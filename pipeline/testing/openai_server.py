@@ -190,9 +190,25 @@ def requiring_key(handler: Handler, key: str, headers: Callable[[], dict[str, st
     return handle
 
 
-def request_tokens(request: dict[str, Any]) -> int:
-    """The server's token count of a request: ~4 characters per token of its messages and tools."""
-    return max(1, len(canonical_json([request.get("messages", []), request.get("tools") or []])) // 4)
+def request_text(request: dict[str, Any]) -> str:
+    """What a server's tokenizer reads of a request: the messages' text, then the schema as JSON."""
+    text = "\n".join(str(m.get("content") or "") for m in request.get("messages", []))
+    schema = request.get("tools") or request.get("response_format")
+    return text + (json.dumps(schema, ensure_ascii=False) if schema else "")
+
+
+def request_tokens(request: dict[str, Any], chars_per_token: float | None = None) -> int:
+    """The server's token count of a request.
+
+    By default ~4 characters per token of the request's messages and tools as JSON. With
+    ``chars_per_token``: that many characters per token of what a tokenizer reads, the messages'
+    text and the schema (tools or response_format) as JSON; a small-vocabulary model (SmolLM2
+    counts 2.16 characters a token on the demo's log lines) is served with ~2.1 to check that
+    requests planned for a context really fit it.
+    """
+    if chars_per_token is None:
+        return max(1, len(canonical_json([request.get("messages", []), request.get("tools") or []])) // 4)
+    return max(1, int(len(request_text(request)) / chars_per_token))
 
 
 def context_exceeded(limit: int, tokens: int) -> Reply:
@@ -282,12 +298,22 @@ class FakeOpenAI:
     """A threaded local server speaking OpenAI chat completions; use as a context manager."""
 
     def __init__(
-        self, handler: Handler | None = None, *, port: int = 0, delay_s: float = 0.0, context_tokens: int | None = None
+        self,
+        handler: Handler | None = None,
+        *,
+        port: int = 0,
+        delay_s: float = 0.0,
+        context_tokens: int | None = None,
+        chars_per_token: float | None = None,
+        token_counter: Callable[[str], int] | None = None,
     ) -> None:
         self.handler = handler
         self.delay_s = delay_s  # added to every reply (benchmarks)
         # A declared context: larger requests get OpenAI's context_length_exceeded (request_tokens counts).
         self.context_tokens = context_tokens
+        self.chars_per_token: float | None = chars_per_token
+        self.token_counter = token_counter  # a real tokenizer's count of request_text (overrides the others)
+        self.largest_request = 0  # the largest request counted against a declared context (tokens)
         self.refused_for_size = 0
         self.script: list[ScriptItem] = []
         self.requests: list[dict[str, Any]] = []
@@ -347,6 +373,8 @@ class FakeOpenAI:
             self.handler = None
             self.delay_s = 0.0
             self.context_tokens = None
+            self.chars_per_token = None
+            self.largest_request = 0
             self.refused_for_size = 0
         self.batch.reset()
 
@@ -354,7 +382,14 @@ class FakeOpenAI:
     def _next_item(self, request: dict[str, Any], headers: dict[str, str]) -> tuple[ScriptItem | None, Handler | None]:
         # Record the request and take the next scripted reply (under the lock).
         # A request over a declared context is refused as a provider would, before the script is used.
-        size = request_tokens(request) if self.context_tokens else 0
+        size = 0
+        if self.context_tokens:
+            size = (
+                self.token_counter(request_text(request))
+                if self.token_counter is not None
+                else request_tokens(request, self.chars_per_token)
+            )
+        self.largest_request = max(self.largest_request, size)
         self._local.headers = headers  # what a handler sees as last_headers (this thread's request)
         with self.lock:
             self.requests.append(request)
@@ -480,6 +515,13 @@ def serve_recordings(store_dir: Path, *, port: int = 0, delay_s: float = 0.0) ->
     return FakeOpenAI(recordings_handler(store_dir), port=port, delay_s=delay_s)
 
 
+def _tokenizer_counter(path: Path) -> Callable[[str], int]:
+    from tokenizers import Tokenizer  # litellm's dependency; only for this option
+
+    tok = Tokenizer.from_file(str(path))
+    return lambda text: len(tok.encode(text).ids)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Serve until interrupted (scripted-less: schema-minimal answers, or recordings)."""
     ap = argparse.ArgumentParser(prog="python -m pipeline.testing.openai_server", description=__doc__.split("\n")[0])
@@ -492,13 +534,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--context-tokens", type=int, default=None, help="refuse larger requests with context_length_exceeded"
     )
+    ap.add_argument("--chars-per-token", type=float, default=None, help="count the context as text, N chars a token")
+    ap.add_argument("--tokenizer", type=Path, default=None, help="count the context with this tokenizer.json")
     args = ap.parse_args(argv)
     handler: Handler = recordings_handler(args.recordings) if args.recordings else auto_answer
     if args.empty_rate:
         handler = flaky_empty(handler, args.empty_rate)
     if args.no_usage:
         handler = without_usage(handler)
-    server = FakeOpenAI(None, port=args.port, delay_s=args.delay_ms / 1000, context_tokens=args.context_tokens)
+    server = FakeOpenAI(
+        None,
+        port=args.port,
+        delay_s=args.delay_ms / 1000,
+        context_tokens=args.context_tokens,
+        chars_per_token=args.chars_per_token,
+        token_counter=_tokenizer_counter(args.tokenizer) if args.tokenizer else None,
+    )
     if args.require_key:
         handler = requiring_key(handler, args.require_key, server.last_headers)
     server.handler = handler

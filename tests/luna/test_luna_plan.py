@@ -30,9 +30,9 @@ def test_the_dry_run_plan_loads_cells_a_chunk_at_a_time_and_plans_the_same_calls
     chunks: list[int] = []
     real = feed.prepare
 
-    def recording(con: Any, budget: int | None = None, only: list[str] | None = None) -> Any:
+    def recording(con: Any, budget: int | None = None, only: list[str] | None = None, **kw: Any) -> Any:
         chunks.append(len(only or []))
-        return real(con, budget, only=only)
+        return real(con, budget, only=only, **kw)
 
     monkeypatch.setattr(feed, "LOAD_CELLS", 5)  # the dry run and --batch load cells through feed
     monkeypatch.setattr(feed, "prepare", recording)

@@ -299,11 +299,11 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
 ) -> None:
     counted: list[str] = []  # map requests counted with the tokenizer, by partition
 
-    def spy(budget: Any, messages: list[dict[str, Any]], response_model: Any) -> int:
+    def spy(budget: Any, messages: list[dict[str, Any]], response_model: Any, **kw: Any) -> int:
         m = re.search(r"^This call \((M\d+)\) sees", str(messages[-1]["content"]), re.M)
         if m and m[1] != "M00":  # a partition's request, not the empty one that measures the fixed part
             counted.append(m[1])
-        return request_tokens_of(budget, messages, response_model)
+        return request_tokens_of(budget, messages, response_model, **kw)
 
     # the module, not pipeline.sol's ``plan`` function of the same name
     monkeypatch.setattr(sys.modules[plan_maps.__module__], "request_tokens", spy)
