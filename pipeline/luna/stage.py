@@ -284,7 +284,7 @@ def prompt_overhead(settings: ModelSettings, summaries: dict[str, str] | None = 
         "harness": "h" * 16, "part": "99/99", "part_total": 99, "ir": "", "event_count": 99_999, "candidates": [],
     }  # fmt: skip
     budget = role_budget(settings, ROLE)
-    return request_tokens(budget, render(ROLE, context).messages, LunaAnswer, exact=True)
+    return request_tokens(budget, render(ROLE, context, response_model=LunaAnswer).messages, LunaAnswer, exact=True)
 
 
 def ir_chars_per_token(settings: ModelSettings, sample: str) -> float:
