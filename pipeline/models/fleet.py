@@ -93,6 +93,9 @@ class Fleet:
         ]
         # Retries here are the Router's own: each picks a deployment again, skipping cooled-down ones,
         # so a dead endpoint's call lands on a live one. lunasol's tenacity retries stay around the Router.
+        # The Router registers each deployment's model in litellm's process-wide price map; a fleet must
+        # not change what litellm says of that model elsewhere in the process, so the map is restored.
+        known = dict(litellm.model_cost)
         self.router = litellm.Router(
             model_list=deployments,
             num_retries=len(self.endpoints) + 2,
@@ -104,6 +107,8 @@ class Fleet:
             cooldown_time=COOLDOWN_S,
             timeout=timeout_s,
         )
+        litellm.model_cost.clear()
+        litellm.model_cost.update(known)
 
     async def acompletion(self, call_kwargs: dict[str, Any]) -> Any:
         """One chat completion through the Router (the kwargs of ``litellm.acompletion``, minus the endpoint)."""
