@@ -96,9 +96,11 @@ def _keys_checked(listing: Listing) -> None:
             raise BadInput(f"object key {key!r} has an empty or '.' path part; cannot copy it to a folder")
 
 
-def fetch(url: str, dest: Path, single: bool, listing: Listing) -> tuple[Path, dict[str, str], FetchStats]:
+def fetch(
+    url: str, dest: Path, single: bool, listing: Listing, opened: tuple[Any, str] | None = None
+) -> tuple[Path, dict[str, str], FetchStats]:
     """Fetch every listed object into the staging folder: (local source to import, key -> sha256, stats)."""
-    fs, root = open_url(url)
+    fs, root = opened or open_url(url)
     root = root.rstrip("/")
     name = _source_name(root)
     stage = staging_dir(dest)
@@ -176,9 +178,10 @@ def import_url(fmt: str, url: str, dest: Path, local_import: LocalImport) -> tup
     """Import the objects under ``url`` into the new bundle ``dest`` (see the module docstring)."""
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise BadInput(f"destination {dest} exists and is not empty; choose a new directory")
-    single, listing = list_objects(url)
+    opened = open_url(url)  # one client for the listing and every fetch
+    single, listing = list_objects(url, opened)
     _keys_checked(listing)
-    src, digests, stats = fetch(url, dest, single, listing)
+    src, digests, stats = fetch(url, dest, single, listing, opened)
     base = shown(url).rstrip("/")
 
     def record(bundle: Path) -> None:

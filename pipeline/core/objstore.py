@@ -145,13 +145,15 @@ def _tag(info: dict[str, Any]) -> tuple[str | None, str | None]:
     return (str(etag).strip('"') if etag is not None else None), (str(version) if version is not None else None)
 
 
-def list_objects(url: str) -> tuple[bool, dict[str, tuple[str | None, str | None, int]]]:
+def list_objects(
+    url: str, opened: tuple[Any, str] | None = None
+) -> tuple[bool, dict[str, tuple[str | None, str | None, int]]]:
     """Every object under ``url``: ``(single, {key: (etag, version id, size)})``, keys relative to ``url``.
 
     ``single`` is True when ``url`` names one object (its key is then its own name). A prefix
     with nothing under it, a missing bucket and a denied listing are one BadInput line each.
     """
-    fs, path = open_url(url)
+    fs, path = opened or open_url(url)  # ``opened``: the client of an earlier open_url(url), reused
     with storage_errors(url, "list"):
         root = path.rstrip("/")
         found = fs.find(root, withdirs=False, detail=True)

@@ -204,3 +204,25 @@ def test_a_missing_backend_names_the_extra(tmp_path: Path, monkeypatch: pytest.M
     assert res.exit_code == 2, res.output
     assert "gcsfs" in res.output and "lunasol[gcs]" in res.output
     assert not (tmp_path / "b").exists()
+
+
+def test_one_object_imports_as_the_one_file_from_disk(bucket: str, s3: S3Server, tmp_path: Path) -> None:
+    logs = _inspect_logs(tmp_path / "src")
+    upload(logs, f"s3://{bucket}/logs")
+    one = logs / "mockllm-tools.eval"
+    url = f"s3://{bucket}/logs/mockllm-tools.eval"
+    result, stats = import_from_url("inspect", url, tmp_path / "bucket" / "b")
+    disk = import_bundle("inspect", one, tmp_path / "disk" / "b")
+    assert stats.objects == 1 and result.cells == disk.cells > 0
+    assert _digest(tmp_path / "bucket" / "b") == _digest(tmp_path / "disk" / "b")
+    record = read_sources(tmp_path / "bucket" / "b")
+    assert record is not None and record.single and record.objects[0].path == "raw/mockllm-tools.eval"
+    res = runner.invoke(app, ["bundle", "verify", str(tmp_path / "bucket" / "b"), "--source"])
+    assert res.exit_code == 0, res.output
+
+
+def test_a_file_url_is_a_local_folder(tmp_path: Path) -> None:
+    src = _mixed(tmp_path / "src")
+    result, _ = import_from_url("auto", f"file://{src}", tmp_path / "url" / "b")
+    import_bundle("auto", src, tmp_path / "disk" / "b")
+    assert result.cells > 0 and _digest(tmp_path / "url" / "b") == _digest(tmp_path / "disk" / "b")
