@@ -17,6 +17,7 @@ from pipeline.artifacts.proposals_file import ProposalsFile
 from pipeline.artifacts.run_info import RunInfo
 from pipeline.artifacts.schemas import Kind, current_version
 from pipeline.bundle.manifest import ManifestDoc
+from pipeline.bundle.sources import SourcesDoc
 from pipeline.bundle.request import AnalysisRequest
 from pipeline.coordinator.core import PatternGroups
 from pipeline.core.canonical import atomic_write_text, pretty_json
@@ -81,6 +82,8 @@ REGISTRY: dict[str, ArtifactSchema] = {
     for a in (
         _a("manifest", "manifest.json", ManifestDoc, "pipeline.bundle.manifest",
            "every file of a frozen bundle with its sha256 and size"),
+        _a("manifest-sources", "manifest.sources.json", SourcesDoc, "pipeline.adapters.remote",
+           "where an imported bundle's bytes came from: each object's URL, ETag, version, size, sha256"),
         _a("analysis-request", "analysis-request.json", AnalysisRequest,
            "bundle author / pipeline.adapters", "what a bundle asks lunasol to analyse"),
         _a("run", "run.json", RunInfo, "pipeline.ir.export, pipeline.run.runner",

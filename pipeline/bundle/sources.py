@@ -17,11 +17,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.canonical import write_json
 from pipeline.core.errors import BundleError
 
 SOURCES_FILE = "manifest.sources.json"
-SOURCES_SCHEMA_VERSION = 1
+SOURCES_SCHEMA_VERSION = VERSIONS["manifest-sources"]
 
 
 class SourceObject(BaseModel):

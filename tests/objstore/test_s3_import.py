@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from pipeline import catalog
 from pipeline.adapters import import_bundle, import_from_url, remote
+from pipeline.artifacts import schemas
 from pipeline.bundle.manifest import MANIFEST_FILE, verify
-from pipeline.bundle.sources import read_sources
+from pipeline.bundle.sources import SOURCES_FILE, read_sources
 from pipeline.cli.app import app
 from pipeline.core.canonical import sha256_bytes
 from pipeline.core.objstore import list_objects
@@ -80,6 +82,8 @@ def test_bucket_import_gives_the_bundle_of_the_same_files_from_disk(
     assert verify(dest).ok  # the source record is beside the manifest, not an extra file
     record = read_sources(dest)
     assert record is not None and record.url == url and len(record.objects) == n
+    art = catalog.get("manifest-sources")
+    assert schemas.load_artifact(dest / SOURCES_FILE, art.name, art.model) == record  # at the current version
     manifest = json.loads((dest / MANIFEST_FILE).read_text())
     frozen = {f["path"]: f["sha256"] for f in manifest["files"]}
     kept = [o for o in record.objects if o.path is not None]
