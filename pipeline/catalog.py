@@ -17,8 +17,8 @@ from pipeline.artifacts.proposals_file import ProposalsFile
 from pipeline.artifacts.run_info import RunInfo
 from pipeline.artifacts.schemas import Kind, current_version
 from pipeline.bundle.manifest import ManifestDoc
-from pipeline.bundle.sources import SourcesDoc
 from pipeline.bundle.request import AnalysisRequest
+from pipeline.bundle.sources import SourcesDoc
 from pipeline.coordinator.core import PatternGroups
 from pipeline.core.canonical import atomic_write_text, pretty_json
 from pipeline.core.errors import BadInput

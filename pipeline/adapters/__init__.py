@@ -101,7 +101,7 @@ def import_from_url(fmt: str, url: str, dest: Path) -> tuple[ImportResult, Fetch
     The objects are fetched into a staging folder beside ``dest`` and imported from there (see
     :mod:`pipeline.adapters.remote`); the bundle also gets ``manifest.sources.json``.
     """
-    from pipeline.adapters.remote import import_url
+    from pipeline.adapters.remote import import_url  # only a URL source loads fsspec's staging code
 
     found = adapters()
     if fmt != "auto" and fmt not in found:

@@ -60,7 +60,11 @@ def _source_name(path: str) -> str:
 def _read_state(stage: Path, url: str) -> dict[str, tuple[str | None, int, str]]:
     """Objects an earlier run fetched whole: key -> (etag, size, sha256); empty when it was another URL."""
     marker = stage / "source.json"
-    if not marker.is_file() or json.loads(marker.read_text()).get("url") != url:
+    try:
+        same = json.loads(marker.read_text()).get("url") == url
+    except (OSError, ValueError, AttributeError):  # absent, or cut by the interruption
+        same = False
+    if not same:
         shutil.rmtree(stage, ignore_errors=True)
         return {}
     state: dict[str, tuple[str | None, int, str]] = {}

@@ -218,6 +218,7 @@ def export_tables_url(run_dir: Path, url: str) -> list[str]:
     """
     import tempfile
 
+    # only a URL target loads the object storage helpers (fsspec and its backend load later still)
     from pipeline.core.objstore import join, open_url, put_file, shown
 
     open_url(url)  # an unknown scheme or a missing backend: one line before any table is written

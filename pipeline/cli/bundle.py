@@ -55,7 +55,7 @@ def verify_cmd(
         raise BadInput(f"{bundle} was not imported from object storage (no {SOURCES_FILE}); nothing to compare")
     checked = None
     if source and record is not None:
-        from pipeline.core.objstore import list_objects
+        from pipeline.core.objstore import list_objects  # startup: only --source loads fsspec's helpers
 
         checked = compare(record, list_objects(record.url)[1])
     ok = report.ok and (checked is None or checked.ok)
