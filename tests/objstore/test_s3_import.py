@@ -230,3 +230,50 @@ def test_a_file_url_is_a_local_folder(tmp_path: Path) -> None:
     result, _ = import_from_url("auto", f"file://{src}", tmp_path / "url" / "b")
     import_bundle("auto", src, tmp_path / "disk" / "b")
     assert result.cells > 0 and _digest(tmp_path / "url" / "b") == _digest(tmp_path / "disk" / "b")
+
+
+def test_a_killed_import_process_resumes_without_refetching(bucket: str, s3: S3Server, tmp_path: Path) -> None:
+    """The real thing: `lunasol bundle import` killed (SIGKILL) mid-fetch, then run again."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    src = _mixed(tmp_path / "src")
+    for i in range(400):  # many small objects: the fetch lasts long enough to be killed part way
+        (src / "notes" / f"{i:03d}.txt").parent.mkdir(exist_ok=True)
+        (src / "notes" / f"{i:03d}.txt").write_text(f"note {i}\n")
+    url = f"s3://{bucket}/mixed"
+    fs = client()
+    files = sorted(p for p in src.rglob("*") if p.is_file())
+    fs.put([str(p) for p in files], [f"{bucket}/mixed/{p.relative_to(src).as_posix()}" for p in files])
+    dest = tmp_path / "out" / "b"
+    log = remote.staging_dir(dest) / remote.STATE_FILE
+    cmd = [
+        sys.executable,
+        "-c",
+        "from pipeline.cli.app import main; main()",
+        "bundle",
+        "import",
+        "auto",
+        url,
+        str(dest),
+    ]
+    proc = subprocess.Popen(cmd, env=os.environ.copy(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if log.is_file() and len(log.read_text().splitlines()) >= 20:
+            break
+        time.sleep(0.01)
+    assert proc.poll() is None, "the import finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not dest.exists()
+    logged = {json.loads(line)["key"] for line in log.read_text().splitlines() if line.endswith("}")}
+    assert 20 <= len(logged) < len(files)
+    res = runner.invoke(app, ["bundle", "import", "auto", url, str(dest), "--json"])
+    assert res.exit_code == 0, res.output
+    source = json.loads(res.stdout)["source"]
+    assert source["reused"] >= len(logged) and source["fetched"] == len(files) - source["reused"]
+    assert _digest(dest) == _digest(import_bundle("auto", src, tmp_path / "disk" / "b").dest)
