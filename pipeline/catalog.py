@@ -19,6 +19,7 @@ from pipeline.artifacts.rundir import FILES, GATES_DIR
 from pipeline.artifacts.schemas import Kind, current_version
 from pipeline.bundle.manifest import MANIFEST_FILE, ManifestDoc
 from pipeline.bundle.request import REQUEST_FILE, AnalysisRequest
+from pipeline.bundle.sources import SOURCES_FILE, SourcesDoc
 from pipeline.coordinator.core import PatternGroups
 from pipeline.core.canonical import atomic_write_text, pretty_json
 from pipeline.core.errors import BadInput
@@ -82,6 +83,8 @@ REGISTRY: dict[str, ArtifactSchema] = {
     for a in (
         _a("manifest", MANIFEST_FILE, ManifestDoc, "pipeline.bundle.manifest",
            "every file of a frozen bundle with its sha256 and size"),
+        _a("manifest-sources", SOURCES_FILE, SourcesDoc, "pipeline.adapters.remote",
+           "where an imported bundle's bytes came from: each object's URL, ETag, version, size, sha256"),
         _a("analysis-request", REQUEST_FILE, AnalysisRequest,
            "bundle author / pipeline.adapters", "what a bundle asks lunasol to analyse"),
         _a("run", FILES["run"].filename, RunInfo, "pipeline.ir.export, pipeline.run.runner",

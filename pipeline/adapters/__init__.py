@@ -8,6 +8,7 @@ docs/adapters.md for what each reads, where labels go and how refs point into th
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from functools import lru_cache
 from itertools import pairwise
 from pathlib import Path
@@ -26,6 +27,7 @@ from pipeline.core.canonical import sha256_bytes
 from pipeline.core.errors import BadInput, BundleError
 
 if TYPE_CHECKING:
+    from pipeline.adapters.remote import FetchStats
     from pipeline.bundle.manifest import Manifest
     from pipeline.bundle.request import CellSpec
 
@@ -38,6 +40,7 @@ __all__ = [
     "cell_harness",
     "detect",
     "import_bundle",
+    "import_from_url",
     "installed",
     "judge",
     "link_results",
@@ -90,6 +93,24 @@ def import_bundle(fmt: str, src: Path, dest: Path) -> ImportResult:
     if fmt != "auto" and fmt not in found:
         raise BadInput(f"unknown format {fmt!r}; known: auto, {', '.join(found)} (see `lunasol formats`)")
     return _import_bundle(fmt, src, dest, adapters=found, detect=detect, sniff=detect_file)
+
+
+def import_from_url(fmt: str, url: str, dest: Path) -> tuple[ImportResult, FetchStats]:
+    """Import the objects under ``url`` (``s3://``, ``gs://``, ``az://``, ``file://``) as :func:`import_bundle` does.
+
+    The objects are fetched into a staging folder beside ``dest`` and imported from there (see
+    :mod:`pipeline.adapters.remote`); the bundle also gets ``manifest.sources.json``.
+    """
+    from pipeline.adapters.remote import import_url  # only a URL source loads fsspec's staging code
+
+    found = adapters()
+    if fmt != "auto" and fmt not in found:
+        raise BadInput(f"unknown format {fmt!r}; known: auto, {', '.join(found)} (see `lunasol formats`)")
+
+    def local(src: Path, to: Path, hook: Callable[[Path], None]) -> ImportResult:
+        return _import_bundle(fmt, src, to, adapters=found, detect=detect, sniff=detect_file, before_rename=hook)
+
+    return import_url(fmt, url, dest, local)
 
 
 @lru_cache(maxsize=32)

@@ -87,12 +87,15 @@ def import_bundle(
     adapters: dict[str, Adapter],
     detect: Callable[[Path], str],
     sniff: Callable[[Path, str], tuple[str | None, str]],
+    before_rename: Callable[[Path], None] | None = None,
 ) -> ImportResult:
     """Import ``src`` (a file or folder) in format ``fmt`` (or ``auto``) into the new bundle ``dest``.
 
     ``auto`` on a folder reads each file with the adapter whose format it looks like (a folder of
     several formats is a ``mixed`` bundle, each cell naming its adapter) and copies only the files
     runs are read from (plus the outcome files the adapters read for the sidecar).
+    ``before_rename`` is called with the finished, frozen bundle before it takes its place (an
+    import from object storage writes its source record there).
     """
     if not src.exists():
         raise BadInput(f"source not found: {src}")
@@ -110,6 +113,8 @@ def import_bundle(
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".import", dir=dest.parent))
     try:
         result = _build(None if per_file else fmt, adapters, sniff, src, tmp, dest)
+        if before_rename is not None:
+            before_rename(tmp)
         if dest.exists():
             dest.rmdir()  # empty (checked above)
         tmp.rename(dest)

@@ -206,3 +206,23 @@ def export_tables(run_dir: Path, out_dir: Path) -> list[Path]:
         tmp.replace(path)
         written.append(path)
     return written
+
+
+def export_tables_url(run_dir: Path, url: str) -> list[str]:
+    """Write every table of a run as ``URL/<table>.parquet`` on object storage (``s3://``, ``gs://``, ``az://``).
+
+    Each table is written locally first, then put whole (an object store shows an object only once all
+    of it is there), so a reader never finds part of a table at its key. Returns the URLs written, as
+    :func:`pipeline.core.objstore.shown` keeps them (no credential).
+    """
+    import tempfile
+
+    # only a URL target loads the object storage helpers (fsspec and its backend load later still)
+    from pipeline.core.objstore import join, open_url, put_file, shown
+
+    open_url(url)  # an unknown scheme or a missing backend: one line before any table is written
+    with tempfile.TemporaryDirectory(prefix="lunasol-tables-") as tmp:
+        written = export_tables(run_dir, Path(tmp))
+        for path in written:
+            put_file(path, join(url, path.name))
+    return [shown(join(url, p.name)) for p in written]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 VERSIONS: dict[str, int] = {
     "manifest": 1,
+    "manifest-sources": 1,
     "analysis-request": 1,
     "run": 1,
     "patterns": 1,

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.bundle.request import check_relative, parse_bundle_json, read_bundle_bytes
+from pipeline.bundle.sources import SOURCES_FILE
 from pipeline.core.canonical import (
     StatKey,
     atomic_write_bytes,
@@ -38,6 +39,8 @@ from pipeline.core.limits import check_count, check_size
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_SCHEMA_VERSION = VERSIONS["manifest"]
+# describe the freeze, are not part of it (pipeline.bundle.sources: where an imported bundle's bytes came from)
+_NOT_FROZEN = frozenset({MANIFEST_FILE, SOURCES_FILE})
 
 
 class ManifestFileEntry(BaseModel):
@@ -190,7 +193,7 @@ def _walk_stats(bundle: Path) -> dict[str, StatKey]:
                 elif entry.is_dir(follow_symlinks=False):
                     stack.append((entry.path, rel + "/"))
                 elif entry.is_file(follow_symlinks=False):
-                    if rel != MANIFEST_FILE:
+                    if rel not in _NOT_FROZEN:
                         found[rel] = stat_key(entry.stat(follow_symlinks=False))
                 else:
                     raise BundleError(f"bundle entry {rel!r} is not a regular file")

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from pipeline.cli.common import JSON_OPTION, emit_json
-from pipeline.core.errors import EXIT_FINDINGS
+from pipeline.core.errors import EXIT_FINDINGS, BadInput
 
 bundle_app = typer.Typer(
     name="bundle",
@@ -34,20 +34,46 @@ def freeze_cmd(bundle: Path = typer.Argument(..., help="Bundle directory."), as_
 
 
 @bundle_app.command("verify")
-def verify_cmd(bundle: Path = typer.Argument(..., help="Bundle directory."), as_json: bool = JSON_OPTION) -> None:
+def verify_cmd(
+    bundle: Path = typer.Argument(..., help="Bundle directory."),
+    source: bool = typer.Option(
+        False,
+        "--source",
+        help="Also list the bucket a bundle was imported from (network) and name every object changed, "
+        "gone or added since the freeze.",
+    ),
+    as_json: bool = JSON_OPTION,
+) -> None:
     """Re-hash every file; list changed / missing / extra files (exit 1 when any)."""
     # startup: `lunasol --help` and every other verb load none of this
     from pipeline.bundle.manifest import verify
+    from pipeline.bundle.sources import SOURCES_FILE, compare, read_sources
 
     report = verify(bundle)
+    record = read_sources(bundle)
+    if source and record is None:
+        raise BadInput(f"{bundle} was not imported from object storage (no {SOURCES_FILE}); nothing to compare")
+    checked = None
+    if source and record is not None:
+        from pipeline.core.objstore import list_objects  # startup: only --source loads fsspec's helpers
+
+        checked = compare(record, list_objects(record.url)[1])
+    ok = report.ok and (checked is None or checked.ok)
     if as_json:
-        emit_json(report.to_json())
-    elif report.ok:
-        typer.echo(f"ok: {report.files} files match the manifest")
+        emit_json({**report.to_json(), **({"source": checked.to_json()} if checked else {}), "ok": ok})
     else:
+        if report.ok:
+            typer.echo(f"ok: {report.files} files match the manifest")
         for line in report.lines():
             typer.echo(line)
-    if not report.ok:
+        if checked is not None and checked.ok:
+            typer.echo(f"ok: {checked.objects} objects under {checked.url} unchanged since the import")
+        elif checked is not None:
+            for line in checked.lines():
+                typer.echo(line)
+        elif record is not None:
+            typer.echo(f"source: {record.url} ({len(record.objects)} objects; --source compares them now)")
+    if not ok:
         raise typer.Exit(EXIT_FINDINGS)
 
 

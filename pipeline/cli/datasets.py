@@ -22,15 +22,31 @@ _FORMAT_HELP = (
 
 def import_cmd(
     fmt: str = typer.Argument(..., metavar="FORMAT", help=_FORMAT_HELP),
-    src: Path = typer.Argument(..., help="A log file or a folder of logs (read only)."),
+    src: str = typer.Argument(
+        ...,
+        metavar="SRC",
+        help="A log file or a folder of logs (read only), or an object storage URL: s3://bucket/prefix, "
+        "gs://…, az://container/prefix, file://… (credentials from the backend's standard chain).",
+    ),
     dest: Path = typer.Argument(..., help="New bundle directory (must not exist, or be empty)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Copy foreign logs byte-for-byte into a new frozen bundle (request, outcome sidecar, manifest)."""
     # startup: `lunasol --help` and every other verb load none of this
-    from pipeline.adapters import import_bundle
+    from pipeline.adapters import import_bundle, import_from_url
+    from pipeline.core.objstore import is_url
 
-    result = import_bundle(fmt, src, dest)
+    fetched: dict[str, int] | None = None
+    if is_url(src):
+        result, stats = import_from_url(fmt, src, dest)
+        fetched = {
+            "objects": stats.objects,
+            "fetched": stats.fetched,
+            "reused": stats.reused,
+            "bytes_fetched": stats.bytes_fetched,
+        }
+    else:
+        result = import_bundle(fmt, Path(src), dest)
     if as_json:
         emit_json(
             {
@@ -43,9 +59,13 @@ def import_cmd(
                 "formats": result.formats,
                 "skipped": [{"path": p, "reason": r} for p, r in result.skipped],
                 "warnings": [{"path": p, "warning": w} for p, w in result.warnings],
+                **({"source": fetched} if fetched is not None else {}),
             }
         )
         return
+    if fetched is not None:
+        again = f", {fetched['reused']} already fetched by an interrupted import" if fetched["reused"] else ""
+        typer.echo(f"fetched {fetched['fetched']} objects ({fetched['bytes_fetched']:,} bytes){again}")
     if result.detected:
         shown = f"{result.format} ({', '.join(result.formats)})" if len(result.formats) > 1 else result.format
         typer.echo(f"detected format: {shown}")

@@ -63,19 +63,35 @@ def register(app: typer.Typer) -> None:
     @app.command("report")
     def report_cmd(
         run: str = typer.Argument(..., metavar="RUN", help="Run directory (or run id under ./runs)."),
-        out: Path | None = typer.Option(None, "-o", "--output", help="HTML file (default RUN/report.html)."),
+        out: str | None = typer.Option(
+            None,
+            "-o",
+            "--output",
+            help="HTML file (default RUN/report.html), or an object URL (s3://bucket/key.html, gs://…, az://…).",
+        ),
         as_json: bool = JSON_OPTION,
     ) -> None:
         """One self-contained HTML page to read before deciding: cards, timelines, raw lines beside the text."""
         # startup: `lunasol --help` and every other verb load none of this
+        from pipeline.core.objstore import is_url, open_url, put_file, shown
         from pipeline.report import write_report
 
-        path, stats = write_report(_run_dir(run), out=out)
+        if out is not None and is_url(out):
+            import tempfile
+
+            open_url(out)  # an unknown scheme or a missing backend: one line before the page is built
+            with tempfile.TemporaryDirectory(prefix="lunasol-report-") as tmp:
+                local, stats = write_report(_run_dir(run), out=Path(tmp) / "report.html")
+                put_file(local, out)  # whole: the object appears only once all of it is stored
+            where = shown(out)
+        else:
+            path, stats = write_report(_run_dir(run), out=Path(out) if out is not None else None)
+            where = str(path)
         if as_json:
-            emit_json({"path": str(path), **stats})
+            emit_json({"path": where, **stats})
             return
         typer.echo(
-            f"wrote {path} ({stats['bytes']} bytes, {stats['refs']} refs embedded, "
+            f"wrote {where} ({stats['bytes']} bytes, {stats['refs']} refs embedded, "
             f"{stats['hash_mismatches']} hash mismatches, {stats['unresolved']} unresolved)"
         )
 
@@ -110,7 +126,12 @@ def register(app: typer.Typer) -> None:
     @app.command("export-tables")
     def export_tables_cmd(
         run: str = typer.Argument(..., metavar="RUN", help="Run directory (or run id under ./runs)."),
-        parquet: Path = typer.Option(..., "--parquet", help="Directory for one <table>.parquet per table."),
+        parquet: str = typer.Option(
+            ...,
+            "--parquet",
+            help="Directory for one <table>.parquet per table, or an object storage prefix (s3://bucket/prefix, "
+            "gs://…, az://…; credentials from the backend's standard chain).",
+        ),
         as_json: bool = JSON_OPTION,
     ) -> None:
         """Every table of a run as Parquet: cells, events, probe hits, patterns, groups, weaknesses, proposals, calls.
@@ -118,14 +139,21 @@ def register(app: typer.Typer) -> None:
         The same tables as the Python data API (pipeline.api, docs/api.md), for pandas, polars or DuckDB.
         """
         # startup: `lunasol --help` and every other verb load none of this
-        from pipeline.api import export_tables
+        from pipeline.api import export_tables, export_tables_url
+        from pipeline.core.objstore import is_url, shown
 
-        check_dir_option(parquet, "--parquet")
-        written = export_tables(resolve_run(run), parquet)
+        if is_url(parquet):
+            urls = export_tables_url(resolve_run(run), parquet)
+            tables = {u.rsplit("/", 1)[-1].removesuffix(".parquet"): u for u in urls}
+            where = shown(parquet)
+        else:
+            check_dir_option(Path(parquet), "--parquet")
+            tables = {p.stem: str(p) for p in export_tables(resolve_run(run), Path(parquet))}
+            where = parquet
         if as_json:
-            emit_json({"tables": {p.stem: str(p) for p in written}})
+            emit_json({"tables": tables})
             return
-        typer.echo(f"wrote {len(written)} tables to {parquet}: {', '.join(p.stem for p in written)}")
+        typer.echo(f"wrote {len(tables)} tables to {where}: {', '.join(tables)}")
 
     @app.command("runs")
     def runs_cmd(
