@@ -165,9 +165,11 @@ def _print_own(report: dict[str, Any]) -> None:
         typer.echo(f"not scored (excluded cells): {', '.join(report['labelled_not_eligible'])}")
     cols = f"{'tp':>4} {'fp':>4} {'fn':>4} {'tn':>4}  {'precision':<13} {'recall':<13} {'F1':>6} {'bal.acc':>7}"
     head = f"  {'':<24} {cols}"
-    for source, key in (("patterns", "types"), ("weakness_cards", "cards")):
+    for source, key in (("patterns", "types"), ("weakness_cards", "cards"), ("asks", "asks")):
         s = report["sources"][source]
         rows = s[key]
+        if source == "asks" and not rows:
+            continue  # asks are scored only when the file labels one
         empty = "" if rows else ": nothing labelled or predicted"
         typer.echo(f"\n{source.replace('_', ' ')} ({s['status']}){empty}")
         if rows:
@@ -179,6 +181,8 @@ def _print_own(report: dict[str, Any]) -> None:
                 f"  {name:<24} {m['tp']:>4} {m['fp']:>4} {m['fn']:>4} {m['tn']:>4}  {p:<13} {r:<13} "
                 f"{_fmt(m['f1']):>6} {_fmt(m['balanced_accuracy']):>7}"
             )
+            if m.get("failed_cells"):
+                typer.echo(f"    failed cells (counted as no): {', '.join(m['failed_cells'])}")
             if "steps" in m:
                 st = m["steps"]
                 typer.echo(

@@ -6,6 +6,8 @@ column and an optional ``step`` column. A label names what the cell shows:
 
 * a Luna pattern type (``repeated_exploration``) — scored against the cell's Luna patterns;
 * a weakness card id of this run (``W-01``) — scored against the card's support cells;
+* an ask of this run (``ask-2d347f43ec``: the answer is yes; ``ask-…=CHOICE`` for a choice
+  question) — scored against the ask's answers (a failed cell counts as no and is listed);
 * ``none`` (or an empty label) — the cell was reviewed and shows nothing: a negative for every
   label.
 
@@ -187,6 +189,7 @@ def evaluate_label_file(run_dir: Path, path: Path) -> dict[str, Any]:
     try:
         cells = con.execute("SELECT cell_id, run_id, eligibility FROM cells").fetchall()
         step_rows = con.execute("SELECT event_id, step_index FROM events WHERE step_index IS NOT NULL").fetchall()
+        asks, ask_failed = _ask_predictions(con)
     finally:
         con.close()
     ids = {str(rid): str(c) for c, rid, _ in cells if rid is not None} | {str(c): str(c) for c, _, _ in cells}
@@ -211,9 +214,9 @@ def evaluate_label_file(run_dir: Path, path: Path) -> dict[str, Any]:
     types = set(PATTERN_TYPES) | set(patterns)
     for r in rows:
         # A typo ("repeated-exploration") would silently score as "never labelled": say so instead.
-        if r.label is not None and r.label not in types and r.label not in cards:
-            known = ", ".join([*PATTERN_TYPES, *sorted(cards)])
-            what = f"label {r.label!r} is not a pattern type or card id ({known})"
+        if r.label is not None and r.label not in types and r.label not in cards and r.label not in asks:
+            known = ", ".join([*PATTERN_TYPES, *sorted(cards), *sorted(asks)])
+            what = f"label {r.label!r} is not a pattern type, card id or ask ({known})"
             raise BadInput(f"--labels {path}: row {r.row}: {what}")
     on_labelled = {t for t, by in patterns.items() if set(by) & set(gold)}
     cards_on = {w for w, by in cards.items() if set(by) & set(gold)}
@@ -239,6 +242,45 @@ def evaluate_label_file(run_dir: Path, path: Path) -> dict[str, Any]:
                     for w in sorted((label_names & set(cards)) | cards_on)
                 },
             },
+            # Only the asks the file labels: an ask is the user's own question, scored when they say so.
+            "asks": {
+                "status": f"{len({a.split('=', 1)[0] for a in asks})} asks in the run",
+                "asks": {
+                    a: {
+                        **_score(a, gold, steps, asks.get(a, {}), step_of),
+                        "failed_cells": sorted(ask_failed.get(a.split("=", 1)[0], set()) & set(gold)),
+                    }
+                    for a in sorted(label_names & set(asks))
+                },
+            },
         },
     }
     return report
+
+
+def _ask_predictions(con: duckdb.DuckDBPyConnection) -> tuple[dict[str, dict[str, set[str]]], dict[str, set[str]]]:
+    """Per ask label (``ask-…`` for a yes-no ask's "yes", ``ask-…=CHOICE`` for a choice): cell -> cited events.
+
+    A failed cell answered nothing: it is not a prediction (it counts as a "no") and is listed.
+    """
+    out: dict[str, dict[str, set[str]]] = {}
+    failed: dict[str, set[str]] = defaultdict(set)
+    if not duck.has_table(con, "asks"):
+        return out, failed
+    for ask_id, kind, choices in con.execute("SELECT ask_id, answer_kind, choices FROM asks").fetchall():
+        if kind == "yes-no":
+            out[str(ask_id)] = {}
+        elif kind == "choice":
+            out.update({f"{ask_id}={c}": {} for c in choices or []})
+    rows = con.execute(
+        "SELECT a.ask_id, a.cell_id, a.status, a.answer, a.evidence, k.answer_kind FROM ask_answers a "
+        "JOIN asks k USING (ask_id)"
+    ).fetchall()
+    for ask_id, cell, status, answer, evidence, kind in rows:
+        if status != "ok":
+            failed[str(ask_id)].add(str(cell))
+            continue
+        name = f"{ask_id}={answer}" if kind == "choice" else str(ask_id) if answer == "yes" else None
+        if name is not None and name in out:
+            out[name][str(cell)] = {str(e) for e in evidence or []}
+    return out, failed

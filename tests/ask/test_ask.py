@@ -181,3 +181,36 @@ def test_question_is_redacted_before_any_request(
     assert fake_llm.requests and not any(secret in json.dumps(r) for r in fake_llm.requests)
     assert "[REDACTED:github-token]" in _user(fake_llm.requests[0])
     assert secret not in str(summarise(run_copy, ask_id)["ask"]["question"])
+
+
+def test_eval_labels_scores_an_ask_with_known_counts(
+    run_copy: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings], tmp_path: Path
+) -> None:
+    import random
+
+    fake_llm.handler = answering(set(), invent_always={"C006"})
+    ask_id, _ = run_ask(run_copy, AskSpec("Did the reviewer re-read a file?", "yes-no"), model_settings())
+    expected = _expected(run_copy)
+    rng = random.Random(11)
+    labelled = sorted(rng.sample(sorted(expected), 14) + ["C006"])
+    gold_yes = {c for c in labelled if rng.random() < 0.5}
+    csv = tmp_path / "ask-labels.csv"
+    csv.write_text(
+        "cell,label\n" + "".join(f"{c},{ask_id if c in gold_yes else 'none'}\n" for c in labelled), encoding="utf-8"
+    )
+    # The server's rule, applied here on its own: yes for the YES_TASKS; C006 never resolved (counts as no).
+    pred_yes = {c for c in labelled if expected[c]["task"] in YES_TASKS and c != "C006"}
+    want = {
+        "tp": len(gold_yes & pred_yes),
+        "fp": len(pred_yes - gold_yes),
+        "fn": len(gold_yes - pred_yes),
+        "tn": len(set(labelled) - gold_yes - pred_yes),
+    }
+    res = CliRunner().invoke(app, ["eval", str(run_copy), "--labels", str(csv), "--json"])
+    assert res.exit_code == 0, res.output
+    m = json.loads(res.output)["sources"]["asks"]["asks"][ask_id]
+    assert {k: m[k] for k in want} == want
+    assert m["failed_cells"] == ["C006"]
+    assert want["fp"] + want["fn"] > 0 and want["tp"] > 0  # the labels disagree somewhere, agree somewhere
+    text = CliRunner().invoke(app, ["eval", str(run_copy), "--labels", str(csv)]).output
+    assert ask_id in text and "failed cells (counted as no): C006" in text
