@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from pipeline.core.canonical import digest
+from pipeline.core.canonical import digest, read_json
 from pipeline.core.errors import BadInput
 
 AnswerKind = Literal["yes-no", "choice", "number"]
@@ -16,20 +17,28 @@ EXPLANATION_CHARS = 600
 MAX_CHOICES = 20
 
 
+WEAKNESS_CHOICES = ("supports", "contradicts", "neither")
+
+
 @dataclass(frozen=True)
 class AskSpec:
-    """One question asked of every selected cell."""
+    """One question asked of every selected cell (or of a seeded sample of them)."""
 
     question: str
     kind: AnswerKind
     choices: tuple[str, ...] = ()
     where: str | None = None
+    sample: int | None = None  # ask only this many of the selected cells, drawn with ``seed``
+    seed: int = 0
+    weakness: str | None = None  # the card the question was made from
 
     @property
     def ask_id(self) -> str:
-        """A stable id: the same question, answer kind and filter is the same ask (its rows are replaced)."""
-        d = digest({"q": self.question, "k": self.kind, "c": list(self.choices), "w": self.where})
-        return "ask-" + d.removeprefix("sha256:")[:10]
+        """A stable id: the same question, answer kind, filter and sample is the same ask (its rows are replaced)."""
+        key: dict[str, object] = {"q": self.question, "k": self.kind, "c": list(self.choices), "w": self.where}
+        if self.sample is not None:
+            key["s"] = [self.sample, self.seed]
+        return "ask-" + digest(key).removeprefix("sha256:")[:10]
 
     @property
     def values(self) -> tuple[str, ...]:
@@ -90,3 +99,32 @@ def check_answer(answer: BaseModel, *, kind: AnswerKind, shown_ids: set[str]) ->
     if not str(data["explanation"]).strip():
         errors.append("explanation is empty: say in one or two sentences what in the log decides the answer")
     return errors
+
+
+def weakness_question(card: dict[str, Any]) -> str:
+    """The question a weakness card makes: does this cell support or contradict its statement and prediction."""
+    statement = str(card.get("statement") or "").strip()
+    prediction = str(card.get("counterfactual_prediction") or "").strip()
+    if not statement:
+        raise BadInput(f"weakness {card.get('weakness_id')} has no statement to ask about")
+    return (
+        f"Weakness {card.get('weakness_id')} states: {statement}\n"
+        f"Its falsifiable prediction: {prediction or '(none given)'}\n"
+        "Does this cell's log support it (it shows what the statement describes), contradict it (it shows "
+        "the situation the statement is about and what the prediction says would refute it), or neither "
+        "(the situation does not arise in this cell)?"
+    )
+
+
+def find_card(run_dir: Path, weakness_id: str) -> dict[str, Any]:
+    """The weakness card ``weakness_id`` of the run's shortlist; BadInput naming the cards there otherwise."""
+    path = run_dir / "weakness-shortlist.json"
+    if not path.is_file():
+        raise BadInput(f"no weakness shortlist in {run_dir.name} yet (Sol has not run)")
+    doc = read_json(path)
+    cards = [w for w in (doc.get("weaknesses") if isinstance(doc, dict) else doc) or [] if isinstance(w, dict)]
+    for w in cards:
+        if w.get("weakness_id") == weakness_id:
+            return w
+    known = ", ".join(str(w.get("weakness_id")) for w in cards) or "none"
+    raise BadInput(f"no weakness {weakness_id} in {run_dir.name} (cards: {known})")

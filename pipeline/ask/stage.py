@@ -13,6 +13,7 @@ run's DuckDB; the rows of an ask asked again (same question, answer kind and fil
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,9 @@ CREATE TABLE IF NOT EXISTS asks (
     answer_kind VARCHAR NOT NULL,     -- yes-no / choice / number
     choices VARCHAR[] NOT NULL,
     where_sql VARCHAR,                -- the cell filter (over task_id, run_id, harness, outcome)
+    sample INTEGER,                   -- a pilot: this many of the selected cells (NULL: all of them)
+    seed INTEGER,
+    weakness_id VARCHAR,              -- the card the question was made from (--weakness)
     model VARCHAR,
     template_hash VARCHAR NOT NULL,
     cells INTEGER NOT NULL,           -- selected cells
@@ -202,6 +206,11 @@ def run_ask(
     # The question is the user's, but may be pasted from a log: it is redacted like the log text.
     question = redact(spec.question)[0] if redacting else spec.question
     cells = select_cells(ir, spec.where)
+    if spec.sample is not None:
+        if spec.sample < 1:
+            raise BadInput("--sample must be at least 1")
+        # A seeded draw from the selected cells, in cell order: the same seed gives the same pilot.
+        cells = sorted(random.Random(spec.seed).sample(cells, min(spec.sample, len(cells))))
     results, model = asyncio.run(ask_cells(ir, run_dir, spec, cells, settings, question, log))
     write_tables(ir, spec, question, model, results)
     return spec.ask_id, results
@@ -217,8 +226,9 @@ def write_tables(ir: Path, spec: AskSpec, question: str, model: str | None, resu
         con.execute("DELETE FROM ask_answers WHERE ask_id = ?", [spec.ask_id])
         con.execute("DELETE FROM asks WHERE ask_id = ?", [spec.ask_id])
         con.execute(
-            "INSERT INTO asks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [spec.ask_id, question, spec.kind, list(spec.choices), spec.where, model, template_hash(ROLE),
+            "INSERT INTO asks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [spec.ask_id, question, spec.kind, list(spec.choices), spec.where, spec.sample,
+             spec.seed if spec.sample is not None else None, spec.weakness, model, template_hash(ROLE),
              len(results), ok, len(results) - ok],
         )  # fmt: skip
         cols = ("ask_id", "cell_id", "status", "answer", "explanation", "evidence", "parts", "attempts", "reason")

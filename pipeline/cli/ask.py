@@ -31,14 +31,16 @@ def print_summary(s: dict[str, Any], run: str) -> None:
     ask, kind = s["ask"], str(s["ask"]["answer_kind"])
     typer.echo(f"{ask['ask_id']}: {ask['question']}")
     where = f" where {ask['where_sql']}" if ask["where_sql"] else ""
-    typer.echo(f"  {ask['cells']} cells{where}; model {ask['model']}")
+    pilot = f" (a PILOT: {ask['sample']} sampled with seed {ask['seed']})" if ask.get("sample") is not None else ""
+    typer.echo(f"  {ask['cells']} cells{where}{pilot}; model {ask['model']}")
     typer.echo(f"  all: {_line(s['overall'], kind)}")
     for outcome, g in s["by_outcome"].items():
         typer.echo(f"  {outcome} cells: {_line(g, kind)}")
     typer.echo("per task (successful | failed):")
     for task, by in s["by_task"].items():
         typer.echo(f"  {task}: " + " | ".join(_line(g, kind) if g["cells"] else "-" for g in by.values()))
-    shown = [a for a in s["answers"] if a["status"] == "ok" and (kind != "yes-no" or a["answer"] == "yes")]
+    quiet = {"no"} if kind == "yes-no" else {"neither"} if ask.get("weakness_id") else set()  # the uneventful answer
+    shown = [a for a in s["answers"] if a["status"] == "ok" and a["answer"] not in quiet]
     if shown:
         typer.echo("answers and their events (lunasol show RUN EVENT --evidence prints the raw lines):")
     for a in shown:
@@ -55,11 +57,24 @@ def register(app: typer.Typer) -> None:
     @app.command("ask")
     def ask_cmd(
         run: str = typer.Argument(..., metavar="RUN", help="Run directory (or run id under ./runs)."),
-        question: str = typer.Argument(..., metavar="QUESTION", help="The question to ask of every selected cell."),
-        answer: str = typer.Option("yes-no", "--answer", help="yes-no, number, or CHOICES as 'a|b|c'."),
+        question: str | None = typer.Argument(
+            None, metavar="[QUESTION]", help="The question to ask of every selected cell (or use --weakness)."
+        ),
+        answer: str | None = typer.Option(
+            None,
+            "--answer",
+            help="yes-no (default), number, or CHOICES as 'a|b|c' (--weakness: supports|contradicts|neither).",
+        ),
+        weakness: str | None = typer.Option(
+            None,
+            "--weakness",
+            help="Ask whether each cell supports or contradicts this card (W-01): its statement and prediction.",
+        ),
         where: str | None = typer.Option(
             None, "--where", help="SQL filter over the cells: task_id, run_id, harness, outcome (the sidecar label)."
         ),
+        sample: int | None = typer.Option(None, "--sample", min=1, help="A pilot: ask only N of the selected cells."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the --sample draw (same seed, same cells)."),
         model: str | None = typer.Option(None, "--model", help="litellm model string (env LUNASOL_MODEL)."),
         api_base: str | None = typer.Option(None, "--api-base", help="OpenAI-compatible base URL."),
         replay: Path | None = typer.Option(None, "--replay", help="Serve model answers only from this store."),
@@ -77,20 +92,29 @@ def register(app: typer.Typer) -> None:
         """
         # startup: `lunasol --help` and every other verb load none of this
         from pipeline.ask import AskSpec, parse_answer_kind, run_ask, summarise
+        from pipeline.ask.answer import WEAKNESS_CHOICES, find_card, weakness_question
         from pipeline.core.settings import ModelSettings
         from pipeline.models.store import check_store
 
         if replay and record:
             raise BadInput("--replay and --record exclude each other")
-        kind, choices = parse_answer_kind(answer)
+        if (question is None) == (weakness is None):
+            raise BadInput("give a QUESTION or --weakness W-.., not both")
+        run_dir = resolve_run(run)
+        if weakness is not None:
+            question = weakness_question(find_card(run_dir, weakness))
+            # Shown before anything is sent: the reviewer reads what the cells will be asked.
+            typer.echo(f"asking every selected cell about {weakness}:\n{question}\n", err=True)
+        assert question is not None
+        default = "|".join(WEAKNESS_CHOICES) if weakness else "yes-no"
+        kind, choices = parse_answer_kind(answer or default)
         mode = "replay" if replay else "record" if record else None
         settings = ModelSettings.from_env(
             model=model, api_base=api_base, mode=mode, store=replay or record, concurrency=concurrency,
             budget_usd=budget_usd,
         )  # fmt: skip
         check_store(settings)
-        run_dir = resolve_run(run)
-        spec = AskSpec(question=question, kind=kind, choices=choices, where=where)
+        spec = AskSpec(question, kind, choices, where=where, sample=sample, seed=seed, weakness=weakness)
         ask_id, _ = run_ask(run_dir, spec, settings, log=lambda m: typer.echo(m, err=True))
         s = summarise(run_dir, ask_id)
         if as_json:

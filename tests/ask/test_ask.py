@@ -40,7 +40,9 @@ def _cell(request: dict[str, Any]) -> str:
     return m.group(1)
 
 
-def answering(invent_once: set[str], invent_always: set[str]) -> Callable[[dict[str, Any]], Reply]:
+def answering(
+    invent_once: set[str], invent_always: set[str], values: tuple[str, str] = ("yes", "no")
+) -> Callable[[dict[str, Any]], Reply]:
     """Yes for the YES_TASKS, citing the log's first event; invented ids for some cells (once or always)."""
     asked: dict[str, int] = {}
 
@@ -54,7 +56,7 @@ def answering(invent_once: set[str], invent_always: set[str]) -> Callable[[dict[
         evidence = [first]
         if cell in invent_always or (cell in invent_once and asked[cell] == 1):
             evidence = [f"{cell}-e9999"]
-        data = {"answer": "yes" if yes else "no", "explanation": f"the log opens with {first}", "evidence": evidence}
+        data = {"answer": values[0] if yes else values[1], "explanation": f"opens with {first}", "evidence": evidence}
         return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
 
     return handle
@@ -214,3 +216,31 @@ def test_eval_labels_scores_an_ask_with_known_counts(
     assert want["fp"] + want["fn"] > 0 and want["tp"] > 0  # the labels disagree somewhere, agree somewhere
     text = CliRunner().invoke(app, ["eval", str(run_copy), "--labels", str(csv)]).output
     assert ask_id in text and "failed cells (counted as no): C006" in text
+
+
+def test_weakness_question_sample_pilot(
+    run_copy: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_llm.handler = answering(set(), set(), values=("supports", "neither"))
+    monkeypatch.setenv("LUNASOL_MODEL", "openai/test-model")
+    monkeypatch.setenv("LUNASOL_API_BASE", fake_llm.base_url)
+    monkeypatch.setenv("LUNASOL_INSTRUCTOR_MODE", "tools")
+    card = json.loads((run_copy / "weakness-shortlist.json").read_text())["weaknesses"][0]
+    args = ["ask", str(run_copy), "--weakness", card["weakness_id"], "--sample", "6", "--seed", "3"]
+    res = CliRunner().invoke(app, [*args, "--json"])
+    assert res.exit_code == 0, res.output
+    # The question (the card's statement and prediction) is shown before it is sent, on stderr.
+    assert card["statement"][:60] in res.stderr
+    out = json.loads(res.stdout)
+    assert out["ask"]["weakness_id"] == card["weakness_id"] and out["ask"]["sample"] == 6
+    assert out["ask"]["choices"] == ["supports", "contradicts", "neither"]
+    cells = [a["cell_id"] for a in out["answers"]]
+    assert len(cells) == 6 and len(fake_llm.requests) == 6
+    assert all(card["statement"][:60] in _user(r) for r in fake_llm.requests)
+    # The same seed draws the same pilot; the sample is of the eligible cells.
+    again = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
+    assert [a["cell_id"] for a in again["answers"]] == cells and set(cells) <= set(_expected(run_copy))
+    want = sum(_expected(run_copy)[c]["task"] in YES_TASKS for c in cells)
+    assert out["overall"]["counts"]["supports"] == want
+    text = CliRunner().invoke(app, args).stdout
+    assert "a PILOT: 6 sampled with seed 3" in text
