@@ -194,7 +194,7 @@ def test_eval_labels_scores_an_ask_with_known_counts(
     ask_id, _ = run_ask(run_copy, AskSpec("Did the reviewer re-read a file?", "yes-no"), model_settings())
     expected = _expected(run_copy)
     rng = random.Random(11)
-    labelled = sorted(rng.sample(sorted(expected), 14) + ["C006"])
+    labelled = sorted({*rng.sample(sorted(expected), 14), "C006"})
     gold_yes = {c for c in labelled if rng.random() < 0.5}
     csv = tmp_path / "ask-labels.csv"
     csv.write_text(
