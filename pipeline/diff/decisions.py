@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from pipeline.core import duck
 from pipeline.diff.artifacts import Row, RunArtifacts
 from pipeline.diff.match import FieldChange
 
@@ -62,6 +63,17 @@ class ProposalDecision(BaseModel):
     changed_fields: list[str] = Field(default_factory=list)
 
 
+class AskDecision(BaseModel):
+    """One ask (``lunasol ask``) of either run, matched by its id (the same question, answer kind and filter)."""
+
+    status: DecisionStatus
+    ask_id: str
+    question: str
+    counts_a: dict[str, int] | None = None  # answer -> cells, plus "failed"
+    counts_b: dict[str, int] | None = None
+    answers_changed: list[str] = Field(default_factory=list)  # cells answered differently (or failed on one side)
+
+
 class Decisions(BaseModel):
     """The lead of a diff: every weakness and proposal card of either run, matched, with counts."""
 
@@ -69,6 +81,7 @@ class Decisions(BaseModel):
     proposals_present: tuple[bool, bool] = (False, False)
     weaknesses: list[WeaknessDecision] = Field(default_factory=list)
     proposals: list[ProposalDecision] = Field(default_factory=list)
+    asks: list[AskDecision] = Field(default_factory=list)
     selected_a: str | None = None  # the proposal chosen at gate 2 (or "none"), per run
     selected_b: str | None = None
 
@@ -282,6 +295,58 @@ def proposal_decisions(
     return out
 
 
+def _asks(arts: RunArtifacts) -> dict[str, tuple[str, dict[str, str]]]:
+    """Per ask id: its question and, per cell, the answer (or "failed"), from the run's DuckDB; {} without asks."""
+    if not arts.ir_path.is_file():
+        return {}
+    con = duck.connect(arts.ir_path, read_only=True)
+    try:
+        if not duck.has_table(con, "asks"):
+            return {}
+        out: dict[str, tuple[str, dict[str, str]]] = {
+            str(a): (str(q), {}) for a, q in con.execute("SELECT ask_id, question FROM asks").fetchall()
+        }
+        for ask_id, cell, status, answer in con.execute(
+            "SELECT ask_id, cell_id, status, answer FROM ask_answers"
+        ).fetchall():
+            if str(ask_id) in out:
+                out[str(ask_id)][1][str(cell)] = str(answer) if status == "ok" else "failed"
+        return out
+    finally:
+        con.close()
+
+
+def _tally(answers: dict[str, str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in answers.values():
+        out[v] = out.get(v, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def ask_decisions(a: RunArtifacts, b: RunArtifacts) -> list[AskDecision]:
+    """Every ask of either run: its counts on each side and the cells answered differently."""
+    qa, qb = _asks(a), _asks(b)
+    out: list[AskDecision] = []
+    for ask_id in sorted(set(qa) | set(qb)):
+        ra, rb = qa.get(ask_id), qb.get(ask_id)
+        if ra is not None and rb is not None:
+            cells = sorted(c for c in set(ra[1]) | set(rb[1]) if ra[1].get(c) != rb[1].get(c))
+            status: DecisionStatus = "changed" if cells else "unchanged"
+        else:
+            cells, status = [], "added" if ra is None else "dropped"
+        out.append(
+            AskDecision(
+                status=status,
+                ask_id=ask_id,
+                question=(rb or ra or ("", {}))[0],
+                counts_a=_tally(ra[1]) if ra else None,
+                counts_b=_tally(rb[1]) if rb else None,
+                answers_changed=cells,
+            )
+        )
+    return out
+
+
 def _opt(v: Any) -> str | None:
     return None if v is None else str(v)
 
@@ -305,6 +370,7 @@ def build_decisions(
         proposals=proposal_decisions(proposals[0], proposals[1], pmap, pc),
         selected_a=_selected(a),
         selected_b=_selected(b),
+        asks=ask_decisions(a, b),
     )
 
 
@@ -394,4 +460,25 @@ def render_lines(d: Decisions, md: bool) -> list[str]:
     sel = _arrow(d.selected_a, d.selected_b)
     if sel:
         out.append(bullet + f"gate 2 selection: {sel}")
+    if d.asks:
+        out.append(bullet + "asks: " + ", ".join(f"{n} {s}" for s, n in _ask_counts(d).items()))
+    for q in d.asks:
+        ca, cb = (_counts_text(c) for c in (q.counts_a, q.counts_b))
+        out.append(f"{bullet}{q.status} {q.ask_id}: {_short(q.question)}")
+        both = q.status in ("changed", "unchanged")
+        out.append(sub + (f"{ca or '—'} -> {cb or '—'}" if both else (cb or ca or "")))
+        if q.answers_changed:
+            n = len(q.answers_changed)
+            out.append(sub + f"{n} cells answered differently: " + ", ".join(q.answers_changed[:20]))
+    return out
+
+
+def _counts_text(c: dict[str, int] | None) -> str | None:
+    return None if c is None else ", ".join(f"{k} {v}" for k, v in c.items())
+
+
+def _ask_counts(d: Decisions) -> dict[str, int]:
+    out = {s: 0 for s in ("added", "dropped", "changed", "unchanged")}
+    for q in d.asks:
+        out[q.status] += 1
     return out

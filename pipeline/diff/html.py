@@ -73,6 +73,15 @@ def _decisions(d: Decisions) -> str:
             f"<tr><td>{escape(p.status)} {escape(ids(p.status, p.a_id, p.b_id))}</td><td>{escape(p.summary)}</td>"
             f"<td>{escape(src)}<br>{escape(verdict)}</td><td>{escape(', '.join(p.changed_fields))}</td></tr>"
         )
+    for q in d.asks:
+        counts = [
+            ", ".join(f"{k} {v}" for k, v in c.items()) if c is not None else "—" for c in (q.counts_a, q.counts_b)
+        ]
+        moved = f"{len(q.answers_changed)} cells answered differently" if q.answers_changed else ""
+        rows.append(
+            f"<tr><td>{escape(q.status)} {escape(q.ask_id)}</td><td>{escape(q.question)}</td>"
+            f"<td>{escape(counts[0])} → {escape(counts[1])}</td><td>{escape(moved)}</td></tr>"
+        )
     if len(rows) == 1:
         return '<p class="muted">no weakness or proposal cards in either run</p>'
     return "".join(rows) + "</table>"

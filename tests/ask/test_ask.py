@@ -244,3 +244,27 @@ def test_weakness_question_sample_pilot(
     assert out["overall"]["counts"]["supports"] == want
     text = CliRunner().invoke(app, args).stdout
     assert "a PILOT: 6 sampled with seed 3" in text
+
+
+def test_diff_shows_an_ask_answered_differently(
+    demo_gate1: Path, tmp_path: Path, fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+) -> None:
+    from pipeline.diff import diff_run_dirs, render_html, render_text
+
+    a = copy_demo(demo_gate1, tmp_path / "a")
+    b = copy_demo(demo_gate1, tmp_path / "b")
+    spec = AskSpec(
+        "Did the reviewer re-read a file?", "yes-no", where="task_id IN ('bat-sanitize', 'serde-rename-all')"
+    )
+    fake_llm.handler = answering(set(), set())
+    run_ask(a, spec, model_settings())
+    fake_llm.handler = answering(set(), invent_always={"C005"})  # C005 fails in B
+    run_ask(b, spec, model_settings())
+    d = diff_run_dirs(a, b)
+    (q,) = d.decisions.asks
+    assert (q.status, q.ask_id, q.answers_changed) == ("changed", spec.ask_id, ["C005"])
+    assert q.counts_a is not None and q.counts_b is not None
+    assert q.counts_b.get("failed") == 1 and q.counts_a["yes"] == q.counts_b["yes"] + 1
+    text = render_text(d)
+    assert text.index(f"changed {spec.ask_id}") < text.index("PATTERNS PER CELL")
+    assert "1 cells answered differently: C005" in text and spec.ask_id in render_html(d)
