@@ -47,6 +47,8 @@ IR_TABLES: dict[str, str] = {
     "events": "SELECT * FROM events ORDER BY cell_id, seq",
     "segments": "SELECT * FROM segments ORDER BY cell_id, seq",
     "probe_hits": "SELECT * FROM probe_hits ORDER BY ALL",
+    "asks": "SELECT * FROM asks ORDER BY ask_id",  # lunasol ask: one row per question asked
+    "ask_answers": "SELECT * FROM ask_answers ORDER BY ask_id, cell_id",
 }
 ARTIFACT_TABLES = ("patterns", "groups", "occurrences", "weaknesses", "proposals", "validation", "calls")
 TABLES: tuple[str, ...] = (*IR_TABLES, *ARTIFACT_TABLES)

@@ -18,14 +18,28 @@ from typer.core import TyperGroup, TyperOption
 from typer.exceptions import TyperException
 
 import pipeline
-from pipeline.cli import agent, bundle, calls, config, datasets, followup, gates, ir, proposals, review, run, schema
+from pipeline.cli import (
+    agent,
+    ask,
+    bundle,
+    calls,
+    config,
+    datasets,
+    followup,
+    gates,
+    ir,
+    proposals,
+    review,
+    run,
+    schema,
+)
 from pipeline.core import offline
 from pipeline.core.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, LunasolError
 
 # Verbs in the order of the workflow, under panels that say what each group is for (``lunasol --help``).
 WORKFLOW: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Analyse", ("bundle", "run", "status", "calls", "config")),
-    ("Read before you decide", ("show", "report", "show-ref", "diff")),
+    ("Read before you decide", ("show", "report", "show-ref", "diff", "ask")),
     ("Decide", ("confirm", "propose", "validate", "select", "followup")),
     ("Hand over", ("handoff", "mcp")),
     ("Data", ("export", "export-tables", "query", "runs", "eval", "schema")),
@@ -151,7 +165,7 @@ def _root(
 def _register() -> None:
     # Each module adds its verbs; imports stay cheap (heavy libraries load inside commands).
 
-    for module in (bundle, ir, run, calls, gates, proposals, followup, review, datasets, schema, config, agent):
+    for module in (bundle, ir, run, calls, gates, proposals, followup, review, datasets, schema, config, agent, ask):
         module.register(app)
     for command in app.registered_commands:
         name = command.name or (command.callback.__name__ if command.callback else "")

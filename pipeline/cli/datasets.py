@@ -119,13 +119,26 @@ def _print_steps(report: dict[str, Any], labels: str) -> None:
 
 def eval_cmd(
     run: str = typer.Argument(..., help="Run directory (or run id under ./runs)."),
-    labels: str = typer.Option(..., "--labels", help="Label format of the sidecar: who-and-when, mast or agentrx."),
+    labels: str = typer.Option(
+        ...,
+        "--labels",
+        help="Label format of the sidecar (who-and-when, mast or agentrx), or your own FILE.csv|.parquet "
+        "(columns: cell or source id, label = a pattern type or card id or 'none', optional step).",
+    ),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Score the run's findings (weakness cards, probe hits) and deterministic baselines against human labels."""
+    """Score the run's findings (weakness cards, probe hits, patterns) and deterministic baselines against labels."""
     # startup: `lunasol --help` and every other verb load none of this
     from pipeline.eval import evaluate
+    from pipeline.eval.user_labels import evaluate_label_file, is_label_file
 
+    if is_label_file(labels):
+        own = evaluate_label_file(resolve_run(run), Path(labels))
+        if as_json:
+            emit_json(own)
+        else:
+            _print_own(own)
+        return
     report = evaluate(resolve_run(run), labels)
     if not report.get("labelled_cells"):
         # Scores over zero labels are a table of dashes: say why instead (the library still returns
@@ -160,6 +173,41 @@ def eval_cmd(
                 f"  {mode}: precision {_fmt(m['precision'])} recall {_fmt(m['recall'])} "
                 f"(tp {m['tp']} fp {m['fp']} fn {m['fn']}, n={report['labelled_cells']})"
             )
+
+
+def _print_own(report: dict[str, Any]) -> None:
+    """The table of ``eval --labels FILE``: confusion matrix and scores per pattern type and per card."""
+    typer.echo(
+        f"{report['run']}: {report['labelled_cells']} labelled cells of {report['cells']} "
+        f"({report['labels']}, {report['rows']} rows)"
+    )
+    if report["labelled_not_eligible"]:
+        typer.echo(f"not scored (excluded cells): {', '.join(report['labelled_not_eligible'])}")
+    cols = f"{'tp':>4} {'fp':>4} {'fn':>4} {'tn':>4}  {'precision':<13} {'recall':<13} {'F1':>6} {'bal.acc':>7}"
+    head = f"  {'':<24} {cols}"
+    for source, key in (("patterns", "types"), ("weakness_cards", "cards"), ("asks", "asks")):
+        s = report["sources"][source]
+        rows = s[key]
+        if source == "asks" and not rows:
+            continue  # asks are scored only when the file labels one
+        empty = "" if rows else ": nothing labelled or predicted"
+        typer.echo(f"\n{source.replace('_', ' ')} ({s['status']}){empty}")
+        if rows:
+            typer.echo(head)
+        for name, m in rows.items():
+            p = _fmt(m["precision"]) + ("" if m["precision_se"] is None else f"±{m['precision_se']:.3f}")
+            r = _fmt(m["recall"]) + ("" if m["recall_se"] is None else f"±{m['recall_se']:.3f}")
+            typer.echo(
+                f"  {name:<24} {m['tp']:>4} {m['fp']:>4} {m['fn']:>4} {m['tn']:>4}  {p:<13} {r:<13} "
+                f"{_fmt(m['f1']):>6} {_fmt(m['balanced_accuracy']):>7}"
+            )
+            if m.get("failed_cells"):
+                typer.echo(f"    failed cells (counted as no): {', '.join(m['failed_cells'])}")
+            if "steps" in m:
+                st = m["steps"]
+                typer.echo(
+                    f"    labelled steps: {st['exact']} exact, {st['within_1']} within ±1 of {st['checked']} checkable"
+                )
 
 
 def formats_cmd(as_json: bool = JSON_OPTION) -> None:

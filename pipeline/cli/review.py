@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -54,7 +55,8 @@ def register(app: typer.Typer) -> None:
             atomic_write_text(html, render_html(d))
             typer.echo(f"wrote {html}", err=True)
         if as_json:
-            emit_json(diff_json(d))
+            # Reading order, not sorted keys: the decisions lead here as in the text (diff_json orders them).
+            sys.stdout.write(json.dumps(diff_json(d), indent=2, ensure_ascii=False) + "\n")
         else:
             sys.stdout.write(render_markdown(d) if markdown else render_text(d))
         if not d.identical:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from pipeline.artifacts.rundir import Row, RunArtifacts
+from pipeline.diff.decisions import Decisions, build_decisions
 from pipeline.diff.match import (
     FieldChange,
     cited_ids,
@@ -129,6 +130,7 @@ class RunDiff(BaseModel):
     calls_a: CallTotals
     calls_b: CallTotals
     calls: list[FieldChange] = Field(default_factory=list)
+    decisions: Decisions = Field(default_factory=Decisions)  # the lead: what a reader decides on
 
     @property
     def identical(self) -> bool:
@@ -397,17 +399,15 @@ def validation_summary(result: Row | None) -> Row | None:
     return {"verdict": verdict, "rules": sorted(rules)}
 
 
+def proposal_rows(arts: RunArtifacts) -> list[Row]:
+    """A run's proposal cards, each with its validation summary under ``validation``."""
+    vals = validation_by_id(arts.validation)
+    return [{**p, "validation": validation_summary(vals.get(str(p.get("proposal_id"))))} for p in arts.proposals or []]
+
+
 def diff_proposals(a: RunArtifacts, b: RunArtifacts, wmap: dict[str, str]) -> tuple[Section, dict[str, str]]:
     """Proposal cards matched by (mapped) source weakness and strategy similarity; validation compared too."""
-    va, vb = validation_by_id(a.validation), validation_by_id(b.validation)
-
-    def with_validation(p: Row, vals: dict[str, Row]) -> Row:
-        row = dict(p)
-        row["validation"] = validation_summary(vals.get(str(p.get("proposal_id"))))
-        return row
-
-    pa = [with_validation(p, va) for p in a.proposals or []]
-    pb = [with_validation(p, vb) for p in b.proposals or []]
+    pa, pb = proposal_rows(a), proposal_rows(b)
 
     def score(x: Row, y: Row) -> float | None:
         src = str(x.get("source_weakness"))
@@ -550,7 +550,17 @@ def diff_runs(a: RunArtifacts, b: RunArtifacts) -> RunDiff:
     weaknesses, wmap = diff_weaknesses(a, b)
     proposals, pmap = diff_proposals(a, b, wmap)
     calls_a, calls_b = call_totals(a.calls), call_totals(b.calls)
+    decisions = build_decisions(
+        a,
+        b,
+        wmap,
+        {(it.a_id, it.b_id): it.changes for it in weaknesses.items if it.status == "changed"},
+        (proposal_rows(a), proposal_rows(b)),
+        pmap,
+        {(it.a_id, it.b_id): it.changes for it in proposals.items if it.status == "changed"},
+    )
     return RunDiff(
+        decisions=decisions,
         a=str(a.path),
         b=str(b.path),
         a_run_id=a.run_id,

@@ -12,6 +12,7 @@ from typing import Any
 from markupsafe import escape
 
 from pipeline.diff.compare import Item, RunDiff, Section
+from pipeline.diff.decisions import Decisions, ids, support_line
 from pipeline.diff.match import FieldChange
 from pipeline.diff.words import sides_html
 
@@ -53,6 +54,39 @@ def _table(rows: list[str]) -> str:
     return "<table><tr><th>field</th><th>A</th><th>B</th></tr>" + "".join(rows) + "</table>"
 
 
+def _decisions(d: Decisions) -> str:
+    rows = ["<table><tr><th>card</th><th>what it says</th><th>support and decision</th><th>fields changed</th></tr>"]
+    for w in d.weaknesses:
+        extra = [support_line(w)]
+        if w.confidence_a or w.confidence_b:
+            extra.append(f"confidence {w.confidence_a or '—'} → {w.confidence_b or '—'}")
+        if w.gate1_a or w.gate1_b:
+            extra.append(f"gate 1 {w.gate1_a or '—'} → {w.gate1_b or '—'}")
+        rows.append(
+            f"<tr><td>{escape(w.status)} {escape(ids(w.status, w.a_id, w.b_id))}</td><td>{escape(w.statement)}</td>"
+            f"<td>{'<br>'.join(str(escape(x)) for x in extra)}</td><td>{escape(', '.join(w.changed_fields))}</td></tr>"
+        )
+    for p in d.proposals:
+        src = f"for {p.source_weakness_a or '—'} → {p.source_weakness_b or '—'}"
+        verdict = f"validation {p.verdict_a or '—'} → {p.verdict_b or '—'}"
+        rows.append(
+            f"<tr><td>{escape(p.status)} {escape(ids(p.status, p.a_id, p.b_id))}</td><td>{escape(p.summary)}</td>"
+            f"<td>{escape(src)}<br>{escape(verdict)}</td><td>{escape(', '.join(p.changed_fields))}</td></tr>"
+        )
+    for q in d.asks:
+        counts = [
+            ", ".join(f"{k} {v}" for k, v in c.items()) if c is not None else "—" for c in (q.counts_a, q.counts_b)
+        ]
+        moved = f"{len(q.answers_changed)} cells answered differently" if q.answers_changed else ""
+        rows.append(
+            f"<tr><td>{escape(q.status)} {escape(q.ask_id)}</td><td>{escape(q.question)}</td>"
+            f"<td>{escape(counts[0])} → {escape(counts[1])}</td><td>{escape(moved)}</td></tr>"
+        )
+    if len(rows) == 1:
+        return '<p class="muted">no weakness or proposal cards in either run</p>'
+    return "".join(rows) + "</table>"
+
+
 def render_html(d: RunDiff) -> str:
     """The whole diff as one escaped, script-free HTML page, A and B side by side."""
     out = [
@@ -71,6 +105,12 @@ def render_html(d: RunDiff) -> str:
     def items(s: Section) -> list[str]:
         return [_item(it) for it in s.items]
 
+    # What a reader decides on leads, as in the text; the evidence detail follows.
+    out.append("<h2>decisions: weaknesses and proposals, matched by what they cite</h2>")
+    out.append(_decisions(d.decisions))
+    section("weaknesses", items(d.weaknesses))
+    section("proposals", items(d.proposals))
+    section("gate decisions", [_row(c) for c in d.gates])
     section("inputs (run.json)", [_row(c) for c in d.inputs])
     cells: list[str] = []
     for cell in d.cells:
@@ -79,9 +119,6 @@ def render_html(d: RunDiff) -> str:
         cells.extend(_item(it) for it in cell.items)
     section("patterns per cell", cells)
     section("pattern groups", items(d.groups))
-    section("weaknesses", items(d.weaknesses))
-    section("proposals", items(d.proposals))
-    section("gate decisions", [_row(c) for c in d.gates])
     section("run state", [_row(c) for c in d.state])
     section("model calls", [_row(c) for c in d.calls])
     out.append("</body></html>\n")

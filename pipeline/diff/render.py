@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from pipeline.diff.compare import CallTotals, Item, RunDiff, Section
+from pipeline.diff.decisions import render_lines as decision_lines
 from pipeline.diff.match import FieldChange
 from pipeline.diff.words import Style, inline
 
@@ -104,6 +105,13 @@ def _lines(d: RunDiff, md: bool) -> list[str]:
             out.append(bullet + _item_head(it, md))
             out.extend(sub + change_line(c, style) for c in it.changes)
 
+    # What a reader decides on leads; the evidence detail (pages of event ids at the demo's size) follows.
+    out.append("")
+    out.extend(decision_lines(d.decisions, md))
+    renum = [f"{bullet}renumbered {a} -> {b}" for a, b in sorted(d.weakness_map.items()) if a != b]
+    items_section("weaknesses", d.weaknesses, renum)
+    items_section("proposals", d.proposals)
+    section("gate decisions", d.gates)
     section("inputs (run.json)", d.inputs)
     out.append("")
     n_items = sum(len(c.items) for c in d.cells)  # coverage-only cells count as differing cells too
@@ -120,10 +128,6 @@ def _lines(d: RunDiff, md: bool) -> list[str]:
             out.append(sub + _item_head(it, md))
             out.extend(subsub + change_line(c, style) for c in it.changes)
     items_section("pattern groups", d.groups)
-    renum = [f"{bullet}renumbered {a} -> {b}" for a, b in sorted(d.weakness_map.items()) if a != b]
-    items_section("weaknesses", d.weaknesses, renum)
-    items_section("proposals", d.proposals)
-    section("gate decisions", d.gates)
     section("run state", d.state)
     out.append("")
     out.append(h("model calls") + ("" if d.calls else " — no differences" if md else ": no differences"))
@@ -146,5 +150,8 @@ def render_markdown(d: RunDiff) -> str:
 def diff_json(d: RunDiff) -> dict[str, Any]:
     """The diff as a JSON-ready dict, with ``identical`` spelled out."""
     data = d.model_dump(mode="json")
-    data["identical"] = d.identical
-    return data
+    # Key order is reading order: the decisions lead, as in the text.
+    head = {k: data.pop(k) for k in ("a", "b", "a_run_id", "b_run_id")}
+    decisions = data.pop("decisions")
+    decisions["counts"] = {k: d.decisions.counts(k) for k in ("weaknesses", "proposals")}
+    return {**head, "identical": d.identical, "decisions": decisions, **data}

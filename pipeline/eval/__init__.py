@@ -185,7 +185,9 @@ def _offset(con: duckdb.DuckDBPyConnection, run_dir: Path, label_base: int) -> i
 def evaluate(run_dir: Path, labels: str) -> dict[str, Any]:
     """Scores of every prediction source against the run's sidecar labels (see module doc)."""
     if labels not in LABEL_FORMATS:
-        raise BadInput(f"unknown label format {labels!r}; known: {', '.join(LABEL_FORMATS)}")
+        raise BadInput(
+            f"unknown label format {labels!r}; known: {', '.join(LABEL_FORMATS)}, or a FILE.csv|.parquet of your own"
+        )
     ir = RunDir(run_dir).ir
     if not ir.is_file():
         raise BadInput(f"no IR in {run_dir} (run `lunasol export` first)")

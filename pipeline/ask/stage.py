@@ -1,0 +1,242 @@
+"""``lunasol ask``: one structured call per selected cell (per part of a split cell), like Luna's.
+
+The cell's IR is rendered exactly as for Luna (:mod:`pipeline.luna.render`, split by segment when
+long) and sent through the same model client (live, record or replay; budget; concurrency). Each
+answer's cited events must be ids shown to the model: an answer that cites others is re-asked,
+and one that still does not resolve fails its cell, recorded with the reason — never kept.
+The model never sees the outcome sidecar; outcomes are joined afterwards, for the counts only.
+
+Results: tables ``asks`` (one row per ask) and ``ask_answers`` (one row per selected cell) in the
+run's DuckDB; the rows of an ask asked again (same question, answer kind and filter) are replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+from pydantic import BaseModel
+
+from pipeline.artifacts.rundir import RunDir
+from pipeline.ask.answer import AskSpec, answer_model, check_answer
+from pipeline.core import duck
+from pipeline.core.errors import BadInput
+from pipeline.core.settings import ModelSettings
+from pipeline.ir.redact import redact
+from pipeline.ir.store import insert_rows
+from pipeline.luna.feed import CellFeed
+from pipeline.luna.render import CellIR, Part, context_budget
+from pipeline.models import CallOutcome, ModelClient, template_hash
+from pipeline.models.budget import role_budget
+
+ROLE = "ask"
+PROMPT_OVERHEAD_TOKENS = 2_000  # the ask template, question and answer schema around the IR
+SELECT_SQL = (
+    "SELECT cell_id FROM (SELECT c.cell_id, c.task_id, c.run_id, c.harness, o.label AS outcome "
+    "FROM cells c LEFT JOIN outcomes o USING (cell_id) WHERE c.eligibility = 'valid_behavior') "
+    "WHERE ({where}) ORDER BY cell_id"
+)
+TABLES_DDL = """
+CREATE TABLE IF NOT EXISTS asks (
+    ask_id VARCHAR PRIMARY KEY,
+    question VARCHAR NOT NULL,        -- as sent (redacted unless --no-redact)
+    answer_kind VARCHAR NOT NULL,     -- yes-no / choice / number
+    choices VARCHAR[] NOT NULL,
+    where_sql VARCHAR,                -- the cell filter (over task_id, run_id, harness, outcome)
+    sample INTEGER,                   -- a pilot: this many of the selected cells (NULL: all of them)
+    seed INTEGER,
+    weakness_id VARCHAR,              -- the card the question was made from (--weakness)
+    model VARCHAR,
+    template_hash VARCHAR NOT NULL,
+    cells INTEGER NOT NULL,           -- selected cells
+    answered INTEGER NOT NULL,
+    failed INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ask_answers (
+    ask_id VARCHAR NOT NULL,
+    cell_id VARCHAR NOT NULL,
+    status VARCHAR NOT NULL,          -- ok / failed
+    answer VARCHAR,                   -- yes / no / a choice / a number as text; NULL when failed
+    explanation VARCHAR,
+    evidence VARCHAR[] NOT NULL,      -- event ids, each shown to the model and checked
+    parts INTEGER NOT NULL,
+    attempts INTEGER NOT NULL,
+    reason VARCHAR,                   -- why it failed (or how a split cell's parts were combined)
+    PRIMARY KEY (ask_id, cell_id)
+);
+"""
+
+
+@dataclass
+class CellAnswer:
+    """One cell's answer (or its failure)."""
+
+    cell_id: str
+    status: str = "ok"
+    answer: str | None = None
+    explanation: str | None = None
+    evidence: list[str] = field(default_factory=list)
+    parts: int = 1
+    attempts: int = 0
+    reason: str | None = None
+
+
+def part_budget(settings: ModelSettings) -> int:
+    """Rendered-IR tokens per ask call (as Luna's: the role's input budget less the prompt around the IR)."""
+    room = role_budget(settings, ROLE).input_tokens - PROMPT_OVERHEAD_TOKENS
+    return max(min(context_budget(), int(room * 0.6)), 500)
+
+
+def select_cells(ir: Path, where: str | None) -> list[str]:
+    """Eligible cells matching ``where`` (SQL over task_id, run_id, harness, outcome); BadInput when none or bad SQL."""
+    con = duck.connect(ir, read_only=True)
+    try:
+        rows = con.execute(SELECT_SQL.format(where=where or "TRUE")).fetchall()
+    except duckdb.Error as exc:
+        msg = " ".join(str(exc).split("\nLINE ")[0].split())[:200]
+        what = "not a valid filter over task_id, run_id, harness, outcome"
+        raise BadInput(f"--where {where!r}: {what} ({msg})") from None
+    finally:
+        con.close()
+    if not rows:
+        raise BadInput("no eligible cell matches" + (f" --where {where!r}" if where else " (the run has none)"))
+    return [str(r[0]) for r in rows]
+
+
+def _number(v: Any) -> str:
+    f = float(v)
+    return str(int(f)) if f.is_integer() else repr(f)
+
+
+def combine(spec: AskSpec, answers: list[BaseModel]) -> CellAnswer:
+    """One cell's answer from its parts': yes when any part says yes; otherwise the parts must agree."""
+    rows = [a.model_dump() for a in answers]
+    values = [_number(r["answer"]) if spec.kind == "number" else str(r["answer"]) for r in rows]
+    out = CellAnswer(cell_id="", parts=len(rows))
+    if spec.kind == "yes-no" and "yes" in values:
+        chosen = [r for r, v in zip(rows, values, strict=True) if v == "yes"]
+        value = "yes"
+    elif len(set(values)) == 1:
+        chosen, value = rows, values[0]
+    else:
+        out.status = "failed"
+        out.reason = f"the {len(rows)} parts of this split cell answered differently ({', '.join(values)})"
+        return out
+    out.answer = value
+    out.explanation = " / ".join(str(r["explanation"]) for r in chosen)
+    out.evidence = sorted({str(e) for r in chosen for e in r["evidence"]})
+    if len(rows) > 1:
+        out.reason = f"split into {len(rows)} parts; " + (
+            "yes in at least one part" if value == "yes" and spec.kind == "yes-no" else "every part answered the same"
+        )
+    return out
+
+
+def _context(spec: AskSpec, question: str, cell: CellIR, part: Part) -> dict[str, Any]:
+    kind = {"yes-no": "answer yes or no", "number": "answer with a number"}.get(
+        spec.kind, "answer with one of: " + ", ".join(spec.choices)
+    )
+    return {
+        "cell_id": cell.cell_id,
+        "task_id": cell.task_id,
+        "harness": cell.harness or "-",
+        "part": part.label,
+        "part_total": part.total,
+        "question": question,
+        "answer_kind": kind,
+        "ir": part.text,
+        "event_count": part.events,
+    }
+
+
+async def ask_cells(
+    ir: Path, run_dir: Path, spec: AskSpec, cells: list[str], settings: ModelSettings, question: str,
+    log: Callable[[str], None],
+) -> tuple[list[CellAnswer], str | None]:  # fmt: skip
+    """Ask every cell; return each cell's answer (or failure) and the model used."""
+    client = ModelClient(settings, run_dir, log=log)
+    model = answer_model(spec.kind, spec.choices)
+    feed = CellFeed(ir, cells, part_budget(settings))
+
+    async def one_part(cell: CellIR, part: Part) -> CallOutcome[BaseModel]:
+        def check(answer: BaseModel) -> list[str]:
+            return check_answer(answer, kind=spec.kind, shown_ids=part.shown_ids)
+
+        return await client.call(
+            role=ROLE,
+            cell_id=cell.cell_id if part.total == 1 else f"{cell.cell_id}#{part.label}",
+            context=_context(spec, question, cell, part),
+            response_model=model,
+            check=check,
+            soft_fail=True,  # one cell's failure fails that cell, never the ask
+        )
+
+    async def one_cell(cell_id: str) -> CellAnswer:
+        cell, parts, _size = await feed.take(cell_id)
+        if not cell.seq_of:
+            return CellAnswer(cell_id, status="failed", parts=0, reason="no events in the IR: nothing to ask about")
+        outs = await asyncio.gather(*[one_part(cell, p) for p in parts])
+        attempts = sum(o.attempts for o in outs)
+        failed = [(p, o) for p, o in zip(parts, outs, strict=True) if not o.ok or o.value is None]
+        if failed:
+            why = "; ".join(f"part {p.label}: {' | '.join(o.errors) or 'no answer'}" for p, o in failed)
+            return CellAnswer(cell_id, status="failed", parts=len(parts), attempts=attempts, reason=why)
+        res = combine(spec, [o.value for o in outs if o.value is not None])
+        res.cell_id, res.attempts = cell_id, attempts
+        return res
+
+    results: list[CellAnswer] = await client.gather([one_cell(c) for c in cells], label="ask")
+    return results, client.model
+
+
+def run_ask(
+    run_dir: Path, spec: AskSpec, settings: ModelSettings, *, redacting: bool = True,
+    log: Callable[[str], None] = lambda _m: None,
+) -> tuple[str, list[CellAnswer]]:  # fmt: skip
+    """Ask ``spec`` of the run's selected cells and write tables ``asks`` and ``ask_answers``; return the ask id."""
+    ir = RunDir(run_dir).ir
+    if not ir.is_file():
+        raise BadInput(f"no IR in {run_dir} (run `lunasol export` or `lunasol run` first)")
+    if not spec.question.strip():
+        raise BadInput("the question is empty")
+    # The question is the user's, but may be pasted from a log: it is redacted like the log text.
+    question = redact(spec.question)[0] if redacting else spec.question
+    cells = select_cells(ir, spec.where)
+    if spec.sample is not None:
+        if spec.sample < 1:
+            raise BadInput("--sample must be at least 1")
+        # A seeded draw from the selected cells, in cell order: the same seed gives the same pilot.
+        cells = sorted(random.Random(spec.seed).sample(cells, min(spec.sample, len(cells))))
+    results, model = asyncio.run(ask_cells(ir, run_dir, spec, cells, settings, question, log))
+    write_tables(ir, spec, question, model, results)
+    return spec.ask_id, results
+
+
+def write_tables(ir: Path, spec: AskSpec, question: str, model: str | None, results: list[CellAnswer]) -> None:
+    """Replace this ask's rows in ``asks`` and ``ask_answers`` (one transaction)."""
+    ok = sum(r.status == "ok" for r in results)
+    con = duck.connect(ir)
+    try:
+        con.execute(TABLES_DDL)
+        con.execute("BEGIN")
+        con.execute("DELETE FROM ask_answers WHERE ask_id = ?", [spec.ask_id])
+        con.execute("DELETE FROM asks WHERE ask_id = ?", [spec.ask_id])
+        con.execute(
+            "INSERT INTO asks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [spec.ask_id, question, spec.kind, list(spec.choices), spec.where, spec.sample,
+             spec.seed if spec.sample is not None else None, spec.weakness, model, template_hash(ROLE),
+             len(results), ok, len(results) - ok],
+        )  # fmt: skip
+        cols = ("ask_id", "cell_id", "status", "answer", "explanation", "evidence", "parts", "attempts", "reason")
+        insert_rows(con, "ask_answers", cols, [
+            (spec.ask_id, r.cell_id, r.status, r.answer, r.explanation, r.evidence, r.parts, r.attempts, r.reason)
+            for r in results
+        ])  # fmt: skip
+        con.execute("COMMIT")
+    finally:
+        con.close()
