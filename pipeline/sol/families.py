@@ -53,30 +53,27 @@ def _mix(counts: Counter[str]) -> str:
     return ", ".join(f"{o} {n}" for o, n in sorted(counts.items()))
 
 
-def bounded_by_task(cells: list[dict[str, Any]], k: int = TOP_K) -> str:
-    """Counts per task and outcome of ``cells`` (``task: outcome n, ...; ...``), bounded in size.
-
-    Up to ``k`` tasks: every task (the form small batches always had). More: the outcome totals,
-    the ``k`` largest task families with their counts, and the rest summarised in one clause.
-    """
+def _per_task(cells: list[dict[str, Any]]) -> dict[str, Counter[str]]:
     per_task: dict[str, Counter[str]] = {}
     for c in cells:
         per_task.setdefault(str(c["task_id"]), Counter())[_outcome(c)] += 1
-    if len(per_task) <= k:
-        return "; ".join(f"{t}: {_mix(per_task[t])}" for t in sorted(per_task))
+    return per_task
+
+
+def _by_family(per_task: dict[str, Counter[str]], k: int) -> list[str]:
+    """The outcome totals, the ``k`` largest families with their counts, the rest in one clause."""
     fam = families_of(per_task)
     per_family: dict[str, Counter[str]] = {}
     tasks_in: Counter[str] = Counter()
+    total: Counter[str] = Counter()
     for t, counts in per_task.items():
         per_family.setdefault(fam[t], Counter()).update(counts)
         tasks_in[fam[t]] += 1
-    total: Counter[str] = Counter()
-    for counts in per_task.values():
         total.update(counts)
     ranked = sorted(per_family, key=lambda f: (-sum(per_family[f].values()), f))
-    shown = ranked[:k]
-    parts = [f"{len(cells)} cell(s) of {len(per_task)} tasks in {len(per_family)} famil(ies): {_mix(total)}"]
-    parts += [f"family {f} ({tasks_in[f]} task(s)): {_mix(per_family[f])}" for f in shown]
+    cells = sum(total.values())
+    parts = [f"{cells} cell(s) of {len(per_task)} tasks in {len(per_family)} famil(ies): {_mix(total)}"]
+    parts += [f"family {f} ({tasks_in[f]} task(s)): {_mix(per_family[f])}" for f in ranked[:k]]
     rest = ranked[k:]
     if rest:
         other: Counter[str] = Counter()
@@ -86,7 +83,28 @@ def bounded_by_task(cells: list[dict[str, Any]], k: int = TOP_K) -> str:
             f"{len(rest)} more famil(ies) ({sum(tasks_in[f] for f in rest)} task(s), "
             f"{sum(other.values())} cell(s)): {_mix(other)}"
         )
-    return "; ".join(parts)
+    return parts
+
+
+def bounded_by_task(cells: list[dict[str, Any]], k: int = TOP_K, only: set[str] | None = None) -> str:
+    """Counts per task and outcome of ``cells`` (``task: outcome n, ...; ...``), bounded in size.
+
+    Up to ``k`` tasks: every task (the form small batches always had). More: the outcome totals,
+    the ``k`` largest task families with their counts, and the rest summarised in one clause.
+    ``only``: per-task counts for these tasks (a partition's), every other task by family after
+    ``elsewhere:``, so a request never names a task outside its partition.
+    """
+    per_task = _per_task(cells)
+    if only is not None:
+        mine = {t: v for t, v in per_task.items() if t in only}
+        rest = {t: v for t, v in per_task.items() if t not in only}
+        parts = [f"{t}: {_mix(mine[t])}" for t in sorted(mine)]
+        if rest:
+            parts.append("elsewhere: " + "; ".join(_by_family(rest, k)))
+        return "; ".join(parts)
+    if len(per_task) <= k:
+        return "; ".join(f"{t}: {_mix(per_task[t])}" for t in sorted(per_task))
+    return "; ".join(_by_family(per_task, k))
 
 
 def bounded_list(items: list[str], k: int = TOP_K) -> str:

@@ -116,8 +116,20 @@ class Renderer:
             out.setdefault(fam[t], []).append(t)
         return out
 
-    def group_header(self, gid: str) -> str:
-        """A group's one-line header: type, concerns, batch-wide counts per task and outcome."""
+    def group_header(self, gid: str, tasks: set[str] | None = None) -> str:
+        """A group's one-line header: type, concerns, batch-wide counts per task and outcome.
+
+        ``tasks``: a partition's tasks, counted per task; the group's other tasks by family
+        (:func:`bounded_by_task`), so a map request names no task outside its partition.
+        """
+        if tasks is not None:
+            g = self.groups[gid]
+            occ = [o for o in g.get("occurrences") or [] if isinstance(o, dict)]
+            cells = [self.cells[str(o["cell_id"])] for o in occ if str(o.get("cell_id")) in self.cells]
+            return (
+                f"{gid} {g.get('type')} concerns={g.get('concerns')!r}: whole batch {len(occ)} occurrence(s) "
+                f"in {len({c['cell_id'] for c in cells})} cell(s) [{bounded_by_task(cells, only=tasks)}]"
+            )
         if gid not in self._headers:
             g = self.groups[gid]
             occ = [o for o in g.get("occurrences") or [] if isinstance(o, dict)]
@@ -154,12 +166,13 @@ class Renderer:
         """The pattern groups with an occurrence in ``cells``, sorted."""
         return sorted({gid for c in cells for gid, _ in self.occ_by_cell.get(c, [])})
 
-    def groups_text(self, cells: list[str], only: list[str] | None = None) -> str:
+    def groups_text(self, cells: list[str], only: list[str] | None = None, tasks: set[str] | None = None) -> str:
         """The pattern groups seen in ``cells``: header, then every occurrence here with its evidence.
 
         A text or an event line already said in this request is not said again (the occurrence's
         head line still names its events). ``only``: just these groups (a cell too large for one
         request with all of its groups is read in several, each with every fact of its groups).
+        ``tasks``: the partition's tasks (:meth:`group_header`); None for the whole batch.
         """
         per_group: dict[str, list[dict[str, Any]]] = {}
         for c in cells:
@@ -169,7 +182,7 @@ class Renderer:
         out: list[str] = []
         seen: set[str] = set()
         for gid in sorted(per_group):
-            out.append(self.group_header(gid))
+            out.append(self.group_header(gid, tasks))
             for o in sorted(per_group[gid], key=lambda o: str(o["occurrence_id"])):
                 head, texts, events = self.occurrence_block(o)
                 out.append(head)
@@ -266,12 +279,23 @@ def split_groups(chunk: Chunk, renderer: Renderer) -> list[Chunk]:
     ]
 
 
-def split(chunk: Chunk) -> list[Chunk]:
-    """Halve a chunk whose rendered request turned out too large."""
+def split(chunk: Chunk, task_of: dict[str, dict[str, Any]] | None = None) -> list[Chunk]:
+    """Halve a chunk whose rendered request turned out too large.
+
+    ``task_of``: cell rows by id; each half then names only its own cells' tasks (its request
+    carries per-task facts for those alone).
+    """
     half = len(chunk.cells) // 2
     parts = [chunk.cells[:half], chunk.cells[half:]]
+
+    def tasks(cells: list[str]) -> list[str]:
+        if task_of is None:
+            return list(chunk.tasks)
+        mine = {str(task_of[c]["task_id"]) for c in cells}
+        return [t for t in chunk.tasks if t in mine]
+
     return [
-        Chunk(call_id=f"{chunk.call_id}{'ab'[i]}", tasks=list(chunk.tasks), cells=p, sizes=chunk.sizes)
+        Chunk(call_id=f"{chunk.call_id}{'ab'[i]}", tasks=tasks(p), cells=p, sizes=chunk.sizes)
         for i, p in enumerate(parts)
         if p
     ]
@@ -287,7 +311,7 @@ def fitted_map_context(renderer: Renderer, chunk: Chunk, room_chars: int) -> dic
     """:func:`map_context` whose timelines get what the cells and groups leave of ``room_chars`` (400 at least)."""
     cells = [renderer.cells[c] for c in chunk.cells]
     cells_text = _cells_text(renderer, cells)
-    groups_text = renderer.groups_text(chunk.cells, chunk.groups)
+    groups_text = renderer.groups_text(chunk.cells, chunk.groups, set(chunk.tasks))
     timeline_chars = max(room_chars - len(cells_text) - len(groups_text), 400)
     return _map_context(renderer, chunk, cells, cells_text, timeline_chars, groups_text)
 
@@ -320,7 +344,9 @@ def _map_context(
         "cell_header": CELL_HEADER,
         "cells_text": cells_text,
         "negatives": negatives,
-        "groups_text": renderer.groups_text(chunk.cells, chunk.groups) if groups_text is None else groups_text,
+        "groups_text": (
+            renderer.groups_text(chunk.cells, chunk.groups, set(chunk.tasks)) if groups_text is None else groups_text
+        ),
         "timelines_note": (
             "complete"
             if not omitted

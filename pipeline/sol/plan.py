@@ -168,7 +168,7 @@ def plan_maps(
         if budget.fits(tokens):
             out.append(MapCall(chunk=chunk, context=ctx, tokens=tokens, request_digest=key))
         elif len(chunk.cells) > 1:
-            todo[:0] = split(chunk)
+            todo[:0] = split(chunk, renderer.cells)
         elif halves := split_groups(chunk, renderer):  # one cell: fewer groups per request, never fewer facts
             todo[:0] = halves
         else:

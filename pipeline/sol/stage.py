@@ -637,9 +637,10 @@ def stage(ctx: RunContext) -> str:
 def _dry_drafts(batch: Batch, decision: SolPlanDraft) -> list[Draft]:
     """Stand-in drafts to size the reduce request in a dry run (labelled an estimate by the caller)."""
     out: list[Draft] = []
-    groups = [gid for g in batch.groups if (gid := group_id(g))]
+    renderer = decision.renderer or Renderer(batch)
     for m in decision.maps:
         cells = m.chunk.cells
+        groups = renderer.group_ids(cells)  # a map call cites the groups its partition shows
         for k in range(DRAFTS_PER_MAP_ESTIMATE):
             cited = groups[k::DRAFTS_PER_MAP_ESTIMATE][:3]
             card = WeaknessCard.model_validate(
