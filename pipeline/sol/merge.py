@@ -191,4 +191,11 @@ def pack(
             used = 0
         packs[-1].append(d)
         used += size
-    return [p for p in packs if p]
+    packs = [p for p in packs if p]
+    if len(packs) > 1 and len(packs[-1]) == 1:
+        # a draft left alone could merge with nothing: it takes the previous pack's last (likely) neighbour
+        if len(packs[-2]) >= 3:
+            packs[-1].insert(0, packs[-2].pop())
+        else:
+            packs[-2] += packs.pop()
+    return packs

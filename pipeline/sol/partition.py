@@ -25,6 +25,7 @@ from pipeline.sol.timeline import fit_timelines, timeline_chars
 
 CELL_HEADER = "cell|task|run|outcome|quality|completion|cost|stability|patterns|groups|luna"
 """The columns of :func:`cell_line` (said once, above the rows)."""
+GROUP_TOP_K = 3  # families named in a map request's group header beside its own tasks (one header per group)
 TIMELINE_SHARE = 0.5  # at most this share of a map prompt's room goes to timelines
 
 
@@ -128,7 +129,7 @@ class Renderer:
             cells = [self.cells[str(o["cell_id"])] for o in occ if str(o.get("cell_id")) in self.cells]
             return (
                 f"{gid} {g.get('type')} concerns={g.get('concerns')!r}: whole batch {len(occ)} occurrence(s) "
-                f"in {len({c['cell_id'] for c in cells})} cell(s) [{bounded_by_task(cells, only=tasks)}]"
+                f"in {len({c['cell_id'] for c in cells})} cell(s) [{bounded_by_task(cells, GROUP_TOP_K, tasks)}]"
             )
         if gid not in self._headers:
             g = self.groups[gid]

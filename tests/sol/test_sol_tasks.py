@@ -11,7 +11,10 @@ every ref of the shortlist resolves.
 
 from __future__ import annotations
 
+import json
+import math
 import re
+import shutil
 from typing import Any
 
 import duckdb
@@ -23,9 +26,9 @@ from pipeline.core.context import RunContext, RunOptions
 from pipeline.ir.export import export
 from pipeline.ir.refs import read_refs
 from pipeline.sol.families import TOP_K, bounded_by_task, families_of, task_family
-from pipeline.sol.stage import mine
-from pipeline.testing.openai_server import FakeOpenAI, request_tokens
-from tests.sol.test_sol_scale import FAILED_A, FAILED_B, _plant, _user, handler
+from pipeline.sol.stage import STALLED_ROUNDS, mine
+from pipeline.testing.openai_server import FakeOpenAI, Reply, completion_body, request_tokens
+from tests.sol.test_sol_scale import FAILED_A, FAILED_B, OCC, _plant, _user, handler
 
 CELLS = 300
 FAMILIES = 17
@@ -130,3 +133,94 @@ def test_300_tasks_one_per_cell_map_reduce_at_16k(
         con.close()
     assert all(r in spans for r in refs)
     assert len(read_refs(ctx.run_dir, [spans[r] for r in refs])) == len({spans[r] for r in refs})
+
+
+FAILED_ROW = re.compile(r"^(C\d+)\|[^|]+\|[^|]+\|(?!completed\|)[^|]+\|", re.M)
+DRAFT = re.compile(r"^### (\S+/W-\d+) .*\n.*\nfirst divergence: .* - cells (C\d+)[^;]*; refs (C\d+-e\d+)", re.M)
+
+
+def _own_card(wid: str, cell: str, ev: str) -> dict[str, Any]:
+    """A weakness of one cell whose first divergence is its own (nothing to pre-merge it with)."""
+    return {
+        "weakness_id": wid,
+        "statement": f"In {cell} the controller lets a stage end with its own obligation open.",
+        "first_divergence": {
+            "where": {"stage": f"stage-{cell}", "actor": "controller", "what": "the stage ends with work open"},
+            "cells": [cell],
+            "event_refs": [ev],
+        },
+        "harness_attribution": {"attributed": True, "why": "the controller decides when a stage ends"},
+        "support": {"cells": [cell], "pattern_groups": [], "event_refs": [ev]},
+        "alternative_explanations": ["the model stopped early on its own"],
+        "counter_evidence": {"items": [], "none_reason": "no successful cell shows this stage ending early"},
+        "counterfactual_prediction": "a run that keeps the stage open until its work is done succeeds; if not, wrong",
+        "confidence": "low",
+    }
+
+
+def _tree_handler(merge: bool) -> Any:
+    """Map: one draft per failed cell shown. Reduce: merge every draft shown (``merge``) or keep each apart."""
+
+    def answer(request: dict[str, Any]) -> Reply:
+        text = _user(request)
+        if re.search(r"^## Map calls", text, re.M):
+            drafts = DRAFT.findall(text)
+            assert drafts, "a reduce request without drafts"
+            if merge:
+                card = _own_card("W-01", drafts[0][1], drafts[0][2])
+                del card["support"]
+                card["merges"] = [d for d, _, _ in drafts]
+                data: dict[str, Any] = {"weaknesses": [card]}
+            else:
+                cards = []
+                for i, (did, cell, ev) in enumerate(drafts, 1):
+                    card = _own_card(f"W-{i:02d}", cell, ev)
+                    del card["support"]
+                    card["merges"] = [did]
+                    cards.append(card)
+                data = {"weaknesses": cards}
+        else:
+            first = {}
+            for line in text.splitlines():
+                m = OCC.match(line)
+                if m and m["cell"] not in first:
+                    first[m["cell"]] = m["ev"]
+            failed = [c for c in FAILED_ROW.findall(text) if c in first]
+            cards = [_own_card(f"W-{i:02d}", c, first[c]) for i, c in enumerate(failed[:2], 1)]
+            data = {"weaknesses": cards} if cards else {"weaknesses": [], "none_reason": "no failed cell shown here"}
+        return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
+
+    return answer
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_the_reduce_tree_converges_whether_or_not_the_model_merges(
+    diverse: tuple[RunContext, str], fake_llm: FakeOpenAI, model_settings: Any, tmp_path: Any, merge: bool
+) -> None:
+    base, _ = diverse
+    run_dir = tmp_path / "wide"
+    run_dir.mkdir()
+    for name in ("ir.duckdb", "run.json", "pattern-groups.json"):
+        shutil.copy2(base.run_dir / name, run_dir / name)
+    ctx = RunContext(options=base.options, run_dir=run_dir, log=lambda _m: None)
+    fake_llm.handler = _tree_handler(merge)
+    fake_llm.context_tokens = CONTEXT
+    ctx.options.models = model_settings(context_tokens=CONTEXT)
+    sl = mine(ctx)
+    assert fake_llm.refused_for_size == 0
+    assert max(request_tokens(r) for r in fake_llm.requests) <= CONTEXT
+    assert sl.plan is not None
+    maps = [c for c in sl.plan.calls if c.role == "sol_map"]
+    reduces = [c for c in sl.plan.calls if c.role == "sol_reduce"]
+    drafts = [d for m in maps for d in m.outputs]
+    rounds = sorted({c.call_id.split("-")[0] for c in reduces})
+    assert len(drafts) > 40 and len(rounds) >= 2  # too many drafts for one reduce request: a tree
+    first = [c for c in reduces if c.call_id.startswith("R1-")]
+    assert all(len(c.inputs) >= 2 for c in first)  # every request merges: depth ~ log(drafts)
+    if merge:
+        assert [w.weakness_id for w in sl.weaknesses] == ["W-01"]
+        assert len(rounds) <= 1 + math.ceil(math.log2(len(drafts)))
+    else:
+        # nothing merges however the drafts are packed: the calls judged them distinct, and they all stand
+        assert len(sl.weaknesses) == len(drafts) and len(rounds) == STALLED_ROUNDS
+        assert len({w.support.cells[0] for w in sl.weaknesses}) == len(drafts)  # each draft's cell, once
