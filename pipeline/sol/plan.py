@@ -21,6 +21,7 @@ from pipeline.models import render
 from pipeline.models.budget import RoleBudget, chars_per_token, request_tokens, role_budget
 from pipeline.sol.batch import Batch
 from pipeline.sol.cards import ReduceAnswer, SolAnswer
+from pipeline.sol.families import task_family
 from pipeline.sol.partition import (
     Chunk,
     Renderer,
@@ -91,7 +92,8 @@ class SolPlanDraft:
         )
         return (
             f"map/reduce: the single call would be {single} (budget "
-            f"{self.budget.input_tokens:,}); {len(self.maps)} map call(s) over {len(tasks)} task family(ies) "
+            f"{self.budget.input_tokens:,}); {len(self.maps)} map call(s) over {len(tasks)} task(s) in "
+            f"{len({task_family(t) for t in tasks})} famil(ies) "
             f"(largest {biggest:,} tokens), then reduce call(s) over their drafts"
         )
 
