@@ -25,7 +25,11 @@ from pipeline.coordinator.core import run_coordinator
 from pipeline.core.context import RunContext, RunOptions
 from pipeline.ir.export import export
 from pipeline.ir.refs import read_refs
+from pipeline.sol.batch import load_batch
+from pipeline.sol.cards import WeaknessCard
 from pipeline.sol.families import TOP_K, bounded_by_task, families_of, task_family
+from pipeline.sol.merge import premerge
+from pipeline.sol.reduce import Draft
 from pipeline.sol.stage import STALLED_ROUNDS, mine
 from pipeline.testing.openai_server import FakeOpenAI, Reply, completion_body, request_tokens
 from tests.sol.test_sol_scale import FAILED_A, FAILED_B, OCC, _plant, _user, handler
@@ -224,3 +228,43 @@ def test_the_reduce_tree_converges_whether_or_not_the_model_merges(
         # nothing merges however the drafts are packed: the calls judged them distinct, and they all stand
         assert len(sl.weaknesses) == len(drafts) and len(rounds) == STALLED_ROUNDS
         assert len({w.support.cells[0] for w in sl.weaknesses}) == len(drafts)  # each draft's cell, once
+
+
+def _checked(wid: str, cell: str, ev: str, stage: str, groups: list[str]) -> WeaknessCard:
+    card = _own_card(wid, cell, ev)
+    card["first_divergence"]["where"]["stage"] = stage
+    s = {"cells": [cell], "tasks": [_task(0)], "runs": ["r"], "pattern_groups": groups, "event_refs": [ev]}
+    card["support"] = {**s, "counts": {"cells": 1, "tasks": 1, "runs": 1, "pattern_groups": len(groups)}}
+    return WeaknessCard.model_validate(card)
+
+
+def test_drafts_of_the_same_groups_or_the_same_first_divergence_are_merged_before_any_call(
+    diverse: tuple[RunContext, str],
+) -> None:
+    ctx, _ = diverse
+    batch = load_batch(ctx.run_dir, ctx.ir_path)
+    con = duckdb.connect(str(ctx.ir_path), read_only=True)
+    try:  # three cells' events of one kind and detail (the same place to diverge)
+        rows = con.execute(
+            "SELECT kind, detail, list(event_id ORDER BY event_id) FROM "
+            "(SELECT kind, detail, min(event_id) AS event_id FROM events GROUP BY cell_id, kind, detail) "
+            "GROUP BY kind, detail HAVING count(*) >= 3 ORDER BY kind, detail LIMIT 1"
+        ).fetchall()
+    finally:
+        con.close()
+    ev = rows[0][2][:3]
+    cells = [e.split("-")[0] for e in ev]
+    drafts = [
+        Draft("M01/W-01", "M01", _checked("W-01", cells[0], ev[0], "review", ["G001"]), [cells[0]]),
+        Draft("M02/W-01", "M02", _checked("W-01", cells[1], ev[1], "Review", ["G002"]), [cells[1]]),
+        Draft("M03/W-01", "M03", _checked("W-01", cells[2], ev[2], "design", ["G003"]), [cells[2]]),
+        Draft("M04/W-02", "M04", _checked("W-02", cells[2], ev[2], "other", ["G003"]), [cells[2]]),
+    ]
+    merged = premerge(batch, drafts)
+    # M01 and M02 diverge at the same place (stage compared case-insensitively, same event kind and detail);
+    # M03 and M04 cite the same pattern groups
+    assert [(d.draft_id, d.absorbed) for d in merged] == [("M01/W-01", ["M02/W-01"]), ("M03/W-01", ["M04/W-02"])]
+    first = merged[0]
+    assert first.card.support.cells == sorted(cells[:2]) and first.card.support.counts.cells == 2
+    assert first.card.support.pattern_groups == ["G001", "G002"] and first.map_calls == ["M01", "M02"]
+    assert sorted(first.seen_cells) == sorted(cells[:2])
