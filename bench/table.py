@@ -64,6 +64,9 @@ BENCHMARKS: tuple[Bench, ...] = (
     Bench("fleet", "Luna over two local endpoints through litellm's Router, one stopped mid-run: calls per endpoint, "
           "cells finished, wall time against one endpoint", "`python bench/bench_fleet.py`",
           "an endpoint that dies takes no cell with it"),
+    Bench("sol-tasks", "Sol's plan on one exported 1,000-cell batch with its task ids rewritten to N distinct tasks: "
+          "map calls, largest map request, reduce calls per round, largest reduce request against the budget",
+          "`python bench/bench_sol_tasks.py`", "plans at one task per cell; no request over the budget"),
     Bench("adapters", "every public dataset imported, verified and exported; every ref re-read; label leaks "
           "counted; the deterministic Who&When / MAST baselines of `lunasol eval`",
           "`python bench/bench_adapters.py` (data: `LUNASOL_SHARED_DIR`)", "no label leak; every ref resolves"),

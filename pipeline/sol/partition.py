@@ -1,8 +1,11 @@
 """Sol's map step: the batch cut into partitions that each fit one call, and each partition rendered compactly.
 
-Partitions follow task families first (whole families are packed together while they fit), then
-chunks of cells (a family too large for one call is cut into consecutive cells). Pattern groups are
-rendered compactly: a header with the group's batch-wide counts per task and outcome, then EVERY
+Partitions follow task families first (:mod:`pipeline.sol.families`: whole families are packed
+together while they fit), then tasks, then chunks of cells (a task too large for one call is cut into
+consecutive cells). A request carries per-task facts only for its partition's tasks; batch-wide
+counts are bounded aggregates (:func:`pipeline.sol.families.bounded_by_task`), never a per-task table
+of the whole batch. Pattern groups are rendered compactly: a header with the group's batch-wide
+counts (bounded the same way), then EVERY
 occurrence in this partition with Luna's words and the text of every event it cites
 (:mod:`pipeline.sol.evidence`). When that does not fit, a partition holds fewer cells (and so
 fewer groups), never fewer facts per group. Cells are a table under a header line, not key=value
@@ -17,10 +20,12 @@ from typing import Any
 
 from pipeline.sol.batch import Batch, group_id
 from pipeline.sol.evidence import occurrence_lines
+from pipeline.sol.families import bounded_by_task, families_of
 from pipeline.sol.timeline import fit_timelines, timeline_chars
 
 CELL_HEADER = "cell|task|run|outcome|quality|completion|cost|stability|patterns|groups|luna"
 """The columns of :func:`cell_line` (said once, above the rows)."""
+GROUP_TOP_K = 3  # families named in a map request's group header beside its own tasks (one header per group)
 TIMELINE_SHARE = 0.5  # at most this share of a map prompt's room goes to timelines
 
 
@@ -96,20 +101,43 @@ class Renderer:
 
     @property
     def batch_by_task(self) -> str:
-        """:func:`by_task_outcome` of every eligible cell (the same line in every map call)."""
+        """:func:`bounded_by_task` of every eligible cell (the same line in every map call, bounded in size)."""
         if self._by_task is None:
-            self._by_task = by_task_outcome(self.batch.eligible)
+            self._by_task = bounded_by_task(self.batch.eligible)
         return self._by_task
 
-    def group_header(self, gid: str) -> str:
-        """A group's one-line header: type, concerns, batch-wide counts per task and outcome."""
+    def families(self) -> dict[str, list[str]]:
+        """Task family -> its tasks (sorted), over the eligible cells (:func:`families_of`)."""
+        tasks: dict[str, set[str]] = {}
+        for c in self.batch.eligible:
+            tasks.setdefault(str(c["task_id"]), set()).update(g for g, _ in self.occ_by_cell.get(str(c["cell_id"]), []))
+        fam = families_of(tasks, {t: tuple(sorted(g)) for t, g in tasks.items()})
+        out: dict[str, list[str]] = {}
+        for t in sorted(tasks):
+            out.setdefault(fam[t], []).append(t)
+        return out
+
+    def group_header(self, gid: str, tasks: set[str] | None = None) -> str:
+        """A group's one-line header: type, concerns, batch-wide counts per task and outcome.
+
+        ``tasks``: a partition's tasks, counted per task; the group's other tasks by family
+        (:func:`bounded_by_task`), so a map request names no task outside its partition.
+        """
+        if tasks is not None:
+            g = self.groups[gid]
+            occ = [o for o in g.get("occurrences") or [] if isinstance(o, dict)]
+            cells = [self.cells[str(o["cell_id"])] for o in occ if str(o.get("cell_id")) in self.cells]
+            return (
+                f"{gid} {g.get('type')} concerns={g.get('concerns')!r}: whole batch {len(occ)} occurrence(s) "
+                f"in {len({c['cell_id'] for c in cells})} cell(s) [{bounded_by_task(cells, GROUP_TOP_K, tasks)}]"
+            )
         if gid not in self._headers:
             g = self.groups[gid]
             occ = [o for o in g.get("occurrences") or [] if isinstance(o, dict)]
             cells = [self.cells[str(o["cell_id"])] for o in occ if str(o.get("cell_id")) in self.cells]
             self._headers[gid] = (
                 f"{gid} {g.get('type')} concerns={g.get('concerns')!r}: whole batch {len(occ)} occurrence(s) "
-                f"in {len({c['cell_id'] for c in cells})} cell(s) [{by_task_outcome(cells)}]"
+                f"in {len({c['cell_id'] for c in cells})} cell(s) [{bounded_by_task(cells)}]"
             )
         return self._headers[gid]
 
@@ -139,12 +167,13 @@ class Renderer:
         """The pattern groups with an occurrence in ``cells``, sorted."""
         return sorted({gid for c in cells for gid, _ in self.occ_by_cell.get(c, [])})
 
-    def groups_text(self, cells: list[str], only: list[str] | None = None) -> str:
+    def groups_text(self, cells: list[str], only: list[str] | None = None, tasks: set[str] | None = None) -> str:
         """The pattern groups seen in ``cells``: header, then every occurrence here with its evidence.
 
         A text or an event line already said in this request is not said again (the occurrence's
         head line still names its events). ``only``: just these groups (a cell too large for one
         request with all of its groups is read in several, each with every fact of its groups).
+        ``tasks``: the partition's tasks (:meth:`group_header`); None for the whole batch.
         """
         per_group: dict[str, list[dict[str, Any]]] = {}
         for c in cells:
@@ -154,7 +183,7 @@ class Renderer:
         out: list[str] = []
         seen: set[str] = set()
         for gid in sorted(per_group):
-            out.append(self.group_header(gid))
+            out.append(self.group_header(gid, tasks))
             for o in sorted(per_group[gid], key=lambda o: str(o["occurrence_id"])):
                 head, texts, events = self.occurrence_block(o)
                 out.append(head)
@@ -186,11 +215,15 @@ class Renderer:
 
 
 def partition(renderer: Renderer, room_chars: int) -> list[Chunk]:
-    """Cut the eligible cells into chunks of at most ``room_chars`` each: task families first, then cells."""
+    """Cut the eligible cells into chunks of at most ``room_chars`` each: task families, then tasks, then cells.
+
+    A family starts a new chunk when it does not fit beside the previous ones but fits alone; a task
+    starts one when it does not fit beside the previous ones; a task too large is cut into cells.
+    """
     cap = max(int(room_chars * TIMELINE_SHARE) // 4, 400)  # one cell's timeline share in a full chunk
-    families: dict[str, list[str]] = {}
+    by_task: dict[str, list[str]] = {}
     for c in renderer.batch.eligible:
-        families.setdefault(str(c["task_id"]), []).append(str(c["cell_id"]))
+        by_task.setdefault(str(c["task_id"]), []).append(str(c["cell_id"]))
     chunks: list[Chunk] = []
     cur: Chunk | None = None
     used = 0
@@ -207,21 +240,28 @@ def partition(renderer: Renderer, room_chars: int) -> list[Chunk]:
         size, gids = renderer.cell_size(cell, cap)
         return size + sum(len(renderer.group_header(g)) + 1 for g in gids - seen_groups), gids
 
-    for task, cells in sorted(families.items()):
-        family_cost = sum(renderer.cell_size(c, cap)[0] for c in cells)
-        if cur is None or used + family_cost > room_chars:
-            cur = start()  # a family starts a new chunk unless it fits beside the previous ones
-        for cell in sorted(cells):
-            size, gids = cost(cell)
-            if cur.cells and used + size > room_chars:
-                cur = start()
+    def plain(cells: list[str]) -> int:
+        return sum(renderer.cell_size(c, cap)[0] for c in cells)
+
+    for _family, tasks in sorted(renderer.families().items()):
+        family_cost = sum(plain(by_task[t]) for t in tasks)
+        if cur is not None and used + family_cost > room_chars and family_cost <= room_chars:
+            cur = None  # the family fits alone: it starts a chunk rather than being cut across two
+        for task in tasks:
+            cells = by_task[task]
+            if cur is None or used + plain(cells) > room_chars:
+                cur = start()  # a task starts a new chunk unless it fits beside the previous ones
+            for cell in sorted(cells):
                 size, gids = cost(cell)
-            cur.cells.append(cell)
-            if task not in cur.tasks:
-                cur.tasks.append(task)
-            cur.sizes[cell] = size
-            used += size
-            seen_groups |= gids
+                if cur.cells and used + size > room_chars:
+                    cur = start()
+                    size, gids = cost(cell)
+                cur.cells.append(cell)
+                if task not in cur.tasks:
+                    cur.tasks.append(task)
+                cur.sizes[cell] = size
+                used += size
+                seen_groups |= gids
     return [c for c in chunks if c.cells]
 
 
@@ -240,12 +280,23 @@ def split_groups(chunk: Chunk, renderer: Renderer) -> list[Chunk]:
     ]
 
 
-def split(chunk: Chunk) -> list[Chunk]:
-    """Halve a chunk whose rendered request turned out too large."""
+def split(chunk: Chunk, task_of: dict[str, dict[str, Any]] | None = None) -> list[Chunk]:
+    """Halve a chunk whose rendered request turned out too large.
+
+    ``task_of``: cell rows by id; each half then names only its own cells' tasks (its request
+    carries per-task facts for those alone).
+    """
     half = len(chunk.cells) // 2
     parts = [chunk.cells[:half], chunk.cells[half:]]
+
+    def tasks(cells: list[str]) -> list[str]:
+        if task_of is None:
+            return list(chunk.tasks)
+        mine = {str(task_of[c]["task_id"]) for c in cells}
+        return [t for t in chunk.tasks if t in mine]
+
     return [
-        Chunk(call_id=f"{chunk.call_id}{'ab'[i]}", tasks=list(chunk.tasks), cells=p, sizes=chunk.sizes)
+        Chunk(call_id=f"{chunk.call_id}{'ab'[i]}", tasks=tasks(p), cells=p, sizes=chunk.sizes)
         for i, p in enumerate(parts)
         if p
     ]
@@ -261,7 +312,7 @@ def fitted_map_context(renderer: Renderer, chunk: Chunk, room_chars: int) -> dic
     """:func:`map_context` whose timelines get what the cells and groups leave of ``room_chars`` (400 at least)."""
     cells = [renderer.cells[c] for c in chunk.cells]
     cells_text = _cells_text(renderer, cells)
-    groups_text = renderer.groups_text(chunk.cells, chunk.groups)
+    groups_text = renderer.groups_text(chunk.cells, chunk.groups, set(chunk.tasks))
     timeline_chars = max(room_chars - len(cells_text) - len(groups_text), 400)
     return _map_context(renderer, chunk, cells, cells_text, timeline_chars, groups_text)
 
@@ -294,7 +345,9 @@ def _map_context(
         "cell_header": CELL_HEADER,
         "cells_text": cells_text,
         "negatives": negatives,
-        "groups_text": renderer.groups_text(chunk.cells, chunk.groups) if groups_text is None else groups_text,
+        "groups_text": (
+            renderer.groups_text(chunk.cells, chunk.groups, set(chunk.tasks)) if groups_text is None else groups_text
+        ),
         "timelines_note": (
             "complete"
             if not omitted

@@ -22,6 +22,7 @@ from pipeline.models import render
 from pipeline.models.budget import RoleBudget, chars_per_token, request_tokens, role_budget
 from pipeline.sol.batch import Batch
 from pipeline.sol.cards import ReduceAnswer, SolAnswer
+from pipeline.sol.families import task_family
 from pipeline.sol.partition import (
     Chunk,
     Renderer,
@@ -92,7 +93,8 @@ class SolPlanDraft:
         )
         return (
             f"map/reduce: the single call would be {single} (budget "
-            f"{self.budget.input_tokens:,}); {len(self.maps)} map call(s) over {len(tasks)} task family(ies) "
+            f"{self.budget.input_tokens:,}); {len(self.maps)} map call(s) over {len(tasks)} task(s) in "
+            f"{len({task_family(t) for t in tasks})} famil(ies) "
             f"(largest {biggest:,} tokens), then reduce call(s) over their drafts"
         )
 
@@ -175,7 +177,7 @@ def plan_maps(
         if budget.fits(tokens):
             out.append(MapCall(chunk=chunk, context=ctx, tokens=tokens, request_digest=key))
         elif len(chunk.cells) > 1:
-            todo[:0] = split(chunk)
+            todo[:0] = split(chunk, renderer.cells)
         elif halves := split_groups(chunk, renderer):  # one cell: fewer groups per request, never fewer facts
             todo[:0] = halves
         elif (fitted := _shrunk(renderer, chunk, room_chars, tokens, budget, known, used)) is not None:

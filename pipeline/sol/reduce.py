@@ -17,7 +17,8 @@ from pipeline.core import duck
 from pipeline.sol.batch import Batch, rows
 from pipeline.sol.cards import MergedWeakness, SupportDraft, WeaknessCard, WeaknessDraft
 from pipeline.sol.checks import EVENT_ID_RE, answer_errors
-from pipeline.sol.partition import by_task_outcome, outcome_of
+from pipeline.sol.families import TOP_K, bounded_by_task, bounded_list
+from pipeline.sol.partition import outcome_of
 from pipeline.sol.timeline import TIMELINE_KINDS
 
 COUNTER_SAMPLES = 4
@@ -34,6 +35,13 @@ class Draft:
     call_id: str
     card: WeaknessCard
     seen_cells: list[str]  # the cells the call that made it saw
+    absorbed: list[str] = field(default_factory=list)  # drafts pre-merged into this one (same groups or divergence)
+    sources: list[str] = field(default_factory=list)  # the map calls behind it (its own call's when empty)
+
+    @property
+    def map_calls(self) -> list[str]:
+        """The map calls whose drafts this one carries."""
+        return self.sources or [self.call_id]
 
 
 def _in_list(values: list[str]) -> str:
@@ -215,7 +223,7 @@ def _concern_view(
     if view is None:
         occ = [r for _, r in sorted(p for k in concerns for p in occurrences.get(k, []))]
         cells = sorted({r["cell_id"] for r in occ})
-        counts = by_task_outcome([batch.by_cell[c] for c in cells if c in batch.by_cell]) if occ else ""
+        counts = bounded_by_task([batch.by_cell[c] for c in cells if c in batch.by_cell]) if occ else ""
         view = facts.by_concerns[key] = (occ, _by_cell(occ), len(cells), counts)
     return view
 
@@ -224,7 +232,7 @@ def _signature_view(facts: _BatchFacts, batch: Batch, sig: Signature) -> tuple[l
     view = facts.by_signature.get(sig)
     if view is None:
         found = facts.found[sig]
-        counts = by_task_outcome([batch.by_cell[r["cell_id"]] for r in found if r["cell_id"] in batch.by_cell])
+        counts = bounded_by_task([batch.by_cell[r["cell_id"]] for r in found if r["cell_id"] in batch.by_cell])
         view = facts.by_signature[sig] = (_by_cell(found), counts)
     return view
 
@@ -280,14 +288,19 @@ def draft_text(draft: Draft, batch: Batch, shares: list[str], counter: str) -> s
         f"first divergence: {fd.where.stage}/{fd.where.actor}: {fd.where.what} - cells {', '.join(fd.cells)}; "
         f"refs {', '.join(fd.event_refs[:SAMPLE_REFS])}",
         f"harness attribution: {'yes' if c.harness_attribution.attributed else 'no'} - {c.harness_attribution.why}",
-        f"support: {len(cells)} cell(s) [{by_task_outcome(cells)}]; pattern groups "
+        f"support: {len(cells)} cell(s) [{bounded_by_task(cells)}]; pattern groups "
         f"{', '.join(c.support.pattern_groups) or 'none'}; sample refs {', '.join(c.support.event_refs[:SAMPLE_REFS])}",
         "alternatives: " + " | ".join(c.alternative_explanations),
         f"counter-evidence seen by its map call: {ce}",
         f"prediction: {c.counterfactual_prediction}",
     ]
+    if draft.absorbed:
+        lines.append(
+            f"pre-merged into it (same pattern groups or the same first divergence, before any call): "
+            f"{bounded_list(draft.absorbed)}"
+        )
     if shares:
-        lines.append(f"shares pattern groups with: {', '.join(shares)}")
+        lines.append(f"shares pattern groups with: {bounded_list(shares)}")
     lines.append("batch-wide counter-evidence (DuckDB over every eligible cell):")
     lines.append(counter)
     return "\n".join(lines)
@@ -315,10 +328,34 @@ def draft_blocks(batch: Batch, drafts: list[Draft]) -> dict[str, str]:
         con.close()
 
 
+def map_calls_text(drafts: list[Draft], map_calls: list[dict[str, Any]]) -> str:
+    """The map calls behind ``drafts`` (at most :data:`TOP_K` lines), and how many there were in all.
+
+    Bounded: a reduce request names the calls its drafts come from, never every call of the batch.
+    """
+    wanted = {c for d in drafts for c in d.map_calls}
+    mine = [m for m in map_calls if m["call_id"] in wanted]
+    lines = [
+        f"{m['call_id']}: tasks {bounded_list(list(m['tasks']))}; {len(m['cells'])} cell(s); "
+        f"drafts {bounded_list(list(m['outputs'])) or 'none'}"
+        for m in mine[:TOP_K]
+    ]
+    if len(mine) > TOP_K:
+        lines.append(f"and {len(mine) - TOP_K} more map call(s) behind these drafts")
+    if len(map_calls) > len(mine):
+        cells = sum(len(m["cells"]) for m in map_calls)
+        lines.append(f"({len(map_calls)} map calls in all over {cells} cell(s); the others' drafts merge elsewhere)")
+    return "\n".join(lines)
+
+
 def reduce_context(
     batch: Batch, drafts: list[Draft], blocks: dict[str, str], call_id: str, map_calls: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """The template context of one reduce call over ``drafts`` (texts from :func:`draft_blocks`)."""
+    """The template context of one reduce call over ``drafts`` (texts from :func:`draft_blocks`).
+
+    What every request shares is bounded (batch-wide counts as aggregates, the map calls of these
+    drafts only), so the room left for drafts does not shrink as the batch grows.
+    """
     excluded = batch.excluded
     shown = ", ".join(f"{e['cell_id']} ({e['reason'] or '-'})" for e in excluded[:EXCLUDED_SHOWN])
     if len(excluded) > EXCLUDED_SHOWN:
@@ -328,14 +365,10 @@ def reduce_context(
         "run_id": batch.run_id,
         "harnesses": batch.harnesses,
         "eligible_count": len(batch.eligible),
-        "batch_by_task": by_task_outcome(batch.eligible),
+        "batch_by_task": bounded_by_task(batch.eligible),
         "negatives_count": len(batch.negatives),
         "excluded_text": shown or "none",
-        "map_calls_text": "\n".join(
-            f"{m['call_id']}: tasks {', '.join(m['tasks'])}; {len(m['cells'])} cell(s); "
-            f"drafts {', '.join(m['outputs']) or 'none'}"
-            for m in map_calls
-        ),
+        "map_calls_text": map_calls_text(drafts, map_calls),
         "draft_count": len(drafts),
         "drafts_text": "\n\n".join(blocks[d.draft_id] for d in drafts) or "none",
     }

@@ -18,7 +18,7 @@ from pipeline.core.errors import Blocked
 from pipeline.core.listing import some
 from pipeline.ir.digests import ir_digest
 from pipeline.models import CallOutcome, ModelClient, PlannedCall, template_hash
-from pipeline.models.budget import role_budget
+from pipeline.models.budget import RoleBudget, count_text, role_budget
 from pipeline.sol.batch import (
     GROUPS_FILE,
     TIMELINE_BUDGET_CHARS,
@@ -29,9 +29,19 @@ from pipeline.sol.batch import (
     read_groups,
     timeline_budget,
 )
-from pipeline.sol.cards import Dropped, ReduceAnswer, SolAnswer, SolCall, SolPlan, WeaknessCard, WeaknessDraft
+from pipeline.sol.cards import (
+    Dropped,
+    ReduceAnswer,
+    SolAnswer,
+    SolCall,
+    SolPlan,
+    SupportDraft,
+    WeaknessCard,
+    WeaknessDraft,
+)
 from pipeline.sol.checks import EvidenceIndex, answer_errors, check_answer, cited_refs
 from pipeline.sol.evidence import shown_events
+from pipeline.sol.merge import pack, premerge
 from pipeline.sol.partition import CELL_HEADER, Renderer, outcome_of
 from pipeline.sol.plan import (
     MAP_ROLE,
@@ -43,7 +53,7 @@ from pipeline.sol.plan import (
     reduce_budget,
     reduce_tokens,
 )
-from pipeline.sol.reduce import Draft, assemble, draft_blocks, reduce_context, reduce_errors
+from pipeline.sol.reduce import Draft, assemble, draft_blocks, map_calls_text, reduce_context, reduce_errors
 from pipeline.sol.reuse import MapAnswers, StoredMap, map_key
 from pipeline.sol.shortlist import SHORTLIST_FILE, Denominator, Shortlist, write_shortlist
 from pipeline.sol.timeline import TIMELINE_KINDS, fit_timelines
@@ -363,19 +373,57 @@ async def _run_maps(
     return drafts, calls, dropped
 
 
-def _pack(drafts: list[Draft], blocks: dict[str, str], room_chars: int) -> list[list[Draft]]:
-    # Drafts citing the same first pattern group sit together: they are the likely merges.
-    order = sorted(drafts, key=lambda d: (min(d.card.support.pattern_groups, default="~"), d.draft_id))
-    packs: list[list[Draft]] = [[]]
-    used = 0
-    for d in order:
-        size = len(blocks[d.draft_id]) + 2
-        if packs[-1] and used + size > room_chars:
-            packs.append([])
-            used = 0
-        packs[-1].append(d)
-        used += size
-    return packs
+STALLED_ROUNDS = 3  # reduce rounds in a row that merge nothing (each packed anew) before the packs' answers stand
+
+
+def reduce_requests(
+    batch: Batch,
+    budget: RoleBudget,
+    drafts: list[Draft],
+    blocks: dict[str, str],
+    summaries: list[dict[str, Any]],
+    turn: int = 0,
+) -> list[tuple[list[Draft], dict[str, Any], int]]:
+    """The reduce requests of one round: packs measured in tokens, each rendered and counted whole.
+
+    The part every request shares is bounded (:func:`pipeline.sol.reduce.reduce_context`); the
+    room is what it leaves of the budget, and drafts are packed by their counted tokens
+    (:func:`pipeline.sol.merge.pack`). A request that still does not fit is halved; a draft alone
+    too large blocks with its size. Call ids are filled in by the caller (``call_id`` ``R?``).
+    """
+    fixed = reduce_tokens(budget, reduce_context(batch, [], {}, "R00-00", summaries))
+    fixed += count_text(budget.limits, map_calls_text(drafts, summaries))  # the map calls a pack names, at most
+    todo = pack(drafts, blocks, budget, fixed, turn)
+    out: list[tuple[list[Draft], dict[str, Any], int]] = []
+    while todo:
+        p = todo.pop(0)
+        rctx = reduce_context(batch, p, blocks, "R00-00", summaries)
+        tokens = reduce_tokens(budget, rctx)
+        if budget.fits(tokens):
+            out.append((p, rctx, tokens))
+        elif len(p) > 1:
+            todo[:0] = [p[: len(p) // 2], p[len(p) // 2 :]]
+        else:
+            raise Blocked(
+                f"Sol draft {p[0].draft_id} alone needs {tokens:,} tokens in a reduce request, over the budget "
+                f"{budget.input_tokens:,} ({budget.limits.describe()})",
+                reason="external_system",
+                unblock="lunasol run BUNDLE --model MODEL_WITH_A_LARGER_CONTEXT --resume",
+            )
+    return out
+
+
+def _as_final(cards: list[WeaknessCard]) -> list[WeaknessDraft]:
+    """Checked cards as the final drafts of the shortlist, numbered W-01, W-02, ... in order."""
+    out = []
+    for i, c in enumerate(cards, 1):
+        data = c.model_dump()
+        s = c.support
+        support = SupportDraft(cells=s.cells, pattern_groups=s.pattern_groups, event_refs=s.event_refs)
+        data["support"] = support.model_dump()
+        data["weakness_id"] = f"W-{i:02d}"
+        out.append(WeaknessDraft.model_validate(data))
+    return out
 
 
 async def _reduce(
@@ -387,31 +435,40 @@ async def _reduce(
     cpt: float,
     said: list[str],
 ) -> tuple[list[WeaknessDraft], list[SolCall], list[Dropped], set[str]]:
-    """Reduce rounds until one call holds every remaining draft.
+    """Reduce rounds until one call holds every remaining draft, or merging stops.
+
+    Drafts of the same pattern groups or the same first divergence are pre-merged before any call
+    (:func:`pipeline.sol.merge.premerge`), and again after every round. Each round packs at least two
+    drafts per request, so the depth grows with log(drafts), with no ceiling. When
+    :data:`STALLED_ROUNDS` rounds in a row merge nothing (each packed in another order), the
+    calls judged every draft they were shown distinct: their weaknesses are the batch's.
 
     Returns the final weakness drafts, the calls, the drafts dropped, and the event ids the final
-    call showed (its request, and what the drafts it merges cite: their map calls showed those).
+    calls showed (their requests, and what the drafts they merge cite: their map calls showed those).
     """
+    del cpt  # room is counted in tokens (kept in the signature for callers)
     budget = reduce_budget(settings)
     summaries = [c.model_dump() for c in map_calls]
     calls: list[SolCall] = []
     dropped: list[Dropped] = []
+    drafts = premerge(batch, drafts)
     round_no = 0
+    stalls = 0
     while True:
         round_no += 1
         blocks = draft_blocks(batch, drafts)
-        fixed = reduce_tokens(budget, reduce_context(batch, [], {}, "R00", summaries))
-        room = int((budget.input_tokens - fixed) * cpt * 0.9)
-        packs = _pack(drafts, blocks, max(room, 1))
-        final = len(packs) == 1
+        requests = reduce_requests(batch, budget, drafts, blocks, summaries, stalls)
+        final = len(requests) == 1
         outs: list[tuple[str, list[Draft], set[str], int]] = []
         coros = []
-        for i, pack in enumerate(packs, 1):
+        for i, (pack_, rctx, tokens) in enumerate(requests, 1):
             cid = "R" if final and round_no == 1 else f"R{round_no}-{i:02d}"
-            rctx = reduce_context(batch, pack, blocks, cid, summaries)
-            tokens = reduce_tokens(budget, rctx)
-            by_id = {d.draft_id: d for d in pack}
-            shown = shown_events(rctx) | {e for d in pack for r in cited_refs(d.card) for e in batch.index.events_of(r)}
+            rctx["call_id"] = cid
+            tokens = reduce_tokens(budget, rctx)  # the id is in the prompt: count the named request
+            by_id = {d.draft_id: d for d in pack_}
+            shown = shown_events(rctx) | {
+                e for d in pack_ for r in cited_refs(d.card) for e in batch.index.events_of(r)
+            }
 
             def check(answer: ReduceAnswer, by_id: dict[str, Draft] = by_id, shown: set[str] = shown) -> list[str]:
                 return reduce_errors(answer.weaknesses, by_id, batch, shown)
@@ -419,16 +476,16 @@ async def _reduce(
             coros.append(
                 client.call(role=REDUCE_ROLE, cell_id=cid, context=rctx, response_model=ReduceAnswer, check=check)
             )
-            outs.append((cid, pack, shown, tokens))
+            outs.append((cid, pack_, shown, tokens))
         results = await client.gather(coros, label="sol reduce")
         merged_drafts: list[tuple[str, list[Draft], list[WeaknessDraft], set[str]]] = []
-        for (cid, pack, shown, tokens), out in zip(outs, results, strict=True):
+        for (cid, pack_, shown, tokens), out in zip(outs, results, strict=True):
             answer = (
                 out.value if out.ok else (ReduceAnswer.model_validate(out.last_answer) if out.last_answer else None)
             )
             if answer is None:
                 raise _no_answer(out, f"Sol reduce {cid}")
-            by_id = {d.draft_id: d for d in pack}
+            by_id = {d.draft_id: d for d in pack_}
             used = {did for w in answer.weaknesses for did in w.merges}
             dropped += [
                 Dropped(
@@ -436,10 +493,10 @@ async def _reduce(
                     statement=d.card.statement,
                     reasons=[f"{d.draft_id}: not merged into any weakness by the reduce call {cid}"],
                 )
-                for d in pack
+                for d in pack_
                 if d.draft_id not in used
             ]
-            seen = sorted({c for d in pack for c in d.seen_cells})
+            seen = sorted({c for d in pack_ for c in d.seen_cells})
             calls.append(
                 _record(
                     cid,
@@ -447,31 +504,32 @@ async def _reduce(
                     out,
                     tokens,
                     cells=seen,
-                    inputs=[d.draft_id for d in pack],
+                    inputs=[x for d in pack_ for x in (d.draft_id, *d.absorbed)],
                     outputs=[w.weakness_id for w in answer.weaknesses],
                 )
             )
-            merged_drafts.append((cid, pack, [assemble(w, by_id) for w in answer.weaknesses], shown))
+            merged_drafts.append((cid, pack_, [assemble(w, by_id) for w in answer.weaknesses], shown))
         if final:
             said.extend(x for cid, out in zip([o[0] for o in outs], results, strict=True) if (x := _said(cid, out)))
             return merged_drafts[0][2], calls, dropped, merged_drafts[0][3]
         # Not the last round: every pack's checked weaknesses become drafts of the next round.
         nxt: list[Draft] = []
-        for cid, pack, weaknesses, shown in merged_drafts:
+        for cid, pack_, weaknesses, shown in merged_drafts:
             cards, failed = check_answer(weaknesses, batch.index, shown)
-            seen = sorted({c for d in pack for c in d.seen_cells})
-            nxt += [Draft(f"{cid}/{c.weakness_id}", cid, c, seen) for c in cards]
+            seen = sorted({c for d in pack_ for c in d.seen_cells})
+            sources = sorted({c for d in pack_ for c in d.map_calls})
+            nxt += [Draft(f"{cid}/{c.weakness_id}", cid, c, seen, sources=sources) for c in cards]
             dropped += [
                 Dropped(weakness_id=f"{cid}/{wid}", statement="", reasons=reasons)
                 for wid, reasons in sorted(failed.items())
             ]
-        if len(nxt) >= len(drafts):
-            raise Blocked(
-                f"Sol's reduce does not converge: {len(drafts)} drafts became {len(nxt)} weaknesses "
-                f"in round {round_no}",
-                reason="external_system",
-                unblock="lunasol run BUNDLE --model MODEL_WITH_A_LARGER_CONTEXT --resume",
-            )
+        nxt = premerge(batch, nxt)
+        stalls = stalls + 1 if len(nxt) >= len(drafts) else 0
+        if not nxt or stalls >= STALLED_ROUNDS:
+            # Nothing merges any more however the drafts are packed: each call judged its drafts distinct.
+            said.extend(x for cid, out in zip([o[0] for o in outs], results, strict=True) if (x := _said(cid, out)))
+            shown_all = set().union(*(m[3] for m in merged_drafts))
+            return _as_final([d.card for d in nxt]), calls, dropped, shown_all
         drafts = nxt
 
 
@@ -579,9 +637,10 @@ def stage(ctx: RunContext) -> str:
 def _dry_drafts(batch: Batch, decision: SolPlanDraft) -> list[Draft]:
     """Stand-in drafts to size the reduce request in a dry run (labelled an estimate by the caller)."""
     out: list[Draft] = []
-    groups = [gid for g in batch.groups if (gid := group_id(g))]
+    renderer = decision.renderer or Renderer(batch)
     for m in decision.maps:
         cells = m.chunk.cells
+        groups = renderer.group_ids(cells)  # a map call cites the groups its partition shows
         for k in range(DRAFTS_PER_MAP_ESTIMATE):
             cited = groups[k::DRAFTS_PER_MAP_ESTIMATE][:3]
             card = WeaknessCard.model_validate(
@@ -648,18 +707,18 @@ def plan(ctx: RunContext) -> list[PlannedCall]:
         {"call_id": m.chunk.call_id, "tasks": m.chunk.tasks, "cells": m.chunk.cells, "outputs": []}
         for m in decision.maps
     ]
+    drafts = premerge(batch, drafts)
     blocks = draft_blocks(batch, drafts)
     budget = reduce_budget(ctx.options.models)
-    fixed = reduce_tokens(budget, reduce_context(batch, [], {}, "R00", summaries))
-    room = int((budget.input_tokens - fixed) * decision.chars_per_token * 0.9)
-    packs = _pack(drafts, blocks, max(room, 1))
-    for i, pack in enumerate(packs, 1):
+    packs = reduce_requests(batch, budget, drafts, blocks, summaries)
+    for i, (_pack, rctx, _tokens) in enumerate(packs, 1):
         cid = "R" if len(packs) == 1 else f"R1-{i:02d}"
+        rctx["call_id"] = cid
         calls.append(
             PlannedCall(
                 role=REDUCE_ROLE,
                 cell_id=cid,
-                context=reduce_context(batch, pack, blocks, cid, summaries),
+                context=rctx,
                 response_model=ReduceAnswer,
                 expected_output_tokens=REDUCE_OUTPUT_TOKENS,
                 note=f"estimate: {DRAFTS_PER_MAP_ESTIMATE} drafts assumed per map call"

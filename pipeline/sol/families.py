@@ -1,0 +1,114 @@
+"""Task families and bounded batch-wide aggregates for Sol's requests.
+
+A request shows per-task counts only for the tasks it is about; facts about the whole batch are
+bounded: per task while the tasks are few (:data:`TOP_K` or fewer, as small batches always were),
+else per task family (the top :data:`TOP_K` by cells, with counts) and the rest summarised in one
+line. A batch of 2,500 tasks then costs a request a few hundred characters, not a table of 2,500
+tasks that at 128K left no room for any cell.
+
+A task's family comes from its name's structure (``django__django-11099`` -> ``django__django``,
+``task-7`` -> ``task``): the run of trailing digits (or a hex id) after the last separator is
+dropped. When names carry no structure (every family a single task), tasks are grouped by the
+signature of their pattern groups instead (:func:`families_of`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+TOP_K = 10
+"""Tasks (or families) named with their counts in a batch-wide aggregate; the rest are summarised."""
+
+_TAIL = re.compile(r"^(?P<stem>.*?[A-Za-z].*?)[-_.:/#@ ]+(?:[0-9]+|[0-9a-f]{6,}|v?[0-9]+(?:\.[0-9]+)+)$")
+
+
+def task_family(task: str) -> str:
+    """The family of a task, from its name: the name without its trailing number or id (itself if none)."""
+    m = _TAIL.match(task)
+    return m["stem"] if m else task
+
+
+def families_of(tasks: Iterable[str], groups_of: dict[str, tuple[str, ...]] | None = None) -> dict[str, str]:
+    """Task -> family: by name structure; by pattern-group signature when names carry no structure.
+
+    ``groups_of``: per task, the sorted pattern-group ids of its cells (used only when every
+    name-based family holds a single task while there are more than :data:`TOP_K` tasks).
+    """
+    tasks = sorted(set(tasks))
+    by_name = {t: task_family(t) for t in tasks}
+    if len(tasks) <= TOP_K or len(set(by_name.values())) < len(tasks) or not groups_of:
+        return by_name
+    # No structure in the names: tasks whose cells fall in the same pattern groups read together.
+    return {t: "groups:" + ("+".join(groups_of.get(t, ())[:2]) or "none") for t in tasks}
+
+
+def _outcome(cell: dict[str, Any]) -> str:
+    return str(cell.get("outcome") or "no outcome")
+
+
+def _mix(counts: Counter[str]) -> str:
+    return ", ".join(f"{o} {n}" for o, n in sorted(counts.items()))
+
+
+def _per_task(cells: list[dict[str, Any]]) -> dict[str, Counter[str]]:
+    per_task: dict[str, Counter[str]] = {}
+    for c in cells:
+        per_task.setdefault(str(c["task_id"]), Counter())[_outcome(c)] += 1
+    return per_task
+
+
+def _by_family(per_task: dict[str, Counter[str]], k: int) -> list[str]:
+    """The outcome totals, the ``k`` largest families with their counts, the rest in one clause."""
+    fam = families_of(per_task)
+    per_family: dict[str, Counter[str]] = {}
+    tasks_in: Counter[str] = Counter()
+    total: Counter[str] = Counter()
+    for t, counts in per_task.items():
+        per_family.setdefault(fam[t], Counter()).update(counts)
+        tasks_in[fam[t]] += 1
+        total.update(counts)
+    ranked = sorted(per_family, key=lambda f: (-sum(per_family[f].values()), f))
+    cells = sum(total.values())
+    parts = [f"{cells} cell(s) of {len(per_task)} tasks in {len(per_family)} famil(ies): {_mix(total)}"]
+    parts += [f"family {f} ({tasks_in[f]} task(s)): {_mix(per_family[f])}" for f in ranked[:k]]
+    rest = ranked[k:]
+    if rest:
+        other: Counter[str] = Counter()
+        for f in rest:
+            other.update(per_family[f])
+        parts.append(
+            f"{len(rest)} more famil(ies) ({sum(tasks_in[f] for f in rest)} task(s), "
+            f"{sum(other.values())} cell(s)): {_mix(other)}"
+        )
+    return parts
+
+
+def bounded_by_task(cells: list[dict[str, Any]], k: int = TOP_K, only: set[str] | None = None) -> str:
+    """Counts per task and outcome of ``cells`` (``task: outcome n, ...; ...``), bounded in size.
+
+    Up to ``k`` tasks: every task (the form small batches always had). More: the outcome totals,
+    the ``k`` largest task families with their counts, and the rest summarised in one clause.
+    ``only``: per-task counts for these tasks (a partition's), every other task by family after
+    ``elsewhere:``, so a request never names a task outside its partition.
+    """
+    per_task = _per_task(cells)
+    if only is not None:
+        mine = {t: v for t, v in per_task.items() if t in only}
+        rest = {t: v for t, v in per_task.items() if t not in only}
+        parts = [f"{t}: {_mix(mine[t])}" for t in sorted(mine)]
+        if rest:
+            parts.append("elsewhere: " + "; ".join(_by_family(rest, k)))
+        return "; ".join(parts)
+    if len(per_task) <= k:
+        return "; ".join(f"{t}: {_mix(per_task[t])}" for t in sorted(per_task))
+    return "; ".join(_by_family(per_task, k))
+
+
+def bounded_list(items: list[str], k: int = TOP_K) -> str:
+    """``a, b, c`` for up to ``k`` items, else the first ``k`` and how many more (never an unbounded list)."""
+    if len(items) <= k:
+        return ", ".join(items)
+    return ", ".join(items[:k]) + f", and {len(items) - k} more"
