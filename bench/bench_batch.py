@@ -33,7 +33,7 @@ from pydantic import BaseModel
 import pipeline  # noqa: F401  (sets the offline switches first)
 from pipeline.core.settings import ModelSettings
 from pipeline.models import ModelClient, servermodes
-from pipeline.models.batching import read_batches
+from pipeline.models.batch_submit import read_batches
 from pipeline.testing.openai_server import FakeOpenAI, auto_answer
 
 TEMPLATE = "{% block system %}Bench.{% endblock %}{% block user %}Cell {{ cell_id }}: {{ text }}{% endblock %}"

@@ -45,7 +45,7 @@ def overlaps(lines: list[str]) -> tuple[int, int]:
 
 def run(cells: int, root: Path, queue_tokens: int | None = None) -> dict[str, Any]:
     """One ``lunasol run --batch`` over ``cells`` cells (the server's batch queue limited to ``queue_tokens``)."""
-    from pipeline.models.batching import read_batches
+    from pipeline.models.batch_submit import read_batches
 
     model = ScriptedModel()
     server, context = start_server(model)

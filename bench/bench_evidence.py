@@ -37,7 +37,7 @@ import duckdb  # noqa: E402
 import pytest  # noqa: E402
 
 from pipeline.adapters import import_bundle  # noqa: E402
-from pipeline.coordinator.core import run_coordinator  # noqa: E402
+from pipeline.coordinator.groups import run_coordinator  # noqa: E402
 from pipeline.core.errors import Blocked  # noqa: E402
 from pipeline.core.settings import ModelSettings  # noqa: E402
 from pipeline.eval import agentrx  # noqa: E402
@@ -47,9 +47,9 @@ from pipeline.ir.export import export  # noqa: E402
 from pipeline.luna.render import load_cells, split_parts  # noqa: E402
 from pipeline.luna.stage import TABLES_DDL, part_budget  # noqa: E402
 from pipeline.models import render  # noqa: E402
-from pipeline.probes.core import read_probe_hits, run_probes, write_probe_hits  # noqa: E402
-from pipeline.sol.batch import load_batch  # noqa: E402
+from pipeline.probes.engine import read_probe_hits, run_probes, write_probe_hits  # noqa: E402
 from pipeline.sol.cards import SolAnswer  # noqa: E402
+from pipeline.sol.corpus import load_batch  # noqa: E402
 from pipeline.sol.plan import MAP_ROLE, ROLE, plan_sol  # noqa: E402
 from pipeline.sol.stage import single_context  # noqa: E402
 from tests.adapters.adapter_helpers import SHARED_DATA  # noqa: E402

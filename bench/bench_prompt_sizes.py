@@ -27,7 +27,7 @@ from scale_demo import run_scaled  # noqa: E402  (bench/ is on sys.path as the s
 from pipeline.core.canonical import pretty_json  # noqa: E402
 from pipeline.core.settings import ModelSettings  # noqa: E402
 from pipeline.models.budget import count_text, model_limits  # noqa: E402
-from pipeline.sol.batch import load_batch  # noqa: E402
+from pipeline.sol.corpus import load_batch  # noqa: E402
 from pipeline.sol.evidence import GroupEvidence  # noqa: E402
 from pipeline.sol.partition import Renderer  # noqa: E402
 from pipeline.sol.stage import single_context  # noqa: E402

@@ -29,7 +29,7 @@ import duckdb
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.bundle.synth import write_bundle
-from pipeline.coordinator.core import run_coordinator
+from pipeline.coordinator.groups import run_coordinator
 from pipeline.core.context import RunContext, RunOptions
 from pipeline.core.errors import Blocked
 from pipeline.core.settings import ModelSettings

@@ -117,7 +117,7 @@ def measure(n: int, context: int, work: Path) -> dict[str, Any]:
 
 def single_size(n: int, context: int, work: Path) -> int:
     """Tokens of the single whole-batch request (what Sol sent before map/reduce), as the budget counts."""
-    from pipeline.sol.batch import load_batch  # bench only: keeps the script's import time short
+    from pipeline.sol.corpus import load_batch  # bench only: keeps the script's import time short
     from pipeline.sol.plan import plan_sol
     from pipeline.sol.stage import single_context
 

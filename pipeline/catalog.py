@@ -20,10 +20,10 @@ from pipeline.artifacts.schemas import Kind, current_version
 from pipeline.bundle.manifest import MANIFEST_FILE, ManifestDoc
 from pipeline.bundle.request import REQUEST_FILE, AnalysisRequest
 from pipeline.bundle.sources import SOURCES_FILE, SourcesDoc
-from pipeline.coordinator.core import PatternGroups
+from pipeline.coordinator.groups import PatternGroups
 from pipeline.core.canonical import atomic_write_text, pretty_json
 from pipeline.core.errors import BadInput
-from pipeline.followup.model import Followup
+from pipeline.followup.schema import Followup
 from pipeline.gates.gate1 import Receipt
 from pipeline.luna.patterns import PatternRow
 from pipeline.models.calllog import CallRow

@@ -27,4 +27,4 @@ def test_no_doc_or_module_cites_files_this_repository_does_not_have() -> None:
     files = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "pipeline").rglob("*.py")]
     found = [f"{p.relative_to(ROOT)}" for p in files if cited.search(p.read_text(encoding="utf-8"))]
     # followup.json's `resolution` text is written into the artifact: rewording it changes the demo's bytes
-    assert found == ["pipeline/followup/model.py"]
+    assert found == ["pipeline/followup/schema.py"]

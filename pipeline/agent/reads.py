@@ -21,7 +21,7 @@ from pipeline.core.canonical import read_json
 from pipeline.core.errors import BadInput
 from pipeline.gates.gate2 import selection_status
 from pipeline.run.status import status
-from pipeline.sol.batch import read_groups
+from pipeline.sol.corpus import read_groups
 from pipeline.sol.shortlist import Shortlist, read_shortlist
 from pipeline.state import handoff
 from pipeline.state.handoff import Handoff
@@ -29,7 +29,7 @@ from pipeline.state.handoff import Handoff
 if TYPE_CHECKING:
     import duckdb
 
-    from pipeline.followup.model import Followup
+    from pipeline.followup.schema import Followup
 
 FOLLOWUP_FILE = FOLLOWUP.filename
 
@@ -114,7 +114,7 @@ def followup_of(run_dir: Path) -> Followup | None:
     """The run's own followup.json (it is the child of a follow-up), validated, or None."""
     if not RunDir(run_dir).followup.is_file():
         return None
-    from pipeline.followup.core import read_followup  # startup: followup imports the runner and its stages
+    from pipeline.followup.verdict import read_followup  # startup: followup imports the runner and its stages
 
     return read_followup(run_dir)
 

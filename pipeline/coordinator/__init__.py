@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipeline.coordinator.core import GROUPS_FILE, coordinate, run_coordinator, sql_files
+from pipeline.coordinator.groups import GROUPS_FILE, coordinate, run_coordinator, sql_files
 from pipeline.core.errors import BadInput
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.coordinator.core import run_coordinator
+from pipeline.coordinator.groups import run_coordinator
 from pipeline.core import duck
 
 _PATTERNS_DDL = """

@@ -4,7 +4,7 @@ glibc keeps the memory of freed objects in its heaps for reuse, and large blocks
 the middle of a heap are not returned: a ``--batch`` run builds a batch file of up to 20M
 characters of prompts, and copies of it, once per batch. Trimming after each one returned
 130-160 MB per batch in a 2,000-cell run (most of the 10,000-cell run's 2.8 GiB was something
-else: frames that kept every prompt, see ``pipeline.models.batch``). ``malloc_trim(0)`` returns
+else: frames that kept every prompt, see ``pipeline.models.batch_api``). ``malloc_trim(0)`` returns
 those pages; dask's workers do the same. Elsewhere (another C library, another OS) this is a no-op.
 """
 

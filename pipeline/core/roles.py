@@ -5,7 +5,7 @@ and ``prompts/<template>.j2``). The tables other modules used to keep by hand ar
 specs: the templates hashed into run.json (:data:`pipeline.models.prompts.ROLES`), the default
 ``max_tokens`` (:meth:`pipeline.core.settings.ModelSettings.max_tokens_for`), the room kept for the
 answer in the whole-request budget (:mod:`pipeline.models.budget`) and the roles ``--batch`` sends
-through the provider's batch API (:mod:`pipeline.models.batching`).
+through the provider's batch API (:mod:`pipeline.models.batch_submit`).
 
 The answer model is named, not imported: it lives with the stage that owns it, in a layer above
 this one (a test checks that each name resolves to a pydantic model).

@@ -6,10 +6,10 @@ and the statistics :func:`two_proportions`, :func:`two_means`, :func:`z_from_rat
 
 from __future__ import annotations
 
-from pipeline.followup.core import FollowupResult, decide, followup, read_followup
-from pipeline.followup.model import FOLLOWUP_FILE, Followup
 from pipeline.followup.render import render_text
+from pipeline.followup.schema import FOLLOWUP_FILE, Followup
 from pipeline.followup.stats import min_detectable_difference, two_means, two_proportions, z_from_rates
+from pipeline.followup.verdict import FollowupResult, decide, followup, read_followup
 
 __all__ = [
     "FOLLOWUP_FILE",

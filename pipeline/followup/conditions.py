@@ -23,7 +23,7 @@ import re
 from typing import Any, Literal
 
 from pipeline.followup.inputs import RunSide
-from pipeline.followup.model import ConditionResult, MetricResult
+from pipeline.followup.schema import ConditionResult, MetricResult
 from pipeline.followup.stats import Direction, two_means, two_proportions
 
 Row = dict[str, Any]

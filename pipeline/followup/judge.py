@@ -26,7 +26,7 @@ from pipeline.core import roles
 from pipeline.core.errors import Blocked
 from pipeline.core.settings import ModelSettings
 from pipeline.followup.inputs import RunSide, ir_rows
-from pipeline.followup.model import ConditionResult, Conflict, JudgeBlock, JudgeView
+from pipeline.followup.schema import ConditionResult, Conflict, JudgeBlock, JudgeView
 from pipeline.models import ModelClient, render
 from pipeline.models.budget import request_tokens, role_budget
 from pipeline.models.preflight import preflight

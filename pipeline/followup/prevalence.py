@@ -15,7 +15,7 @@ from typing import Any
 from pipeline.core.errors import BadInput
 from pipeline.diff.match import greedy_match, text_similarity
 from pipeline.followup.inputs import RunSide
-from pipeline.followup.model import Families, FamilyRow, GroupMatch, TargetedChange
+from pipeline.followup.schema import Families, FamilyRow, GroupMatch, TargetedChange
 from pipeline.followup.stats import Direction, two_proportions
 
 Row = dict[str, Any]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.followup.model import Followup
+from pipeline.followup.schema import Followup
 from pipeline.followup.stats import ProportionTest
 
 

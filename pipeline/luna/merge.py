@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from pipeline.luna.patterns import LunaAnswer, Pattern
-from pipeline.probes.core import ProbeHit
+from pipeline.probes.engine import ProbeHit
 
 
 class Conflict(BaseModel):

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.empties import MIN_REASON_WORDS, says_nothing
-from pipeline.probes.core import ProbeHit, normalise_key
+from pipeline.probes.engine import ProbeHit, normalise_key
 from pipeline.probes.files import PatternType
 
 Confidence = Literal["high", "medium", "low"]

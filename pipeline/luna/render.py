@@ -16,7 +16,7 @@ from typing import Any
 import duckdb
 
 from pipeline.core import duck
-from pipeline.probes.core import ProbeHit, read_probe_hits
+from pipeline.probes.engine import ProbeHit, read_probe_hits
 
 # Characters per token of rendered IR when the model's tokenizer is not known: JSON-heavy log lines
 # count 2.84 with cl100k_base and 2.16 with SmolLM2's tokenizer on the demo (a local server counted

@@ -31,8 +31,8 @@ from pipeline.core.errors import BadInput, LunasolError
 from pipeline.core.settings import ModelSettings
 from pipeline.models import shaping
 from pipeline.models.accounting import Accounting, Usage
-from pipeline.models.batch import TERMINAL
-from pipeline.models.batching import BATCHED_ROLES, Batcher, read_batches
+from pipeline.models.batch_api import TERMINAL
+from pipeline.models.batch_submit import BATCHED_ROLES, Batcher, read_batches
 from pipeline.models.budget import check_fits, role_budget
 from pipeline.models.calllog import CallLog, read_calls
 from pipeline.models.errors import AnswerTruncated, ContextExceeded, ModelUnavailable
@@ -131,7 +131,7 @@ class ModelClient:
             ),
         )
         if self._batching() and self.model:
-            # --batch hook (pipeline.models.batching): the exchange sends batched roles' first requests here.
+            # --batch hook (pipeline.models.batch_submit): the exchange sends batched roles' first requests here.
             self.exchange.batcher = Batcher(
                 str(self.model),
                 self.run_dir,

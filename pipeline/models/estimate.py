@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from pipeline.core.settings import ModelSettings
-from pipeline.models.batching import BATCHED_ROLES
+from pipeline.models.batch_submit import BATCHED_ROLES
 from pipeline.models.budget import ASSUMED_MODEL, ESTIMATE_FACTOR, model_limits, role_budget
 from pipeline.models.modes import resolve_mode
 from pipeline.models.pricing import batch_price

@@ -21,7 +21,7 @@ from pipeline.core.errors import LunasolError
 from pipeline.core.settings import ModelSettings
 from pipeline.models import servermodes
 from pipeline.models.accounting import Accounting, Booked
-from pipeline.models.batching import BATCHED_ROLES, Batcher
+from pipeline.models.batch_submit import BATCHED_ROLES, Batcher
 from pipeline.models.budget import context_error
 from pipeline.models.errors import EmptyAnswer, ModelUnavailable, ReplayMiss
 from pipeline.models.fleet import Fleet, fleet_api_key, is_fleet, total_concurrency
@@ -98,7 +98,7 @@ class Exchange:
         self.log = log
         self._sem: asyncio.Semaphore | None = None
         self._openai_clients: dict[int, Any] = {}
-        self.batcher: Batcher | None = None  # --batch: set by the client (pipeline.models.batching)
+        self.batcher: Batcher | None = None  # --batch: set by the client (pipeline.models.batch_submit)
         self.refused: LunasolError | None = None  # a refusal stops every later request of the client
         # Several endpoints in --api-base: live calls go through litellm's Router (pipeline.models.fleet).
         self.is_fleet = is_fleet(settings.api_base)

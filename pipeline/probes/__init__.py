@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from pipeline.core import duck
 from pipeline.core.errors import BadInput
 from pipeline.probes.cells import update_probe_hits
-from pipeline.probes.core import (
+from pipeline.probes.engine import (
     PROBES,
     ProbeHit,
     normalise_key,

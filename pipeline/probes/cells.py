@@ -19,7 +19,7 @@ from pipeline.core import duck
 from pipeline.core.canonical import canonical_json, digest
 from pipeline.ir.cache import cached_rows
 from pipeline.ir.digests import content_digests
-from pipeline.probes.core import PROBES, ProbeHit, run_probes, write_probe_hits
+from pipeline.probes.engine import PROBES, ProbeHit, run_probes, write_probe_hits
 from pipeline.probes.files import Probe, base_sql
 
 CACHE_TABLE = "probe_cache"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pipeline.core import plugins
 from pipeline.core.errors import BadInput
-from pipeline.probes.core import PROBES
+from pipeline.probes.engine import PROBES
 from pipeline.probes.files import Probe, load_probe_dir
 
 

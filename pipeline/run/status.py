@@ -17,8 +17,8 @@ from pipeline.core.settings import ModelSettings
 from pipeline.core.urls import is_shown, unusable
 from pipeline.gates.gate2 import selection_status
 from pipeline.ir.redact import NO_REDACT_NOTE
-from pipeline.models.batch import TERMINAL, BatchEndpoint
-from pipeline.models.batching import read_batches
+from pipeline.models.batch_api import TERMINAL, BatchEndpoint
+from pipeline.models.batch_submit import read_batches
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 from pipeline.state import handoff
 from pipeline.state.blocking import read_block_receipt

@@ -15,9 +15,9 @@ from typing import Any
 
 from pipeline.core import duck
 from pipeline.models.budget import RoleBudget, count_text
-from pipeline.sol.batch import Batch
 from pipeline.sol.cards import Support, SupportCounts, WeaknessCard
 from pipeline.sol.checks import EVENT_ID_RE
+from pipeline.sol.corpus import Batch
 from pipeline.sol.reduce import Draft
 
 _CONFIDENCE = {"high": 0, "medium": 1, "low": 2}

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.sol.batch import Batch, group_id
+from pipeline.sol.corpus import Batch, group_id
 from pipeline.sol.evidence import occurrence_lines
 from pipeline.sol.families import bounded_by_task, families_of
 from pipeline.sol.timeline import fit_timelines, timeline_chars

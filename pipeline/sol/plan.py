@@ -20,8 +20,8 @@ from pipeline.core.errors import Blocked
 from pipeline.core.settings import ModelSettings
 from pipeline.models import render
 from pipeline.models.budget import RoleBudget, chars_per_token, request_tokens, role_budget
-from pipeline.sol.batch import Batch
 from pipeline.sol.cards import ReduceAnswer, SolAnswer
+from pipeline.sol.corpus import Batch
 from pipeline.sol.families import task_family
 from pipeline.sol.partition import (
     Chunk,

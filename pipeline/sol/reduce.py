@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core import duck
-from pipeline.sol.batch import Batch, rows
 from pipeline.sol.cards import MergedWeakness, SupportDraft, WeaknessCard, WeaknessDraft
 from pipeline.sol.checks import EVENT_ID_RE, answer_errors
+from pipeline.sol.corpus import Batch, rows
 from pipeline.sol.families import TOP_K, bounded_by_task, bounded_list
 from pipeline.sol.partition import outcome_of
 from pipeline.sol.timeline import TIMELINE_KINDS

@@ -19,16 +19,6 @@ from pipeline.core.listing import some
 from pipeline.ir.digests import ir_digest
 from pipeline.models import CallOutcome, ModelClient, PlannedCall, template_hash
 from pipeline.models.budget import RoleBudget, count_text, role_budget
-from pipeline.sol.batch import (
-    GROUPS_FILE,
-    TIMELINE_BUDGET_CHARS,
-    Batch,
-    group_cells,
-    group_id,
-    load_batch,
-    read_groups,
-    timeline_budget,
-)
 from pipeline.sol.cards import (
     Dropped,
     ReduceAnswer,
@@ -40,6 +30,16 @@ from pipeline.sol.cards import (
     WeaknessDraft,
 )
 from pipeline.sol.checks import EvidenceIndex, answer_errors, check_answer, cited_refs
+from pipeline.sol.corpus import (
+    GROUPS_FILE,
+    TIMELINE_BUDGET_CHARS,
+    Batch,
+    group_cells,
+    group_id,
+    load_batch,
+    read_groups,
+    timeline_budget,
+)
 from pipeline.sol.evidence import shown_events
 from pipeline.sol.merge import pack, premerge
 from pipeline.sol.partition import CELL_HEADER, Renderer, outcome_of

@@ -4,7 +4,9 @@ Every finding carries a rule id (``V-...``), the field path (``proposals[0].evid
 and one explanation; see docs/validator.md for every rule and the historical-basis policy.
 """
 
-from pipeline.validator.core import (
+from pipeline.validator.findings import CardReport, Finding
+from pipeline.validator.run_rules import RunFacts, load_run_facts
+from pipeline.validator.validate import (
     PROMPT_RULES,
     RULES,
     ValidationResult,
@@ -13,8 +15,6 @@ from pipeline.validator.core import (
     validate_entries,
     validate_file,
 )
-from pipeline.validator.findings import CardReport, Finding
-from pipeline.validator.run_rules import RunFacts, load_run_facts
 
 __all__ = [
     "PROMPT_RULES",

@@ -161,7 +161,7 @@ def test_auto_imports_the_plugins_logs_beside_a_builtin_format(plugin_env: dict[
     # the pack's probe runs in the probes stage beside the shipped ones
     code = (
         "import duckdb; from pipeline.probes import PROBES; from pipeline.probes.packs import pack_probes; "
-        "from pipeline.probes.core import run_probes; con = duckdb.connect('runs/r/ir.duckdb'); "
+        "from pipeline.probes.engine import run_probes; con = duckdb.connect('runs/r/ir.duckdb'); "
         "print(sorted({h.probe_id for h in run_probes(con, PROBES + pack_probes())}))"
     )
     hits = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=plugin_env,

@@ -273,7 +273,7 @@ def test_query_refuses_an_ir_of_another_schema(tmp_path: Path, version: str | No
 
 def test_followup_v1_upgrades_to_v2_without_a_judge() -> None:
     """A counts-only v1 follow-up reads as v2: settled conditions decided by the count, the rest by a human."""
-    from pipeline.followup.model import Followup
+    from pipeline.followup.schema import Followup
 
     v1, v2 = read_json(SAMPLES / "followup.v1.json"), read_json(SAMPLES / "followup.v2.json")
     assert v1["schema_version"] == 1 and VERSIONS["followup"] == 2

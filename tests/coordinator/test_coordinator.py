@@ -313,7 +313,7 @@ def test_a_rerun_looks_again_only_at_changed_cells_and_gives_every_incident_a_fr
 
 def test_the_streamed_file_is_the_whole_documents_bytes(tmp_path: Path) -> None:
     """run_coordinator streams the file from DuckDB a batch at a time: the bytes of the document built whole."""
-    from pipeline.coordinator import core
+    from pipeline.coordinator import groups as core
     from pipeline.core import duck
     from pipeline.core.canonical import pretty_json_plain
 

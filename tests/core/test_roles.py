@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from pipeline.core import roles
 from pipeline.core.settings import ModelSettings
-from pipeline.models.batching import BATCHED_ROLES
+from pipeline.models.batch_submit import BATCHED_ROLES
 from pipeline.models.budget import ANSWER_TOKENS
 from pipeline.models.prompts import ROLES, prompts_dir
 

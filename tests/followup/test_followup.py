@@ -20,9 +20,9 @@ from pipeline.core.canonical import pretty_json, read_json, sha256_file
 from pipeline.core.errors import BadInput
 from pipeline.followup import followup, read_followup, two_means, two_proportions, z_from_rates
 from pipeline.followup.conditions import predicted_direction
-from pipeline.followup.core import decide
-from pipeline.followup.model import ConditionResult, Families, MetricResult, TargetedChange
+from pipeline.followup.schema import ConditionResult, Families, MetricResult, TargetedChange
 from pipeline.followup.stats import _power, min_detectable_difference, z_pooled
+from pipeline.followup.verdict import decide
 from pipeline.testing.openai_server import FakeOpenAI
 from tests.followup.followup_helpers import Script, analyse, through_both_gates, write_generation
 

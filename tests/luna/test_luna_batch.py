@@ -21,9 +21,10 @@ import pytest
 from pipeline.core.context import RunOptions
 from pipeline.core.errors import Blocked
 from pipeline.core.settings import ModelSettings
-from pipeline.models import batching, progress, read_calls
+from pipeline.models import batch_submit as batching
 from pipeline.models import client as client_module
-from pipeline.models.batching import read_batches
+from pipeline.models import progress, read_calls
+from pipeline.models.batch_submit import read_batches
 from pipeline.run.runner import run
 from pipeline.run.status import format_status, status
 from pipeline.testing.openai_server import BatchPlan, FakeOpenAI, recordings_handler, server_error

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from pipeline.core.errors import BadInput
-from pipeline.models.batch import BatchEndpoint, batch_line, provider_of, wire_body
+from pipeline.models.batch_api import BatchEndpoint, batch_line, provider_of, wire_body
 from pipeline.testing.openai_server import BatchPlan, FakeOpenAI, Reply, answer, auto_answer, server_error
 
 MODEL = "openai/test-model"
@@ -207,7 +207,7 @@ async def test_three_hundred_calls_go_out_as_one_batch_each_key_once(
     from pydantic import BaseModel
 
     from pipeline.models import ModelClient, read_calls
-    from pipeline.models.batching import read_batches
+    from pipeline.models.batch_submit import read_batches
 
     class Finding(BaseModel):
         summary: str
@@ -238,7 +238,7 @@ async def test_a_request_arriving_during_a_flush_gets_its_own_batch_submitted_wh
 ) -> None:
     import asyncio
 
-    from pipeline.models.batching import Batcher, read_batches
+    from pipeline.models.batch_submit import Batcher, read_batches
 
     monkeypatch.setenv("LUNASOL_BATCH_POLL_S", "0.02")
     fake_llm.handler = by_cell
@@ -275,7 +275,7 @@ class _Killed(Exception):
 async def test_a_kill_between_asking_for_a_batch_and_storing_its_id_submits_nothing_twice(
     tmp_path: Any, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch, accepted: bool
 ) -> None:
-    from pipeline.models.batching import Batcher, read_batches
+    from pipeline.models.batch_submit import Batcher, read_batches
 
     monkeypatch.setenv("LUNASOL_BATCH_POLL_S", "0")
     fake_llm.handler = by_cell
@@ -320,7 +320,7 @@ OPENAI_QUEUE_FULL = (
 
 
 def test_a_queue_full_batch_states_its_limit() -> None:
-    from pipeline.models.batch import BatchState
+    from pipeline.models.batch_api import BatchState
 
     full = BatchState("b1", "failed", errors=[OPENAI_QUEUE_FULL], error_codes=["token_limit_exceeded"])
     assert full.queue_full and full.queue_limit() == 2_000_000
@@ -349,8 +349,8 @@ async def test_three_hundred_requests_fill_a_full_queue_as_room_is_made(
 ) -> None:
     # 10x the demo against a queue that holds about a fifth of them, its limit not told to lunasol:
     # the first refusal teaches it (from the provider's message), the rest waits for room.
-    from pipeline.models import batching
-    from pipeline.models.batching import Batcher, read_batches
+    from pipeline.models import batch_submit as batching
+    from pipeline.models.batch_submit import Batcher, read_batches
 
     monkeypatch.setattr(batching, "BATCH_MAX_REQUESTS", 40)
     requests, one = _queued(fake_llm, monkeypatch, 300)
@@ -379,8 +379,8 @@ async def test_a_stated_queue_limit_paces_a_resumed_process_from_its_first_batch
 ) -> None:
     # A 10,000-cell --batch run is resumed by another process (a block, Ctrl-C, a laptop asleep); the
     # limit the provider stated to the first one is not learned again through a refused round.
-    from pipeline.models import batching
-    from pipeline.models.batching import QUEUE_NAME, Batcher, read_batches, read_queue_limit
+    from pipeline.models import batch_submit as batching
+    from pipeline.models.batch_submit import QUEUE_NAME, Batcher, read_batches, read_queue_limit
 
     monkeypatch.setattr(batching, "BATCH_MAX_REQUESTS", 40)
     requests, one = _queued(fake_llm, monkeypatch, 200)
@@ -408,7 +408,7 @@ async def test_a_stated_queue_limit_paces_a_resumed_process_from_its_first_batch
 async def test_a_declared_queue_limit_is_never_exceeded(
     tmp_path: Any, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pipeline.models.batching import Batcher, read_batches
+    from pipeline.models.batch_submit import Batcher, read_batches
 
     requests, one = _queued(fake_llm, monkeypatch, 120)
     limit = 25 * one
@@ -427,7 +427,7 @@ async def test_a_declared_queue_limit_is_never_exceeded(
 async def test_a_failed_batch_blocks_and_asks_nothing_synchronously(
     tmp_path: Any, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pipeline.models.batching import Batcher, BatchFailed, read_batches
+    from pipeline.models.batch_submit import Batcher, BatchFailed, read_batches
 
     monkeypatch.setenv("LUNASOL_BATCH_POLL_S", "0")
     fake_llm.handler = by_cell
@@ -450,8 +450,8 @@ async def test_a_failed_batch_blocks_and_asks_nothing_synchronously(
 
 def test_a_failed_batch_quotes_a_bounded_part_of_what_the_provider_said() -> None:
     # A file's validation can fail on every line: the block quotes the first few errors, cut, and counts the rest.
-    from pipeline.models.batch import BatchState
-    from pipeline.models.batching import _failed_error
+    from pipeline.models.batch_api import BatchState
+    from pipeline.models.batch_submit import _failed_error
 
     errors = [f"line {n}: {'x' * 1000}" for n in range(1, 1001)]
     exc = _failed_error(BatchState("b1", "failed", errors=errors, error_codes=["invalid_request"] * 1000), 1000, None)
@@ -464,7 +464,7 @@ async def test_a_queue_that_stays_full_blocks_naming_the_limit_flag(
 ) -> None:
     # Someone else's batches fill the queue: one request is more than the room left. lunasol tries
     # once more after learning the limit, then blocks rather than asking synchronously.
-    from pipeline.models.batching import Batcher, BatchFailed
+    from pipeline.models.batch_submit import Batcher, BatchFailed
 
     monkeypatch.setenv("LUNASOL_BATCH_POLL_S", "0")
     fake_llm.handler = by_cell
@@ -481,7 +481,7 @@ async def test_a_queue_that_stays_full_blocks_naming_the_limit_flag(
 async def test_requests_waiting_for_room_past_the_max_wait_block_and_go_on_resume(
     tmp_path: Any, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pipeline.models.batching import Batcher, BatchPending, read_batches
+    from pipeline.models.batch_submit import Batcher, BatchPending, read_batches
 
     monkeypatch.setenv("LUNASOL_BATCH_MAX_WAIT_S", "0")
     requests, one = _queued(fake_llm, monkeypatch, 9)
@@ -512,8 +512,8 @@ async def test_a_proxy_refusing_at_create_paces_the_batches_too(
 ) -> None:
     # A LiteLLM proxy's batch_enqueued_token_limit answers the create with a 429: what this run has in
     # the queue becomes the limit, the batch goes when one ends, and no record is left without an id.
-    from pipeline.models import batching
-    from pipeline.models.batching import Batcher, read_batches
+    from pipeline.models import batch_submit as batching
+    from pipeline.models.batch_submit import Batcher, read_batches
 
     monkeypatch.setattr(batching, "BATCH_MAX_REQUESTS", 4)
     requests, one = _queued(fake_llm, monkeypatch, 16)

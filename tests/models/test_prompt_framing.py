@@ -25,8 +25,8 @@ from pipeline.models.prompts import DATA_RULE, fence
 from pipeline.models.schema_text import schema_text
 from pipeline.proposals.proposer import _groups_by_id, build_context
 from pipeline.run.runner import run
-from pipeline.sol.batch import load_batch
 from pipeline.sol.cards import ReduceAnswer, SolAnswer
+from pipeline.sol.corpus import load_batch
 from pipeline.sol.partition import Chunk, Renderer, map_context
 from pipeline.sol.reduce import Draft, draft_blocks, reduce_context
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist

@@ -24,7 +24,7 @@ from pipeline.core.context import RunOptions
 from pipeline.core.errors import BadInput
 from pipeline.core.settings import ModelSettings
 from pipeline.core.urls import PASSWORD_MARK
-from pipeline.models.batching import BATCHES_NAME
+from pipeline.models.batch_submit import BATCHES_NAME
 from pipeline.models.preflight import check_reachable
 from pipeline.models.transport import describe, refusal
 from pipeline.proposals.proposer import run_model_settings

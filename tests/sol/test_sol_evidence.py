@@ -12,7 +12,7 @@ from pipeline.core.canonical import read_json
 from pipeline.core.context import RunOptions
 from pipeline.models import read_calls
 from pipeline.run.runner import run
-from pipeline.sol.batch import load_batch
+from pipeline.sol.corpus import load_batch
 from pipeline.sol.evidence import shown_events
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 from pipeline.sol.stage import single_context

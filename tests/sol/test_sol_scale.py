@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 
 from pipeline.bundle.synth import write_bundle
 from pipeline.cli.app import app
-from pipeline.coordinator.core import run_coordinator
+from pipeline.coordinator.groups import run_coordinator
 from pipeline.core.canonical import read_json
 from pipeline.core.context import RunContext, RunOptions
 from pipeline.ir.digests import fill_sql

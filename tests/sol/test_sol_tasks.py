@@ -21,12 +21,12 @@ import duckdb
 import pytest
 
 from pipeline.bundle.synth import write_bundle
-from pipeline.coordinator.core import run_coordinator
+from pipeline.coordinator.groups import run_coordinator
 from pipeline.core.context import RunContext, RunOptions
 from pipeline.ir.export import export
 from pipeline.ir.refs import read_refs
-from pipeline.sol.batch import load_batch
 from pipeline.sol.cards import WeaknessCard
+from pipeline.sol.corpus import load_batch
 from pipeline.sol.families import TOP_K, bounded_by_task, families_of, task_family
 from pipeline.sol.merge import premerge
 from pipeline.sol.reduce import Draft

@@ -30,7 +30,8 @@ from pipeline.core.settings import ModelSettings
 from pipeline.followup.conditions import evaluate_conditions, metric_results, predicted_direction
 from pipeline.followup.inputs import RunSide, check_lineage, load_selection, load_side
 from pipeline.followup.judge import judge, merge, not_asked
-from pipeline.followup.model import (
+from pipeline.followup.prevalence import families, targeted_change
+from pipeline.followup.schema import (
     FOLLOWUP_FILE,
     ChildBinding,
     ConditionResult,
@@ -44,7 +45,6 @@ from pipeline.followup.model import (
     Verdict,
     VerdictBlock,
 )
-from pipeline.followup.prevalence import families, targeted_change
 from pipeline.proposals.proposer import run_model_settings
 
 METHOD = {

@@ -48,7 +48,7 @@ from pipeline.core.canonical import atomic_write_text
 from pipeline.core.errors import Blocked
 from pipeline.core.memory import give_back
 from pipeline.core.roles import ROLE_SPECS
-from pipeline.models.batch import TERMINAL, BatchEndpoint, BatchState, ItemResult, batch_line, wire_bodies
+from pipeline.models.batch_api import TERMINAL, BatchEndpoint, BatchState, ItemResult, batch_line, wire_bodies
 from pipeline.models.transport import describe
 
 BATCHED_ROLES = frozenset(r.name for r in ROLE_SPECS if r.batched)
