@@ -75,6 +75,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """One self-contained HTML page to read before deciding: cards, timelines, raw lines beside the text."""
         # startup: `lunasol --help` and every other verb load none of this
+        from pipeline.artifacts.rundir import REPORT_FILE
         from pipeline.core.objstore import is_url, open_url, put_file, shown
         from pipeline.report import write_report
 
@@ -83,7 +84,7 @@ def register(app: typer.Typer) -> None:
 
             open_url(out)  # an unknown scheme or a missing backend: one line before the page is built
             with tempfile.TemporaryDirectory(prefix="lunasol-report-") as tmp:
-                local, stats = write_report(_run_dir(run), out=Path(tmp) / "report.html")
+                local, stats = write_report(_run_dir(run), out=Path(tmp) / REPORT_FILE)
                 put_file(local, out)  # whole: the object appears only once all of it is stored
             where = shown(out)
         else:
