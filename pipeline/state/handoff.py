@@ -240,6 +240,6 @@ def next_command(run_dir: Path, handoff: Handoff | None = None) -> str:
         ids, failed = _proposal_outcome(run_dir)
         if failed:
             return f"lunasol propose {run}   # the proposer failed for {', '.join(failed)}: their cards are missing"
-        pick = f"--proposal {ids[0]} | " if ids else ""  # never a card that does not exist
+        pick = f"--proposal {'|'.join(ids)} | " if ids else ""  # every accepted card, never one that does not exist
         return select_command(run_dir, h, f"({pick}--none | --redo)")
     return f"lunasol report {run}"
