@@ -378,7 +378,8 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
         con.close()
     assert again_lines(run_dir, changed) == now != before  # the store learned the changed lines
     # a cell too large for one request is read in several (whole groups each): every map call holding the changed
-    # cell is asked again, no other (a request that quotes a cited line of that cell is counted again, not asked)
+    # cell is asked again, no other (planning may count another request again while it sizes the split cell; that
+    # request's key is unchanged, so its stored answer is taken: asserted below through `reused`)
     holding = sorted(m.call_id for m in maps if changed in m.cells)
     assert part[changed] in holding
     assert sorted(_map_ids(fake_llm)) == holding and part[changed] in counted
