@@ -91,3 +91,22 @@ def test_every_cited_event_resolves_to_raw_bytes(asked: tuple[Path, dict[str, An
             assert view.sha256 == row[5] and view.lines.strip(), event
     finally:
         con.close()
+
+
+def test_record_demo_routes_a_weakness_ask_by_cell_and_never_as_luna() -> None:
+    """The ask prompt's cell line and question name the answer file; Luna's prompt still goes to Luna."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from fixtures.record_demo import answer_name
+
+    question = "Question (answer with one of: supports, contradicts, neither):\n<question>\nWeakness W-01 states: x\n"
+    ask = f"Cell C004 · task bat-sanitize · harness H0 · part 1/1\n\n{question}"
+    assert answer_name({"messages": [{"role": "user", "content": ask}]}) == "ask/W-01/C004"
+    split = ask.replace("part 1/1", "part 2/3")
+    assert answer_name({"messages": [{"role": "user", "content": split}]}) == "ask/W-01/C004.part2of3"
+    luna = "Cell C004 · task bat-sanitize · run r1 · harness H0 · part 1/1\nLog"
+    assert answer_name({"messages": [{"role": "user", "content": luna}]}) == "luna/C004"
+    # A user's own question (not from a card) has no hand-written answers: reported missing, never served Luna's.
+    own = "Cell C004 · task bat-sanitize · harness H0 · part 1/1\n\nQuestion (answer yes or no):\nDid it loop?\n"
+    assert answer_name({"messages": [{"role": "user", "content": own}]}) == "ask/own/C004"
