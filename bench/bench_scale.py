@@ -158,7 +158,7 @@ def timed_stage(name, fn):
             print("##stage after-" + name, file=sys.stderr, flush=True)
     return run
 import dataclasses
-runner.STAGES[:] = [(n, dataclasses.replace(st, run=timed_stage(n, st.run))) for n, st in runner.STAGES]
+runner.STAGES = tuple(dataclasses.replace(st, run=timed_stage(st.name, st.run)) for st in runner.STAGES)
 def bookkeeping(fn):
     def run(*a, **k):
         if depth[0]:
