@@ -454,7 +454,10 @@ def diversity(root: Path, rows: list[tuple[int, int, int]]) -> dict[str, Any]:
         counts = ServerCounts(ScriptedModel())
         server, context = start_server(counts, context_tokens)
         try:
-            bundle = clone_diverse(DEMO, root / f"bundle-{cells}x{tasks}", cells, tasks)
+            # rows that differ only in their context share one bundle
+            bundle = root / f"bundle-{cells}x{tasks}"
+            if not bundle.is_dir():
+                clone_diverse(DEMO, bundle, cells, tasks)
             settle()
             runs_dir = root / f"runs-{cells}x{tasks}-{context_tokens // 1000}k"
             r = lunasol_run(
