@@ -97,6 +97,15 @@ def fence(text: Any, name: str = "data") -> str:
     return f"{FENCE_OPEN}{name} {nonce}\n{body}\n{name} {nonce}{FENCE_CLOSE}"
 
 
+def fenced(text: str, name: str = "data") -> list[str]:
+    """The bodies of every ``name`` fence in ``text``, in order (how a reader finds what :func:`fence` wrapped)."""
+    tag = re.escape(name)
+    pattern = re.compile(
+        rf"{re.escape(FENCE_OPEN)}{tag} ([0-9a-f]{{16}})\n(.*?)\n{tag} \1{re.escape(FENCE_CLOSE)}", re.S
+    )
+    return [m.group(2) for m in pattern.finditer(text)]
+
+
 @functools.lru_cache(maxsize=64)
 def _compile(source: str, name: str) -> Any:
     # Keyed on the source text, so an edited template is recompiled and never served stale.

@@ -9,9 +9,10 @@ import yaml
 from typer.testing import CliRunner
 
 from pipeline.agent import handoff_brief
-from pipeline.agent.bounds import LOG_CLOSE, LOG_OPEN
+from pipeline.agent.bounds import LOG_FENCE
 from pipeline.agent.brief import SINGLE_LEVER
 from pipeline.cli.app import app
+from pipeline.models.prompts import fenced
 from tests.conftest import DEMO_BUNDLE, copy_demo
 from tests.followup.test_followup_demo import _through_gate2
 
@@ -56,8 +57,9 @@ def test_the_brief_for_the_selected_card(gate2: Path) -> None:
     assert f"lunasol followup {gate2} --proposal P-02 --child runs/<next generation run>" in text
     assert f"lunasol mcp {gate2}" in text and "docs/handoff.md" in text
     # a few resolved excerpts, each framed as untrusted log content and equal to the bundle's own line
-    assert text.count(LOG_OPEN) == text.count(LOG_CLOSE) == 3
-    first = text.split(LOG_OPEN, 1)[1].split(LOG_CLOSE, 1)[0]
+    excerpts = fenced(text, LOG_FENCE)
+    assert len(excerpts) == 3 and text.count(">>>") == 3
+    first = excerpts[0]
     cited = next(line for line in first.splitlines() if line.startswith(">"))
     number, raw = cited[1:].lstrip().split("  ", 1)
     ref_path = first.split("# ", 1)[1].split("#L", 1)[0]

@@ -23,11 +23,12 @@ from mcp import Client, StdioServerParameters
 from typer.testing import CliRunner
 
 from pipeline.agent import tools
-from pipeline.agent.bounds import LOG_CLOSE, LOG_OPEN, MAX_CONTEXT_LINES
+from pipeline.agent.bounds import LOG_FENCE, MAX_CONTEXT_LINES
 from pipeline.bundle.manifest import freeze, read_manifest
 from pipeline.cli.app import app
 from pipeline.core.canonical import read_json
 from pipeline.ir.export import export_bundle
+from pipeline.models.prompts import fenced
 from tests.conftest import DEMO_BUNDLE
 from tests.followup.test_followup_demo import demo_pair  # noqa: F401  (the H0 -> H5 pair, module scope)
 
@@ -112,7 +113,7 @@ async def test_an_sdk_client_reads_the_selected_card_follows_a_ref_and_queries(
         text = _text(ref)
         assert f">{start:>6}  {raw[start - 1]}" in text and f" {start - 1:>6}  {raw[start - 2]}" in text
         assert read_manifest(DEMO_BUNDLE).get(path).sha256 in text
-        assert text.index(LOG_OPEN) < text.index(raw[start - 1]) < text.index(LOG_CLOSE)
+        assert any(raw[start - 1] in body for body in fenced(text, LOG_FENCE))
 
         # a read-only query, checked against DuckDB itself
         q = await client.call_tool("query", {"sql": "SELECT count(*) AS n FROM events"})
