@@ -7,7 +7,15 @@ from typing import Any
 
 import typer
 
-from pipeline.cli.common import JSON_OPTION, emit_json, resolve_run
+from pipeline.cli.common import (
+    CONTEXT_TOKENS_OPTION,
+    JSON_OPTION,
+    MAX_TOKENS_OPTION,
+    MODE_OPTION,
+    TIMEOUT_OPTION,
+    emit_json,
+    resolve_run,
+)
 from pipeline.core.errors import BadInput
 
 
@@ -81,19 +89,34 @@ def register(app: typer.Typer) -> None:
         record: Path | None = typer.Option(None, "--record", help="Call live and store every exchange here."),
         concurrency: int | None = typer.Option(None, "--concurrency", help="Concurrent model calls (default 8)."),
         budget_usd: float | None = typer.Option(None, "--budget-usd", help="Stop cleanly past this spend."),
+        dry_run: bool = typer.Option(
+            False, "--dry-run", help="Plan every call (parts per cell, tokens, cost); call nothing, write nothing."
+        ),
+        batch: bool = typer.Option(
+            False, "--batch", help="First requests as one provider batch (about half price, hours); env LUNASOL_BATCH."
+        ),
+        batch_queue_tokens: int | None = typer.Option(
+            None, "--batch-queue-tokens", help="With --batch: the most prompt tokens enqueued at once (as run's)."
+        ),
+        timeout: float | None = TIMEOUT_OPTION,
+        max_tokens: int | None = MAX_TOKENS_OPTION,
+        instructor_mode: str | None = MODE_OPTION,
+        context_tokens: int | None = CONTEXT_TOKENS_OPTION,
         as_json: bool = JSON_OPTION,
     ) -> None:
         """Ask every selected cell one question; each answer cites events that must resolve; counts per outcome.
 
         One structured call per cell (per part of a long cell), through the same model client as
-        Luna (live, --record, --replay, budget). An answer citing events not in the cell's log is
-        re-asked, then the cell is FAILED with the reason, never kept. Results: tables asks and
+        Luna (live, --record, --replay, --budget-usd, --batch, --dry-run). An answer citing events
+        not in the cell's log is re-asked, then the cell is FAILED with the reason, never kept. Results: tables asks and
         ask_answers in the run's DuckDB (also in export-tables).
         """
         # startup: `lunasol --help` and every other verb load none of this
         from pipeline.ask import AskSpec, parse_answer_kind, run_ask, summarise
         from pipeline.ask.answer import WEAKNESS_CHOICES, find_card, weakness_question
+        from pipeline.ask.stage import plan_ask
         from pipeline.core.settings import ModelSettings
+        from pipeline.models import format_estimate
         from pipeline.models.store import check_store
 
         if replay and record:
@@ -111,10 +134,21 @@ def register(app: typer.Typer) -> None:
         mode = "replay" if replay else "record" if record else None
         settings = ModelSettings.from_env(
             model=model, api_base=api_base, mode=mode, store=replay or record, concurrency=concurrency,
-            budget_usd=budget_usd,
+            budget_usd=budget_usd, batch=batch or None,  # None: LUNASOL_BATCH decides
+            batch_queue_tokens=batch_queue_tokens, timeout_s=timeout, max_tokens=max_tokens,
+            instructor_mode=instructor_mode, context_tokens=context_tokens,
         )  # fmt: skip
         check_store(settings)
         spec = AskSpec(question, kind, choices, where=where, sample=sample, seed=seed, weakness=weakness)
+        if dry_run:
+            plan = plan_ask(run_dir, spec, settings, progress=lambda m: typer.echo(f"dry run: {m}", err=True))
+            if as_json:
+                emit_json({"ask_id": spec.ask_id, "cells": plan.cells, "parts": plan.parts,
+                           "estimate": plan.estimate.as_dict()})  # fmt: skip
+                return
+            typer.echo(f"{spec.ask_id}: {plan.describe()}")
+            typer.echo(format_estimate(plan.estimate))
+            return
         ask_id, _ = run_ask(run_dir, spec, settings, log=lambda m: typer.echo(m, err=True))
         s = summarise(run_dir, ask_id)
         if as_json:
