@@ -59,6 +59,71 @@ def print_summary(s: dict[str, Any], run: str) -> None:
     typer.echo(f"table: lunasol query {run} \"SELECT * FROM ask_answers WHERE ask_id = '{ask['ask_id']}'\"")
 
 
+def _rates(h: dict[str, Any]) -> str:
+    if h["answer_kind"] == "number":
+        return "mean -" if h["mean"] is None else f"mean {h['mean']:g}"
+    rates = h["rates"] or {}
+    shown = ("supports", "contradicts") if h["weakness_id"] else ("yes",) if h["answer_kind"] == "yes-no" else rates
+    return ", ".join(f"{v} {h['counts'][v]} ({'-' if rates.get(v) is None else f'{rates[v]:.3f}'})" for v in shown)
+
+
+def show_asks(run_dir: Path, run: str, *, as_json: bool) -> None:
+    """``lunasol show RUN`` (or ``show RUN asks``): the run's asks, one line each, and how to open one."""
+    from pipeline.ask.summary import ask_ids, headline, summarise
+
+    heads = [headline(summarise(run_dir, a)) for a in ask_ids(run_dir)]
+    if as_json:
+        emit_json({"asks": heads})
+        return
+    if not heads:
+        typer.echo(f"no ask in {run} yet (lunasol ask {run} QUESTION | --weakness W-01); "
+                   f"lunasol show {run} ID prints a weakness, proposal, cell, pattern, group or event")  # fmt: skip
+        return
+    typer.echo(f"{len(heads)} ask(s) in {run}:")
+    for h in heads:
+        about = f" [{h['weakness_id']}]" if h["weakness_id"] else ""
+        pilot = f" PILOT {h['pilot']['sample']} (seed {h['pilot']['seed']})" if h["pilot"] else ""
+        failed = f", {h['failed']} FAILED" if h["failed"] else ""
+        typer.echo(f"  {h['ask_id']}{about}{pilot}: {h['answered']}/{h['cells']} answered{failed}; {_rates(h)}")
+        first = h["question"].strip().splitlines()[0] if h["question"].strip() else ""
+        typer.echo(f"      {first[:110]}{'…' if len(first) > 110 else ''}")
+    typer.echo(f"one ask, every cell's answer and its events: lunasol show {run} ASK_ID [--evidence]")
+
+
+def show_ask(run_dir: Path, run: str, ask_id: str, *, evidence: bool, context: int, as_json: bool) -> None:
+    """``lunasol show RUN ASK_ID``: the counts, then every cell's answer, explanation and cited events.
+
+    With ``--evidence`` each cited event's raw lines follow it, hash-checked (as ``show RUN EVENT``).
+    """
+    from pipeline.ask.summary import ask_ids, summarise
+    from pipeline.report.items import find_item, render_item
+
+    if ask_id not in ask_ids(run_dir):
+        known = ", ".join(ask_ids(run_dir)) or "none"
+        raise BadInput(f"no ask {ask_id!r} in {run} (asks: {known})")
+    s = summarise(run_dir, ask_id)
+    raw: dict[str, Any] = {}
+    if evidence:
+        cited = sorted({e for a in s["answers"] for e in a["evidence"]})
+        raw = {e: find_item(run_dir, e, context=context) for e in cited}
+    if as_json:
+        emit_json({**s, "evidence": {e: i.to_json() for e, i in raw.items()}})
+        return
+    print_summary(s, run)
+    typer.echo(f"digest {s['digest']} (lunasol confirm {run} ... --ask {ask_id} cites it)")
+    typer.echo("every cell:")
+    for a in s["answers"]:
+        head = f"  {a['cell_id']} ({a['task_id']}, {a['outcome']})"
+        if a["status"] != "ok":
+            typer.echo(f"{head}: FAILED: {a['reason']}")
+            continue
+        typer.echo(f"{head}: {a['answer']}: {a['explanation']}")
+        typer.echo(f"      events: {', '.join(a['evidence']) or '(none)'}")
+        for e in a["evidence"]:
+            if e in raw:
+                typer.echo("".join("        " + line for line in render_item(raw[e]).splitlines(keepends=True)))
+
+
 def register(app: typer.Typer) -> None:
     """Add ``ask`` to the root app."""
 
