@@ -16,7 +16,19 @@ from pipeline.cli.common import (
     emit_json,
     resolve_run,
 )
-from pipeline.core.errors import BadInput
+from pipeline.core.errors import BadInput, Blocked
+
+
+def _unblock(exc: Blocked) -> str:
+    """What to do about a blocked ask (the stage's own unblock names ``lunasol run``, which an ask is not)."""
+    from pipeline.models.errors import BudgetExceeded
+
+    if isinstance(exc, BudgetExceeded):
+        return ("no ask rows were written; raise --budget-usd and ask again: answered requests are served "
+                "from the run's exchanges, never paid twice")  # fmt: skip
+    if "batch" in type(exc).__name__.lower():
+        return "run the same lunasol ask command again: it collects the batch (nothing is submitted twice)"
+    return "no ask rows were written; the same lunasol ask command asks again"
 
 
 def _pm(rate: float | None, se: float | None) -> str:
@@ -214,7 +226,10 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"{spec.ask_id}: {plan.describe()}")
             typer.echo(format_estimate(plan.estimate))
             return
-        ask_id, _ = run_ask(run_dir, spec, settings, log=lambda m: typer.echo(m, err=True))
+        try:
+            ask_id, _ = run_ask(run_dir, spec, settings, log=lambda m: typer.echo(m, err=True))
+        except Blocked as exc:
+            raise Blocked(f"{exc.one_line()}; {_unblock(exc)}", reason=exc.reason, tried=exc.tried) from None
         s = summarise(run_dir, ask_id)
         if as_json:
             emit_json(s)

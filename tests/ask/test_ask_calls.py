@@ -130,3 +130,51 @@ def test_a_secret_in_a_cells_log_reaches_neither_the_server_nor_the_recording(
     assert _leaks(json.dumps(fake_llm.requests)) == []
     recorded = "".join(p.read_text(encoding="utf-8") for p in store.rglob("*.json"))
     assert recorded and "REDACTED" in recorded and _leaks(recorded) == []
+
+
+def _cli_env(monkeypatch: pytest.MonkeyPatch, fake_llm: FakeOpenAI, model: str = "openai/test-model") -> None:
+    monkeypatch.setenv("LUNASOL_MODEL", model)
+    monkeypatch.setenv("LUNASOL_API_BASE", fake_llm.base_url)
+    monkeypatch.setenv("LUNASOL_INSTRUCTOR_MODE", "tools")
+
+
+def test_a_pending_batch_blocks_and_the_same_command_collects_it(
+    run_copy: Path, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.testing.openai_server import BatchPlan
+
+    _cli_env(monkeypatch, fake_llm)
+    monkeypatch.setenv("LUNASOL_BATCH_POLL_S", "0")
+    monkeypatch.setenv("LUNASOL_BATCH_MAX_WAIT_S", "0")
+    fake_llm.handler = answering(set(), set())
+    fake_llm.batch.plan(BatchPlan(validating_polls=10**9))  # the provider has not finished it yet
+    args = ["ask", str(run_copy), QUESTION, "--where", "task_id = 'bat-sanitize'", "--batch"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 3, res.output
+    line = res.output.strip().splitlines()[-1]  # after the batch's progress lines: one error line
+    assert line.startswith("lunasol: provider batch") and "not finished" in line
+    assert "same lunasol ask command again" in line
+    assert "asks" not in _tables(run_copy) and fake_llm.batch.created == 1
+    (b,) = json.loads((run_copy / "batches.json").read_text())["batches"]
+    fake_llm.batch.batches[b["id"]].plan = BatchPlan(validating_polls=0, in_progress_polls=0)
+    res = CliRunner().invoke(app, [a for a in args if a != "--batch"])  # a batch still out keeps batching
+    assert res.exit_code == 0, res.output
+    assert fake_llm.batch.created == 1  # collected, never submitted twice
+    assert "3/3 answered; yes 3" in res.output
+
+
+def test_budget_cli_is_one_line_exit_3_and_a_higher_budget_pays_nothing_twice(
+    run_copy: Path, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _cli_env(monkeypatch, fake_llm, "openai/gpt-4o-mini")
+    fake_llm.handler = answering(set(), set())
+    args = ["ask", str(run_copy), QUESTION, "--concurrency", "1"]
+    res = CliRunner().invoke(app, [*args, "--budget-usd", "0.000000001"])
+    assert res.exit_code == 3 and len(res.output.strip().splitlines()) == 1, res.output
+    assert "budget exceeded" in res.output and "raise --budget-usd" in res.output
+    paid = {json.dumps(r, sort_keys=True) for r in fake_llm.requests}
+    assert paid and "asks" not in _tables(run_copy)
+    res = CliRunner().invoke(app, [*args, "--budget-usd", "100"])
+    assert res.exit_code == 0, res.output
+    again = [json.dumps(r, sort_keys=True) for r in fake_llm.requests[len(paid) :]]
+    assert not paid & set(again) and len(again) == len(_expected(run_copy)) - len(paid)
