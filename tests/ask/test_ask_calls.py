@@ -60,9 +60,14 @@ def test_dry_run_plans_the_calls_the_ask_then_makes(
         per_cell[_cell(r)] = per_cell.get(_cell(r), 0) + 1
     assert per_cell == plan.parts and est.calls == len(fake_llm.requests)
     assert {r.cell_id: r.parts for r in results} == plan.parts
-    # The planned prompt tokens are the requests' real size, as the budget counts them (within the estimate).
-    sent = max(len(json.dumps(r["messages"])) for r in fake_llm.requests)
-    assert est.roles[0].largest_request <= est.roles[0].budget_tokens and sent > 0
+    # The plan rendered the very requests the ask sent: their tokens, counted as the dry run counts, add up.
+    import litellm
+
+    counted = sum(
+        litellm.token_counter(model=settings.model, messages=r["messages"], tools=r.get("tools"))
+        for r in fake_llm.requests
+    )
+    assert est.prompt_tokens == counted and est.roles[0].largest_request <= est.roles[0].budget_tokens
 
 
 def test_dry_run_cli_prices_and_shows_the_batch_price(run_copy: Path, fake_llm: FakeOpenAI) -> None:
