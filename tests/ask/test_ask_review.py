@@ -160,3 +160,33 @@ def test_a_run_without_asks_has_no_asks_section(demo_gate1: Path) -> None:
 
     html, _ = render_report(demo_gate1)
     assert '<section id="asks">' not in html and 'href="#asks"' not in html
+
+
+def test_number_and_choice_asks_are_listed_shown_and_reported(
+    asked: tuple[Path, str], fake_llm: FakeOpenAI, model_settings: Callable[..., ModelSettings]
+) -> None:
+    from pipeline.report.build import render_report
+    from pipeline.testing.openai_server import Reply, completion_body
+    from tests.ask.test_ask import EVENT, _user
+
+    run, yes_no = asked
+
+    def number(request: dict[str, object]) -> Reply:
+        first = EVENT.findall(_user(request).split("<<<log", 1)[1])[0]
+        data = {"answer": 3, "explanation": f"three re-reads from {first}", "evidence": [first]}
+        return Reply(body=completion_body(request, tool_arguments=json.dumps(data)))
+
+    fake_llm.handler = number
+    n_id, _ = run_ask(run, AskSpec("How many re-reads?", "number", where=WHERE), model_settings())
+    fake_llm.handler = answering(set(), set(), values=("review", "design"))
+    c_id, _ = run_ask(run, AskSpec("Which stage?", "choice", ("review", "design", "none"), where=WHERE),
+                      model_settings())  # fmt: skip
+    code, text = _show(str(run))
+    assert code == 0 and "3 ask(s)" in text and f"{n_id}: " in text and "mean 3" in text
+    assert f"{c_id}: " in text and "review " in text and "none 0" in text
+    code, text = _show(str(run), n_id)
+    assert code == 0 and "mean 3" in text and "three re-reads" in text
+    html, stats = render_report(run)
+    section = html[html.index('<section id="asks">') : html.index('<section id="proposals">')]
+    assert stats["unresolved"] == 0 and all(f'id="ask-{a}"' in section for a in (yes_no, n_id, c_id))
+    assert "mean 3" in section and "<th>design</th>" in section
