@@ -75,6 +75,9 @@ BENCHMARKS: tuple[Bench, ...] = (
           "`python bench/bench_foreign.py --formats [--full]`", "every ref resolves"),
     Bench("prompt-sizes", "Sol's prompt rendered from the same batch as indented JSON and as today's compact table, "
           "with the cited evidence counted apart", "`python bench/bench_prompt_sizes.py --cells 24 1000`", "—"),
+    Bench("ask", "`lunasol ask` over the demo cloned to N cells against the local server in a process of its own: "
+          "lunasol's CPU per cell for the ask beside Luna's in the same run (the server's apart), and the dry run's "
+          "plan", "`python bench/bench_ask.py --cells 1000 --out DIR`", "ask ≤ Luna per cell"),
     Bench("evidence", "on labelled data, with no model: whether each labelled mistake step's event is in its cell's "
           "Luna request and in the Sol request that holds its cell, with its text",
           "`python bench/bench_evidence.py [--context-tokens 8192 32768 131072]`", "100% (exit 1 under it)"),

@@ -70,6 +70,11 @@ def _receipt_chain(doc: Doc) -> Doc:
     return {"base_decision": "none", "supersedes": None, **doc}
 
 
+def _receipt_ask(doc: Doc) -> Doc:
+    # v3 adds ``ask``: the ask a gate-1 decision cites (``lunasol confirm --ask``). A v2 receipt cited none.
+    return {"ask": None, **doc}
+
+
 # Artifact-specific steps, in number order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "weakness-shortlist", 1, 2, _shortlist_plan, "v2 adds plan (Sol's calls and the cells each saw)"),
@@ -79,6 +84,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         4, "weakness-shortlist", 3, 4, _shortlist_stable_digest, "v4's digest leaves out call metadata (same fields)"
     ),
     Migration(5, "gate-receipt", 1, 2, _receipt_chain, "v2 adds base_decision and supersedes (the decision chain)"),
+    Migration(6, "gate-receipt", 2, 3, _receipt_ask, "v3 adds ask (the ask a gate-1 decision cites; none before)"),
 )
 
 

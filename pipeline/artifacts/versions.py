@@ -18,7 +18,7 @@ VERSIONS: dict[str, int] = {
     "weakness-shortlist": 4,
     "proposals": 1,
     "validation": 1,
-    "gate-receipt": 2,
+    "gate-receipt": 3,
     "handoff": 1,
     "ledger": 1,
     "calls": 1,

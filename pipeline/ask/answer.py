@@ -87,6 +87,10 @@ def answer_model(kind: AnswerKind, choices: tuple[str, ...] = ()) -> type[BaseMo
     )
 
 
+AskAnswer = answer_model("yes-no")
+"""The answer model of a yes-no ask (the role's named model; a choice or number ask builds its own)."""
+
+
 def check_answer(answer: BaseModel, *, kind: AnswerKind, shown_ids: set[str]) -> list[str]:
     """Why an answer cannot be kept (empty: it can): cited ids must be in the log shown; evidence required."""
     data = answer.model_dump()

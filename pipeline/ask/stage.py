@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,13 +29,15 @@ from pipeline.core.errors import BadInput
 from pipeline.core.settings import ModelSettings
 from pipeline.ir.redact import redact
 from pipeline.ir.store import insert_rows
-from pipeline.luna.feed import CellFeed
+from pipeline.luna.feed import CellFeed, prepare_in_chunks
 from pipeline.luna.render import CellIR, Part, context_budget
-from pipeline.models import CallOutcome, ModelClient, template_hash
-from pipeline.models.budget import role_budget
+from pipeline.models import CallOutcome, ModelClient, PlannedCall, render, template_hash
+from pipeline.models.budget import request_tokens, role_budget
+from pipeline.models.estimate import Estimate, estimate
 
 ROLE = "ask"
 PROMPT_OVERHEAD_TOKENS = 2_000  # the ask template, question and answer schema around the IR
+OUTPUT_TOKENS = 250  # an answer: one value, one or two sentences, a few event ids (assumed by the dry run)
 SELECT_SQL = (
     "SELECT cell_id FROM (SELECT c.cell_id, c.task_id, c.run_id, c.harness, o.label AS outcome "
     "FROM cells c LEFT JOIN outcomes o USING (cell_id) WHERE c.eligibility = 'valid_behavior') "
@@ -86,10 +88,25 @@ class CellAnswer:
     reason: str | None = None
 
 
-def part_budget(settings: ModelSettings) -> int:
-    """Rendered-IR tokens per ask call (as Luna's: the role's input budget less the prompt around the IR)."""
-    room = role_budget(settings, ROLE).input_tokens - PROMPT_OVERHEAD_TOKENS
-    return max(min(context_budget(), int(room * 0.6)), 500)
+def prompt_overhead(settings: ModelSettings, spec: AskSpec, question: str) -> int:
+    """Tokens of an ask request without its log: the template, this question and the answer schema.
+
+    Counted as the budget counts every request, with the longest part label and event count a split cell shows.
+    """
+    context = _fields(spec, question, "C000000", "T" * 24, "h" * 16, "99/99", 99, "", 99_999)
+    model = answer_model(spec.kind, spec.choices)
+    return request_tokens(role_budget(settings, ROLE), render(ROLE, context, response_model=model).messages, model,
+                          exact=True)  # fmt: skip
+
+
+def part_budget(settings: ModelSettings, spec: AskSpec | None = None, question: str = "") -> int:
+    """Rendered-IR tokens per ask call: the role's request budget less the measured prompt around the log.
+
+    Without a spec (tests, the bench) the prompt is taken as :data:`PROMPT_OVERHEAD_TOKENS`.
+    """
+    overhead = prompt_overhead(settings, spec, question) if spec is not None else PROMPT_OVERHEAD_TOKENS
+    room = role_budget(settings, ROLE).input_tokens - overhead
+    return max(min(context_budget(), room), 500)
 
 
 def select_cells(ir: Path, where: str | None) -> list[str]:
@@ -138,20 +155,92 @@ def combine(spec: AskSpec, answers: list[BaseModel]) -> CellAnswer:
 
 
 def _context(spec: AskSpec, question: str, cell: CellIR, part: Part) -> dict[str, Any]:
+    return _fields(spec, question, cell.cell_id, cell.task_id, cell.harness or "-", part.label, part.total, part.text,
+                   part.events)  # fmt: skip
+
+
+def _fields(
+    spec: AskSpec, question: str, cell_id: str, task_id: str, harness: str, label: str, total: int, ir: str,
+    events: int,
+) -> dict[str, Any]:  # fmt: skip
     kind = {"yes-no": "answer yes or no", "number": "answer with a number"}.get(
         spec.kind, "answer with one of: " + ", ".join(spec.choices)
     )
     return {
-        "cell_id": cell.cell_id,
-        "task_id": cell.task_id,
-        "harness": cell.harness or "-",
-        "part": part.label,
-        "part_total": part.total,
+        "cell_id": cell_id,
+        "task_id": task_id,
+        "harness": harness,
+        "part": label,
+        "part_total": total,
         "question": question,
         "answer_kind": kind,
-        "ir": part.text,
-        "event_count": part.events,
+        "ir": ir,
+        "event_count": events,
     }
+
+
+def _label(cell: CellIR, part: Part) -> str:
+    """The call's cell id: the cell's, or 'C001#<part label>' for one part of a split cell (as Luna's)."""
+    return cell.cell_id if part.total == 1 else f"{cell.cell_id}#{part.label}"
+
+
+def _calls(
+    ir: Path, spec: AskSpec, cells: list[str], settings: ModelSettings, question: str
+) -> Iterator[tuple[CellIR, Part, dict[str, Any]]]:
+    """Every (cell, part, template context) the ask makes, a chunk of cells at a time (never all in memory)."""
+    con = duck.connect(ir, read_only=True)
+    try:
+        for cell, parts, _size in prepare_in_chunks(con, part_budget(settings, spec, question), cells):
+            if not cell.seq_of:
+                continue  # no events: the cell fails without a call
+            for part in parts:
+                yield cell, part, _context(spec, question, cell, part)
+    finally:
+        con.close()
+
+
+@dataclass
+class AskPlan:
+    """What ``lunasol ask --dry-run`` found: the estimate of every call and how the cells split."""
+
+    estimate: Estimate
+    cells: int
+    parts: dict[str, int]  # cell id -> parts (0: no events, no call)
+
+    @property
+    def split(self) -> int:
+        """Cells read in more than one call."""
+        return sum(n > 1 for n in self.parts.values())
+
+    def describe(self) -> str:
+        """One line: cells, calls, parts per cell."""
+        most = max(self.parts.values(), default=0)
+        empty = sum(n == 0 for n in self.parts.values())
+        return (
+            f"ask: {self.cells} cell(s), {sum(self.parts.values())} call(s); {self.split} cell(s) split, "
+            f"at most {most} part(s) per cell" + (f"; {empty} cell(s) without events (no call)" if empty else "")
+        )
+
+
+def plan_ask(
+    run_dir: Path, spec: AskSpec, settings: ModelSettings, *, redacting: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> AskPlan:  # fmt: skip
+    """Render and count every call of ``spec`` as :func:`run_ask` would send it; call nothing, write nothing."""
+    ir, question, cells = _selected(run_dir, spec, redacting)
+    parts: dict[str, int] = dict.fromkeys(cells, 0)
+    model = answer_model(spec.kind, spec.choices)
+
+    def planned() -> Iterator[PlannedCall]:
+        for cell, part, context in _calls(ir, spec, cells, settings, question):
+            parts[cell.cell_id] = part.total
+            yield PlannedCall(
+                role=ROLE, cell_id=_label(cell, part), context=context, response_model=model,
+                expected_output_tokens=OUTPUT_TOKENS,
+            )  # fmt: skip
+
+    est = estimate(planned(), settings, progress=progress)
+    return AskPlan(estimate=est, cells=len(cells), parts=parts)
 
 
 async def ask_cells(
@@ -161,7 +250,7 @@ async def ask_cells(
     """Ask every cell; return each cell's answer (or failure) and the model used."""
     client = ModelClient(settings, run_dir, log=log)
     model = answer_model(spec.kind, spec.choices)
-    feed = CellFeed(ir, cells, part_budget(settings))
+    feed = CellFeed(ir, cells, part_budget(settings, spec, question))
 
     async def one_part(cell: CellIR, part: Part) -> CallOutcome[BaseModel]:
         def check(answer: BaseModel) -> list[str]:
@@ -169,7 +258,7 @@ async def ask_cells(
 
         return await client.call(
             role=ROLE,
-            cell_id=cell.cell_id if part.total == 1 else f"{cell.cell_id}#{part.label}",
+            cell_id=_label(cell, part),
             context=_context(spec, question, cell, part),
             response_model=model,
             check=check,
@@ -190,15 +279,19 @@ async def ask_cells(
         res.cell_id, res.attempts = cell_id, attempts
         return res
 
+    def first_requests() -> Iterator[tuple[str | None, dict[str, Any], type[BaseModel]]]:
+        # --batch: every request the cells below will make first, in one provider batch (as Luna's)
+        for cell, part, context in _calls(ir, spec, cells, settings, question):
+            yield _label(cell, part), context, model
+
+    if client.batching(ROLE):
+        await client.prefetch(ROLE, first_requests)
     results: list[CellAnswer] = await client.gather([one_cell(c) for c in cells], label="ask")
     return results, client.model
 
 
-def run_ask(
-    run_dir: Path, spec: AskSpec, settings: ModelSettings, *, redacting: bool = True,
-    log: Callable[[str], None] = lambda _m: None,
-) -> tuple[str, list[CellAnswer]]:  # fmt: skip
-    """Ask ``spec`` of the run's selected cells and write tables ``asks`` and ``ask_answers``; return the ask id."""
+def _selected(run_dir: Path, spec: AskSpec, redacting: bool) -> tuple[Path, str, list[str]]:
+    """The run's IR, the question as sent (redacted) and the cells asked (filtered, then sampled)."""
     ir = RunDir(run_dir).ir
     if not ir.is_file():
         raise BadInput(f"no IR in {run_dir} (run `lunasol export` or `lunasol run` first)")
@@ -212,6 +305,15 @@ def run_ask(
             raise BadInput("--sample must be at least 1")
         # A seeded draw from the selected cells, in cell order: the same seed gives the same pilot.
         cells = sorted(random.Random(spec.seed).sample(cells, min(spec.sample, len(cells))))
+    return ir, question, cells
+
+
+def run_ask(
+    run_dir: Path, spec: AskSpec, settings: ModelSettings, *, redacting: bool = True,
+    log: Callable[[str], None] = lambda _m: None,
+) -> tuple[str, list[CellAnswer]]:  # fmt: skip
+    """Ask ``spec`` of the run's selected cells and write tables ``asks`` and ``ask_answers``; return the ask id."""
+    ir, question, cells = _selected(run_dir, spec, redacting)
     results, model = asyncio.run(ask_cells(ir, run_dir, spec, cells, settings, question, log))
     write_tables(ir, spec, question, model, results)
     return spec.ask_id, results

@@ -14,10 +14,11 @@ from typing import Any
 
 from pipeline.artifacts.rundir import RunDir
 from pipeline.core import duck
+from pipeline.core.canonical import digest
 from pipeline.core.errors import BadInput
 
 _ROWS_SQL = """
-SELECT a.cell_id, c.task_id, a.status, a.answer, a.evidence,
+SELECT a.cell_id, c.task_id, a.status, a.answer, a.evidence, a.explanation, a.reason, a.parts,
        CASE WHEN o.label IS NULL THEN 'unknown' WHEN lunasol_successful(o.label) THEN 'successful'
             ELSE 'failed' END AS outcome
 FROM ask_answers a JOIN cells c USING (cell_id) LEFT JOIN outcomes o USING (cell_id)
@@ -81,15 +82,52 @@ def summarise(run_dir: Path, ask_id: str | None = None) -> dict[str, Any]:
         t: {o: _group([r for r in rows if r["task_id"] == t and r["outcome"] == o], kind, values) for o in by_outcome}
         for t in tasks
     }
+    answers = [_answer_row(r) for r in rows]
     return {
         "ask": ask,
+        # What a gate-1 receipt binds to: the ask's definition and every cell's answer and cited events.
+        "digest": digest({"ask": {k: v for k, v in ask.items()}, "answers": answers}),
         "overall": _group(rows, kind, values),
         "by_outcome": by_outcome,
         "by_task": per_task,
-        "answers": [_answer_row(r) for r in rows],
+        "answers": answers,
     }
 
 
 def _answer_row(r: dict[str, Any]) -> dict[str, Any]:
-    keys = ("cell_id", "task_id", "outcome", "status", "answer")
+    keys = ("cell_id", "task_id", "outcome", "status", "answer", "explanation", "reason", "parts")
     return {**{k: r[k] for k in keys}, "evidence": list(r["evidence"] or [])}
+
+
+def ask_ids(run_dir: Path) -> list[str]:
+    """The ids of the run's asks, in order (empty when none was asked)."""
+    ir = RunDir(run_dir).ir
+    if not ir.is_file():
+        return []
+    con = duck.connect(ir, read_only=True)
+    try:
+        if not duck.has_table(con, "asks"):
+            return []
+        return [str(r[0]) for r in con.execute("SELECT ask_id FROM asks ORDER BY ask_id").fetchall()]
+    finally:
+        con.close()
+
+
+def headline(s: dict[str, Any]) -> dict[str, Any]:
+    """One ask in a line's worth: id, question, card, cells answered and failed, the rate of each answer."""
+    ask, overall = s["ask"], s["overall"]
+    rates = {v: r["rate"] for v, r in overall.get("rates", {}).items()}
+    return {
+        "ask_id": ask["ask_id"],
+        "question": ask["question"],
+        "weakness_id": ask.get("weakness_id"),
+        "answer_kind": ask["answer_kind"],
+        "cells": overall["cells"],
+        "answered": overall["answered"],
+        "failed": overall["failed"],
+        "pilot": None if ask.get("sample") is None else {"sample": ask["sample"], "seed": ask["seed"]},
+        "counts": overall.get("counts"),
+        "rates": rates or None,
+        "mean": overall.get("mean"),
+        "digest": s["digest"],
+    }

@@ -46,6 +46,18 @@ def receipt_line(gate: str, receipt: gates.Receipt, replayed: bool, run_dir: Pat
     return line
 
 
+def cited_ask(run_dir: Path, ask_id: str) -> gates.CitedAsk:
+    """The ask ``ask_id`` of the run as a gate-1 receipt records it; BadInput naming the run's asks otherwise."""
+    from pipeline.ask.summary import ask_ids, headline, summarise
+    from pipeline.gates.gate1 import CitedAsk
+
+    known = ask_ids(run_dir)
+    if ask_id not in known:
+        raise BadInput(f"--ask {ask_id}: no such ask in {run_dir.name} (asks: {', '.join(known) or 'none'})")
+    h = headline(summarise(run_dir, ask_id))
+    return CitedAsk.model_validate({k: h[k] for k in CitedAsk.model_fields})
+
+
 def register(app: typer.Typer) -> None:
     """Add ``confirm`` and ``status`` to the root app."""
 
@@ -73,6 +85,12 @@ def register(app: typer.Typer) -> None:
             help="Replace the decision standing (named by --base); the receipt records whom it replaces. "
             "Proposals and a gate-2 decision made under the old decision are voided.",
         ),
+        ask: str | None = typer.Option(
+            None,
+            "--ask",
+            help="The ask you decided with (its id, as `lunasol show RUN` lists it): its question, counts and "
+            "digest are recorded in the receipt.",
+        ),
         as_json: bool = JSON_OPTION,
     ) -> None:
         """Gate 1: confirm, reject, keep unresolved or amend each weakness of the shortlist.
@@ -91,6 +109,7 @@ def register(app: typer.Typer) -> None:
 
         run_dir = resolve_run(run)
         check_digest(digest)
+        cited = cited_ask(run_dir, ask) if ask is not None else None  # an unknown id: one line before anything
         now = handoff.load(run_dir)
         decisions = gates.parse_pairs(decision, "--decision")
         notes = gates.parse_pairs(note, "--note")
@@ -139,6 +158,7 @@ def register(app: typer.Typer) -> None:
                 require_digest=not interactive,
                 supersede=supersede,
                 expected_base=seen_base,
+                ask=cited,
             )
         superseded = not replayed and now.proposalSelection in gates.LATER_DECISIONS
         if superseded:
@@ -151,6 +171,10 @@ def register(app: typer.Typer) -> None:
             emit_json({"replayed": replayed, "superseded": superseded, "receipt": receipt.model_dump(mode="json")})
             return
         typer.echo(receipt_line("gate 1", receipt, replayed, run_dir, receipt.result.get("userRootCauseConfirmation")))
+        if receipt.ask is not None:
+            a = receipt.ask
+            found = ", ".join(f"{v} {k}" for v, k in (a.counts or {}).items()) or f"mean {a.mean}"
+            typer.echo(f"cites {a.ask_id}: {a.answered}/{a.cells} answered ({found}); digest {a.digest}")
         typer.echo(f"next: {handoff.next_command(run_dir)}")
 
     @app.command("status")

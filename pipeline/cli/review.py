@@ -101,8 +101,11 @@ def register(app: typer.Typer) -> None:
     @app.command("show")
     def show_cmd(
         run: str = typer.Argument(..., metavar="RUN", help="Run directory (or run id under ./runs)."),
-        item_id: str = typer.Argument(
-            ..., metavar="ID", help="W-01, P-01, a cell (C004), a pattern, a pattern group (G010), an event or a ref."
+        item_id: str | None = typer.Argument(
+            None,
+            metavar="[ID]",
+            help="W-01, P-01, a cell (C004), a pattern, a pattern group (G010), an event, a ref, or an ask "
+            "(ask-…); none (or 'asks'): the run's asks.",
         ),
         evidence: bool = typer.Option(
             False, "--evidence", help="Also print the raw lines (with context) of every event and ref it cites."
@@ -112,13 +115,23 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Print one whole weakness, proposal, cell, pattern, pattern group, event or ref: every field, nothing cut.
 
-        Read it before you decide at a gate. Events and refs come with their raw lines and context.
+        Without an ID: the run's asks (lunasol ask), each with its counts; an ask's id prints every
+        cell's answer and cited events. Read it before you decide at a gate. Events and refs come
+        with their raw lines and context.
         """
         from pipeline.report.items import (
             find_item,  # startup: `lunasol --help` and every other verb load none of this
             render_item,
         )
 
+        if item_id is None or item_id == "asks" or item_id.startswith("ask-"):
+            from pipeline.cli.ask import show_ask, show_asks
+
+            if item_id is None or item_id == "asks":
+                show_asks(resolve_run(run), run, as_json=as_json)
+            else:
+                show_ask(resolve_run(run), run, item_id, evidence=evidence, context=context, as_json=as_json)
+            return
         item = find_item(resolve_run(run), item_id, evidence=evidence, context=context)
         if as_json:
             emit_json(item.to_json())

@@ -47,8 +47,15 @@ SOL_REDUCE = RoleSpec("sol_reduce", "pipeline.sol.cards:ReduceAnswer", answer_ro
 PROPOSER = RoleSpec("proposer", "pipeline.artifacts.proposal_card:ProposalList", answer_room=6_000, max_tokens=4096)
 JUDGE = RoleSpec("judge", "pipeline.followup.judge:JudgeAnswer", answer_room=4_000, max_tokens=4096)
 
-ROLE_SPECS: tuple[RoleSpec, ...] = (LUNA, SOL, SOL_MAP, SOL_REDUCE, PROPOSER, JUDGE)
-"""Every role, in the order of the flow."""
-BY_NAME: dict[str, RoleSpec] = {r.name: r for r in ROLE_SPECS}
+ASK = RoleSpec("ask", "pipeline.ask.answer:AskAnswer", answer_room=4_000, max_tokens=DEFAULT_MAX_TOKENS, batched=True)
 
-__all__ = ["BY_NAME", "DEFAULT_MAX_TOKENS", "JUDGE", "LUNA", "PROPOSER", "ROLE_SPECS", "SOL", "SOL_MAP", "SOL_REDUCE"]
+ROLE_SPECS: tuple[RoleSpec, ...] = (LUNA, SOL, SOL_MAP, SOL_REDUCE, PROPOSER, JUDGE)
+"""Every role of the flow (``lunasol run`` and the gates), in its order: their templates are hashed into run.json."""
+VERB_ROLE_SPECS: tuple[RoleSpec, ...] = (ASK,)
+"""Roles a verb calls on a finished run (``lunasol ask``), outside the flow and its run.json."""
+BY_NAME: dict[str, RoleSpec] = {r.name: r for r in (*ROLE_SPECS, *VERB_ROLE_SPECS)}
+
+__all__ = [
+    "ASK", "BY_NAME", "DEFAULT_MAX_TOKENS", "JUDGE", "LUNA", "PROPOSER", "ROLE_SPECS", "SOL", "SOL_MAP", "SOL_REDUCE",
+    "VERB_ROLE_SPECS",
+]  # fmt: skip

@@ -67,6 +67,24 @@ class Superseded(BaseModel):
     receipt: str = Field(description="its receipt, relative to the run")
 
 
+class CitedAsk(BaseModel):
+    """The ask a gate-1 decision was made with (``lunasol confirm --ask``): what it asked and what it found."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ask_id: str
+    question: str = Field(description="as sent to the model (redacted)")
+    weakness_id: str | None = Field(default=None, description="the card the question was made from (--weakness)")
+    answer_kind: str
+    cells: int = Field(description="cells asked")
+    answered: int
+    failed: int
+    counts: dict[str, int] | None = Field(default=None, description="answered cells per answer (None: a number)")
+    mean: float | None = Field(default=None, description="a number ask's mean")
+    pilot: dict[str, int] | None = Field(default=None, description="a pilot's sample size and seed")
+    digest: str = Field(description="digest of the ask's definition and every cell's answer and cited events")
+
+
 class Receipt(BaseModel):
     """Proof of one gate decision, bound to the exact subject digest and the decision chain it was made on."""
 
@@ -89,7 +107,12 @@ class Receipt(BaseModel):
         description="the gate's standing decision it was made on (its operation id), or none",
     )
     supersedes: Superseded | None = Field(default=None, description="the decision it replaced (--supersede)")
+    ask: CitedAsk | None = Field(default=None, description="the ask the decision cites (gate 1, --ask)")
     receipt_digest: str = ""
+
+    def dump(self) -> dict[str, Any]:
+        """The receipt as written: an absent ask is left out, so a receipt citing none reads as before."""
+        return self.model_dump(mode="json", exclude={"ask"} if self.ask is None else None)
 
 
 def receipt_path(run_dir: Path, gate: str, operation_id: str) -> Path:
@@ -160,6 +183,7 @@ def commit(
     expected_base: str | None = None,
     supersede: bool = False,
     command_for: CommandFor | None = None,
+    ask: CitedAsk | None = None,
 ) -> tuple[Receipt, bool]:
     """Commit one gate decision; return the receipt and whether it was a replay of an earlier commit.
 
@@ -170,6 +194,7 @@ def commit(
     that decision. ``expected_revision`` (optional) also binds the handoff revision.
     ``subject_digest`` computes the subject's current digest (default: the file's sha256).
     ``command_for`` renders the decider's command on another base, for the refusal line.
+    ``ask``: the ask the decision cites, recorded whole in the receipt (its id and digest are in ``request``).
     """
     if not by.strip():
         raise BadInput("--by NAME is required: a decision needs a named person")
@@ -235,9 +260,10 @@ def commit(
                 result=head.result,
                 receipt=str(receipt_path(run_dir, gate, head.operation_id).relative_to(run_dir)),
             ),
+            ask=ask,
         )
-        receipt.receipt_digest = digest(receipt.model_dump(mode="json", exclude={"receipt_digest"}))
-        if not atomic_create_bytes(path, pretty_json(receipt.model_dump(mode="json")).encode("utf-8")):
+        receipt.receipt_digest = digest({k: v for k, v in receipt.dump().items() if k != "receipt_digest"})
+        if not atomic_create_bytes(path, pretty_json(receipt.dump()).encode("utf-8")):
             raise NeedsRebase(f"needs_rebase: another decision with operation id {op} was committed first")
         _apply_receipt(run_dir, receipt, path)
         return receipt, False
@@ -371,6 +397,7 @@ def confirm(
     require_digest: bool = False,
     supersede: bool = False,
     expected_base: str | None = None,
+    ask: CitedAsk | None = None,
 ) -> tuple[Receipt, bool]:
     """Gate 1: record a decision on every weakness of the shortlist as a receipt (see :func:`commit`).
 
@@ -378,6 +405,7 @@ def confirm(
     shortlist it was made on: compare-and-set is not opt-in). ``expected_base``: the gate-1 decision
     the decider saw standing (operation id; None: none). Replacing a standing decision needs
     ``supersede``; it voids the proposals and any gate-2 decision made under the old one.
+    ``ask``: the ask the decider read (``--ask``); its id and digest bind the decision like the rest of it.
     """
     notes = dict(notes or {})
     ids = handoff.weakness_ids(run_dir)
@@ -414,9 +442,11 @@ def confirm(
             f"`lunasol status {run_dir}` prints the shortlist digest with every statement; read each card "
             f"first: lunasol show {run_dir} {ids[0]}"
         )
-    request = {
+    request: dict[str, Any] = {
         "decisions": {w: {"decision": decisions[w], "note": notes.get(w) or None} for w in ids},
     }
+    if ask is not None:  # only then: a decision citing no ask keeps the request (and operation id) it had
+        request["ask"] = {"ask_id": ask.ask_id, "digest": ask.digest}
     outcome = gate1_outcome(decisions)
     superseded: list[str] = []  # what this decision voids: the decision standing, a gate-2 decision
 
@@ -452,6 +482,7 @@ def confirm(
             parts += ["--decision", f"{w}={decisions[w]}"]
             if notes.get(w):
                 parts += ["--note", f"{w}={notes[w]}"]
+        parts += ["--ask", ask.ask_id] if ask is not None else []
         parts += ["--by", by, "--digest", expected_digest or shortlist_digest(run_dir), "--base", base]
         return shlex.join(parts + (["--supersede"] if base != handoff.NO_DECISION else []))
 
@@ -469,6 +500,7 @@ def confirm(
         expected_base=expected_base,
         supersede=supersede,
         command_for=command_for,
+        ask=ask,
     )
     if superseded and not replayed:
         why = f"superseded by gate-1 decision {receipt.operation_id}"

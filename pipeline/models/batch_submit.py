@@ -47,11 +47,11 @@ from pipeline.artifacts.rundir import BATCH_QUEUE_FILE, BATCHES_FILE
 from pipeline.core.canonical import atomic_write_text
 from pipeline.core.errors import Blocked
 from pipeline.core.memory import give_back
-from pipeline.core.roles import ROLE_SPECS
+from pipeline.core.roles import ROLE_SPECS, VERB_ROLE_SPECS
 from pipeline.models.batch_api import TERMINAL, BatchEndpoint, BatchState, ItemResult, batch_line, wire_bodies
 from pipeline.models.transport import describe
 
-BATCHED_ROLES = frozenset(r.name for r in ROLE_SPECS if r.batched)
+BATCHED_ROLES = frozenset(r.name for r in (*ROLE_SPECS, *VERB_ROLE_SPECS) if r.batched)
 """Roles whose calls ``--batch`` sends as one provider batch (the per-cell fan-out)."""
 
 BATCHES_NAME = BATCHES_FILE

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pipeline.core.roles import ROLE_SPECS
+from pipeline.core.roles import ROLE_SPECS, VERB_ROLE_SPECS
 from pipeline.core.settings import ModelSettings
 from pipeline.models import modelmap
 from pipeline.models.errors import ContextExceeded
@@ -40,7 +40,7 @@ cl100k_base counts 2.84 characters per token, SmolLM2's 49K-token BPE 2.16 (1.31
 tokens; 1.05 times on English prose). 1.25 under-counted such small-vocabulary models.
 """
 
-ANSWER_TOKENS: dict[str, int] = {r.name: r.answer_room for r in ROLE_SPECS}
+ANSWER_TOKENS: dict[str, int] = {r.name: r.answer_room for r in (*ROLE_SPECS, *VERB_ROLE_SPECS)}
 """Room kept for each role's answer (capped by the model's output limit and a quarter of its context)."""
 
 DEFAULT_ANSWER_TOKENS = 4_000

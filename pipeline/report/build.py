@@ -30,6 +30,7 @@ from pipeline.diff.compare import call_totals, validation_by_id, validation_summ
 from pipeline.diff.match import EVENT_ID_RE, cited_ids
 from pipeline.models.calllog import summarise
 from pipeline.report import data
+from pipeline.report.asks import asks_section
 from pipeline.report.chart import prevalence_svg
 from pipeline.report.evidence import Evidence, EvidenceReader, Snippet
 from pipeline.report.labels import PATTERN_ORDER, PROPOSAL_ORDER, WEAKNESS_ORDER, label, ordered
@@ -410,7 +411,8 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
     for part in (arts.patterns, arts.groups, arts.shortlist, arts.proposals, arts.validation, arts.block, followup):
         if part is not None:
             cited |= cited_ids(part)
-    evidence = EvidenceReader(arts.path).resolve(cited)
+    asks = asks_section(arts.path)  # the Asks section (pipeline/report/asks.py): its cited events resolve here too
+    evidence = EvidenceReader(arts.path).resolve(cited | asks.cited)
     snippets = evidence.snippets
     ir = data.IR(arts.ir_path)
     try:
@@ -505,6 +507,7 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
         else [],
         "receipts": _gate_receipts(arts),
         "followup": followup,
+        "asks": asks.asks,
         "calls": _calls_summary(arts),
         "chart": prevalence_svg(eligible, by_cell),
         # A group's lists (its cells, tasks, runs) are shown up to this many items: its occurrence table,
