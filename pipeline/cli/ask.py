@@ -21,7 +21,7 @@ from pipeline.core.errors import BadInput, Blocked
 
 def _unblock(exc: Blocked) -> str:
     """What to do about a blocked ask (the stage's own unblock names ``lunasol run``, which an ask is not)."""
-    from pipeline.models.errors import BudgetExceeded
+    from pipeline.models.errors import BudgetExceeded  # startup: the model layer loads only when an ask blocks
 
     if isinstance(exc, BudgetExceeded):
         return ("no ask rows were written; raise --budget-usd and ask again: answered requests are served "
@@ -81,6 +81,7 @@ def _rates(h: dict[str, Any]) -> str:
 
 def show_asks(run_dir: Path, run: str, *, as_json: bool) -> None:
     """``lunasol show RUN`` (or ``show RUN asks``): the run's asks, one line each, and how to open one."""
+    # startup: `lunasol --help` and every other verb load none of this
     from pipeline.ask.summary import ask_ids, headline, summarise
 
     heads = [headline(summarise(run_dir, a)) for a in ask_ids(run_dir)]
@@ -107,6 +108,7 @@ def show_ask(run_dir: Path, run: str, ask_id: str, *, evidence: bool, context: i
 
     With ``--evidence`` each cited event's raw lines follow it, hash-checked (as ``show RUN EVENT``).
     """
+    # startup: `lunasol --help` and every other verb load none of this
     from pipeline.ask.summary import ask_ids, summarise
     from pipeline.report.items import find_item, render_item
 

@@ -48,6 +48,7 @@ def receipt_line(gate: str, receipt: gates.Receipt, replayed: bool, run_dir: Pat
 
 def cited_ask(run_dir: Path, ask_id: str) -> gates.CitedAsk:
     """The ask ``ask_id`` of the run as a gate-1 receipt records it; BadInput naming the run's asks otherwise."""
+    # startup: `lunasol --help` and every other verb load none of this
     from pipeline.ask.summary import ask_ids, headline, summarise
     from pipeline.gates.gate1 import CitedAsk
 

@@ -125,7 +125,7 @@ def register(app: typer.Typer) -> None:
         )
 
         if item_id is None or item_id == "asks" or item_id.startswith("ask-"):
-            from pipeline.cli.ask import show_ask, show_asks
+            from pipeline.cli.ask import show_ask, show_asks  # startup: only `show` of an ask loads it
 
             if item_id is None or item_id == "asks":
                 show_asks(resolve_run(run), run, as_json=as_json)

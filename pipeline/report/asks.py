@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.ask.summary import ask_ids, headline, summarise
+from pipeline.gates import gate1
 
 ANSWER_ROWS = 200
 """Answers listed per ask in the page (with their cited events); the rest: ``lunasol show RUN ASK_ID``."""
@@ -42,9 +43,22 @@ def _quiet(s: dict[str, Any]) -> set[str]:
     return {"no"} if ask["answer_kind"] == "yes-no" else {"neither"} if ask.get("weakness_id") else set()
 
 
+def _cited(run_dir: Path) -> dict[str, Any] | None:
+    """The ask the standing gate-1 decision cites (``confirm --ask``): who decided, when, on which digest."""
+    ids = ask_ids(run_dir)
+    if not ids:
+        return None
+    receipt = gate1.standing(run_dir, gate1.GATE1)
+    if receipt is None or receipt.ask is None:
+        return None
+    return {"ask_id": receipt.ask.ask_id, "digest": receipt.ask.digest, "by": receipt.by,
+            "at": receipt.decided_at, "operation_id": receipt.operation_id}  # fmt: skip
+
+
 def asks_section(run_dir: Path) -> AsksSection:
     """Every ask of the run, ready for the template (empty when the run has none)."""
     out = AsksSection()
+    cited = _cited(run_dir)
     for ask_id in ask_ids(run_dir):
         s = summarise(run_dir, ask_id)
         quiet = _quiet(s)
@@ -64,6 +78,10 @@ def asks_section(run_dir: Path) -> AsksSection:
                 "more": len(listed) - len(shown),
                 "failed": failed[:ANSWER_ROWS],
                 "where": s["ask"].get("where_sql"),
+                # The gate-1 decision that cites this ask, and whether its answers are still those it read.
+                "cited": None
+                if cited is None or cited["ask_id"] != ask_id
+                else {**cited, "same": cited["digest"] == s["digest"]},
                 "model": s["ask"].get("model"),
             }
         )

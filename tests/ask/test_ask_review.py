@@ -103,6 +103,19 @@ def test_confirm_cites_an_ask_in_the_receipt(
     assert (receipt.ask.ask_id, receipt.ask.digest, receipt.ask.question) == (ask_id, shown["digest"], QUESTION)
     assert receipt.ask.counts == shown["overall"]["counts"] and receipt.ask.failed == 1
     assert receipt.request["ask"] == {"ask_id": ask_id, "digest": shown["digest"]}
+    # The report marks the ask the standing decision cites, and says so when its answers change after.
+    from pipeline.report.build import render_report
+
+    def badge() -> str:
+        html, _ = render_report(run)
+        section = html[html.index(f'id="ask-{ask_id}"') : html.index('<section id="proposals">')]
+        return section[: section.index("<details>")]
+
+    assert "cited by gate 1" in badge() and "changed since" not in badge()
+    con = duckdb.connect(str(run / "ir.duckdb"))
+    con.execute("UPDATE ask_answers SET answer = 'no', evidence = [] WHERE ask_id = ? AND answer = 'yes'", [ask_id])
+    con.close()
+    assert "its answers changed since" in badge() and shown["digest"] in badge()
     # The digest is the answers': the same ask answered otherwise is another digest.
     other = copy_demo(run, run.parent.parent / "other")
     fake_llm.handler = answering(set(), set())
