@@ -70,6 +70,22 @@ def _receipt_chain(doc: Doc) -> Doc:
     return {"base_decision": "none", "supersedes": None, **doc}
 
 
+def _run_pilot(doc: Doc) -> Doc:
+    # v2 adds the optional ``pilot`` (a run on a subset of cells: --where / --sample); a v1 run was a full run.
+    return dict(doc)
+
+
+def _shortlist_pilot(doc: Doc) -> Doc:
+    # v5 adds the optional ``pilot`` (the cells a pilot run took); a v4 shortlist was made on every eligible
+    # cell. The fields are the same otherwise, and the file keeps the digest it was sealed with.
+    return dict(doc)
+
+
+def _receipt_pilot(doc: Doc) -> Doc:
+    # v3 adds ``pilot``: the decision was made on a pilot's shortlist (a subset of cells); a v2 receipt was not.
+    return {"pilot": None, **doc}
+
+
 # Artifact-specific steps, in number order.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "weakness-shortlist", 1, 2, _shortlist_plan, "v2 adds plan (Sol's calls and the cells each saw)"),
@@ -79,6 +95,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         4, "weakness-shortlist", 3, 4, _shortlist_stable_digest, "v4's digest leaves out call metadata (same fields)"
     ),
     Migration(5, "gate-receipt", 1, 2, _receipt_chain, "v2 adds base_decision and supersedes (the decision chain)"),
+    Migration(6, "run", 1, 2, _run_pilot, "v2 adds pilot (a run on a subset: --where / --sample)"),
+    Migration(7, "weakness-shortlist", 4, 5, _shortlist_pilot, "v5 adds pilot (the subset a pilot run analysed)"),
+    Migration(8, "gate-receipt", 2, 3, _receipt_pilot, "v3 adds pilot (decided on a pilot's shortlist)"),
 )
 
 
