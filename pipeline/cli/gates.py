@@ -113,7 +113,8 @@ def register(app: typer.Typer) -> None:
                     f"again with --supersede: lunasol confirm {shlex.quote(str(run_dir))} --supersede"
                 )
             s = status(run_dir)
-            typer.echo(format_shortlist(s["shortlist"]["weaknesses"], s["shortlist"]["dropped"]))
+            sl = s["shortlist"]
+            typer.echo(format_shortlist(sl["weaknesses"], sl["dropped"], sl["pilot"]))
             if head is not None:
                 typer.echo(f"replacing the decision standing: {gates.summary(head)}")
             choices = "/".join(gates.DECISIONS)
@@ -151,6 +152,8 @@ def register(app: typer.Typer) -> None:
             emit_json({"replayed": replayed, "superseded": superseded, "receipt": receipt.model_dump(mode="json")})
             return
         typer.echo(receipt_line("gate 1", receipt, replayed, run_dir, receipt.result.get("userRootCauseConfirmation")))
+        if receipt.pilot is not None:
+            typer.echo(f"decided on a {receipt.pilot.label()}; the receipt says so (field pilot)")
         typer.echo(f"next: {handoff.next_command(run_dir)}")
 
     @app.command("status")

@@ -33,7 +33,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.artifacts import rundir
-from pipeline.artifacts.run_info import run_command
+from pipeline.artifacts.run_info import Pilot, run_command
 from pipeline.artifacts.schemas import load_artifact
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.canonical import atomic_create_bytes, digest, pretty_json, read_json, sha256_file
@@ -89,6 +89,10 @@ class Receipt(BaseModel):
         description="the gate's standing decision it was made on (its operation id), or none",
     )
     supersedes: Superseded | None = Field(default=None, description="the decision it replaced (--supersede)")
+    pilot: Pilot | None = Field(
+        default=None,
+        description="gate 1 decided on a pilot's shortlist: a subset of the cells (--where / --sample), not the batch",
+    )
     receipt_digest: str = ""
 
 
@@ -160,6 +164,7 @@ def commit(
     expected_base: str | None = None,
     supersede: bool = False,
     command_for: CommandFor | None = None,
+    pilot: Pilot | None = None,
 ) -> tuple[Receipt, bool]:
     """Commit one gate decision; return the receipt and whether it was a replay of an earlier commit.
 
@@ -170,6 +175,7 @@ def commit(
     that decision. ``expected_revision`` (optional) also binds the handoff revision.
     ``subject_digest`` computes the subject's current digest (default: the file's sha256).
     ``command_for`` renders the decider's command on another base, for the refusal line.
+    ``pilot``: the subject was made on a pilot's subset of cells (said in the receipt).
     """
     if not by.strip():
         raise BadInput("--by NAME is required: a decision needs a named person")
@@ -226,6 +232,7 @@ def commit(
             request_digest=req_digest,
             result=result,
             base_decision=base,
+            pilot=pilot,
             supersedes=None
             if head is None
             else Superseded(
@@ -469,6 +476,7 @@ def confirm(
         expected_base=expected_base,
         supersede=supersede,
         command_for=command_for,
+        pilot=read_shortlist(run_dir / SHORTLIST).pilot,  # decided on a subset: the receipt says so
     )
     if superseded and not replayed:
         why = f"superseded by gate-1 decision {receipt.operation_id}"

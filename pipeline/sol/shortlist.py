@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.artifacts.run_info import Pilot
 from pipeline.artifacts.rundir import SHORTLIST
 from pipeline.artifacts.schemas import read_document, upgrade
 from pipeline.artifacts.versions import VERSIONS
@@ -52,6 +53,9 @@ class Shortlist(BaseModel):
     made_from: dict[str, str | None] = Field(default_factory=dict, description="input name -> digest")
     call: dict[str, Any] = Field(default_factory=dict, description="the Sol call: ok, attempts, errors")
     plan: SolPlan | None = Field(default=None, description="which Sol call saw which cells (none in a v1 file)")
+    pilot: Pilot | None = Field(
+        default=None, description="a pilot run's selection: the denominator is its subset of cells (none: every cell)"
+    )
     digest: str = ""
 
     def content_digest(self) -> str:
