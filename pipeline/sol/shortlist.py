@@ -27,6 +27,7 @@ SHORTLIST_SCHEMA_VERSION = VERSIONS["weakness-shortlist"]
 # Per-call facts of how Sol's answer was obtained (exchange keys, attempts and the errors re-asked,
 # answers reused from a previous run, request sizes): a kill, a resume or one re-ask changes them
 # while the cards stay the same, so the digest gate 1 binds to leaves them out (with ``call``).
+SEALED_WITHOUT_CALLS = 4  # the first version sealed without call metadata (older: the whole content less digest)
 CALL_METADATA = frozenset({"attempts", "key", "errors", "reused", "ok", "request_tokens"})
 
 
@@ -60,12 +61,17 @@ class Shortlist(BaseModel):
 
     def content_digest(self) -> str:
         """Digest of the canonical content, without the digest field and call metadata (``call``, CALL_METADATA)."""
-        doc = self.model_dump(mode="json", exclude={"digest", "call"})
-        if doc.get("plan"):
-            doc["plan"]["calls"] = [
-                {k: v for k, v in c.items() if k not in CALL_METADATA} for c in doc["plan"]["calls"]
-            ]
-        return digest(doc)
+        return sealed_digest(self.model_dump(mode="json"))
+
+
+def sealed_digest(doc: dict[str, Any]) -> str:
+    """The digest v4 and later seal a shortlist document with: its content less ``digest`` and call metadata."""
+    doc = {k: v for k, v in doc.items() if k not in ("digest", "call")}
+    if doc.get("plan"):
+        plan = dict(doc["plan"])
+        plan["calls"] = [{k: v for k, v in c.items() if k not in CALL_METADATA} for c in plan.get("calls") or []]
+        doc["plan"] = plan
+    return digest(doc)
 
 
 def write_shortlist(path: Path, shortlist: Shortlist) -> Shortlist:
@@ -88,7 +94,12 @@ def read_shortlist(path: Path) -> Shortlist:
         raise BadInput(f"{path}: not a valid weakness shortlist: {str(exc).splitlines()[0]}") from None
     # An upgraded file keeps the digest it was sealed with (gate 1 bound a receipt to it): check it
     # against the content as written, not as upgraded.
-    sealed = sl.content_digest() if found == SHORTLIST_SCHEMA_VERSION else digest(_without_digest(raw))
+    if found == SHORTLIST_SCHEMA_VERSION:
+        sealed = sl.content_digest()
+    elif found >= SEALED_WITHOUT_CALLS:
+        sealed = sealed_digest(raw)  # e.g. a v4 file: the same rule, on the fields it was written with
+    else:
+        sealed = digest(_without_digest(raw))
     if sl.digest != sealed:
         raise BadInput(f"{path}: content does not match its digest {sl.digest} (edited by hand?)")
     return sl
