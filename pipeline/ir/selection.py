@@ -62,6 +62,30 @@ def check_where(where: str | None) -> None:
         con.close()
 
 
+def bundle_matching(bundle: Path, where: str) -> list[str]:
+    """Eligible cells of a frozen bundle matching ``where``, read from the bundle (no IR, nothing written)."""
+    import pyarrow as pa  # here: only a pilot's first run loads it for this
+
+    from pipeline.ir.export import cell_facts  # here: the export module is large and only this needs it
+
+    rows, outcomes = cell_facts(bundle)
+    if not rows:
+        return []
+    cols = list(zip(*rows, strict=True))
+    cells = pa.table({n: pa.array(list(c), pa.string()) for n, c in zip(
+        ("cell_id", "task_id", "run_id", "eligibility", "harness"), cols, strict=True
+    )})  # fmt: skip
+    labels = pa.table({"cell_id": pa.array(list(outcomes), pa.string()),
+                       "label": pa.array(list(outcomes.values()), pa.string())})  # fmt: skip
+    con = duckdb.connect(":memory:")
+    try:
+        con.register("cells", cells)
+        con.register("outcomes", labels)
+        return matching(con, where)
+    finally:
+        con.close()
+
+
 def matching(con: duckdb.DuckDBPyConnection, where: str | None, *, with_left_out: bool = False) -> list[str]:
     """Eligible cells of an open IR matching ``where`` (all of them when None), in cell order.
 

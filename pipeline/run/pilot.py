@@ -24,6 +24,7 @@ from pipeline.core.errors import BadInput
 from pipeline.ir.selection import (
     PILOT_REASON,
     apply_pilot,
+    bundle_matching,
     check_where,
     clear_pilot,
     matching,
@@ -60,11 +61,16 @@ def choose(con: Any, options: RunOptions) -> tuple[Pilot, list[str]]:
 def precheck(ir_path: Path, options: RunOptions) -> None:
     """Refuse a bad pilot before anything is written.
 
-    A filter that is not SQL over the cell columns always; one that matches no cell when the run already
-    has an IR (a new run finds out right after its export, and its run directory is removed).
+    A filter that is not SQL over the cell columns, or one that matches no cell: of the run's IR when it
+    has one, else of the bundle (its request and outcome sidecar), read without writing anything.
     """
     check_where(options.where)
-    if options.where is None or not ir_path.is_file():
+    if options.where is None:
+        return
+    if not ir_path.is_file():
+        # a new run: the filter is evaluated on the bundle's own cells and outcomes before the export
+        if not bundle_matching(options.bundle, options.where):
+            raise BadInput(none_match(options.where))
         return
     try:
         con = duck.connect(ir_path, read_only=True)
