@@ -74,6 +74,13 @@ class RunInputs(BaseModel):
     )
 
 
+def _shell_quoted(text: str) -> str:
+    # SQL holds single quotes: double quotes read better, and the shell takes them as they are
+    if "'" in text and not any(c in text for c in '"$`\\!'):
+        return f'"{text}"'
+    return shlex.quote(text)
+
+
 class Pilot(BaseModel):
     """A pilot run (``--where SQL`` and/or ``--sample N --seed S``): which cells it took, of how many.
 
@@ -93,7 +100,7 @@ class Pilot(BaseModel):
 
     def flags(self) -> str:
         """The selection as ``lunasol run`` options."""
-        bits = [f"--where {shlex.quote(self.where)}"] if self.where is not None else []
+        bits = [f"--where {_shell_quoted(self.where)}"] if self.where is not None else []
         if self.sample is not None:
             bits.append(f"--sample {self.sample} --seed {self.seed if self.seed is not None else 0}")
         return " ".join(bits)

@@ -28,7 +28,7 @@ from typing import Any
 
 import pipeline
 from pipeline import coordinator, probes
-from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION, read_run_info, run_command
+from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION, read_run_info, run_command, run_pilot
 from pipeline.artifacts.rundir import GROUPS, IR_FILE, PATTERNS, SHORTLIST, RunDir
 from pipeline.artifacts.schemas import load_document
 from pipeline.bundle import verified
@@ -657,6 +657,9 @@ def dry_run(ctx: RunContext) -> RunResult:
                 notes.append(f"{name}: deterministic, runs after the model stages (no model call)")
         say("rendering and counting every request (Luna's are planned as they are counted)")
         est = estimate(itertools.chain.from_iterable(planned), ctx.options.models, progress=say)
+        chosen = run_pilot(tctx.run_dir)
+        if chosen is not None:  # the estimate is the pilot's: said first
+            notes.insert(0, f"{chosen.label()}{f'; {chosen.note}' if chosen.note else ''}")
     ctx.log(format_estimate(est))
     for n in notes:
         ctx.log(f"note: {n}")

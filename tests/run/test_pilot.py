@@ -119,6 +119,8 @@ def test_status_show_and_report_label_the_pilot(pilot: Path, tmp_path: Path) -> 
     header = html.split("<header>", 1)[1].split("</header>", 1)[0]
     assert 'id="pilot"' in header and label.replace("'", "&#39;") in header
     assert "eligible cells (the denominator: this pilot's subset)" in html
+    listed = CliRunner().invoke(app, ["runs", "--runs-dir", str(pilot.parent)])
+    assert listed.exit_code == 0 and "8 of 24 (pilot)" in listed.output
 
 
 def test_gate1_on_a_pilot_says_so_in_the_receipt(pilot: Path, tmp_path: Path) -> None:
@@ -222,6 +224,7 @@ def test_dry_run_of_a_pilot_plans_only_its_cells(tmp_path: Path) -> None:
     opts = RunOptions(bundle=DEMO_BUNDLE, runs_dir=tmp_path / "runs", models=REPLAY, dry_run=True, sample=5, seed=2)
     res = run(opts, log=logs.append)
     assert {r.role: r.calls for r in res.estimate.roles}["luna"] == 5
+    assert "note: PILOT: 5 of 24 eligible cells (--sample 5 --seed 2)" in "\n".join(logs)
     assert not (tmp_path / "runs").exists()
 
 
