@@ -92,6 +92,15 @@ class Batch:
         self.eligible = [c for c in self.cells if c["eligibility"] == "valid_behavior"]
 
     @cached_property
+    def pilot_context(self) -> dict[str, int]:
+        """``pilot_of``: the batch's eligible cells when this run is a pilot on a subset of them (else nothing).
+
+        Only a pilot's prompts carry it, so a full run's requests are what they always were.
+        """
+        left = sum(1 for c in self.cells if str(c["exclusion_reason"] or "").startswith(PILOT_REASON))
+        return {"pilot_of": len(self.eligible) + left} if left else {}
+
+    @cached_property
     def by_cell(self) -> dict[str, dict[str, Any]]:
         """Eligible cells by id (built once: the reduce step looks cells up per sample)."""
         return {c["cell_id"]: c for c in self.eligible}

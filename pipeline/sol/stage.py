@@ -103,6 +103,7 @@ def single_context(batch: Batch) -> dict[str, Any]:
         "run_id": batch.run_id,
         "harnesses": batch.harnesses,
         "eligible_count": len(eligible),
+        **batch.pilot_context,  # a pilot: the prompt says its cells are a subset of the batch
         "cell_header": CELL_HEADER,
         "cells_text": "\n".join(renderer.cell_line(c) for c in cells),
         "excluded_text": "\n".join(f"{e['cell_id']}: {e['reason'] or '-'}" for e in batch.excluded) or "none",
