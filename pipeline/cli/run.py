@@ -74,7 +74,9 @@ def register(app: typer.Typer) -> None:
         sample: int | None = typer.Option(
             None, "--sample", min=1, help="A pilot on a seeded draw of N of the (matching) cells; all when fewer."
         ),
-        seed: int | None = typer.Option(None, "--seed", help="Seed of the --sample draw (same seed, same cells; default 0)."),
+        seed: int | None = typer.Option(
+            None, "--seed", help="Seed of the --sample draw (same seed, same cells; default 0)."
+        ),
         no_redact: bool = NO_REDACT_OPTION,
         supersede: bool = typer.Option(
             False,
