@@ -21,6 +21,8 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
+from pipeline.agent import tools
+from pipeline.agent.brief import run_summary
 from pipeline.artifacts.migrations import steps
 from pipeline.artifacts.run_info import read_run_info, run_command
 from pipeline.cli.app import app
@@ -121,6 +123,8 @@ def test_status_show_and_report_label_the_pilot(pilot: Path, tmp_path: Path) -> 
     assert "eligible cells (the denominator: this pilot's subset)" in html
     listed = CliRunner().invoke(app, ["runs", "--runs-dir", str(pilot.parent)])
     assert listed.exit_code == 0 and "8 of 24 (pilot)" in listed.output
+    # what a coding agent reads of the run (lunasol mcp's run summary) says it too
+    assert f"- {label}" in run_summary(tools.Runs([pilot]))
 
 
 def test_gate1_on_a_pilot_says_so_in_the_receipt(pilot: Path, tmp_path: Path) -> None:
