@@ -270,3 +270,16 @@ def test_the_full_run_pays_only_for_the_cells_the_pilot_did_not_analyse(tmp_path
     seen = len(server.requests)
     run(RunOptions(bundle=DEMO_BUNDLE, runs_dir=tmp_path / "other", models=live), log=lambda _m: None)
     assert luna_cells_asked(server, seen) == eligible_cells()
+
+
+def test_where_and_sample_draw_from_the_matching_cells(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "STAGES", runner.STAGES[: [s.name for s in runner.STAGES].index("select") + 1])
+    done = sorted(c for c, label in labels().items() if label == "completed" and c in eligible_cells())
+    opts = RunOptions(
+        bundle=DEMO_BUNDLE, runs_dir=tmp_path, models=REPLAY, where="outcome = 'completed'", sample=3, seed=0
+    )
+    d = run(opts, log=lambda _m: None).ctx.run_dir
+    assert ir_eligible(d) == sorted(random.Random(0).sample(done, 3))
+    info = read_run_info(d).pilot
+    assert info is not None and (info.eligible, info.matched, info.selected) == (24, len(done), 3)
+    assert info.flags() == "--where \"outcome = 'completed'\" --sample 3 --seed 0"
