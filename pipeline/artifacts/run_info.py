@@ -107,10 +107,10 @@ class Pilot(BaseModel):
 
     def label(self) -> str:
         """One line that says what a pilot is, wherever its results are shown."""
-        return (
-            f"PILOT: {self.selected} of {self.eligible} eligible cells ({self.flags()}); every rate and Sol's "
-            f"support are over these {self.selected} cells, not the whole batch"
-        )
+        head = f"PILOT: {self.selected} of {self.eligible} eligible cells ({self.flags()})"
+        if self.selected >= self.eligible:  # e.g. --sample larger than the batch: said, not hidden
+            return f"{head}; that is every eligible cell"
+        return f"{head}; every rate and Sol's support are over these {self.selected} cells, not the whole batch"
 
 
 class RunInfo(BaseModel):

@@ -177,6 +177,7 @@ def test_a_sample_larger_than_the_cells_takes_all_and_says_so(tmp_path: Path) ->
     assert ir_eligible(d) == eligible_cells()
     info = read_run_info(d).pilot
     assert info is not None and info.selected == 24 and info.note and "all 24 taken" in info.note
+    assert info.label() == "PILOT: 24 of 24 eligible cells (--sample 100 --seed 3); that is every eligible cell"
 
 
 @pytest.mark.parametrize(
