@@ -361,7 +361,7 @@ def report(run_dir: Path, stage_lines: list[str]) -> dict[str, Any]:
     stages = {k: v for k, v in (ledger.get("entries") or {}).items() if "/" not in k}
     data["ledger"] = {k: {"state": v.get("state"), "reason": v.get("reason")} for k, v in stages.items()}
     log("\n== stages (ledger) ==")
-    for name in ("export", "probes", "luna", "coordinator", "sol"):
+    for name in ("export", "select", "probes", "luna", "coordinator", "sol"):
         e = stages.get(name)
         log(f"  {name:12} {e['state'] if e else 'not reached'}" + (f"  ({e['reason']})" if e and e["reason"] else ""))
     log("\n== lunasol's own stage lines ==")

@@ -17,6 +17,7 @@ from pipeline.agent import tools
 from pipeline.agent.bounds import MAX_ITEMS, cut_list
 from pipeline.agent.reads import run_json
 from pipeline.agent.views import CardView
+from pipeline.artifacts.run_info import Pilot
 from pipeline.core.canonical import atomic_write_text
 from pipeline.core.errors import BadInput, LunasolError
 from pipeline.ir.redact import redact
@@ -53,6 +54,12 @@ def _bundle(run_dir: Path, run: dict[str, object]) -> str:
     # run.json keeps the bundle relative to the run directory; a reader wants the place itself
     rel = run.get("bundle")
     return str((run_dir / rel).resolve()) if isinstance(rel, str) else "?"
+
+
+def _pilot(run: dict[str, object]) -> str | None:
+    """The run's pilot label (run.json ``pilot``), or None for a full run."""
+    raw = run.get("pilot")
+    return Pilot.model_validate(raw).label() if isinstance(raw, dict) else None
 
 
 def _short(text: str, limit: int = STATEMENT_CHARS) -> str:
@@ -103,12 +110,15 @@ def handoff_brief(run_dir: Path, proposal_id: str | None = None) -> tuple[str, s
     card = view.card
     sc, ee, ev = card["strategy_change"], card["expected_effect"], card["evidence"]
     run = run_json(run_dir)
+    label = _pilot(run)
     q = shlex.quote(str(run_dir))
     lines = [
         f"# Handoff: implement {view.proposal_id} of run {rid}",
         "",
         f"> {gate2_line(view.selected, view.proposal_id, view.gate2)}",
         "",
+        # a card made on a pilot's subset of the cells says so before anything else is read
+        *([f"> {label}: the card rests on these cells only; run the whole batch first", ""] if label else []),
         f"Parent harness: `{card['parent_harness']}` · source weakness: `{card['source_weakness']}`"
         f" · bundle: `{_bundle(run_dir, run)}` · validation: "
         f"{(view.validation or {}).get('status', 'unvalidated')}",
@@ -219,6 +229,9 @@ def run_summary(runs: tools.Runs, run: str | None = None) -> str:
     info = run_json(d)
     export = info.get("export") if isinstance(info.get("export"), dict) else {}
     lines = [f"# Run {rid}", "", f"- bundle: `{_bundle(d, info)}`"]
+    pilot = _pilot(info)
+    if pilot:
+        lines.append(f"- {pilot}")
     if export:
         figures = ", ".join(f"{k} {v}" for k, v in sorted(export.items()) if isinstance(v, int | float | str))
         lines.append(f"- export: {figures}")

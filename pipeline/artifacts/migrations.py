@@ -70,9 +70,21 @@ def _receipt_chain(doc: Doc) -> Doc:
     return {"base_decision": "none", "supersedes": None, **doc}
 
 
-def _receipt_ask(doc: Doc) -> Doc:
-    # v3 adds ``ask``: the ask a gate-1 decision cites (``lunasol confirm --ask``). A v2 receipt cited none.
-    return {"ask": None, **doc}
+def _run_pilot(doc: Doc) -> Doc:
+    # v2 adds the optional ``pilot`` (a run on a subset of cells: --where / --sample); a v1 run was a full run.
+    return dict(doc)
+
+
+def _shortlist_pilot(doc: Doc) -> Doc:
+    # v5 adds the optional ``pilot`` (the cells a pilot run took); a v4 shortlist was made on every eligible
+    # cell. The fields are the same otherwise, and the file keeps the digest it was sealed with.
+    return dict(doc)
+
+
+def _receipt_ask_pilot(doc: Doc) -> Doc:
+    # v3 adds ``ask`` (the ask a gate-1 decision cites: ``lunasol confirm --ask``) and ``pilot`` (the decision
+    # was made on a pilot's shortlist, a subset of cells); a v2 receipt cited no ask and was on every cell.
+    return {"ask": None, "pilot": None, **doc}
 
 
 # Artifact-specific steps, in number order.
@@ -84,7 +96,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         4, "weakness-shortlist", 3, 4, _shortlist_stable_digest, "v4's digest leaves out call metadata (same fields)"
     ),
     Migration(5, "gate-receipt", 1, 2, _receipt_chain, "v2 adds base_decision and supersedes (the decision chain)"),
-    Migration(6, "gate-receipt", 2, 3, _receipt_ask, "v3 adds ask (the ask a gate-1 decision cites; none before)"),
+    Migration(6, "run", 1, 2, _run_pilot, "v2 adds pilot (a run on a subset: --where / --sample)"),
+    Migration(7, "weakness-shortlist", 4, 5, _shortlist_pilot, "v5 adds pilot (the subset a pilot run analysed)"),
+    Migration(
+        8, "gate-receipt", 2, 3, _receipt_ask_pilot, "v3 adds ask (the ask gate 1 cites) and pilot (decided on a pilot)"
+    ),
 )
 
 

@@ -74,6 +74,45 @@ class RunInputs(BaseModel):
     )
 
 
+def _shell_quoted(text: str) -> str:
+    # SQL holds single quotes: double quotes read better, and the shell takes them as they are
+    if "'" in text and not any(c in text for c in '"$`\\!'):
+        return f'"{text}"'
+    return shlex.quote(text)
+
+
+class Pilot(BaseModel):
+    """A pilot run (``--where SQL`` and/or ``--sample N --seed S``): which cells it took, of how many.
+
+    Everything counted over eligible cells in such a run (Luna's cells, coverage, Sol's denominator
+    and support, the report's rates) is over the ``selected`` cells only; the rest of the IR is kept.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    where: str | None = Field(default=None, description="--where: the SQL filter over the eligible cells")
+    sample: int | None = Field(default=None, description="--sample: how many of the matching cells were drawn")
+    seed: int | None = Field(default=None, description="--seed of the draw (with --sample)")
+    eligible: int = Field(description="eligible cells of the bundle, before the selection")
+    matched: int = Field(description="eligible cells the filter matched (all eligible without --where)")
+    selected: int = Field(description="cells this pilot analysed: the denominator of every rate")
+    note: str | None = Field(default=None, description="e.g. --sample larger than the matching cells: all taken")
+
+    def flags(self) -> str:
+        """The selection as ``lunasol run`` options."""
+        bits = [f"--where {_shell_quoted(self.where)}"] if self.where is not None else []
+        if self.sample is not None:
+            bits.append(f"--sample {self.sample} --seed {self.seed if self.seed is not None else 0}")
+        return " ".join(bits)
+
+    def label(self) -> str:
+        """One line that says what a pilot is, wherever its results are shown."""
+        head = f"PILOT: {self.selected} of {self.eligible} eligible cells ({self.flags()})"
+        if self.selected >= self.eligible:  # e.g. --sample larger than the batch: said, not hidden
+            return f"{head}; that is every eligible cell"
+        return f"{head}; every rate and Sol's support are over these {self.selected} cells, not the whole batch"
+
+
 class RunInfo(BaseModel):
     """The whole ``run.json``."""
 
@@ -88,11 +127,17 @@ class RunInfo(BaseModel):
     lunasol_version: str | None = None
     export: ExportSummary | None = None
     inputs: RunInputs | None = None
+    pilot: Pilot | None = Field(default=None, description="a pilot run's selection (absent: every eligible cell)")
 
 
 def read_run_info(run_dir: Path) -> RunInfo:
     """``run.json`` typed and migrated (empty when the run has none yet); a broken file is one BadInput line."""
     return RunDir(run_dir).load(RUN, RunInfo) or RunInfo()
+
+
+def run_pilot(run_dir: Path) -> Pilot | None:
+    """The run's pilot selection (None: a full run)."""
+    return read_run_info(run_dir).pilot
 
 
 def made_unredacted(run_dir: Path) -> bool:
@@ -141,6 +186,11 @@ def run_command(run_dir: Path, *, resume: bool = True) -> str:
     queue_tokens = (models.model_extra or {}).get("batch_queue_tokens")
     if queue_tokens:
         parts += ["--batch-queue-tokens", str(queue_tokens)]
+    if info.pilot is not None:  # a pilot continues as the same pilot (the full run drops these options)
+        if info.pilot.where is not None:
+            parts += ["--where", info.pilot.where]
+        if info.pilot.sample is not None:
+            parts += ["--sample", str(info.pilot.sample), "--seed", str(info.pilot.seed or 0)]
     if info.export is not None and info.export.redacted is False:
         parts.append("--no-redact")  # continuing without it would re-export the run redacted
     if resume:

@@ -13,13 +13,11 @@ run's DuckDB; the rows of an ask asked again (same question, answer kind and fil
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import duckdb
 from pydantic import BaseModel
 
 from pipeline.artifacts.rundir import RunDir
@@ -28,6 +26,7 @@ from pipeline.core import duck
 from pipeline.core.errors import BadInput
 from pipeline.core.settings import ModelSettings
 from pipeline.ir.redact import redact
+from pipeline.ir.selection import sample_cells, select_cells
 from pipeline.ir.store import insert_rows
 from pipeline.luna.feed import CellFeed, prepare_in_chunks
 from pipeline.luna.render import CellIR, Part, context_budget
@@ -38,11 +37,6 @@ from pipeline.models.estimate import Estimate, estimate
 ROLE = "ask"
 PROMPT_OVERHEAD_TOKENS = 2_000  # the ask template, question and answer schema around the IR
 OUTPUT_TOKENS = 250  # an answer: one value, one or two sentences, a few event ids (assumed by the dry run)
-SELECT_SQL = (
-    "SELECT cell_id FROM (SELECT c.cell_id, c.task_id, c.run_id, c.harness, o.label AS outcome "
-    "FROM cells c LEFT JOIN outcomes o USING (cell_id) WHERE c.eligibility = 'valid_behavior') "
-    "WHERE ({where}) ORDER BY cell_id"
-)
 TABLES_DDL = """
 CREATE TABLE IF NOT EXISTS asks (
     ask_id VARCHAR PRIMARY KEY,
@@ -107,22 +101,6 @@ def part_budget(settings: ModelSettings, spec: AskSpec | None = None, question: 
     overhead = prompt_overhead(settings, spec, question) if spec is not None else PROMPT_OVERHEAD_TOKENS
     room = role_budget(settings, ROLE).input_tokens - overhead
     return max(min(context_budget(), room), 500)
-
-
-def select_cells(ir: Path, where: str | None) -> list[str]:
-    """Eligible cells matching ``where`` (SQL over task_id, run_id, harness, outcome); BadInput when none or bad SQL."""
-    con = duck.connect(ir, read_only=True)
-    try:
-        rows = con.execute(SELECT_SQL.format(where=where or "TRUE")).fetchall()
-    except duckdb.Error as exc:
-        msg = " ".join(str(exc).split("\nLINE ")[0].split())[:200]
-        what = "not a valid filter over task_id, run_id, harness, outcome"
-        raise BadInput(f"--where {where!r}: {what} ({msg})") from None
-    finally:
-        con.close()
-    if not rows:
-        raise BadInput("no eligible cell matches" + (f" --where {where!r}" if where else " (the run has none)"))
-    return [str(r[0]) for r in rows]
 
 
 def _number(v: Any) -> str:
@@ -299,12 +277,8 @@ def _selected(run_dir: Path, spec: AskSpec, redacting: bool) -> tuple[Path, str,
         raise BadInput("the question is empty")
     # The question is the user's, but may be pasted from a log: it is redacted like the log text.
     question = redact(spec.question)[0] if redacting else spec.question
-    cells = select_cells(ir, spec.where)
-    if spec.sample is not None:
-        if spec.sample < 1:
-            raise BadInput("--sample must be at least 1")
-        # A seeded draw from the selected cells, in cell order: the same seed gives the same pilot.
-        cells = sorted(random.Random(spec.seed).sample(cells, min(spec.sample, len(cells))))
+    # the pilot selection shared with `lunasol run` (pipeline.ir.selection): same filter, same seeded draw
+    cells = sample_cells(select_cells(ir, spec.where), spec.sample, spec.seed)
     return ir, question, cells
 
 

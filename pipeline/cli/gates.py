@@ -133,7 +133,8 @@ def register(app: typer.Typer) -> None:
                     f"again with --supersede: lunasol confirm {shlex.quote(str(run_dir))} --supersede"
                 )
             s = status(run_dir)
-            typer.echo(format_shortlist(s["shortlist"]["weaknesses"], s["shortlist"]["dropped"]))
+            sl = s["shortlist"]
+            typer.echo(format_shortlist(sl["weaknesses"], sl["dropped"], sl["pilot"]))
             if head is not None:
                 typer.echo(f"replacing the decision standing: {gates.summary(head)}")
             choices = "/".join(gates.DECISIONS)
@@ -176,6 +177,8 @@ def register(app: typer.Typer) -> None:
             a = receipt.ask
             found = ", ".join(f"{v} {k}" for v, k in (a.counts or {}).items()) or f"mean {a.mean}"
             typer.echo(f"cites {a.ask_id}: {a.answered}/{a.cells} answered ({found}); digest {a.digest}")
+        if receipt.pilot is not None:
+            typer.echo(f"decided on a {receipt.pilot.label()}; the receipt says so (field pilot)")
         typer.echo(f"next: {handoff.next_command(run_dir)}")
 
     @app.command("status")

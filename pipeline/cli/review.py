@@ -205,7 +205,7 @@ def register(app: typer.Typer) -> None:
                 state,
                 n(r.bundle),
                 n(r.model),
-                n(r.cells),
+                f"{r.cells} of {r.pilot.eligible} (pilot)" if r.pilot and r.cells is not None else n(r.cells),
                 n(r.patterns),
                 n(r.weaknesses),
                 n(r.proposals),

@@ -64,6 +64,19 @@ def register(app: typer.Typer) -> None:
             "--probes",
             help="A folder of your own probe files (<id>.sql, docs/patterns.md), run beside the shipped.",
         ),
+        where: str | None = typer.Option(
+            None,
+            "--where",
+            help="A pilot on the eligible cells this SQL condition matches, over cell_id, task_id, run_id, harness "
+            "and outcome (the sidecar's label; you choose the cells, no model reads it). The IR stays whole; only "
+            "these cells go through Luna, the Coordinator and Sol, and every rate and Sol's support are over them.",
+        ),
+        sample: int | None = typer.Option(
+            None, "--sample", min=1, help="A pilot on a seeded draw of N of the (matching) cells; all when fewer."
+        ),
+        seed: int | None = typer.Option(
+            None, "--seed", help="Seed of the --sample draw (same seed, same cells; default 0)."
+        ),
         no_redact: bool = NO_REDACT_OPTION,
         supersede: bool = typer.Option(
             False,
@@ -78,6 +91,11 @@ def register(app: typer.Typer) -> None:
         Rerunning with the same run id reuses everything still valid (an unchanged rerun makes no
         model call); a changed input invalidates and recomputes only what depends on it. A run id
         whose gates hold decisions is refused (exit 2) unless --supersede.
+
+        A pilot (--where / --sample) is labelled as one in run.json, status, show, the report, the
+        shortlist and gate 1's receipt. A later run of the same bundle, under any run id of the same
+        --runs-dir, takes every answer another of its runs already received for the very same request
+        (a pilot's Luna calls, say) instead of paying for it again; use another --runs-dir for fresh answers.
         """
         # startup: `lunasol --help` and every other verb load none of this
         from pipeline.models.store import check_store
@@ -87,6 +105,8 @@ def register(app: typer.Typer) -> None:
 
         if replay and record:
             raise BadInput("--replay and --record exclude each other")
+        if seed is not None and sample is None:
+            raise BadInput("--seed draws a --sample: give --sample N with it")
         check_dir_option(runs_dir, "--runs-dir")
         mode = "replay" if replay else "record" if record else None
         settings = ModelSettings.from_env(
@@ -117,6 +137,9 @@ def register(app: typer.Typer) -> None:
             probes_dir=probes_dir,
             redact=not no_redact,
             supersede=supersede,
+            where=where,
+            sample=sample,
+            seed=seed or 0,
         )
         # With --json the stage lines go to stderr, so stdout is one JSON document.
         result = run(opts, log=(lambda m: typer.echo(m, err=True)) if as_json else typer.echo)

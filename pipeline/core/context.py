@@ -26,6 +26,14 @@ class RunOptions:
     probes_dir: Path | None = None  # --probes: a folder of the user's own probe files, run beside the shipped
     redact: bool = True  # False only with --no-redact: secrets stay in the IR's text, hence in prompts and reports
     supersede: bool = False  # --supersede: rerun into a run id whose gates hold decisions (they may be voided)
+    where: str | None = None  # --where SQL: a pilot on the eligible cells matching it (pipeline.ir.selection)
+    sample: int | None = None  # --sample N: a pilot on a seeded draw of N of them
+    seed: int = 0  # --seed of the draw
+
+    @property
+    def pilot(self) -> bool:
+        """Whether this run analyses a subset of the eligible cells (``--where`` / ``--sample``)."""
+        return self.where is not None or self.sample is not None
 
 
 @dataclass

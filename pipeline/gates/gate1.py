@@ -33,7 +33,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.artifacts import rundir
-from pipeline.artifacts.run_info import run_command
+from pipeline.artifacts.run_info import Pilot, run_command
 from pipeline.artifacts.schemas import load_artifact
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.canonical import atomic_create_bytes, digest, pretty_json, read_json, sha256_file
@@ -108,11 +108,16 @@ class Receipt(BaseModel):
     )
     supersedes: Superseded | None = Field(default=None, description="the decision it replaced (--supersede)")
     ask: CitedAsk | None = Field(default=None, description="the ask the decision cites (gate 1, --ask)")
+    pilot: Pilot | None = Field(
+        default=None,
+        description="gate 1 decided on a pilot's shortlist: a subset of the cells (--where / --sample), not the batch",
+    )
     receipt_digest: str = ""
 
     def dump(self) -> dict[str, Any]:
-        """The receipt as written: an absent ask is left out, so a receipt citing none reads as before."""
-        return self.model_dump(mode="json", exclude={"ask"} if self.ask is None else None)
+        """The receipt as written: an absent ask or pilot is left out, so a receipt with neither reads as before."""
+        absent = {name for name in ("ask", "pilot") if getattr(self, name) is None}
+        return self.model_dump(mode="json", exclude=absent or None)
 
 
 def receipt_path(run_dir: Path, gate: str, operation_id: str) -> Path:
@@ -184,6 +189,7 @@ def commit(
     supersede: bool = False,
     command_for: CommandFor | None = None,
     ask: CitedAsk | None = None,
+    pilot: Pilot | None = None,
 ) -> tuple[Receipt, bool]:
     """Commit one gate decision; return the receipt and whether it was a replay of an earlier commit.
 
@@ -195,6 +201,7 @@ def commit(
     ``subject_digest`` computes the subject's current digest (default: the file's sha256).
     ``command_for`` renders the decider's command on another base, for the refusal line.
     ``ask``: the ask the decision cites, recorded whole in the receipt (its id and digest are in ``request``).
+    ``pilot``: the subject was made on a pilot's subset of cells (said in the receipt).
     """
     if not by.strip():
         raise BadInput("--by NAME is required: a decision needs a named person")
@@ -251,6 +258,7 @@ def commit(
             request_digest=req_digest,
             result=result,
             base_decision=base,
+            pilot=pilot,
             supersedes=None
             if head is None
             else Superseded(
@@ -501,6 +509,7 @@ def confirm(
         supersede=supersede,
         command_for=command_for,
         ask=ask,
+        pilot=read_shortlist(run_dir / SHORTLIST).pilot,  # decided on a subset: the receipt says so
     )
     if superseded and not replayed:
         why = f"superseded by gate-1 decision {receipt.operation_id}"

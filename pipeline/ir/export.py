@@ -302,6 +302,22 @@ def _harnesses(bundle: Path, request: AnalysisRequest) -> list[str | None]:
     return [cell_harness(bundle, c.cell_id, request.parent_harness) for c in request.cells]
 
 
+def cell_facts(bundle: Path) -> tuple[list[tuple[str, str, str, str, str | None]], dict[str, str | None]]:
+    """The cells as export writes them, read without writing anything.
+
+    Returns (cell, task, run, eligibility, harness) rows and each cell's outcome label: what a pilot's
+    ``--where`` is evaluated on before a run directory exists.
+    """
+    manifest = read_manifest(bundle)
+    request = load_request(bundle)
+    rows: list[tuple[str, str, str, str, str | None]] = [
+        (c.cell_id, c.task_id, c.run_id, str(c.eligibility), h)
+        for c, h in zip(request.cells, _harnesses(bundle, request), strict=True)
+    ]
+    outcomes = _read_outcomes(bundle, manifest, request)
+    return rows, dict(zip(outcomes["cell_id"], outcomes["label"], strict=True))
+
+
 def _step_bases(bundle: Path, request: AnalysisRequest) -> list[int | None]:
     if request.format == "native":
         return [None for _ in request.cells]

@@ -32,6 +32,7 @@ from pipeline.core.settings import ModelSettings
 from pipeline.ir.cache import cached_rows
 from pipeline.ir.digests import content_digests
 from pipeline.ir.redact import redact
+from pipeline.ir.selection import eligible_before_pilot
 from pipeline.ir.store import insert_rows
 from pipeline.luna.feed import CellFeed, prepare, prepare_in_chunks  # noqa: F401 - prepare: part of this module's API (tests)
 from pipeline.luna.merge import CellPatterns, Conflict, Verdict, merge_cell
@@ -331,7 +332,7 @@ def plan(ctx: RunContext) -> Iterator[PlannedCall]:
     try:
         _ensure_hits(con)
         ids = [r[0] for r in con.execute(ELIGIBLE_SQL).fetchall()]
-        budget = part_budget(ctx.options.models, summaries, _sample(con, ids))
+        budget = part_budget(ctx.options.models, summaries, _sample(con, eligible_before_pilot(con)))
         for cell, parts, _size in prepare_in_chunks(con, budget.tokens, ids, budget.chars_per_token):
             for part in parts:
                 yield PlannedCall(
@@ -377,7 +378,9 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
     try:
         _ensure_hits(con)
         eligible = con.execute(ELIGIBLE_SQL).fetchall()
-        budget = part_budget(ctx.options.models, summaries, _sample(con, [r[0] for r in eligible]))
+        # measured on the first cells of the whole batch, a pilot's left-out cells included: a cell's
+        # request is then the same in a pilot and in the full run, which reuses the pilot's answers
+        budget = part_budget(ctx.options.models, summaries, _sample(con, eligible_before_pilot(con)))
         stamp = cache_stamp(thash, client.model, budget.stamp())
         # the IR's stored per-cell digests (an IR not made by export has none: nothing is cached then)
         cell_digests = content_digests(con) or {}

@@ -35,6 +35,7 @@ from pipeline.models.batch_api import TERMINAL
 from pipeline.models.batch_submit import BATCHED_ROLES, Batcher, read_batches
 from pipeline.models.budget import check_fits, role_budget
 from pipeline.models.calllog import CallLog, read_calls
+from pipeline.models.donors import Donors
 from pipeline.models.errors import AnswerTruncated, ContextExceeded, ModelUnavailable
 from pipeline.models.exchange import CALL_STATE, CallState, Exchange
 from pipeline.models.modes import INSTRUCTOR_MODES, resolve_mode
@@ -130,6 +131,10 @@ class ModelClient:
                 for k in row.get("keys") or []
             ),
         )
+        if self.mode not in ("record", "replay") and not fresh:
+            # Live: a request another run of this bundle already had answered is served from that
+            # run's store (a full run after its pilot); a deliberate redo asks afresh.
+            self.exchange.donors = Donors(self.run_dir)
         if self._batching() and self.model:
             # --batch hook (pipeline.models.batch_submit): the exchange sends batched roles' first requests here.
             self.exchange.batcher = Batcher(
@@ -351,7 +356,7 @@ class ModelClient:
             return await gather_bounded(
                 coros, max(1, len(coros)), label=label, usage=self.usage, budget=budget, requests=self.request_counts
             )
-        return await gather_bounded(
+        out = await gather_bounded(
             coros,
             2 * self.settings.concurrency,
             label=label,
@@ -359,6 +364,10 @@ class ModelClient:
             budget=budget,
             requests=self.request_counts,
         )
+        said = self.exchange.donors.said() if self.exchange.donors is not None else None
+        if said:
+            self.log(f"[{label}] {said}")
+        return out
 
     def request_counts(self) -> tuple[int, int, int]:
         """(calls finished, requests being answered, calls queued behind --concurrency): progress counts parts."""

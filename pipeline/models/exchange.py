@@ -23,6 +23,7 @@ from pipeline.models import servermodes
 from pipeline.models.accounting import Accounting, Booked
 from pipeline.models.batch_submit import BATCHED_ROLES, Batcher
 from pipeline.models.budget import context_error
+from pipeline.models.donors import Donors
 from pipeline.models.errors import EmptyAnswer, ModelUnavailable, ReplayMiss
 from pipeline.models.fleet import Fleet, fleet_api_key, is_fleet, total_concurrency
 from pipeline.models.shaping import as_litellm_holds
@@ -99,6 +100,7 @@ class Exchange:
         self._sem: asyncio.Semaphore | None = None
         self._openai_clients: dict[int, Any] = {}
         self.batcher: Batcher | None = None  # --batch: set by the client (pipeline.models.batch_submit)
+        self.donors: Donors | None = None  # live: other runs of the bundle, by request key (set by the client)
         self.refused: LunasolError | None = None  # a refusal stops every later request of the client
         # Several endpoints in --api-base: live calls go through litellm's Router (pipeline.models.fleet).
         self.is_fleet = is_fleet(settings.api_base)
@@ -146,6 +148,10 @@ class Exchange:
         body: dict[str, Any] | None = None
         if store is not None:
             record = store.load(key) if self.serves(key) else None
+            if record is None and self.donors is not None and store.mode == "record":
+                record = self.donors.find(key)  # another run of the bundle received it: copied, served
+                if record is not None:
+                    store.save(record)
             if record is not None:
                 body = _response_body(check_record(record, store.path_for(key)))
                 if store.mode != "replay" and unusable(body) is not None:

@@ -22,6 +22,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup, escape
 
+from pipeline.artifacts.run_info import Pilot
 from pipeline.artifacts.rundir import REPORT_FILE, Row, RunArtifacts, RunDir
 from pipeline.core.canonical import atomic_write_text
 from pipeline.core.errors import BadInput
@@ -489,6 +490,8 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
         "redactions": int(((arts.run or {}).get("export") or {}).get("redactions") or 0),
         # made with --no-redact: the IR's text (timelines, quotes) holds the logs' secrets as written
         "unredacted": ((arts.run or {}).get("export") or {}).get("redacted") is False,
+        # a pilot on a subset of the cells (run.json pilot): said in the header, every figure is over the subset
+        "pilot": _pilot_label(arts),
         "patterns": arts.patterns,
         "luna_failures": luna_failures,
         "groups": arts.groups,
@@ -519,6 +522,11 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
         "page_data": _script_json(page),
     }
     return ctx, evidence
+
+
+def _pilot_label(arts: RunArtifacts) -> str | None:
+    raw = (arts.run or {}).get("pilot")
+    return Pilot.model_validate(raw).label() if isinstance(raw, dict) else None
 
 
 # ---------------------------------------------------------------- follow-up (lunasol followup)

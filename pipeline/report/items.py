@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.artifacts.run_info import run_pilot
 from pipeline.artifacts.rundir import SMALL, Row, RunArtifacts, RunDir
 from pipeline.core.errors import BadInput
 from pipeline.diff.compare import validation_by_id
@@ -34,10 +35,12 @@ class Item:
     item_id: str
     item: dict[str, Any]
     evidence: list[dict[str, Any]] = field(default_factory=list)
+    pilot: str | None = None  # the run is a pilot on a subset of the cells: its label (counts are over it)
 
     def to_json(self) -> dict[str, Any]:
         """Machine-readable form (``--json``)."""
-        return {"kind": self.kind, "id": self.item_id, "item": self.item, "evidence": self.evidence}
+        out = {"kind": self.kind, "id": self.item_id, "item": self.item, "evidence": self.evidence}
+        return {**out, "pilot": self.pilot} if self.pilot else out
 
 
 def _evidence(run_dir: Path, keys: set[str], context: int) -> list[dict[str, Any]]:
@@ -148,7 +151,9 @@ def find_item(run_dir: Path, item_id: str, *, evidence: bool = False, context: i
         )
     kind, item = found
     keys = {item_id} if kind in ("event", "ref") else cited_ids(item) if evidence else set()
-    return Item(kind, item_id, item, _evidence(run_dir, keys, context) if keys else [])
+    pilot = run_pilot(run_dir)
+    shown = _evidence(run_dir, keys, context) if keys else []
+    return Item(kind, item_id, item, shown, pilot.label() if pilot else None)
 
 
 _ORDERS = {
@@ -230,7 +235,7 @@ def render_item(item: Item, width: int | None = None) -> str:
     """The item as terminal text: a title, every field with its human label (nothing cut), then the evidence."""
     width = width or 100
     it = item.item
-    out = [f"{_TITLE.get(item.kind, item.kind)} {item.item_id}", ""]
+    out = [f"{_TITLE.get(item.kind, item.kind)} {item.item_id}", *([item.pilot] if item.pilot else []), ""]
     statement = it.get("statement") if item.kind in ("weakness", "dropped_weakness") else None
     if isinstance(statement, str):
         _wrap(out, 0, "", statement, width)

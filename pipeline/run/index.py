@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from pipeline.artifacts.run_info import RunInfo
+from pipeline.artifacts.run_info import Pilot, RunInfo
 from pipeline.artifacts.rundir import BLOCK, HANDOFF, PATTERNS, RUN, SMALL, RunArtifacts, RunDir
 from pipeline.core import duck
 from pipeline.core.errors import BadInput, LunasolError
@@ -29,6 +29,7 @@ class RunSummary(BaseModel):
     bundle_digest: str | None = None
     model: str | None = None
     cells: int | None = None
+    pilot: Pilot | None = None  # a pilot run: ``cells`` is its subset of the eligible cells
     patterns: int | None = None
     weaknesses: int | None = None
     proposals: int | None = None
@@ -149,6 +150,7 @@ def summarise_run(path: Path) -> RunSummary:
         bundle_digest=bundle_digest,
         model=_model(run),
         cells=_ir_cells(arts),
+        pilot=run.pilot,
         patterns=patterns,
         weaknesses=len(arts.weaknesses) if arts.weaknesses is not None else None,
         proposals=len(arts.proposals) if arts.proposals is not None else None,

@@ -28,7 +28,7 @@ from typing import Any
 
 import pipeline
 from pipeline import coordinator, probes
-from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION, read_run_info, run_command
+from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION, read_run_info, run_command, run_pilot
 from pipeline.artifacts.rundir import GROUPS, IR_FILE, PATTERNS, SHORTLIST, RunDir
 from pipeline.artifacts.schemas import load_document
 from pipeline.bundle import verified
@@ -54,6 +54,7 @@ from pipeline.models import ROLES, PlannedCall, estimate, format_estimate, templ
 from pipeline.models.preflight import preflight
 from pipeline.models.progress import plain_every
 from pipeline.models.store import resolve_settings
+from pipeline.run import pilot
 from pipeline.sol.shortlist import read_shortlist
 from pipeline.sol.stage import plan as sol_plan
 from pipeline.sol.stage import stage as sol_run
@@ -86,6 +87,7 @@ class Stage:
 # The order is the flow of the main job.
 STAGES: tuple[Stage, ...] = (
     Stage("export", export.stage, phase="exported"),
+    Stage("select", pilot.stage),  # a pilot's subset of the cells (--where / --sample); else every eligible cell
     Stage("probes", probes.stage),
     Stage("luna", luna_run, luna_plan, outputs=(PATTERNS.filename,), role=roles.LUNA, phase="patterns"),
     Stage("coordinator", coordinator.stage, outputs=(GROUPS.filename,), phase="aggregated"),
@@ -93,6 +95,8 @@ STAGES: tuple[Stage, ...] = (
           extra_roles=(roles.SOL_MAP, roles.SOL_REDUCE), phase="rootCausesMined"),
 )  # fmt: skip
 _BY_NAME = {s.name: s for s in STAGES}
+# Bad input in these leaves no run directory behind when this run created it (a --where matching no cell)
+_FIRST_STAGES = ("export", "select")
 
 DEFAULT_TIMEOUT_S = ModelSettings.model_fields["timeout_s"].default
 INCOMPLETE = "incomplete: "  # ledger reason of a stage that finished with failed items
@@ -205,6 +209,10 @@ def stage_inputs(name: str, ctx: RunContext, bdigest: str, upstream: tuple[str, 
         # --no-redact makes other rows (export) and other task summaries in Luna's prompts; absent
         # when redacting, so a redacting run's inputs are what they always were
         inputs["redaction"] = "off"
+    if name == "select" and ctx.options.pilot:
+        # another pilot selection analyses other cells (absent for a full run: its inputs stay as they were)
+        o = ctx.options
+        inputs["pilot"] = digest({"where": o.where, "sample": o.sample, "seed": o.seed if o.sample else None})
     if name == "probes":
         # a changed (added, removed) probe file of --probes reruns the probes and what follows
         for p in probes.user_probes(ctx.options.probes_dir):
@@ -394,6 +402,7 @@ def run(options: RunOptions, log: Callable[[str], None] = print) -> RunResult:
         raise BadInput(_no_model_message(ctx))
     if not options.dry_run and any(s.role is not None for s in STAGES):
         preflight(options.models, log)  # a missing key or unknown model: one line, exit 2, before any work
+    pilot.precheck(ctx.ir_path, options)  # a bad --where: one line before anything is written
     bdigest = bundle_digest(options.bundle)
     if options.dry_run:
         return dry_run(ctx)
@@ -479,7 +488,7 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
                 _record_cells(ctx, ledger, role)  # finished per-cell calls stay reusable for --resume
             raise _blocked(ctx, name, exc) from None
         except BadInput:
-            if created and name == STAGES[0].name:
+            if created and name in _FIRST_STAGES:
                 shutil.rmtree(ctx.run_dir, ignore_errors=True)  # bad input leaves no partial run behind
             raise
         outputs = stage_outputs(name, ctx)
@@ -648,6 +657,9 @@ def dry_run(ctx: RunContext) -> RunResult:
                 notes.append(f"{name}: deterministic, runs after the model stages (no model call)")
         say("rendering and counting every request (Luna's are planned as they are counted)")
         est = estimate(itertools.chain.from_iterable(planned), ctx.options.models, progress=say)
+        chosen = run_pilot(tctx.run_dir)
+        if chosen is not None:  # the estimate is the pilot's: said first
+            notes.insert(0, f"{chosen.label()}{f'; {chosen.note}' if chosen.note else ''}")
     ctx.log(format_estimate(est))
     for n in notes:
         ctx.log(f"note: {n}")

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts.run_info import ModelInputs, made_unredacted, read_run_info, run_command
+from pipeline.artifacts.run_info import ModelInputs, Pilot, made_unredacted, read_run_info, run_command, run_pilot
 from pipeline.artifacts.rundir import RunDir
 from pipeline.artifacts.schemas import load_document
 from pipeline.core.errors import BadInput
@@ -25,15 +25,17 @@ from pipeline.state.blocking import read_block_receipt
 from pipeline.state.ledger import Ledger
 
 
-def _shortlist_rows(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
+def _shortlist_rows(
+    run_dir: Path,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None, Pilot | None]:
 
     path = run_dir / SHORTLIST_FILE
     if not path.is_file():
-        return [], [], None
+        return [], [], None, None
     try:
         sl = read_shortlist(path)
     except BadInput as exc:
-        return [], [{"weakness_id": "-", "reasons": [exc.one_line()]}], None
+        return [], [{"weakness_id": "-", "reasons": [exc.one_line()]}], None, None
     rows = [
         {
             "weakness_id": w.weakness_id,
@@ -48,7 +50,7 @@ def _shortlist_rows(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str,
         for w in sl.weaknesses
     ]
     dropped = [{"weakness_id": d.weakness_id, "reasons": d.reasons} for d in sl.dropped]
-    return rows, dropped, sl.digest
+    return rows, dropped, sl.digest, sl.pilot
 
 
 def batch_rows(run_dir: Path, *, poll: bool = False) -> list[dict[str, Any]]:
@@ -118,7 +120,8 @@ def format_batches(batches: Sequence[dict[str, Any]]) -> list[str]:
 def status(run_dir: Path, *, poll: bool = False) -> dict[str, Any]:
     """Everything ``lunasol status`` shows, as data (``poll``: ask the provider about open batches)."""
     h = handoff.load(run_dir)
-    rows, dropped, sdigest = _shortlist_rows(run_dir)
+    rows, dropped, sdigest, made_on = _shortlist_rows(run_dir)
+    pilot = run_pilot(run_dir)
     block = read_block_receipt(run_dir)
     nxt = handoff.next_command(run_dir, h)
     if block and block.get("requested_unblock") and h.phase != "rootCausesMined":
@@ -132,7 +135,15 @@ def status(run_dir: Path, *, poll: bool = False) -> dict[str, Any]:
         "handoff": h.model_dump(mode="json", exclude={"history"}),
         "history": [e.model_dump(mode="json") for e in h.history[-10:]],
         "ledger": Ledger(run_dir).summary(),
-        "shortlist": {"digest": sdigest, "weaknesses": rows, "dropped": dropped},
+        "shortlist": {
+            "digest": sdigest,
+            "weaknesses": rows,
+            "dropped": dropped,
+            # the shortlist's own header: the subset it was mined on (None: every eligible cell)
+            "pilot": made_on.model_dump(mode="json") if made_on else None,
+        },
+        # the run's selection now (run.json): a pilot, or None for a full run
+        "pilot": {**pilot.model_dump(mode="json"), "label": pilot.label()} if pilot else None,
         "block_receipt": block,
         "selection": _selection(run_dir),
         "gates": gate_rows(run_dir, h),
@@ -209,11 +220,17 @@ def _wrapped(head: str, text: str, width: int = 100) -> list[str]:
     ) or [head.rstrip()]
 
 
-def format_shortlist(rows: list[dict[str, Any]], dropped: list[dict[str, Any]]) -> str:
-    """The shortlist: a table of figures, then every statement in full (and dropped weaknesses with reasons)."""
+def format_shortlist(
+    rows: list[dict[str, Any]], dropped: list[dict[str, Any]], pilot: dict[str, Any] | None = None
+) -> str:
+    """The shortlist: a table of figures, then every statement in full (and dropped weaknesses with reasons).
+
+    ``pilot``: the shortlist's pilot header (a dumped :class:`Pilot`): said first, the counts are over its subset.
+    """
+    head = [Pilot.model_validate(pilot).label()] if pilot else []
     if not rows and not dropped:
-        return "no weakness in the shortlist"
-    lines = [f"{'id':<6} {'conf':<7} {'cells':>5} {'tasks':>5} {'runs':>5} {'groups':>6} {'counter':>7}"]
+        return "\n".join([*head, "no weakness in the shortlist"])
+    lines = [*head, f"{'id':<6} {'conf':<7} {'cells':>5} {'tasks':>5} {'runs':>5} {'groups':>6} {'counter':>7}"]
     for r in rows:
         lines.append(
             f"{r['weakness_id']:<6} {r['confidence']:<7} {r['cells']:>5} {r['tasks']:>5} {r['runs']:>5} "
@@ -275,7 +292,7 @@ def gate_report(run_dir: Path) -> str:
     out = []
     if h["phase"] == "rootCausesMined":
         out.append(f"weakness shortlist {s['shortlist']['digest']}:")
-        out.append(format_shortlist(s["shortlist"]["weaknesses"], s["shortlist"]["dropped"]))
+        out.append(format_shortlist(s["shortlist"]["weaknesses"], s["shortlist"]["dropped"], s["shortlist"]["pilot"]))
         out.append("")
         if h["userRootCauseConfirmation"] == "pending":
             out.append("gate 1: waiting for your decision on each weakness (silence is never approval)")
@@ -291,6 +308,7 @@ def format_status(s: dict[str, Any]) -> str:
     h = s["handoff"]
     lines = [
         f"run {s['run_id']}  revision {h['revision']}  phase {h['phase']}",
+        *([f"  {s['pilot']['label']}"] if s.get("pilot") else []),
         f"  userRootCauseConfirmation: {h['userRootCauseConfirmation']}",
         f"  proposalGeneration:        {h['proposalGeneration']}",
         f"  proposalSelection:         {h['proposalSelection']}",
@@ -330,7 +348,8 @@ def format_status(s: dict[str, Any]) -> str:
     rows, dropped = s["shortlist"]["weaknesses"], s["shortlist"]["dropped"]
     if rows or dropped:
         lines.append("shortlist:")
-        lines.extend("  " + ln if ln else "" for ln in format_shortlist(rows, dropped).splitlines())
+        made_on = s["shortlist"].get("pilot")
+        lines.extend("  " + ln if ln else "" for ln in format_shortlist(rows, dropped, made_on).splitlines())
     if s.get("missing_outputs"):
         lines.append(f"MISSING (deleted or moved outside lunasol): {', '.join(s['missing_outputs'])}")
     br = s.get("block_receipt")

@@ -16,6 +16,7 @@ from pipeline.artifacts.run_info import analysis_run_id
 from pipeline.artifacts.rundir import GROUPS
 from pipeline.core import duck
 from pipeline.core.canonical import read_json
+from pipeline.ir.selection import PILOT_REASON
 from pipeline.sol.checks import EvidenceIndex, load_index
 from pipeline.sol.evidence import GroupEvidence, load_evidence
 from pipeline.sol.timeline_cache import Timelines, load_timelines
@@ -91,6 +92,15 @@ class Batch:
         self.eligible = [c for c in self.cells if c["eligibility"] == "valid_behavior"]
 
     @cached_property
+    def pilot_context(self) -> dict[str, int]:
+        """``pilot_of``: the batch's eligible cells when this run is a pilot on a subset of them (else nothing).
+
+        Only a pilot's prompts carry it, so a full run's requests are what they always were.
+        """
+        left = sum(1 for c in self.cells if str(c["exclusion_reason"] or "").startswith(PILOT_REASON))
+        return {"pilot_of": len(self.eligible) + left} if left else {}
+
+    @cached_property
     def by_cell(self) -> dict[str, dict[str, Any]]:
         """Eligible cells by id (built once: the reduce step looks cells up per sample)."""
         return {c["cell_id"]: c for c in self.eligible}
@@ -107,12 +117,19 @@ class Batch:
 
     @cached_property
     def excluded(self) -> list[dict[str, Any]]:
-        """Cells outside the denominator, with the reason."""
-        return [
+        """Cells outside the denominator, with the reason; a pilot's left-out cells as one entry (their count).
+
+        A pilot of 100 cells of 100,000 would otherwise list 99,900 cells in Sol's prompt.
+        """
+        out = [
             {"cell_id": c["cell_id"], "reason": c["exclusion_reason"]}
             for c in self.cells
-            if c["eligibility"] != "valid_behavior"
+            if c["eligibility"] != "valid_behavior" and not str(c["exclusion_reason"] or "").startswith(PILOT_REASON)
         ]
+        left = [c for c in self.cells if str(c["exclusion_reason"] or "").startswith(PILOT_REASON)]
+        if left:
+            out.append({"cell_id": f"{len(left)} other cells", "reason": left[0]["exclusion_reason"]})
+        return out
 
 
 def load_batch(run_dir: Path, ir_path: Path) -> Batch:

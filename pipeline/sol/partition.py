@@ -339,6 +339,7 @@ def _map_context(
         "run_id": batch.run_id,
         "harnesses": batch.harnesses,
         "eligible_count": len(batch.eligible),
+        **batch.pilot_context,  # a pilot: the prompt says its cells are a subset of the batch
         "batch_by_task": renderer.batch_by_task,
         "tasks": chunk.tasks,
         "cell_count": len(cells),

@@ -365,6 +365,7 @@ def reduce_context(
         "run_id": batch.run_id,
         "harnesses": batch.harnesses,
         "eligible_count": len(batch.eligible),
+        **batch.pilot_context,  # a pilot: the prompt says its cells are a subset of the batch
         "batch_by_task": bounded_by_task(batch.eligible),
         "negatives_count": len(batch.negatives),
         "excluded_text": shown or "none",

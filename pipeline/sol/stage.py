@@ -13,6 +13,7 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.artifacts.run_info import run_pilot
 from pipeline.core.canonical import digest, sha256_file, sha256_text
 from pipeline.core.errors import Blocked
 from pipeline.core.listing import some
@@ -102,6 +103,7 @@ def single_context(batch: Batch) -> dict[str, Any]:
         "run_id": batch.run_id,
         "harnesses": batch.harnesses,
         "eligible_count": len(eligible),
+        **batch.pilot_context,  # a pilot: the prompt says its cells are a subset of the batch
         "cell_header": CELL_HEADER,
         "cells_text": "\n".join(renderer.cell_line(c) for c in cells),
         "excluded_text": "\n".join(f"{e['cell_id']}: {e['reason'] or '-'}" for e in batch.excluded) or "none",
@@ -611,6 +613,7 @@ def mine(ctx: RunContext) -> Shortlist:
         shortlist = _mine_single(ctx, batch, decision, client)
     else:
         shortlist = _mine_map_reduce(ctx, batch, decision, client)
+    shortlist.pilot = run_pilot(ctx.run_dir)  # a pilot's shortlist says so in its header (and in its digest)
     return write_shortlist(ctx.run_dir / SHORTLIST_FILE, shortlist)
 
 

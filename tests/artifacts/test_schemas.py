@@ -120,7 +120,7 @@ def test_samples_newer_is_refused(sample: str, name: str) -> None:
     with pytest.raises(BadInput) as err:
         schemas.load_artifact(SAMPLES / sample, name, catalog.get(name).model)
     msg = err.value.one_line()
-    assert f"has schema_version {version}, newer than this lunasol reads (up to 1): upgrade lunasol" in msg
+    assert f"has schema_version {version}, newer than this lunasol reads (up to {VERSIONS[name]}): upgrade" in msg
     assert "\n" not in msg
 
 
@@ -157,7 +157,11 @@ def test_v0_shortlist_keeps_the_digest_it_was_sealed_with(tmp_path: Path) -> Non
     assert v3.weaknesses == v2.weaknesses and v3.plan is not None and v3.plan.calls[0].reused is False
     assert v3.digest == read_json(SAMPLES / "weakness-shortlist.v3.json")["digest"]  # sealed before v4: kept
     v4 = read_shortlist(SAMPLES / "weakness-shortlist.v4.json")
-    assert v4.weaknesses == v3.weaknesses and v4.digest != v3.digest and v4.digest == v4.content_digest()
+    assert v4.weaknesses == v3.weaknesses and v4.digest != v3.digest
+    assert v4.digest == read_json(SAMPLES / "weakness-shortlist.v4.json")["digest"]  # sealed before v5: kept
+    v5 = read_shortlist(SAMPLES / "weakness-shortlist.v5.json")
+    assert v5.weaknesses == v4.weaknesses and v5.pilot is None and v5.digest == v5.content_digest()
+    assert v4.pilot is None  # a v4 shortlist was made on every eligible cell
     # a v0 file edited by hand is still caught
     edited = read_json(SAMPLES / "weakness-shortlist.v0.json")
     edited["run_id"] = "someone-else"

@@ -56,7 +56,7 @@ def test_resume_with_nothing_to_resume_starts_the_run(
     logs: list[str] = []
     opts = RunOptions(bundle=bundle, run_id="r", runs_dir=tmp_path / "runs", resume=True, models=model_settings())
     res = run(opts, log=logs.append)
-    assert res.ran == ["export", "probes", "luna", "coordinator", "sol"]
+    assert res.ran == ["export", "select", "probes", "luna", "coordinator", "sol"]
     assert any("nothing to resume" in line and "starting the run" in line for line in logs)
 
 

@@ -38,7 +38,7 @@ def test_the_derived_tables_say_what_the_specs_say() -> None:
 def test_the_stages_are_one_spec_each() -> None:
     from pipeline.run.runner import STAGES
 
-    assert [s.name for s in STAGES] == ["export", "probes", "luna", "coordinator", "sol"]
+    assert [s.name for s in STAGES] == ["export", "select", "probes", "luna", "coordinator", "sol"]
     assert {s.name: s.role.name for s in STAGES if s.role} == {"luna": "luna", "sol": "sol"}
     assert {s.name: s.phase for s in STAGES if s.phase} == {
         "export": "exported", "luna": "patterns", "coordinator": "aggregated", "sol": "rootCausesMined",

@@ -64,7 +64,7 @@ def test_refs_of_a_foreign_batch_keep_their_pointers_and_resolve(
     opts = RunOptions(bundle=bundle, run_id="r", runs_dir=tmp_path / "runs", models=model_settings())
     res = run(opts, log=lambda _m: None)
     run_dir = tmp_path / "runs" / "r"
-    assert res.ran == ["export", "probes", "luna", "coordinator", "sol"]
+    assert res.ran == ["export", "select", "probes", "luna", "coordinator", "sol"]
 
     # Every occurrence ref is its event's own ref, pointer included, and names readable raw bytes.
     own = _event_refs(run_dir)

@@ -50,7 +50,7 @@ def test_one_changed_cell_of_300_costs_one_luna_call(
     res = run(opts, log=logs.append)
     calls, _ = model.take()
 
-    assert res.ran == ["export", "probes", "luna", "coordinator", "sol"]
+    assert res.ran == ["export", "select", "probes", "luna", "coordinator", "sol"]
     assert calls["luna"] == 1  # exactly one Luna call, for the changed cell
     assert calls.get("sol", 0) >= 1  # Sol reruns over the batch, as before
     line = {stage: next(m for m in logs if m.startswith(f"[{stage}] ") and "invalidated" not in m) for stage in res.ran}

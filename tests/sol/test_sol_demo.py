@@ -94,4 +94,4 @@ def test_demo_one_changed_cell_costs_one_luna_call(tmp_path: Path, demo_copy: Pa
     assert [c["role"] for c in new].count("luna") == 1
     assert next(c for c in new if c["role"] == "luna")["cell_id"] == "C008"
     assert [c["role"] for c in new].count("sol") == 1
-    assert res.ran == ["export", "probes", "luna", "coordinator", "sol"]
+    assert res.ran == ["export", "select", "probes", "luna", "coordinator", "sol"]

@@ -28,6 +28,7 @@ def _recorded_sol_request() -> str:
         rec = read_json(path)
         if rec.get("role") == "sol":
             found.append(next(m["content"] for m in rec["request"]["messages"] if m["role"] == "user"))
+    found = [f for f in found if "(a pilot: " not in f]  # the demo's pilot (--sample 8 --seed 1) has its own
     assert len(found) == 1, f"{len(found)} recorded Sol requests"
     return str(found[0])
 

@@ -194,7 +194,7 @@ def ran(setup: dict[str, Any], _first_run: Path, tmp_path: Path) -> dict[str, An
 def test_first_run_stops_at_gate_1(setup: dict[str, Any]) -> None:
     res = run(setup["opts"], log=lambda _m: None)
     d = setup["run_dir"]
-    assert res.ran == ["export", "probes", "luna", "coordinator", "sol"]
+    assert res.ran == ["export", "select", "probes", "luna", "coordinator", "sol"]
     assert (calls(d, "luna"), calls(d, "sol")) == (5, 1)
     h = handoff.load(d)
     assert h.phase == "rootCausesMined" and h.userRootCauseConfirmation == "pending"
@@ -212,7 +212,7 @@ def test_unchanged_rerun_makes_zero_model_calls(ran: dict[str, Any]) -> None:
     before = (d / "weakness-shortlist.json").read_bytes()
     n_requests = len(ran["fake"].requests)
     res = run(ran["opts"], log=lambda _m: None)
-    assert res.ran == [] and res.reused == ["export", "probes", "luna", "coordinator", "sol"]
+    assert res.ran == [] and res.reused == ["export", "select", "probes", "luna", "coordinator", "sol"]
     assert len(ran["fake"].requests) == n_requests
     assert (calls(d, "luna"), calls(d, "sol")) == (5, 1)
     assert (d / "weakness-shortlist.json").read_bytes() == before
@@ -227,7 +227,7 @@ def test_one_changed_cell_costs_one_luna_call_and_invalidates_downstream(ran: di
     logs: list[str] = []
     ran["opts"].supersede = True  # gate 1 holds a decision: a rerun into this run id must say so
     res = run(ran["opts"], log=logs.append)
-    assert res.ran == ["export", "probes", "luna", "coordinator", "sol"]
+    assert res.ran == ["export", "select", "probes", "luna", "coordinator", "sol"]
     assert (calls(d, "luna"), calls(d, "sol")) == (6, 2)  # exactly one more Luna call, one more Sol call
     new_luna = [c for c in read_calls(d) if c["role"] == "luna"][-1]
     assert new_luna["cell_id"] == "C002"
