@@ -111,7 +111,7 @@ def luna_visibility(con: duckdb.DuckDBPyConnection, events: dict[str, list[str]]
     budget = part_budget(settings)
     for cell_id, ids in events.items():
         cell = cells[cell_id]
-        cell_parts = split_parts(cell, budget)
+        cell_parts = split_parts(cell, budget.tokens, budget.chars_per_token)
         parts.append(len(cell_parts))
         lines = {ln.split(" ", 1)[0]: ln for seg in cell.segments for ln in seg.lines}
         texts = "\n".join(p.text for p in cell_parts)
