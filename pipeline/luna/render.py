@@ -34,6 +34,7 @@ _DEFAULT_LIMIT = 300
 # both are in one request ("same text as C004-e0011"): re-read files and re-run checks were a third of
 # the demo's rendered log.
 SAME_TEXT_CHARS = 48
+OWN_KINDS = ("message", "tool_call")  # the agent's words and actions: their text is in every request holding them
 
 
 def context_budget() -> int:
@@ -47,10 +48,22 @@ def estimate_tokens(text: str, chars_per_token: float = JSON_CHARS_PER_TOKEN) ->
     return math.ceil(len(text) / chars_per_token)
 
 
+_HEX_ASIDE = re.compile(r" \((?:args|result) sha256:[0-9a-f]{12}\)|(?<=\()args sha256:[0-9a-f]{12} (?=in )")
+
+
+def explanation(hit: ProbeHit) -> str:
+    """A candidate's explanation as Luna reads it: without the argument and result digests.
+
+    Its log lines no longer carry them (the sameness they stood for is said in words, and the lines
+    name repeated texts by id).
+    """
+    return _HEX_ASIDE.sub("", hit.explanation)
+
+
 def candidate_chars(hit: ProbeHit) -> int:
     """Characters of one probe candidate as the Luna prompt lists it (id, type, key, evidence, explanation)."""
     evidence = sum(len(e) + 2 for e in hit.evidence)
-    return len(hit.hit_id) + len(hit.type) + len(hit.key) + len(hit.explanation) + evidence + 40
+    return len(hit.hit_id) + len(hit.type) + len(hit.key) + len(explanation(hit)) + evidence + 40
 
 
 def candidates_tokens(hits: list[ProbeHit], chars_per_token: float = JSON_CHARS_PER_TOKEN) -> int:
@@ -72,20 +85,27 @@ class Segment:
     event_ids: list[str]
     heads: list[str] = field(default_factory=list)
     same: list[str | None] = field(default_factory=list)
+    own: list[bool] = field(default_factory=list)  # the agent's words or action (always shown in its part)
 
-    def line(self, i: int, shown: dict[str, str], part_of: dict[str, int]) -> str:
-        """Event ``i``'s line, its text named by event id when an earlier event of the cell had it.
+    def line(self, i: int, shown: dict[str, str], part_of: dict[str, int]) -> tuple[str, bool]:
+        """Event ``i``'s line (and whether it holds the text): a text an earlier event had is named by id.
 
         ``shown``: a text's first event -> the event holding that text in this part (cited there);
-        ``part_of``: the part each earlier event is in, named when the text is in an earlier part.
+        ``part_of``: the part each earlier event is in. A text held in this part is named; one first
+        shown in an earlier part is named too (with that part), except the agent's own words and
+        actions (messages, tool calls: what a labelled mistake step is), which every request shows.
         """
         first = self.same[i] if self.same else None
         if first is None:
-            return self.lines[i]
+            return self.lines[i], True
         held = shown.get(first)
         if held is not None:
-            return f"{self.heads[i]}: same text as {held}"
-        return f"{self.heads[i]}: same text as {first} (in part {part_of.get(first, 1)})"
+            return f"{self.heads[i]}: same text as {held}", False
+        where = f"same text as {first} (in part {part_of.get(first, 1)})"
+        if self.own and self.own[i]:
+            head = self.heads[i]
+            return f"{head} ({where}){self.lines[i][len(head) :]}", True
+        return f"{self.heads[i]}: {where}", False
 
 
 @dataclass
@@ -160,7 +180,8 @@ def render_event(row: dict[str, Any], *, compact: bool = False) -> str:
     return f"{head}: {trim(text, _LIMITS.get(row['kind'], _DEFAULT_LIMIT))}"
 
 
-def _head_and_text(row: dict[str, Any], compact: bool) -> tuple[str, str]:
+def _head_and_text(row: dict[str, Any], compact: bool, call: bool = True) -> tuple[str, str]:
+    # call=False: a result right after its own call, whose call id that line already shows
     kind = row["kind"]
     ts = (row.get("ts") or "")[11:19]
     tag = row.get("detail") or kind
@@ -171,7 +192,7 @@ def _head_and_text(row: dict[str, Any], compact: bool) -> tuple[str, str]:
         if row.get("detail") and row["detail"] != kind:
             tag += f" {row['detail'].removeprefix('tool_result ')}"
     bits = [row["event_id"], ts, f"[{tag}]"]
-    if row.get("call_id"):
+    if row.get("call_id") and call:
         bits.append(f"call={row['call_id']}")
     if not compact:
         if kind == "tool_call" and row.get("args_digest"):
@@ -241,6 +262,7 @@ def _load(con: duckdb.DuckDBPyConnection) -> list[CellIR]:
         by_seg: dict[str, Segment] = {}
         seq_of: dict[str, int] = {}
         first_of: dict[str, str] = {}  # an event text -> the first event of the cell with it
+        prev: dict[str, Any] | None = None
         for ev in by_cell.get(cell_id, []):
             seq_of[ev["event_id"]] = ev["seq"]
             sid = ev["segment_id"]
@@ -250,11 +272,14 @@ def _load(con: duckdb.DuckDBPyConnection) -> list[CellIR]:
                 stage, session, actor = (
                     (meta[3], meta[4], meta[5]) if meta else (ev["stage"], ev["session_id"], ev["actor"])
                 )
-                header = f"## segment {sid} · stage={stage or '-'} · session={session or '-'} · actor={actor or '-'}"
+                bits = (f"stage={stage or '-'}", f"session={session}" if session else "", f"actor={actor or '-'}")
+                header = f"## segment {sid} " + " ".join(b for b in bits if b)
                 seg = Segment(sid, header, [], [])
                 by_seg[sid] = seg
                 segments.append(seg)
-            head, text = _head_and_text(ev, compact=True)
+            after_call = prev is not None and prev["kind"] == "tool_call" and prev.get("call_id") == ev.get("call_id")
+            head, text = _head_and_text(ev, compact=True, call=not (ev["kind"] == "tool_result" and after_call))
+            prev = ev
             limit = _LIMITS.get(ev["kind"], _DEFAULT_LIMIT)
             seg.lines.append(f"{head}: {trim(text, limit)}")
             seg.heads.append(head)
@@ -263,6 +288,7 @@ def _load(con: duckdb.DuckDBPyConnection) -> list[CellIR]:
             if len(text) >= SAME_TEXT_CHARS:  # shorter texts cost less than the reference to them
                 first = first_of.setdefault(text, ev["event_id"])
             seg.same.append(first if first != ev["event_id"] else None)
+            seg.own.append(ev["kind"] in OWN_KINDS)
         out.append(
             CellIR(
                 cell_id=cell_id,
@@ -304,20 +330,21 @@ def _pack(cell: CellIR, budget_chars: float, extra: dict[str, int]) -> list[Pack
         lines: list[str] = []
         opening = len(seg.header) + 2  # the header line and the blank line before the block
         for i, eid in enumerate(seg.event_ids):
-            line = seg.line(i, shown, part_of)
+            line, has_text = seg.line(i, shown, part_of)
             need = len(line) + 1 + extra.get(eid, 0) + (0 if idx else opening)
             if (parts[-1] or idx) and size + need > budget_chars:
                 if idx:
                     parts[-1].append((seg, idx, lines))
                 parts.append([])
                 size, idx, lines, shown = 0, [], [], {}
-                line = seg.line(i, shown, part_of)
+                line, has_text = seg.line(i, shown, part_of)
                 need = len(line) + 1 + extra.get(eid, 0) + opening
             idx.append(i)
             lines.append(line)
             size += need
-            first = seg.same[i] if seg.same else None
-            shown.setdefault(first or eid, eid)
+            if has_text:  # its text is in this part: later repeats here name it
+                first = seg.same[i] if seg.same else None
+                shown.setdefault(first or eid, eid)
             part_of[eid] = len(parts)
         if idx:
             parts[-1].append((seg, idx, lines))
@@ -347,7 +374,7 @@ def _texts(packed: list[Packed]) -> list[tuple[str, set[str]]]:
 
 def candidates_text(hits: list[ProbeHit]) -> str:
     """The probe candidates about as the Luna prompt lists them (to count their tokens with a part's log)."""
-    return "\n".join(f"- {h.hit_id} · {h.type} · {h.key} · evidence {', '.join(h.evidence)}\n  {h.explanation}"
+    return "\n".join(f"- {h.hit_id} · {h.type} · {h.key} · evidence {', '.join(h.evidence)}\n  {explanation(h)}"
                      for h in hits)  # fmt: skip
 
 

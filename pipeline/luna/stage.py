@@ -36,7 +36,15 @@ from pipeline.ir.store import insert_rows
 from pipeline.luna.feed import CellFeed, prepare, prepare_in_chunks  # noqa: F401 - prepare: part of this module's API (tests)
 from pipeline.luna.merge import CellPatterns, Conflict, Verdict, merge_cell
 from pipeline.luna.patterns import PATTERN_ROW_SCHEMA_VERSION, LunaAnswer, Pattern, check_answer
-from pipeline.luna.render import JSON_CHARS_PER_TOKEN, CellIR, Part, context_budget, load_cells, render_cell
+from pipeline.luna.render import (
+    JSON_CHARS_PER_TOKEN,
+    CellIR,
+    Part,
+    context_budget,
+    explanation,
+    load_cells,
+    render_cell,
+)
 from pipeline.models import CallOutcome, ModelClient, PlannedCall, render, template_hash
 from pipeline.models.budget import chars_per_token, count_text, request_tokens, role_budget
 from pipeline.probes import run_probes, write_probe_hits
@@ -241,7 +249,7 @@ def part_context(cell: CellIR, part: Part, task_summary: str) -> dict[str, Any]:
         "part_total": part.total,
         "ir": part.text,
         "event_count": part.events,
-        "candidates": [h.model_dump(mode="json") for h in part.candidates],
+        "candidates": [{**h.model_dump(mode="json"), "explanation": explanation(h)} for h in part.candidates],
     }
 
 

@@ -178,7 +178,7 @@ def plan_maps(
             out.append(MapCall(chunk=chunk, context=ctx, tokens=tokens, request_digest=key))
         elif len(chunk.cells) > 1:
             todo[:0] = split(chunk, renderer.cells)
-        elif halves := split_groups(chunk, renderer):  # one cell: fewer groups per request, never fewer facts
+        elif halves := split_groups(chunk, renderer):  # one cell: fewer groups (occurrences) a request, all facts
             todo[:0] = halves
         elif (fitted := _shrunk(renderer, chunk, room_chars, tokens, budget, known, used)) is not None:
             out.append(fitted)
@@ -186,6 +186,7 @@ def plan_maps(
             raise Blocked(
                 f"cell {chunk.cells[0]} alone needs {tokens:,} tokens in a Sol map request"
                 + (f" with its one pattern group {chunk.groups[0]}" if chunk.groups else "")
+                + (f", occurrence {chunk.occurrences[0]}" if chunk.occurrences else "")
                 + ", over the budget "
                 f"{budget.input_tokens:,} ({budget.limits.describe()})",
                 reason="external_system",
