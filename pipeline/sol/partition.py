@@ -292,12 +292,12 @@ def partition(renderer: Renderer, room_chars: int) -> list[Chunk]:
 def split_groups(chunk: Chunk, renderer: Renderer) -> list[Chunk]:
     """Halve the pattern groups of a one-cell chunk whose request is too large.
 
-    Fewer groups per request, never fewer facts per group; one group is cut between its occurrences
-    (:func:`split_occurrences`). Empty when it holds one occurrence (it cannot be cut).
+    Fewer groups per request, never fewer facts per group: empty when it holds one group (that one is
+    cut between its occurrences by :func:`split_occurrences`, once a shorter timeline did not help).
     """
     groups = chunk.groups if chunk.groups is not None else renderer.group_ids(chunk.cells)
     if len(groups) < 2:
-        return split_occurrences(chunk, renderer, groups)
+        return []
     half = len(groups) // 2
     return [
         Chunk(call_id=f"{chunk.call_id}{'gh'[i]}", tasks=list(chunk.tasks), cells=list(chunk.cells), groups=g)
@@ -305,12 +305,17 @@ def split_groups(chunk: Chunk, renderer: Renderer) -> list[Chunk]:
     ]
 
 
-def split_occurrences(chunk: Chunk, renderer: Renderer, groups: list[str]) -> list[Chunk]:
+def split_occurrences(chunk: Chunk, renderer: Renderer) -> list[Chunk]:
     """Halve the occurrences of a one-cell, one-group chunk whose request is too large.
 
     Each request keeps whole occurrences (their cited events' text, Luna's observed and
-    definition_fit) and the group's header; none is dropped. Empty when one occurrence is left.
+    definition_fit) and the group's header; none is dropped. One occurrence too large alone is
+    halved by its cited events (each request: its head line naming every event, Luna's words, the
+    lines of its share of the events). Empty when one event is left.
     """
+    groups = chunk.groups if chunk.groups is not None else renderer.group_ids(chunk.cells)
+    if len(groups) != 1:
+        return []
     found = {str(o["occurrence_id"]): o for c in chunk.cells for g, o in renderer.occ_by_cell.get(c, []) if g in groups}
     occ = chunk.occurrences if chunk.occurrences is not None else sorted(found)
     if len(occ) == 1:  # one occurrence too large alone: its events' lines over several requests

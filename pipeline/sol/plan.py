@@ -31,6 +31,7 @@ from pipeline.sol.partition import (
     partition,
     split,
     split_groups,
+    split_occurrences,
 )
 
 ROLE = roles.SOL.name
@@ -178,10 +179,12 @@ def plan_maps(
             out.append(MapCall(chunk=chunk, context=ctx, tokens=tokens, request_digest=key))
         elif len(chunk.cells) > 1:
             todo[:0] = split(chunk, renderer.cells)
-        elif halves := split_groups(chunk, renderer):  # one cell: fewer groups (occurrences) a request, all facts
+        elif halves := split_groups(chunk, renderer):  # one cell: fewer groups per request, never fewer facts
             todo[:0] = halves
         elif (fitted := _shrunk(renderer, chunk, room_chars, tokens, budget, known, used)) is not None:
             out.append(fitted)
+        elif halves := split_occurrences(chunk, renderer):  # one group: fewer occurrences (events), all facts
+            todo[:0] = halves
         else:
             raise Blocked(
                 f"cell {chunk.cells[0]} alone needs {tokens:,} tokens in a Sol map request"

@@ -143,7 +143,7 @@ def test_one_group_too_large_is_read_over_several_requests_with_every_fact(demo_
     # One group of one cell too large for a request: its occurrences go to different requests, each
     # whole (Luna's words, every cited event's line); one occurrence too large: its event lines spread
     # over requests, each with the occurrence's head line naming every event. Never a fact dropped.
-    from pipeline.sol.partition import Chunk, Renderer, map_context, split_groups
+    from pipeline.sol.partition import Chunk, Renderer, map_context, split_groups, split_occurrences
 
     batch = load_batch(demo_gate1, demo_gate1 / "ir.duckdb")
     # the demo has no group twice in one cell: C004's occurrence of its largest group cut in two (its events apart)
@@ -159,7 +159,8 @@ def test_one_group_too_large_is_read_over_several_requests_with_every_fact(demo_
     renderer = Renderer(batch)
     occ = {g["group_id"]: [o for o in g["occurrences"] if o["cell_id"] == "C004"] for g in batch.groups}
     one_group = Chunk(call_id="M01", tasks=["bat-sanitize"], cells=["C004"], groups=[gid])
-    halves = split_groups(one_group, renderer)
+    assert split_groups(one_group, renderer) == []  # one group: no group to move
+    halves = split_occurrences(one_group, renderer)
     assert len(halves) == 2 and all(h.groups == [gid] for h in halves)
     assert sorted(o for h in halves for o in h.occurrences or []) == sorted(o["occurrence_id"] for o in occ[gid])
     for half in halves:
@@ -175,9 +176,9 @@ def test_one_group_too_large_is_read_over_several_requests_with_every_fact(demo_
     # one occurrence too large: halved by its events, the head line (every event id) in both
     first = halves[0]
     while len(first.occurrences or []) > 1:
-        first = split_groups(first, renderer)[0]
+        first = split_occurrences(first, renderer)[0]
     target = next(o for o in occ[gid] if o["occurrence_id"] == (first.occurrences or [""])[0])
-    pieces = split_groups(first, renderer)
+    pieces = split_occurrences(first, renderer)
     assert len(pieces) == 2 and sorted(e for p in pieces for e in p.events or []) == sorted(target["events"])
     seen: set[str] = set()
     for piece in pieces:
@@ -189,5 +190,5 @@ def test_one_group_too_large_is_read_over_several_requests_with_every_fact(demo_
     # one event left: nothing more to cut (a request that still does not fit is refused, never trimmed)
     last = pieces[0]
     while len(last.events or []) > 1:
-        last = split_groups(last, renderer)[0]
-    assert split_groups(last, renderer) == []
+        last = split_occurrences(last, renderer)[0]
+    assert split_occurrences(last, renderer) == []
