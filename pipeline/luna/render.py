@@ -1,8 +1,12 @@
-"""A cell's IR rendered compactly for Luna, split by segment when it exceeds the context budget.
+"""A cell's IR rendered compactly for Luna, split into parts when it exceeds the context budget.
 
 Every event is shown with its id; long texts are trimmed with a visible marker (never silently).
-Outcomes are never read here: this module only touches ``cells``, ``segments``, ``events`` and
-``probe_hits``.
+What is left out is only what repeats: no hex digests of arguments and results (a text an earlier
+event of the cell already had is named by that event's id instead: "same text as C004-e0011", so
+a re-read or a re-run check is said in words), and a result's call id when its call is the line
+before. On the demo this is 0.58x the tokens of one full line per event; labelled mistake steps
+stay visible with their text (``bench/bench_evidence.py``). Outcomes are never read here: this
+module only touches ``cells``, ``segments``, ``events`` and ``probe_hits``.
 """
 
 from __future__ import annotations
@@ -128,7 +132,7 @@ class CellIR:
 
 @dataclass
 class Part:
-    """One Luna call's share of a cell: whole segments in order (a huge segment may be cut in pieces)."""
+    """One Luna call's share of a cell: segments in order, one cut between events where a part is full."""
 
     index: int
     total: int
