@@ -290,7 +290,10 @@ def _load(con: duckdb.DuckDBPyConnection) -> list[CellIR]:
             seg.event_ids.append(ev["event_id"])
             first = None
             if len(text) >= SAME_TEXT_CHARS:  # shorter texts cost less than the reference to them
-                first = first_of.setdefault(text, ev["event_id"])
+                # a text the IR cut is the same only when its digest says so (the cut tails may differ)
+                cut = ev.get("text_truncated")
+                key = f"{text}\0{ev.get('result_digest') or ev.get('args_digest') or ev['event_id']}" if cut else text
+                first = first_of.setdefault(key, ev["event_id"])
             seg.same.append(first if first != ev["event_id"] else None)
             seg.own.append(ev["kind"] in OWN_KINDS)
         out.append(
