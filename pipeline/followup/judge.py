@@ -286,8 +286,9 @@ def fit_request(
 
     Every occurrence of the relevant groups is listed at every step (it was a sample of 8 a group).
     Shorter lines first; then the other cells' last lines go (their count is said); then occurrences
-    by event ids without their refs; then fewer cells in full (the targeted pattern's cells first);
-    last, each group's occurrences by id, said in the prompt to be left out for the budget.
+    by event ids without their refs; then fewer cells in full (the targeted pattern's cells first), one
+    at last with lines of 80 characters; last, each group's occurrences by id, said in the prompt to be
+    left out for the budget.
     """
     budget = role_budget(settings, ROLE)
 
@@ -307,8 +308,11 @@ def fit_request(
         req = build_request(child, card, matched, covered, full=n, chars=120, others=False, view="events")
         if fits(req):
             return req
-    # if even this does not fit, the client refuses it before sending (ContextExceeded)
-    return build_request(child, card, matched, covered, full=1, chars=120, others=False, view="ids")
+    for view in ("events", "ids"):  # one cell in full, its lines at 80 characters; last, occurrences by id
+        req = build_request(child, card, matched, covered, full=1, chars=80, others=False, view=view)
+        if fits(req):
+            return req
+    return req  # if even this does not fit, the client refuses it before sending (ContextExceeded)
 
 
 # -- the call and the merge ---------------------------------------------------------------------------
