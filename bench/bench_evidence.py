@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import time
@@ -63,6 +64,9 @@ NO_STEPS = {
     "who-and-when": "no usable mistake_step",
 }
 MODEL = "openai/bench-model"
+SAME_TEXT = re.compile(r": same text as (\S+)$")  # Luna's line for a text an event in the same part holds
+# an own text (message, tool call) repeated whole, its first occurrence in another part
+SAME_NOTE = re.compile(r" \(same text as \S+ \(in part \d+\)\)")
 
 
 def labelled_steps(con: duckdb.DuckDBPyConnection, dataset: str) -> dict[str, set[int]]:
@@ -104,23 +108,32 @@ def step_events(con: duckdb.DuckDBPyConnection, labels: dict[str, set[int]]) -> 
 
 
 def luna_visibility(con: duckdb.DuckDBPyConnection, events: dict[str, list[str]], settings: ModelSettings) -> dict:
-    """How many labelled events are in their cell's Luna request with their line, and with untrimmed text."""
+    """How many labelled events are in their cell's Luna request with their text, and with untrimmed text.
+
+    An event whose text repeats an earlier one is shown as "same text as ID": it counts as shown when
+    that event's whole line is in the same request (a reference to another part does not count).
+    """
     cells = {c.cell_id: c for c in load_cells(con, sorted(events))}
     shown = whole = total = 0
     parts: list[int] = []
     budget = part_budget(settings)
     for cell_id, ids in events.items():
         cell = cells[cell_id]
-        cell_parts = split_parts(cell, budget)
+        cell_parts = split_parts(cell, budget.tokens, budget.chars_per_token, budget.count)
         parts.append(len(cell_parts))
         lines = {ln.split(" ", 1)[0]: ln for seg in cell.segments for ln in seg.lines}
-        texts = "\n".join(p.text for p in cell_parts)
         for e in ids:
             total += 1
-            line = lines.get(e, "")
-            if line and line in texts:
-                shown += 1
-                whole += "chars trimmed…]" not in line
+            for part in cell_parts:
+                line = next((ln for ln in part.text.splitlines() if ln.startswith(e + " ")), None)
+                if line is None:
+                    continue
+                same = SAME_TEXT.search(line)
+                full = lines.get(same[1], "") if same else lines.get(e, "")
+                if full and full in SAME_NOTE.sub("", part.text, count=0).splitlines():
+                    shown += 1
+                    whole += "chars trimmed…]" not in full
+                break
     return {"events": total, "shown": shown, "whole": whole, "parts_max": max(parts, default=0)}
 
 
@@ -162,14 +175,17 @@ def sol_visibility(run_dir: Path, events: dict[str, list[str]], settings: ModelS
     if decision.mode == "single":
         texts = {c: render(ROLE, decision.single_context or {}, response_model=SolAnswer).messages[-1]["content"]
                  for c in [None]}  # fmt: skip
-        holder = dict.fromkeys(events, None)
+        holder: dict[str, list[str | None]] = {c: [None] for c in events}
     else:
         texts = {m.chunk.call_id: render(MAP_ROLE, m.context, response_model=SolAnswer).messages[-1]["content"]
                  for m in decision.maps}  # fmt: skip
-        holder = {c: m.chunk.call_id for m in decision.maps for c in m.chunk.cells}
+        holder = {}  # a cell too large for one request is read in several (groups, occurrences or events apart)
+        for m in decision.maps:
+            for c in m.chunk.cells:
+                holder.setdefault(c, []).append(m.chunk.call_id)
     wanted = shown = 0
     for cell, ids in events.items():
-        text = str(texts.get(holder.get(cell), ""))
+        text = "\n".join(str(texts.get(h, "")) for h in holder.get(cell) or [None])
         for e in ids:
             if e not in cited:
                 continue

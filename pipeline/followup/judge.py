@@ -30,7 +30,6 @@ from pipeline.followup.schema import ConditionResult, Conflict, JudgeBlock, Judg
 from pipeline.models import ModelClient, render
 from pipeline.models.budget import request_tokens, role_budget
 from pipeline.models.preflight import preflight
-from pipeline.proposals.proposer import compact_groups
 from pipeline.sol.checks import EvidenceIndex, load_index
 from pipeline.state.blocking import write_block_receipt
 
@@ -150,6 +149,8 @@ class JudgeRequest:
 
     context: dict[str, Any]
     full_cells: list[str] = field(default_factory=list)
+    view: str = "refs"  # how the groups' occurrences are listed (:func:`groups_text`)
+    occurrences: int = 0  # every occurrence of the relevant groups (each is listed)
 
 
 def _controller_lines(child: RunSide, cells: list[str]) -> dict[str, list[tuple[str, str, str]]]:
@@ -188,13 +189,44 @@ def _relevant_groups(child: RunSide, matched: list[tuple[Row, Row | None, float 
     return first + rest
 
 
+OccurrenceView = Literal["refs", "events", "ids"]
+
+
+def groups_text(groups: list[Row], view: OccurrenceView = "refs") -> str:
+    """Every occurrence of every group the judge reads: never a sample.
+
+    ``refs``: a line per occurrence with all its event ids and source refs; ``events``: the event ids
+    only (each is citable, its ref resolves from it); ``ids``: the occurrence ids alone, said to be
+    left out for the request's budget (the last step of :func:`fit_request`, labelled in the prompt).
+    """
+    out: list[str] = []
+    for g in groups:
+        occ = [o for o in g.get("occurrences") or [] if isinstance(o, dict)]
+        support = g.get("support") or {}
+        out.append(
+            f"{g.get('group_id')} {g.get('type')} concerns={g.get('concerns')!r}: {len(occ)} occurrence(s) in "
+            f"{support.get('n_cells', '?')} cell(s), tasks {', '.join(support.get('tasks') or [])}"
+        )
+        if view == "ids":
+            ids = ", ".join(str(o.get("occurrence_id")) for o in occ)
+            out.append(f"  {len(occ)} occurrence(s), their events left out for this request's token budget: {ids}")
+            continue
+        for o in occ:
+            line = f"  {o.get('occurrence_id')} {o.get('cell_id')}: events {', '.join(o.get('events') or [])}"
+            if view == "refs":
+                line += f"; refs {', '.join(o.get('refs') or [])}"
+            out.append(line)
+    return "\n".join(out)
+
+
 def build_request(
     child: RunSide, card: Any, matched: list[tuple[Row, Row | None, float | None]], covered: set[str],
-    *, full: int | None = None, chars: int = EVENT_CHARS, groups_full: bool = True, others: bool = True,
+    *, full: int | None = None, chars: int = EVENT_CHARS, view: OccurrenceView = "refs", others: bool = True,
 ) -> JudgeRequest:  # fmt: skip
     """The judge's context; ``full`` caps the cells shown in full (priority order), ``chars`` each line.
 
-    ``others=False`` leaves out the last-line view of the cells not shown in full (their count is said).
+    ``others=False`` leaves out the last-line view of the cells not shown in full (their count is said);
+    ``view``: how each group occurrence is listed (:func:`groups_text`; every occurrence, always).
     """
     cells = sorted(c for c, t in child.cells.items() if t in covered)
     groups = _relevant_groups(child, matched)
@@ -227,9 +259,7 @@ def build_request(
             shown.append({"cell_id": cell, "task_id": child.cells[cell], "note": "last controller line",
                           "events": tail})  # fmt: skip
     text = card.rejection_conditions
-    groups_text = compact_groups(groups) if groups else "none: no child group of these types"
-    if groups and not groups_full:
-        groups_text = "\n".join(line for line in groups_text.splitlines() if not line.startswith("  "))
+    shown_groups = groups_text(groups, view) if groups else "none: no child group of these types"
     context = {
         "run_id": child.request.analysis_run_id or child.run_id,
         "generation": child.request.generation,
@@ -240,11 +270,12 @@ def build_request(
         "behavioral_change": card.expected_effect.behavioral_change.strip(),
         "targeted_pattern_change": card.expected_effect.targeted_pattern_change.strip(),
         "conditions": [{"index": i, "text": t.strip()} for i, t in enumerate(text, 1)],
-        "groups": groups_text,
+        "groups": shown_groups,
         "cells": shown,
         "omitted": len(cells) - len(shown),
     }
-    return JudgeRequest(context=context, full_cells=sorted(chosen))
+    n_occ = sum(1 for g in groups for o in g.get("occurrences") or [] if isinstance(o, dict))
+    return JudgeRequest(context=context, full_cells=sorted(chosen), view=view, occurrences=n_occ)
 
 
 def fit_request(
@@ -253,8 +284,11 @@ def fit_request(
 ) -> JudgeRequest:  # fmt: skip
     """The judge's request within its whole-request budget, shrunk step by step until it fits.
 
-    Shorter lines first; then the other cells' last lines go (their count is said); then fewer cells in
-    full (the targeted pattern's cells first); last, the groups by header only.
+    Every occurrence of the relevant groups is listed at every step (it was a sample of 8 a group).
+    Shorter lines first; then the other cells' last lines go (their count is said); then occurrences
+    by event ids without their refs; then fewer cells in full (the targeted pattern's cells first), one
+    at last with lines of 80 characters; last, each group's occurrences by id, said in the prompt to be
+    left out for the budget.
     """
     budget = role_budget(settings, ROLE)
 
@@ -262,18 +296,23 @@ def fit_request(
         messages = render(ROLE, req.context, response_model=JudgeAnswer).messages
         return budget.fits(request_tokens(budget, messages, JudgeAnswer))
 
-    for kw in ({}, {"chars": 120}, {"chars": 120, "others": False}):
-        req = build_request(child, card, matched, covered, **kw)  # type: ignore[arg-type]
+    steps: list[dict[str, Any]] = [{}, {"chars": 120}, {"chars": 120, "others": False},
+                                   {"chars": 120, "others": False, "view": "events"}]  # fmt: skip
+    for kw in steps:
+        req = build_request(child, card, matched, covered, **kw)
         if fits(req):
             return req
     n = len(req.full_cells)
     while n > 1:
         n //= 2
-        req = build_request(child, card, matched, covered, full=n, chars=120, others=False)
+        req = build_request(child, card, matched, covered, full=n, chars=120, others=False, view="events")
         if fits(req):
             return req
-    # if even this does not fit, the client refuses it before sending (ContextExceeded)
-    return build_request(child, card, matched, covered, full=1, chars=120, others=False, groups_full=False)
+    for view in ("events", "ids"):  # one cell in full, its lines at 80 characters; last, occurrences by id
+        req = build_request(child, card, matched, covered, full=1, chars=80, others=False, view=view)
+        if fits(req):
+            return req
+    return req  # if even this does not fit, the client refuses it before sending (ContextExceeded)
 
 
 # -- the call and the merge ---------------------------------------------------------------------------
@@ -317,7 +356,9 @@ def judge(
     block = JudgeBlock(
         asked=True,
         note=f"one call of the judge role on {len(evidence.cells)} child cell(s); "
-        f"{len(req.full_cells)} shown with every controller line",
+        f"{len(req.full_cells)} shown with every controller line; all {req.occurrences} occurrence(s) of the "
+        "relevant groups listed"
+        + (" by id only (their events left out for the token budget)" if req.view == "ids" else ""),
         ok=out.ok,
         attempts=out.attempts,
         errors=list(out.errors),

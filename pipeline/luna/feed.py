@@ -10,7 +10,7 @@ chunk and the calls in flight are in memory, whatever the batch size.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import duckdb
@@ -38,24 +38,32 @@ def prepare(
     budget: int | None = None,
     only: list[str] | None = None,
     chars_per_token: float = JSON_CHARS_PER_TOKEN,
+    count: Callable[[str], int] | None = None,
 ) -> list[Prepared]:
     """Every eligible cell (or those in ``only``) with its parts and its size in tokens.
 
     ``budget``: tokens per call for the log AND the probe candidates it carries; split only when over it.
+    ``count``: the request's token count, to check the parts planned in characters (:func:`split_parts`).
     """
     budget = budget or context_budget()
     return [
-        (cell, split_parts(cell, budget, chars_per_token), estimate_tokens(render_cell(cell), chars_per_token))
+        (cell, split_parts(cell, budget, chars_per_token, count), estimate_tokens(render_cell(cell), chars_per_token))
         for cell in load_cells(con, only)
     ]
 
 
 def prepare_in_chunks(
-    con: duckdb.DuckDBPyConnection, budget: int, ids: list[str], chars_per_token: float = JSON_CHARS_PER_TOKEN
+    con: duckdb.DuckDBPyConnection,
+    budget: int,
+    ids: list[str],
+    chars_per_token: float = JSON_CHARS_PER_TOKEN,
+    count: Callable[[str], int] | None = None,
 ) -> Iterator[Prepared]:
     """:func:`prepare` of ``ids`` in order, ``LOAD_CELLS`` at a time: one chunk of cells in memory, never all."""
     for start in range(0, len(ids), LOAD_CELLS):
-        yield from prepare(con, budget, only=ids[start : start + LOAD_CELLS], chars_per_token=chars_per_token)
+        yield from prepare(
+            con, budget, only=ids[start : start + LOAD_CELLS], chars_per_token=chars_per_token, count=count
+        )
 
 
 class CellFeed:
@@ -68,8 +76,10 @@ class CellFeed:
         budget: int,
         chunk: int | None = None,
         chars_per_token: float = JSON_CHARS_PER_TOKEN,
+        count: Callable[[str], int] | None = None,
     ) -> None:
         self.ir_path = ir_path
+        self.count = count
         self.cell_ids = cell_ids
         self.budget = budget
         self.chars_per_token = chars_per_token
@@ -82,7 +92,7 @@ class CellFeed:
     def _load(self, ids: list[str]) -> list[Prepared]:
         con = duck.connect(self.ir_path)
         try:
-            return prepare(con, self.budget, only=ids, chars_per_token=self.chars_per_token)
+            return prepare(con, self.budget, only=ids, chars_per_token=self.chars_per_token, count=self.count)
         finally:
             con.close()
 

@@ -9,7 +9,8 @@ is exempt from the phrase check, so quoting a log line that says "should" is not
 from __future__ import annotations
 
 import re
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -19,26 +20,45 @@ from pipeline.probes.engine import ProbeHit, normalise_key
 from pipeline.probes.files import PatternType
 
 Confidence = Literal["high", "medium", "low"]
+
+
+def _lean(nothing_found: str | None = None) -> Callable[[dict[str, Any]], None]:
+    """``json_schema_extra`` that keeps a model's answer schema to what the model needs.
+
+    Each property's ``title`` (its name again, capitalised) and the class docstring (written for
+    readers of this code; the tool keeps its first line) go: the schema travels with every request
+    and is counted in its budget (150 of Luna's ~1,200 schema tokens).
+    """
+
+    def extra(schema: dict[str, Any]) -> None:
+        schema.pop("description", None)
+        for prop in (schema.get("properties") or {}).values():
+            prop.pop("title", None)
+        if nothing_found:
+            schema["nothing_found"] = nothing_found
+
+    return extra
+
+
 PATTERN_TYPES: tuple[PatternType, ...] = ("omission", "repeated_exploration", "zero_information_gain")
 
 
 class LunaPattern(BaseModel):
     """One pattern as Luna writes it (the model's output schema)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_lean())
 
-    type: PatternType = Field(description="omission, repeated_exploration or zero_information_gain")
+    type: PatternType
     concerns: str = Field(
         min_length=3,
         description="short key of what it concerns: 'obligation:<id>', 'target:<artifact, file or tool:target>' "
-        "or 'transition:<from>-><to>'; use names from the log so the same thing gets the same key in every cell",
+        "or 'transition:<from>-><to>'",
     )
     observed: str = Field(min_length=10, description="what happened, citing the events (no cause, no remedy)")
     definition_fit: str = Field(
         min_length=10,
-        description="why this meets the definition: omission - the public obligation and the completion "
-        "opportunity; repeated_exploration - external state did not change in between; zero_information_gain - "
-        "the cost spent and that no knowledge, artifact, controller state, obligation or decision evidence changed",
+        description="why it meets its type's definition (omission: the obligation and the opportunity; "
+        "repeated_exploration: no external change in between; zero_information_gain: the cost, and nothing gained)",
     )
     evidence: list[str] = Field(min_length=1, description="event ids of this cell, as shown")
     state_changed: bool = Field(
@@ -52,9 +72,9 @@ class LunaPattern(BaseModel):
 class CandidateRejection(BaseModel):
     """A probe candidate Luna does not take up, and what it observed instead."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_lean())
 
-    candidate: str = Field(description="the probe candidate id as shown (<cell>-H<nn>)")
+    candidate: str = Field(description="the probe candidate id as shown")
     observation: str = Field(min_length=5, description="what in the events makes it not a pattern")
     state_changed: bool = Field(description="does the rejection rest on a change of source, artifact, state or input?")
 
@@ -68,11 +88,10 @@ class LunaAnswer(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={
-            "nothing_found": "patterns [] and none_reason saying what in the log shows none of the three "
-            'patterns (a sentence about this log; "none" or "n/a" is sent back), and rejected_candidates with '
-            "every probe candidate"
-        },
+        json_schema_extra=_lean(
+            'patterns [] and none_reason a sentence about this log ("none" or "n/a" is sent back); '
+            "rejected_candidates still lists every probe candidate"
+        ),
     )
 
     patterns: list[LunaPattern] = Field(description="the patterns this log shows; [] only with a none_reason")

@@ -1,8 +1,12 @@
-"""A cell's IR rendered compactly for Luna, split by segment when it exceeds the context budget.
+"""A cell's IR rendered compactly for Luna, split into parts when it exceeds the context budget.
 
 Every event is shown with its id; long texts are trimmed with a visible marker (never silently).
-Outcomes are never read here: this module only touches ``cells``, ``segments``, ``events`` and
-``probe_hits``.
+What is left out is only what repeats: no hex digests of arguments and results (a text an earlier
+event of the cell already had is named by that event's id instead: "same text as C004-e0011", so
+a re-read or a re-run check is said in words), and a result's call id when its call is the line
+before. On the demo this is 0.58x the tokens of one full line per event; labelled mistake steps
+stay visible with their text (``bench/bench_evidence.py``). Outcomes are never read here: this
+module only touches ``cells``, ``segments``, ``events`` and ``probe_hits``.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +34,11 @@ CONTEXT_ENV = "LUNASOL_LUNA_CONTEXT_TOKENS"
 
 _LIMITS = {"message": 600, "tool_result": 400, "error": 400}
 _DEFAULT_LIMIT = 300
+# An event text at least this long that repeats an earlier event's is named by that event's id when
+# both are in one request ("same text as C004-e0011"): re-read files and re-run checks were a third of
+# the demo's rendered log.
+SAME_TEXT_CHARS = 48
+OWN_KINDS = ("message", "tool_call")  # the agent's words and actions: their text is in every request holding them
 
 
 def context_budget() -> int:
@@ -42,10 +52,22 @@ def estimate_tokens(text: str, chars_per_token: float = JSON_CHARS_PER_TOKEN) ->
     return math.ceil(len(text) / chars_per_token)
 
 
+_HEX_ASIDE = re.compile(r" \((?:args|result) sha256:[0-9a-f]{12}\)|(?<=\()args sha256:[0-9a-f]{12} (?=in )")
+
+
+def explanation(hit: ProbeHit) -> str:
+    """A candidate's explanation as Luna reads it: without the argument and result digests.
+
+    Its log lines no longer carry them (the sameness they stood for is said in words, and the lines
+    name repeated texts by id).
+    """
+    return _HEX_ASIDE.sub("", hit.explanation)
+
+
 def candidate_chars(hit: ProbeHit) -> int:
     """Characters of one probe candidate as the Luna prompt lists it (id, type, key, evidence, explanation)."""
     evidence = sum(len(e) + 2 for e in hit.evidence)
-    return len(hit.hit_id) + len(hit.type) + len(hit.key) + len(hit.explanation) + evidence + 40
+    return len(hit.hit_id) + len(hit.type) + len(hit.key) + len(explanation(hit)) + evidence + 40
 
 
 def candidates_tokens(hits: list[ProbeHit], chars_per_token: float = JSON_CHARS_PER_TOKEN) -> int:
@@ -55,12 +77,39 @@ def candidates_tokens(hits: list[ProbeHit], chars_per_token: float = JSON_CHARS_
 
 @dataclass
 class Segment:
-    """One segment of a cell and its rendered event lines."""
+    """One segment of a cell and its rendered event lines.
+
+    ``lines`` are the events' whole lines; ``heads`` their id-to-call part; ``same[i]`` the first event of
+    the cell with the very same text (None: the first, or a text too short to be worth a reference).
+    """
 
     segment_id: str
     header: str
     lines: list[str]
     event_ids: list[str]
+    heads: list[str] = field(default_factory=list)
+    same: list[str | None] = field(default_factory=list)
+    own: list[bool] = field(default_factory=list)  # the agent's words or action (always shown in its part)
+
+    def line(self, i: int, shown: dict[str, str], part_of: dict[str, int]) -> tuple[str, bool]:
+        """Event ``i``'s line (and whether it holds the text): a text an earlier event had is named by id.
+
+        ``shown``: a text's first event -> the event holding that text in this part (cited there);
+        ``part_of``: the part each earlier event is in. A text held in this part is named; one first
+        shown in an earlier part is named too (with that part), except the agent's own words and
+        actions (messages, tool calls: what a labelled mistake step is), which every request shows.
+        """
+        first = self.same[i] if self.same else None
+        if first is None:
+            return self.lines[i], True
+        held = shown.get(first)
+        if held is not None:
+            return f"{self.heads[i]}: same text as {held}", False
+        where = f"same text as {first} (in part {part_of.get(first, 1)})"
+        if self.own and self.own[i]:
+            head = self.heads[i]
+            return f"{head} ({where}){self.lines[i][len(head) :]}", True
+        return f"{self.heads[i]}: {where}", False
 
 
 @dataclass
@@ -83,7 +132,7 @@ class CellIR:
 
 @dataclass
 class Part:
-    """One Luna call's share of a cell: whole segments in order (a huge segment may be cut in pieces)."""
+    """One Luna call's share of a cell: segments in order, one cut between events where a part is full."""
 
     index: int
     total: int
@@ -102,9 +151,13 @@ _WS = re.compile(r"[ \t\r\f\v]+")
 _FULL_DIGEST = re.compile(r"sha256:([0-9a-f]{12})[0-9a-f]{52}")
 
 
-def _squash(text: str) -> str:
+BREAK = "¶"
+"""A line break inside an event's text in Luna's log (one cl100k token where " ⏎ " takes three)."""
+
+
+def _squash(text: str, mark: str = " ⏎ ") -> str:
     # One line per event: newlines become a visible mark, runs of blanks fold.
-    return _WS.sub(" ", text.strip()).replace("\n", " ⏎ ")
+    return _WS.sub(" ", text.strip()).replace("\n", mark)
 
 
 def trim(text: str, limit: int) -> str:
@@ -120,8 +173,19 @@ def _short(d: str | None) -> str:
     return d.split(":", 1)[-1][:12] if d else ""
 
 
-def render_event(row: dict[str, Any]) -> str:
-    """One event as one line: id, time, kind and what it acts on, then the (trimmed) text."""
+def render_event(row: dict[str, Any], *, compact: bool = False) -> str:
+    """One event as one line: id, time, kind and what it acts on, then the (trimmed) text.
+
+    ``compact`` (Luna's and ask's log): no hex digests of arguments and results (identical texts are
+    named by event id instead, see :func:`split_parts`) and "¶" for a line break; without it (Sol's
+    cited-event lines) the digests stay and a break is " ⏎ ".
+    """
+    head, text = _head_and_text(row, compact)
+    return f"{head}: {trim(text, _LIMITS.get(row['kind'], _DEFAULT_LIMIT))}"
+
+
+def _head_and_text(row: dict[str, Any], compact: bool, call: bool = True) -> tuple[str, str]:
+    # call=False: a result right after its own call, whose call id that line already shows
     kind = row["kind"]
     ts = (row.get("ts") or "")[11:19]
     tag = row.get("detail") or kind
@@ -132,20 +196,20 @@ def render_event(row: dict[str, Any]) -> str:
         if row.get("detail") and row["detail"] != kind:
             tag += f" {row['detail'].removeprefix('tool_result ')}"
     bits = [row["event_id"], ts, f"[{tag}]"]
-    if row.get("call_id"):
+    if row.get("call_id") and call:
         bits.append(f"call={row['call_id']}")
-    if kind == "tool_call" and row.get("args_digest"):
-        bits.append(f"args={_short(row['args_digest'])}")
-    if kind in ("tool_result", "artifact") and row.get("result_digest"):
-        bits.append(f"result={_short(row['result_digest'])}")
+    if not compact:
+        if kind == "tool_call" and row.get("args_digest"):
+            bits.append(f"args={_short(row['args_digest'])}")
+        if kind in ("tool_result", "artifact") and row.get("result_digest"):
+            bits.append(f"result={_short(row['result_digest'])}")
     if kind == "state_change" and row.get("state_digest") and row["state_digest"] not in (row.get("text") or ""):
         bits.append(f"state={_short(row['state_digest'])}")
     # Full digests in log text (state lines, artifacts) shown as their first 12 hex digits plus "…".
-    text = _FULL_DIGEST.sub(r"sha256:\1…", _squash(row.get("text") or ""))
+    text = _FULL_DIGEST.sub(r"sha256:\1…", _squash(row.get("text") or "", BREAK if compact else " ⏎ "))
     if row.get("text_truncated"):
         text += f" [IR kept {len(row.get('text') or '')} of {row.get('text_chars')} chars]"
-    limit = _LIMITS.get(kind, _DEFAULT_LIMIT)
-    return " ".join(b for b in bits if b) + ": " + trim(text, limit)
+    return " ".join(b for b in bits if b), text
 
 
 _EVENT_SQL = (
@@ -201,6 +265,8 @@ def _load(con: duckdb.DuckDBPyConnection) -> list[CellIR]:
         segments: list[Segment] = []
         by_seg: dict[str, Segment] = {}
         seq_of: dict[str, int] = {}
+        first_of: dict[str, str] = {}  # an event text -> the first event of the cell with it
+        prev: dict[str, Any] | None = None
         for ev in by_cell.get(cell_id, []):
             seq_of[ev["event_id"]] = ev["seq"]
             sid = ev["segment_id"]
@@ -210,12 +276,26 @@ def _load(con: duckdb.DuckDBPyConnection) -> list[CellIR]:
                 stage, session, actor = (
                     (meta[3], meta[4], meta[5]) if meta else (ev["stage"], ev["session_id"], ev["actor"])
                 )
-                header = f"## segment {sid} · stage={stage or '-'} · session={session or '-'} · actor={actor or '-'}"
+                bits = (f"stage={stage or '-'}", f"session={session}" if session else "", f"actor={actor or '-'}")
+                header = f"## segment {sid} " + " ".join(b for b in bits if b)
                 seg = Segment(sid, header, [], [])
                 by_seg[sid] = seg
                 segments.append(seg)
-            seg.lines.append(render_event(ev))
+            after_call = prev is not None and prev["kind"] == "tool_call" and prev.get("call_id") == ev.get("call_id")
+            head, text = _head_and_text(ev, compact=True, call=not (ev["kind"] == "tool_result" and after_call))
+            prev = ev
+            limit = _LIMITS.get(ev["kind"], _DEFAULT_LIMIT)
+            seg.lines.append(f"{head}: {trim(text, limit)}")
+            seg.heads.append(head)
             seg.event_ids.append(ev["event_id"])
+            first = None
+            if len(text) >= SAME_TEXT_CHARS:  # shorter texts cost less than the reference to them
+                # a text the IR cut is the same only when its digest says so (the cut tails may differ)
+                cut = ev.get("text_truncated")
+                key = f"{text}\0{ev.get('result_digest') or ev.get('args_digest') or ev['event_id']}" if cut else text
+                first = first_of.setdefault(key, ev["event_id"])
+            seg.same.append(first if first != ev["event_id"] else None)
+            seg.own.append(ev["kind"] in OWN_KINDS)
         out.append(
             CellIR(
                 cell_id=cell_id,
@@ -234,81 +314,129 @@ def _segment_text(seg: Segment, lines: list[str], note: str = "") -> str:
     return "\n".join([seg.header + note, *lines])
 
 
-def split_parts(cell: CellIR, budget_tokens: int, chars_per_token: float = JSON_CHARS_PER_TOKEN) -> list[Part]:
-    """Pack whole segments, in order, into as few parts as fit ``budget_tokens`` each.
+Packed = list[tuple[Segment, list[int], list[str]]]
+"""One part's blocks: a segment, the indexes of its events in this part, and their lines as shown there."""
 
-    A single segment larger than the budget is cut between events, and the cut is stated in the
-    segment header. Nothing is dropped: every event of the cell is in exactly one part.
+_PIECE_NOTE = 44  # a piece's header note (" · piece k/n of this segment"): at most two pieces a part
+
+
+def _pack(cell: CellIR, budget_chars: float, extra: dict[str, int]) -> list[Packed]:
+    """Fill parts in event order, each up to ``budget_chars`` (an event's candidates counted with it).
+
+    Greedy and therefore as few parts as an in-order split can make: a segment that does not fit the
+    room left continues in the next part, its header repeated. A text an earlier event of the cell
+    already had is named by that event's id (:meth:`Segment.line`), the one in the same part if any.
+    """
+    parts: list[Packed] = [[]]
+    budget_chars -= 2 * _PIECE_NOTE  # only a part's first and last segment can be a piece
+    size = 0
+    shown: dict[str, str] = {}  # a text's first event in the cell -> the event holding it in this part
+    part_of: dict[str, int] = {}
+    for seg in cell.segments:
+        idx: list[int] = []
+        lines: list[str] = []
+        opening = len(seg.header) + 2  # the header line and the blank line before the block
+        for i, eid in enumerate(seg.event_ids):
+            line, has_text = seg.line(i, shown, part_of)
+            need = len(line) + 1 + extra.get(eid, 0) + (0 if idx else opening)
+            if (parts[-1] or idx) and size + need > budget_chars:
+                if idx:
+                    parts[-1].append((seg, idx, lines))
+                parts.append([])
+                size, idx, lines, shown = 0, [], [], {}
+                line, has_text = seg.line(i, shown, part_of)
+                need = len(line) + 1 + extra.get(eid, 0) + opening
+            idx.append(i)
+            lines.append(line)
+            size += need
+            if has_text:  # its text is in this part: later repeats here name it
+                first = seg.same[i] if seg.same else None
+                shown.setdefault(first or eid, eid)
+            part_of[eid] = len(parts)
+        if idx:
+            parts[-1].append((seg, idx, lines))
+    return [p for p in parts if p]
+
+
+def _texts(packed: list[Packed]) -> list[tuple[str, set[str]]]:
+    """Each part's text (its segment blocks, "piece k/n" where a segment spans parts) and its event ids."""
+    pieces: dict[str, int] = {}
+    for blocks in packed:
+        for seg, _, _ in blocks:
+            pieces[seg.segment_id] = pieces.get(seg.segment_id, 0) + 1
+    seen: dict[str, int] = {}
+    out: list[tuple[str, set[str]]] = []
+    for blocks in packed:
+        texts: list[str] = []
+        ids: set[str] = set()
+        for seg, idx, lines in blocks:
+            seen[seg.segment_id] = seen.get(seg.segment_id, 0) + 1
+            total = pieces[seg.segment_id]
+            note = "" if total == 1 else f" · piece {seen[seg.segment_id]}/{total} of this segment"
+            texts.append(_segment_text(seg, lines, note))
+            ids.update(seg.event_ids[i] for i in idx)
+        out.append(("\n\n".join(texts), ids))
+    return out
+
+
+def candidates_text(hits: list[ProbeHit]) -> str:
+    """The probe candidates about as the Luna prompt lists them (to count their tokens with a part's log)."""
+    return "\n".join(f"- {h.hit_id} · {h.type} · {h.key} · evidence {', '.join(h.evidence)}\n  {explanation(h)}"
+                     for h in hits)  # fmt: skip
+
+
+def split_parts(
+    cell: CellIR,
+    budget_tokens: int,
+    chars_per_token: float = JSON_CHARS_PER_TOKEN,
+    count: Callable[[str], int] | None = None,
+) -> list[Part]:
+    """Pack the cell's segments, in order, into as few parts as fit ``budget_tokens`` each.
+
+    A segment larger than the room left is cut between events, and the cut is stated in the segment
+    header. Nothing is dropped: every event of the cell is in exactly one part, each with its line.
     The budget covers the log AND the probe candidates: each candidate travels with the part holding
     its first evidence event (:func:`_place_candidates`), so its characters count where it lands.
+    Sizes are planned in characters at ``chars_per_token``; with ``count`` (the request's own token
+    count) every part that might be over the budget is counted, and the cell is packed again at a
+    lower ratio when one is: planned parts never exceed the budget the request is checked against.
     """
-    budget_chars = int(max(budget_tokens, 1) * chars_per_token)
-    whole = render_cell(cell)
+    from pipeline.models.budget import ESTIMATE_FACTOR  # an upper bound of tokens per UTF-8 byte
+
+    for _ in range(6):
+        parts = _split(cell, budget_tokens, chars_per_token)
+        if count is None:
+            return parts
+        worst = 0.0
+        for part in parts:
+            text = part.text + "\n" + candidates_text(part.candidates)
+            if len(text.encode("utf-8")) * ESTIMATE_FACTOR + 1 > budget_tokens:
+                worst = max(worst, count(text) / budget_tokens)
+        if worst <= 1.0:
+            return parts
+        chars_per_token = chars_per_token / worst * 0.98
+    return parts
+
+
+def _split(cell: CellIR, budget_tokens: int, chars_per_token: float) -> list[Part]:
+    budget_chars = max(budget_tokens, 1) * chars_per_token
     # candidates whose first event is not in the log go to part 1: their room is kept in every part
     stray = sum(candidate_chars(h) for h in cell.hits if h.evidence[0] not in cell.seq_of)
     extra: dict[str, int] = {}
     for h in cell.hits:
         if h.evidence[0] in cell.seq_of:
             extra[h.evidence[0]] = extra.get(h.evidence[0], 0) + candidate_chars(h)
+    whole = render_cell(cell)
     if len(whole) + sum(map(candidate_chars, cell.hits)) <= budget_chars:
         return _place_candidates(cell, [Part(1, 1, whole, set(cell.seq_of), len(cell.seq_of))])
-    budget_chars = max(budget_chars - stray, 1)
-
-    # Fill each part: a segment that does not fit the room left continues in the next part (its
-    # header repeated with "piece k/n"), unless it fits a part of its own and little room is left
-    # (then it starts the next part whole). Whole-segment packing wasted half a segment per part:
-    # 10 parts instead of 8 for the demo's largest cell at an 8K context.
-    overhead = 44  # a piece's header note and the blank line between blocks
-    groups: list[list[tuple[Segment, list[int]]]] = [[]]
-    size = 0
-    for seg in cell.segments:
-        whole_chars = (
-            len(seg.header)
-            + overhead
-            + sum(len(line) + 1 + extra.get(e, 0) for line, e in zip(seg.lines, seg.event_ids, strict=True))
-        )
-        if groups[-1] and size + whole_chars > budget_chars >= whole_chars and budget_chars - size < budget_chars // 4:
-            groups.append([])
-            size = 0
-        idx: list[int] = []
-        used = len(seg.header) + overhead
-        for i, line in enumerate(seg.lines):
-            grow = len(line) + 1 + extra.get(seg.event_ids[i], 0)
-            if (groups[-1] or idx) and size + used + grow > budget_chars:
-                if idx:
-                    groups[-1].append((seg, idx))
-                groups.append([])
-                size, idx, used = 0, [], len(seg.header) + overhead
-            idx.append(i)
-            used += grow
-        if idx:
-            groups[-1].append((seg, idx))
-            size += used
-    pieces: dict[str, int] = {}
-    for group in groups:
-        for seg, _ in group:
-            pieces[seg.segment_id] = pieces.get(seg.segment_id, 0) + 1
-    seen: dict[str, int] = {}
-    texts: list[list[tuple[str, list[str]]]] = []
-    for group in groups:
-        texts.append([])
-        for seg, idx in group:
-            seen[seg.segment_id] = seen.get(seg.segment_id, 0) + 1
-            total = pieces[seg.segment_id]
-            note = "" if total == 1 else f" · piece {seen[seg.segment_id]}/{total} of this segment"
-            texts[-1].append((_segment_text(seg, [seg.lines[i] for i in idx], note), [seg.event_ids[i] for i in idx]))
-    groups_text = [g for g in texts if g]
-    parts: list[Part] = []
-    for n, group_text in enumerate(groups_text, 1):
-        shown = {i for _, ids in group_text for i in ids}
-        text = "\n\n".join(t for t, _ in group_text)
-        parts.append(Part(index=n, total=len(groups_text), text=text, shown_ids=shown, events=len(shown)))
+    texts = _texts(_pack(cell, max(budget_chars - stray, 1), extra))
+    parts = [Part(n, len(texts), text, ids, len(ids)) for n, (text, ids) in enumerate(texts, 1)]
     return _place_candidates(cell, parts)
 
 
 def render_cell(cell: CellIR) -> str:
-    """The whole cell rendered (segments in order, blank line between segments)."""
-    return "\n\n".join(_segment_text(s, s.lines) for s in cell.segments)
+    """The whole cell rendered (segments in order, blank line between segments, repeated texts named once)."""
+    return _texts(_pack(cell, math.inf, {}))[0][0] if cell.segments else ""
 
 
 def _place_candidates(cell: CellIR, parts: list[Part]) -> list[Part]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
@@ -37,9 +37,17 @@ from pipeline.ir.store import insert_rows
 from pipeline.luna.feed import CellFeed, prepare, prepare_in_chunks  # noqa: F401 - prepare: part of this module's API (tests)
 from pipeline.luna.merge import CellPatterns, Conflict, Verdict, merge_cell
 from pipeline.luna.patterns import PATTERN_ROW_SCHEMA_VERSION, LunaAnswer, Pattern, check_answer
-from pipeline.luna.render import JSON_CHARS_PER_TOKEN, CellIR, Part, context_budget, load_cells, render_cell
+from pipeline.luna.render import (
+    JSON_CHARS_PER_TOKEN,
+    CellIR,
+    Part,
+    context_budget,
+    explanation,
+    load_cells,
+    render_cell,
+)
 from pipeline.models import CallOutcome, ModelClient, PlannedCall, render, template_hash
-from pipeline.models.budget import chars_per_token, request_tokens, role_budget
+from pipeline.models.budget import chars_per_token, count_text, request_tokens, role_budget
 from pipeline.probes import run_probes, write_probe_hits
 from pipeline.probes.cells import made_with as probe_set
 from pipeline.state.ledger import CellResults, cell_key
@@ -242,7 +250,7 @@ def part_context(cell: CellIR, part: Part, task_summary: str) -> dict[str, Any]:
         "part_total": part.total,
         "ir": part.text,
         "event_count": part.events,
-        "candidates": [h.model_dump(mode="json") for h in part.candidates],
+        "candidates": [{**h.model_dump(mode="json"), "explanation": explanation(h)} for h in part.candidates],
     }
 
 
@@ -260,6 +268,7 @@ class PartBudget:
     chars_per_token: float  # of the rendered log (sizes are planned in characters)
     overhead: int  # the rest of the request: instructions, framing, output schema (counted)
     input_tokens: int  # the whole request's budget (context minus the answer's room)
+    count: Callable[[str], int] | None = field(default=None, compare=False)  # tokens as the budget counts them
 
     def stamp(self) -> str:
         """What the cache depends on (a change re-renders the cells)."""
@@ -306,9 +315,13 @@ def ir_chars_per_token(settings: ModelSettings, sample: str) -> float:
 def part_budget(settings: ModelSettings, summaries: dict[str, str] | None = None, sample: str = "") -> PartBudget:
     """Per-call log budget: the role's request budget less the measured prompt, capped by the part size."""
     overhead = prompt_overhead(settings, summaries)
-    budget = role_budget(settings, ROLE).input_tokens
-    room = min(context_budget(), budget - overhead)
-    return PartBudget(max(room, 500), ir_chars_per_token(settings, sample), overhead, budget)
+    role = role_budget(settings, ROLE)
+    room = min(context_budget(), role.input_tokens - overhead)
+    limits = role.limits
+    return PartBudget(
+        max(room, 500), ir_chars_per_token(settings, sample), overhead, role.input_tokens,
+        lambda text: count_text(limits, text),
+    )  # fmt: skip
 
 
 def _sample(con: duckdb.DuckDBPyConnection, ids: list[str]) -> str:
@@ -333,7 +346,7 @@ def plan(ctx: RunContext) -> Iterator[PlannedCall]:
         _ensure_hits(con)
         ids = [r[0] for r in con.execute(ELIGIBLE_SQL).fetchall()]
         budget = part_budget(ctx.options.models, summaries, _sample(con, eligible_before_pilot(con)))
-        for cell, parts, _size in prepare_in_chunks(con, budget.tokens, ids, budget.chars_per_token):
+        for cell, parts, _size in prepare_in_chunks(con, budget.tokens, ids, budget.chars_per_token, budget.count):
             for part in parts:
                 yield PlannedCall(
                     role=ROLE,
@@ -389,7 +402,7 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
         con.close()
     # cells are loaded a chunk at a time as their calls start, never the whole batch at once
     feed = CellFeed(ctx.ir_path, [r[0] for r in eligible if r[0] not in reused], budget.tokens,
-                    chars_per_token=budget.chars_per_token)  # fmt: skip
+                    chars_per_token=budget.chars_per_token, count=budget.count)  # fmt: skip
 
     def kept_part(cell: CellIR, part: Part, context: dict[str, Any]) -> tuple[str, str, Any]:
         # A split cell keeps each answered part as it arrives, so a resume after one part failed asks
@@ -407,7 +420,9 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
         # --batch: what cell_job below will ask, a chunk of cells at a time (never all in memory)
         con = duck.connect(ctx.ir_path)
         try:
-            for cell, parts, _size in prepare_in_chunks(con, budget.tokens, feed.cell_ids, budget.chars_per_token):
+            for cell, parts, _size in prepare_in_chunks(
+                con, budget.tokens, feed.cell_ids, budget.chars_per_token, budget.count
+            ):
                 if not cell.seq_of:
                     continue  # no events: no call
                 _key, contexts, stored = to_ask(cell, parts)

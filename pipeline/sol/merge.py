@@ -197,5 +197,6 @@ def pack(
         if len(packs[-2]) >= 3:
             packs[-1].insert(0, packs[-2].pop())
         else:
-            packs[-2] += packs.pop()
+            alone = packs.pop()  # popped before indexing: `packs[-2] += packs.pop()` indexes past the end
+            packs[-1] += alone
     return packs

@@ -38,6 +38,8 @@ class Chunk:
     cells: list[str]
     sizes: dict[str, int] = field(default_factory=dict, repr=False)
     groups: list[str] | None = None  # only these pattern groups (one cell too large with all of its groups)
+    occurrences: list[str] | None = None  # only these occurrences of its one group (that group too large alone)
+    events: list[str] | None = None  # only these cited events' lines of its one occurrence (too large alone)
 
 
 def outcome_of(cell: dict[str, Any]) -> str:
@@ -167,30 +169,52 @@ class Renderer:
         """The pattern groups with an occurrence in ``cells``, sorted."""
         return sorted({gid for c in cells for gid, _ in self.occ_by_cell.get(c, [])})
 
-    def groups_text(self, cells: list[str], only: list[str] | None = None, tasks: set[str] | None = None) -> str:
+    def groups_text(
+        self,
+        cells: list[str],
+        only: list[str] | None = None,
+        tasks: set[str] | None = None,
+        occurrences: list[str] | None = None,
+        events: list[str] | None = None,
+    ) -> str:
         """The pattern groups seen in ``cells``: header, then every occurrence here with its evidence.
 
         A text or an event line already said in this request is not said again (the occurrence's
         head line still names its events). ``only``: just these groups (a cell too large for one
         request with all of its groups is read in several, each with every fact of its groups).
+        ``occurrences``: just these occurrences (one group too large for one request is read in
+        several, each occurrence whole, with its events' text and Luna's words); ``events``: just
+        these cited events' lines (one occurrence too large for one request: its head line and
+        Luna's words in each, its events' lines spread over the requests).
         ``tasks``: the partition's tasks (:meth:`group_header`); None for the whole batch.
         """
         per_group: dict[str, list[dict[str, Any]]] = {}
+        held = 0
         for c in cells:
             for gid, o in self.occ_by_cell.get(c, []):
                 if only is None or gid in only:
-                    per_group.setdefault(gid, []).append(o)
+                    held += 1
+                    if occurrences is None or str(o["occurrence_id"]) in occurrences:
+                        per_group.setdefault(gid, []).append(o)
         out: list[str] = []
         seen: set[str] = set()
         for gid in sorted(per_group):
             out.append(self.group_header(gid, tasks))
             for o in sorted(per_group[gid], key=lambda o: str(o["occurrence_id"])):
-                head, texts, events = self.occurrence_block(o)
+                head, texts, lines = self.occurrence_block(o)
                 out.append(head)
-                for key, line in (*texts, *events):
+                if events is not None:
+                    lines = [(e, line) for e, line in lines if e in events]
+                    out.append(f"    (this call shows the lines of {len(lines)} of its {len(o.get('events') or [])} "
+                               "events; another call shows the others)")  # fmt: skip
+                for key, line in (*texts, *lines):
                     if key not in seen:
                         seen.add(key)
                         out.append(line)
+        if out and occurrences is not None:
+            shown = sum(map(len, per_group.values()))
+            out.insert(0, f"(this call shows {shown} of the {held} occurrences of {', '.join(sorted(per_group))} in "
+                          "these cells, each whole; other calls read the others)")  # fmt: skip
         if out and only is not None:
             every = self.group_ids(cells)
             out.insert(0, f"(this call shows {len(per_group)} of the {len(every)} pattern groups of these cells; "
@@ -268,7 +292,8 @@ def partition(renderer: Renderer, room_chars: int) -> list[Chunk]:
 def split_groups(chunk: Chunk, renderer: Renderer) -> list[Chunk]:
     """Halve the pattern groups of a one-cell chunk whose request is too large.
 
-    Fewer groups per request, never fewer facts per group: empty when it holds one group (it cannot be cut).
+    Fewer groups per request, never fewer facts per group: empty when it holds one group (that one is
+    cut between its occurrences by :func:`split_occurrences`, once a shorter timeline did not help).
     """
     groups = chunk.groups if chunk.groups is not None else renderer.group_ids(chunk.cells)
     if len(groups) < 2:
@@ -277,6 +302,50 @@ def split_groups(chunk: Chunk, renderer: Renderer) -> list[Chunk]:
     return [
         Chunk(call_id=f"{chunk.call_id}{'gh'[i]}", tasks=list(chunk.tasks), cells=list(chunk.cells), groups=g)
         for i, g in enumerate((groups[:half], groups[half:]))
+    ]
+
+
+def split_occurrences(chunk: Chunk, renderer: Renderer) -> list[Chunk]:
+    """Halve the occurrences of a one-cell, one-group chunk whose request is too large.
+
+    Each request keeps whole occurrences (their cited events' text, Luna's observed and
+    definition_fit) and the group's header; none is dropped. One occurrence too large alone is
+    halved by its cited events (each request: its head line naming every event, Luna's words, the
+    lines of its share of the events). Empty when one event is left.
+    """
+    groups = chunk.groups if chunk.groups is not None else renderer.group_ids(chunk.cells)
+    if len(groups) != 1:
+        return []
+    found = {str(o["occurrence_id"]): o for c in chunk.cells for g, o in renderer.occ_by_cell.get(c, []) if g in groups}
+    occ = chunk.occurrences if chunk.occurrences is not None else sorted(found)
+    if len(occ) == 1:  # one occurrence too large alone: its events' lines over several requests
+        events = chunk.events if chunk.events is not None else [str(e) for e in found[occ[0]].get("events") or []]
+        if len(events) < 2:
+            return []
+        cut = len(events) // 2
+        return [
+            Chunk(
+                call_id=f"{chunk.call_id}{'ef'[i]}",
+                tasks=list(chunk.tasks),
+                cells=list(chunk.cells),
+                groups=list(groups),
+                occurrences=list(occ),
+                events=e,
+            )
+            for i, e in enumerate((events[:cut], events[cut:]))
+        ]
+    if len(occ) < 2:
+        return []
+    half = len(occ) // 2
+    return [
+        Chunk(
+            call_id=f"{chunk.call_id}{'op'[i]}",
+            tasks=list(chunk.tasks),
+            cells=list(chunk.cells),
+            groups=list(groups),
+            occurrences=o,
+        )
+        for i, o in enumerate((occ[:half], occ[half:]))
     ]
 
 
@@ -312,7 +381,7 @@ def fitted_map_context(renderer: Renderer, chunk: Chunk, room_chars: int) -> dic
     """:func:`map_context` whose timelines get what the cells and groups leave of ``room_chars`` (400 at least)."""
     cells = [renderer.cells[c] for c in chunk.cells]
     cells_text = _cells_text(renderer, cells)
-    groups_text = renderer.groups_text(chunk.cells, chunk.groups, set(chunk.tasks))
+    groups_text = renderer.groups_text(chunk.cells, chunk.groups, set(chunk.tasks), chunk.occurrences, chunk.events)
     timeline_chars = max(room_chars - len(cells_text) - len(groups_text), 400)
     return _map_context(renderer, chunk, cells, cells_text, timeline_chars, groups_text)
 
@@ -347,7 +416,9 @@ def _map_context(
         "cells_text": cells_text,
         "negatives": negatives,
         "groups_text": (
-            renderer.groups_text(chunk.cells, chunk.groups, set(chunk.tasks)) if groups_text is None else groups_text
+            renderer.groups_text(chunk.cells, chunk.groups, set(chunk.tasks), chunk.occurrences, chunk.events)
+            if groups_text is None
+            else groups_text
         ),
         "timelines_note": (
             "complete"

@@ -31,6 +31,7 @@ from pipeline.sol.partition import (
     partition,
     split,
     split_groups,
+    split_occurrences,
 )
 
 ROLE = roles.SOL.name
@@ -182,10 +183,13 @@ def plan_maps(
             todo[:0] = halves
         elif (fitted := _shrunk(renderer, chunk, room_chars, tokens, budget, known, used)) is not None:
             out.append(fitted)
+        elif halves := split_occurrences(chunk, renderer):  # one group: fewer occurrences (events), all facts
+            todo[:0] = halves
         else:
             raise Blocked(
                 f"cell {chunk.cells[0]} alone needs {tokens:,} tokens in a Sol map request"
                 + (f" with its one pattern group {chunk.groups[0]}" if chunk.groups else "")
+                + (f", occurrence {chunk.occurrences[0]}" if chunk.occurrences else "")
                 + ", over the budget "
                 f"{budget.input_tokens:,} ({budget.limits.describe()})",
                 reason="external_system",

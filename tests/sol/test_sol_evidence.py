@@ -138,5 +138,58 @@ def test_a_cell_too_large_is_read_in_several_requests_each_with_whole_groups(dem
                 assert events <= set(shown), gid  # every fact of a group it shows
             else:
                 assert f"\n{gid} " not in text  # a group it does not show is not there at all
-    # one group cannot be cut: nothing to split
-    assert split_groups(Chunk(call_id="M01", tasks=[], cells=["C004"], groups=groups[:1]), renderer) == []
+
+
+def test_one_group_too_large_is_read_over_several_requests_with_every_fact(demo_gate1: Path) -> None:
+    # One group of one cell too large for a request: its occurrences go to different requests, each
+    # whole (Luna's words, every cited event's line); one occurrence too large: its event lines spread
+    # over requests, each with the occurrence's head line naming every event. Never a fact dropped.
+    from pipeline.sol.partition import Chunk, Renderer, map_context, split_groups, split_occurrences
+
+    batch = load_batch(demo_gate1, demo_gate1 / "ir.duckdb")
+    # the demo has no group twice in one cell: C004's occurrence of its largest group cut in two (its events apart)
+    group = max((g for g in batch.groups if any(o["cell_id"] == "C004" for o in g["occurrences"])),
+                key=lambda g: max(len(o["events"]) for o in g["occurrences"] if o["cell_id"] == "C004"))  # fmt: skip
+    gid = group["group_id"]
+    mine = next(o for o in group["occurrences"] if o["cell_id"] == "C004")
+    cut = len(mine["events"]) // 2
+    group["occurrences"] = [o for o in group["occurrences"] if o is not mine] + [
+        {**mine, "occurrence_id": f"{gid}-O90", "events": mine["events"][:cut]},
+        {**mine, "occurrence_id": f"{gid}-O91", "events": mine["events"][cut:]},
+    ]
+    renderer = Renderer(batch)
+    occ = {g["group_id"]: [o for o in g["occurrences"] if o["cell_id"] == "C004"] for g in batch.groups}
+    one_group = Chunk(call_id="M01", tasks=["bat-sanitize"], cells=["C004"], groups=[gid])
+    assert split_groups(one_group, renderer) == []  # one group: no group to move
+    halves = split_occurrences(one_group, renderer)
+    assert len(halves) == 2 and all(h.groups == [gid] for h in halves)
+    assert sorted(o for h in halves for o in h.occurrences or []) == sorted(o["occurrence_id"] for o in occ[gid])
+    for half in halves:
+        text = map_context(renderer, half, 10_000)["groups_text"]
+        assert f"of the {len(occ[gid])} occurrences of {gid} in these cells" in "\n".join(text.splitlines()[:2])
+        shown = _events_with_text(text)
+        for o in occ[gid]:
+            if o["occurrence_id"] in (half.occurrences or []):
+                assert set(o["events"]) <= set(shown)  # whole: every cited event with its text
+                assert " ".join(o["events"]) in text
+            else:
+                assert f"{o['occurrence_id']} " not in text
+    # one occurrence too large: halved by its events, the head line (every event id) in both
+    first = halves[0]
+    while len(first.occurrences or []) > 1:
+        first = split_occurrences(first, renderer)[0]
+    target = next(o for o in occ[gid] if o["occurrence_id"] == (first.occurrences or [""])[0])
+    pieces = split_occurrences(first, renderer)
+    assert len(pieces) == 2 and sorted(e for p in pieces for e in p.events or []) == sorted(target["events"])
+    seen: set[str] = set()
+    for piece in pieces:
+        text = map_context(renderer, piece, 10_000)["groups_text"]
+        assert " ".join(target["events"]) in text  # the occurrence's head names all its events
+        assert "another call shows the others" in text
+        seen |= set(_events_with_text(text)) & set(target["events"])
+    assert seen == set(target["events"])
+    # one event left: nothing more to cut (a request that still does not fit is refused, never trimmed)
+    last = pieces[0]
+    while len(last.events or []) > 1:
+        last = split_occurrences(last, renderer)[0]
+    assert split_occurrences(last, renderer) == []
