@@ -20,7 +20,7 @@ from typing import Any
 
 from pipeline.sol.corpus import Batch, group_id
 from pipeline.sol.evidence import occurrence_lines
-from pipeline.sol.families import bounded_by_task, families_of
+from pipeline.sol.families import TaskCounts, bounded_by_task, families_of
 from pipeline.sol.timeline import fit_timelines, timeline_chars
 
 CELL_HEADER = "cell|task|run|outcome|quality|completion|cost|stability|patterns|groups|luna"
@@ -92,6 +92,7 @@ class Renderer:
                 if isinstance(o, dict) and o.get("cell_id"):
                     self.occ_by_cell.setdefault(str(o["cell_id"]), []).append((gid, o))
         self._headers: dict[str, str] = {}
+        self._counts: dict[str, tuple[str, TaskCounts]] = {}
         # each occurrence block and cell size is asked for several times per plan (partition, then
         # every map context): made once (pure functions of the batch)
         self._occ_blocks: dict[str, tuple[str, list[tuple[str, str]], list[tuple[str, str]]]] = {}
@@ -124,22 +125,26 @@ class Renderer:
         (:func:`bounded_by_task`), so a map request names no task outside its partition.
         """
         if tasks is not None:
-            g = self.groups[gid]
-            occ = [o for o in g.get("occurrences") or [] if isinstance(o, dict)]
-            cells = [self.cells[str(o["cell_id"])] for o in occ if str(o.get("cell_id")) in self.cells]
-            return (
-                f"{gid} {g.get('type')} concerns={g.get('concerns')!r}: whole batch {len(occ)} occurrence(s) "
-                f"in {len({c['cell_id'] for c in cells})} cell(s) [{bounded_by_task(cells, GROUP_TOP_K, tasks)}]"
-            )
+            head, counts = self._group_counts(gid)
+            return f"{head} [{counts.bounded(GROUP_TOP_K, tasks)}]"
         if gid not in self._headers:
+            head, counts = self._group_counts(gid)
+            self._headers[gid] = f"{head} [{counts.bounded()}]"
+        return self._headers[gid]
+
+    def _group_counts(self, gid: str) -> tuple[str, TaskCounts]:
+        """A group's header without its counts, and its occurrences' counts per task (made once per group)."""
+        got = self._counts.get(gid)
+        if got is None:
             g = self.groups[gid]
             occ = [o for o in g.get("occurrences") or [] if isinstance(o, dict)]
             cells = [self.cells[str(o["cell_id"])] for o in occ if str(o.get("cell_id")) in self.cells]
-            self._headers[gid] = (
+            head = (
                 f"{gid} {g.get('type')} concerns={g.get('concerns')!r}: whole batch {len(occ)} occurrence(s) "
-                f"in {len({c['cell_id'] for c in cells})} cell(s) [{bounded_by_task(cells)}]"
+                f"in {len({c['cell_id'] for c in cells})} cell(s)"
             )
-        return self._headers[gid]
+            got = self._counts[gid] = (head, TaskCounts(cells))
+        return got
 
     def cell_line(self, cell: str) -> str:
         """:func:`cell_line` of an eligible cell (made once: partition sizes it, its map context shows it)."""
