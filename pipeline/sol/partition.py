@@ -15,6 +15,7 @@ pairs repeated on every row.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,27 +181,62 @@ class Renderer:
         request with all of its groups is read in several, each with every fact of its groups).
         ``tasks``: the partition's tasks (:meth:`group_header`); None for the whole batch.
         """
+        shown: list[int] = []
+        out = list(self._group_lines(cells, only, tasks, shown))
+        if out and only is not None:
+            every = self.group_ids(cells)
+            out.insert(0, f"(this call shows {shown[0]} of the {len(every)} pattern groups of these cells; "
+                          "other calls read the others, each with all of its facts)")  # fmt: skip
+        return "\n".join(out) if out else "none in these cells"
+
+    def _group_lines(
+        self, cells: list[str], only: list[str] | None, tasks: set[str] | None, shown: list[int] | None = None
+    ) -> Iterator[str]:
+        """The lines of :meth:`groups_text` (without its note on groups left to other calls), one at a time."""
         per_group: dict[str, list[dict[str, Any]]] = {}
         for c in cells:
             for gid, o in self.occ_by_cell.get(c, []):
                 if only is None or gid in only:
                     per_group.setdefault(gid, []).append(o)
-        out: list[str] = []
+        if shown is not None:
+            shown.append(len(per_group))
         seen: set[str] = set()
         for gid in sorted(per_group):
-            out.append(self.group_header(gid, tasks))
+            yield self.group_header(gid, tasks)
             for o in sorted(per_group[gid], key=lambda o: str(o["occurrence_id"])):
                 head, texts, events = self.occurrence_block(o)
-                out.append(head)
+                yield head
                 for key, line in (*texts, *events):
                     if key not in seen:
                         seen.add(key)
-                        out.append(line)
-        if out and only is not None:
-            every = self.group_ids(cells)
-            out.insert(0, f"(this call shows {len(per_group)} of the {len(every)} pattern groups of these cells; "
-                          "other calls read the others, each with all of its facts)")  # fmt: skip
-        return "\n".join(out) if out else "none in these cells"
+                        yield line
+
+    def groups_text_chars(self, cells: list[str]) -> int:
+        """``len(groups_text(cells))`` (every group, whole-batch headers), counted without making the text."""
+        chars = lines = 0
+        for line in self._group_lines(cells, None, None):
+            chars += len(line)
+            lines += 1
+        return chars + lines - 1 if lines else len("none in these cells")
+
+    def sample_text(self, cells: list[str], chars: int) -> str:
+        """The middle ``chars`` characters of ``groups_text(cells)``, made without the rest of the text.
+
+        What the characters per token of a whole-batch prompt are measured on when that prompt is
+        not made: its middle is in its pattern groups.
+        """
+        start = max(self.groups_text_chars(cells) // 2 - chars // 2, 0)
+        pos, first = 0, 0
+        kept: list[str] = []
+        for line in self._group_lines(cells, None, None):
+            end = pos + len(line) + 1  # the line and its newline
+            if end > start:
+                first = first if kept else pos
+                kept.append(line)
+                if end >= start + chars:
+                    break
+            pos = end
+        return "\n".join(kept)[start - first : start - first + chars]
 
     def cell_size(self, cell: str, timeline_cap: int) -> tuple[int, set[str]]:
         """Characters a cell adds to a map prompt (without group headers) and the groups it brings."""
