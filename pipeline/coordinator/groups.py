@@ -9,6 +9,7 @@ the Coordinator may read and Luna never does). Every eligible cell is in the cov
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from pipeline.artifacts.versions import VERSIONS
 from pipeline.coordinator.incidents import update_incidents
 from pipeline.core import duck
 from pipeline.core.errors import BadInput
-from pipeline.core.jsonstream import Items, atomic_write_chunks, pretty_object
+from pipeline.core.jsonstream import Fields, Items, atomic_write_chunks, pretty_object
 
 GROUPS_FILE = GROUPS.filename
 GROUPS_SCHEMA_VERSION = VERSIONS["pattern-groups"]
@@ -169,8 +170,31 @@ ORDER BY g.group_id
 """
 
 
+# The same groups without their occurrences, and the occurrences alone in the document's order: the
+# document is streamed a group and a batch of occurrences at a time (a group may hold one per cell).
+_GROUP_HEADS_SQL = """
+SELECT
+    g.group_id, g.type, g.concerns,
+    {'occurrences': g.occurrences::BIGINT, 'patterns': g.patterns::BIGINT, 'cells': g.cells, 'tasks': g.tasks,
+     'runs': g.runs, 'n_cells': g.n_cells::BIGINT, 'n_tasks': g.n_tasks::BIGINT, 'n_runs': g.n_runs::BIGINT}
+        AS support,
+    {'occurrences': g.negative_occurrences::BIGINT, 'cells': g.negative_cells} AS negatives,
+    g.collapsed_lines::BIGINT AS collapsed_lines
+FROM pattern_groups g
+ORDER BY g.group_id
+"""
+_OCCURRENCES_SQL = """
+SELECT
+    group_id, occurrence_id, cell_id, task_id, run_id, pattern_ids, events, refs, len(incidents)::BIGINT AS incidents,
+    collapsed_lines::BIGINT AS collapsed_lines, duplicate_lines_only, successful_cell
+FROM pattern_occurrences
+ORDER BY group_id, occurrence_id
+"""
+
 GROUPS_PER_BATCH = 16
-"""Groups fetched from DuckDB at a time when the document is streamed (one group may hold an occurrence per cell)."""
+"""Groups fetched from DuckDB at a time when the document is streamed (their occurrences apart)."""
+OCCURRENCES_PER_BATCH = 2_048
+"""Occurrences fetched from DuckDB at a time when the document is streamed."""
 
 COVERAGE_PER_BATCH = 2_048
 
@@ -226,12 +250,42 @@ def coordinate(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     }
 
 
+class _Occurrences:
+    """The occurrences of every group in the document's order, handed out one group at a time."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self._rows = _batches(con, _OCCURRENCES_SQL, OCCURRENCES_PER_BATCH)
+        self._next: dict[str, Any] | None = next(self._rows, None)
+
+    def of(self, group_id: str) -> Iterator[dict[str, Any]]:
+        """The next group's occurrences (groups are asked for in order, each read to its end)."""
+        while self._next is not None and self._next["group_id"] == group_id:
+            row = self._next
+            self._next = next(self._rows, None)
+            del row["group_id"]
+            yield row
+
+
+def _streamed_groups(con: duckdb.DuckDBPyConnection) -> Iterator[Fields]:
+    # One cursor per query, so the groups' heads and the occurrences are read side by side
+    # (closed when done: an open cursor keeps the file attached).
+    heads, occ = con.cursor(), con.cursor()
+    try:
+        occurrences = _Occurrences(occ)
+        for head in _batches(heads, _GROUP_HEADS_SQL, GROUPS_PER_BATCH):
+            yield Fields({**head, "occurrences": Items(occurrences.of(head["group_id"]))})
+    finally:
+        heads.close()
+        occ.close()
+
+
 def run_coordinator(ir_path: Path, run_dir: Path) -> dict[str, Any]:
     """Coordinate the run's patterns into the IR's tables and stream ``pattern-groups.json`` from them.
 
     The groups live in the run's DuckDB (``pattern_groups``, ``pattern_occurrences``,
     ``pattern_coverage``); the JSON artifact is written a batch of groups at a time, never built whole
-    (its bytes are those of :func:`coordinate`'s document through ``pretty_json_plain``). Returns the
+    (its bytes are those of :func:`coordinate`'s document through ``pretty_json_plain``), a group's
+    occurrences a batch at a time too. Returns the
     document's ``schema_version`` and ``totals`` (read the file for its groups and coverage).
     """
     con = duck.connect(ir_path)
@@ -241,7 +295,7 @@ def run_coordinator(ir_path: Path, run_dir: Path) -> dict[str, Any]:
         chunks = pretty_object(
             {
                 **head,
-                "groups": Items(_batches(con, _GROUPS_SQL, GROUPS_PER_BATCH)),
+                "groups": Items(_streamed_groups(con)),
                 "coverage": Items(_batches(con, "SELECT * FROM pattern_coverage ORDER BY cell_id", COVERAGE_PER_BATCH)),
             }
         )
