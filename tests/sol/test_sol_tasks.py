@@ -104,6 +104,42 @@ def test_counts_aggregated_once_say_what_bounded_by_task_says_of_any_partition()
                 assert counts.bounded(k, only) == bounded_by_task(rows, k, only)
 
 
+def test_a_map_reduce_plan_holds_no_whole_batch_prompt_and_no_map_context(
+    diverse: tuple[RunContext, str], model_settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Flat memory: when even a lower bound of the single request is far over the budget, the
+    # whole-batch context is never made; a planned map call keeps what renders its context, and
+    # the context it renders when the call runs is the request that was counted.
+    import importlib
+    from pipeline.core.canonical import digest
+    from pipeline.models import render
+    from pipeline.models.budget import role_budget
+    from pipeline.sol.cards import SolAnswer
+    from pipeline.sol.plan import MAP_ROLE, maps_digest, plan_sol, request_digest
+
+    stage_mod = importlib.import_module("pipeline.sol.stage")  # the package exports a function of that name
+
+    ctx, _ = diverse
+    settings = model_settings(context_tokens=CONTEXT)
+    batch = load_batch(ctx.run_dir, ctx.ir_path)
+    made: list[int] = []
+    whole = stage_mod.single_context
+    monkeypatch.setattr(stage_mod, "single_context", lambda b: made.append(1) or whole(b))
+    decision = plan_sol(batch, settings, lambda: stage_mod.single_context(batch))
+    assert decision.mode == "map_reduce" and decision.single_estimated and not made
+    assert len(decision.maps) >= 3 and all(m._held is None for m in decision.maps)
+    contexts = [m.context for m in decision.maps]
+    assert maps_digest(decision.maps) == digest({"maps": contexts})
+    budget = role_budget(settings, MAP_ROLE)
+    for m, c in zip(decision.maps, contexts, strict=True):
+        assert c["call_id"] == m.chunk.call_id and m.canonical_sha == digest(c)
+        messages = render(MAP_ROLE, c, response_model=SolAnswer).messages
+        assert request_digest(budget, messages, SolAnswer) == m.request_digest
+    # a batch that may fit is planned from its whole context, made once
+    small = plan_sol(batch, model_settings(context_tokens=2_000_000), lambda: stage_mod.single_context(batch))
+    assert small.mode == "single" and made == [1]
+
+
 def test_300_tasks_one_per_cell_map_reduce_at_16k(
     diverse: tuple[RunContext, str], fake_llm: FakeOpenAI, model_settings: Any
 ) -> None:
