@@ -111,6 +111,7 @@ def test_a_map_reduce_plan_holds_no_whole_batch_prompt_and_no_map_context(
     # whole-batch context is never made; a planned map call keeps what renders its context, and
     # the context it renders when the call runs is the request that was counted.
     import importlib
+
     from pipeline.core.canonical import digest
     from pipeline.models import render
     from pipeline.models.budget import role_budget
@@ -124,7 +125,12 @@ def test_a_map_reduce_plan_holds_no_whole_batch_prompt_and_no_map_context(
     batch = load_batch(ctx.run_dir, ctx.ir_path)
     made: list[int] = []
     whole = stage_mod.single_context
-    monkeypatch.setattr(stage_mod, "single_context", lambda b: made.append(1) or whole(b))
+
+    def spy(b: Any) -> dict[str, Any]:
+        made.append(1)
+        return dict(whole(b))
+
+    monkeypatch.setattr(stage_mod, "single_context", spy)
     decision = plan_sol(batch, settings, lambda: stage_mod.single_context(batch))
     assert decision.mode == "map_reduce" and decision.single_estimated and not made
     assert len(decision.maps) >= 3 and all(m._held is None for m in decision.maps)
