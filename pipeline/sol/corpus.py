@@ -18,6 +18,7 @@ from pipeline.core import duck
 from pipeline.core.canonical import read_json
 from pipeline.sol.checks import EvidenceIndex, load_index
 from pipeline.sol.evidence import GroupEvidence, load_evidence
+from pipeline.sol.families import bounded_by_task
 from pipeline.sol.timeline_cache import Timelines, load_timelines
 
 GROUPS_FILE = GROUPS.filename
@@ -94,6 +95,11 @@ class Batch:
     def by_cell(self) -> dict[str, dict[str, Any]]:
         """Eligible cells by id (built once: the reduce step looks cells up per sample)."""
         return {c["cell_id"]: c for c in self.eligible}
+
+    @cached_property
+    def by_task(self) -> str:
+        """:func:`bounded_by_task` of the eligible cells (the same line in every request: made once)."""
+        return bounded_by_task(self.eligible)
 
     @cached_property
     def harnesses(self) -> list[str]:

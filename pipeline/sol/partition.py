@@ -21,7 +21,7 @@ from typing import Any
 
 from pipeline.sol.corpus import Batch, group_id
 from pipeline.sol.evidence import occurrence_lines
-from pipeline.sol.families import TaskCounts, bounded_by_task, families_of
+from pipeline.sol.families import TaskCounts, families_of
 from pipeline.sol.timeline import fit_timelines, timeline_chars
 
 CELL_HEADER = "cell|task|run|outcome|quality|completion|cost|stability|patterns|groups|luna"
@@ -105,7 +105,7 @@ class Renderer:
     def batch_by_task(self) -> str:
         """:func:`bounded_by_task` of every eligible cell (the same line in every map call, bounded in size)."""
         if self._by_task is None:
-            self._by_task = bounded_by_task(self.batch.eligible)
+            self._by_task = self.batch.by_task
         return self._by_task
 
     def families(self) -> dict[str, list[str]]:

@@ -365,7 +365,7 @@ def reduce_context(
         "run_id": batch.run_id,
         "harnesses": batch.harnesses,
         "eligible_count": len(batch.eligible),
-        "batch_by_task": bounded_by_task(batch.eligible),
+        "batch_by_task": batch.by_task,
         "negatives_count": len(batch.negatives),
         "excluded_text": shown or "none",
         "map_calls_text": map_calls_text(drafts, map_calls),
