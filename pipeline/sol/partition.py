@@ -94,9 +94,9 @@ class Renderer:
                     self.occ_by_cell.setdefault(str(o["cell_id"]), []).append((gid, o))
         self._headers: dict[str, str] = {}
         self._counts: dict[str, tuple[str, TaskCounts]] = {}
-        # each occurrence block and cell size is asked for several times per plan (partition, then
+        # each occurrence's size and cell size is asked for several times per plan (partition, then
         # every map context): made once (pure functions of the batch)
-        self._occ_blocks: dict[str, tuple[str, list[tuple[str, str]], list[tuple[str, str]]]] = {}
+        self._block_chars: dict[str, int] = {}
         self._cell_lines: dict[str, str] = {}
         self._sizes: dict[tuple[str, int], tuple[int, set[str]]] = {}
         self._by_task: str | None = None
@@ -155,19 +155,23 @@ class Renderer:
         return line
 
     def occurrence_block(self, o: dict[str, Any]) -> tuple[str, list[tuple[str, str]], list[tuple[str, str]]]:
-        """One occurrence: head line, Luna's words, every cited event with its text (:func:`occurrence_lines`)."""
-        oid = str(o["occurrence_id"])
-        block = self._occ_blocks.get(oid)
-        if block is None:
-            cell = self.cells.get(str(o["cell_id"]), {})
-            where = f"{o['cell_id']} ({cell.get('task_id', '-')}, {outcome_of(cell)})"
-            block = self._occ_blocks[oid] = occurrence_lines(o, where, self.batch.evidence)
-        return block
+        """One occurrence: head line, Luna's words, every cited event with its text (:func:`occurrence_lines`).
+
+        Made anew each time (not kept): its lines copy the cited events' texts, and kept for every
+        occurrence of a 10,000-cell batch they were as large as the evidence itself.
+        """
+        cell = self.cells.get(str(o["cell_id"]), {})
+        where = f"{o['cell_id']} ({cell.get('task_id', '-')}, {outcome_of(cell)})"
+        return occurrence_lines(o, where, self.batch.evidence)
 
     def block_chars(self, o: dict[str, Any]) -> int:
         """Characters an occurrence's block takes (before texts and events said earlier are left out)."""
-        head, texts, events = self.occurrence_block(o)
-        return len(head) + 1 + sum(len(line) + 1 for _, line in (*texts, *events))
+        oid = str(o["occurrence_id"])
+        chars = self._block_chars.get(oid)
+        if chars is None:
+            head, texts, events = self.occurrence_block(o)
+            chars = self._block_chars[oid] = len(head) + 1 + sum(len(line) + 1 for _, line in (*texts, *events))
+        return chars
 
     def group_ids(self, cells: list[str]) -> list[str]:
         """The pattern groups with an occurrence in ``cells``, sorted."""
