@@ -183,12 +183,15 @@ SELECT
 FROM pattern_groups g
 ORDER BY g.group_id
 """
+# A group's occurrences in the document's order, one group per query: sorting every group's at once
+# held them all in DuckDB (+119 against +77 MiB at 10,000 cells, and growing with the batch).
 _OCCURRENCES_SQL = """
 SELECT
-    group_id, occurrence_id, cell_id, task_id, run_id, pattern_ids, events, refs, len(incidents)::BIGINT AS incidents,
+    occurrence_id, cell_id, task_id, run_id, pattern_ids, events, refs, len(incidents)::BIGINT AS incidents,
     collapsed_lines::BIGINT AS collapsed_lines, duplicate_lines_only, successful_cell
 FROM pattern_occurrences
-ORDER BY group_id, occurrence_id
+WHERE group_id IN ({group})
+ORDER BY occurrence_id
 """
 
 GROUPS_PER_BATCH = 16
@@ -250,33 +253,16 @@ def coordinate(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     }
 
 
-class _Occurrences:
-    """The occurrences of every group in the document's order, handed out one group at a time."""
-
-    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
-        self._rows = _batches(con, _OCCURRENCES_SQL, OCCURRENCES_PER_BATCH)
-        self._next: dict[str, Any] | None = next(self._rows, None)
-
-    def of(self, group_id: str) -> Iterator[dict[str, Any]]:
-        """The next group's occurrences (groups are asked for in order, each read to its end)."""
-        while self._next is not None and self._next["group_id"] == group_id:
-            row = self._next
-            self._next = next(self._rows, None)
-            del row["group_id"]
-            yield row
-
-
 def _streamed_groups(con: duckdb.DuckDBPyConnection) -> Iterator[Fields]:
-    # One cursor per query, so the groups' heads and the occurrences are read side by side
+    # The groups' heads on a cursor of their own, so a group's occurrences are read beside them
     # (closed when done: an open cursor keeps the file attached).
-    heads, occ = con.cursor(), con.cursor()
+    heads = con.cursor()
     try:
-        occurrences = _Occurrences(occ)
         for head in _batches(heads, _GROUP_HEADS_SQL, GROUPS_PER_BATCH):
-            yield Fields({**head, "occurrences": Items(occurrences.of(head["group_id"]))})
+            sql = _OCCURRENCES_SQL.format(group=duck.literals([str(head["group_id"])]))
+            yield Fields({**head, "occurrences": Items(_batches(con, sql, OCCURRENCES_PER_BATCH))})
     finally:
         heads.close()
-        occ.close()
 
 
 def run_coordinator(ir_path: Path, run_dir: Path) -> dict[str, Any]:
