@@ -126,6 +126,8 @@ class TaskCounts:
             self.per_family.setdefault(f, Counter()).update(counts)
             self.tasks_in[f] += 1
             self.total.update(counts)
+        self._ranked: list[str] | None = None  # families by size, then name (made when first asked)
+        self._sizes: dict[str, int] = {}
 
     def bounded(self, k: int = TOP_K, only: set[str] | None = None) -> str:
         """:func:`bounded_by_task` of the rows this was made from (same text)."""
@@ -140,30 +142,47 @@ class TaskCounts:
         return "; ".join(parts)
 
     def _by_family(self, without: dict[str, Counter[str]], k: int) -> list[str]:
-        """:func:`_by_family` of every task but those in ``without``."""
-        per_family = dict(self.per_family)
-        tasks_in = Counter(self.tasks_in)
+        """:func:`_by_family` of every task but those in ``without``, at a cost of the families those touch.
+
+        The ranking of the untouched families is made once; only the families of ``without`` are
+        counted again and merged into it (copying every family's counts per call grew with the
+        batch's families, once per map request and group).
+        """
+        if self._ranked is None:
+            self._sizes = {f: sum(c.values()) for f, c in self.per_family.items()}
+            self._ranked = sorted(self.per_family, key=lambda f: (-self._sizes[f], f))
+        touched: dict[str, tuple[Counter[str], int]] = {}
         total = Counter(self.total)
         for t, counts in without.items():
             f = task_family(t)
-            per_family[f] = per_family[f] - counts  # drops outcomes left at 0, as a sum over the rest never has them
-            tasks_in[f] -= 1
+            c, n = touched.get(f, (self.per_family[f], self.tasks_in[f]))
+            touched[f] = (c - counts, n - 1)  # drops outcomes left at 0, as a sum over the rest never has them
             total.subtract(counts)
-            if not tasks_in[f]:
-                del per_family[f]
         total = +total
-        ranked = sorted(per_family, key=lambda f: (-sum(per_family[f].values()), f))
+        left = {f: c for f, (c, n) in touched.items() if n}
+        families = len(self.per_family) - (len(touched) - len(left))
+        moved = sorted(((-sum(c.values()), f) for f, c in left.items()))
+        top: list[tuple[str, Counter[str], int]] = []
+        untouched = (f for f in self._ranked if f not in touched)
+        nxt = next(untouched, None)
+        while len(top) < k and (nxt is not None or moved):
+            if nxt is not None and (not moved or (-self._sizes[nxt], nxt) < moved[0]):
+                top.append((nxt, self.per_family[nxt], self.tasks_in[nxt]))
+                nxt = next(untouched, None)
+            else:
+                f = moved.pop(0)[1]
+                top.append((f, left[f], touched[f][1]))
         cells = sum(total.values())
         n_tasks = len(self.per_task) - len(without)
-        parts = [f"{cells} cell(s) of {n_tasks} tasks in {len(per_family)} famil(ies): {_mix(total)}"]
-        parts += [f"family {f} ({tasks_in[f]} task(s)): {_mix(per_family[f])}" for f in ranked[:k]]
-        rest = ranked[k:]
-        if rest:
-            other: Counter[str] = Counter()
-            for f in rest:
-                other.update(per_family[f])
+        parts = [f"{cells} cell(s) of {n_tasks} tasks in {families} famil(ies): {_mix(total)}"]
+        parts += [f"family {f} ({n} task(s)): {_mix(c)}" for f, c, n in top]
+        if families > len(top):
+            other = Counter(total)
+            for _, c, _n in top:
+                other.subtract(c)
+            other = +other
             parts.append(
-                f"{len(rest)} more famil(ies) ({sum(tasks_in[f] for f in rest)} task(s), "
+                f"{families - len(top)} more famil(ies) ({n_tasks - sum(n for _, _, n in top)} task(s), "
                 f"{sum(other.values())} cell(s)): {_mix(other)}"
             )
         return parts
