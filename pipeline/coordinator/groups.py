@@ -9,6 +9,7 @@ the Coordinator may read and Luna never does). Every eligible cell is in the cov
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from pipeline.artifacts.versions import VERSIONS
 from pipeline.coordinator.incidents import update_incidents
 from pipeline.core import duck
 from pipeline.core.errors import BadInput
-from pipeline.core.jsonstream import Items, atomic_write_chunks, pretty_object
+from pipeline.core.jsonstream import Fields, Items, atomic_write_chunks, pretty_object
 
 GROUPS_FILE = GROUPS.filename
 GROUPS_SCHEMA_VERSION = VERSIONS["pattern-groups"]
@@ -169,8 +170,34 @@ ORDER BY g.group_id
 """
 
 
+# The same groups without their occurrences, and the occurrences alone in the document's order: the
+# document is streamed a group and a batch of occurrences at a time (a group may hold one per cell).
+_GROUP_HEADS_SQL = """
+SELECT
+    g.group_id, g.type, g.concerns,
+    {'occurrences': g.occurrences::BIGINT, 'patterns': g.patterns::BIGINT, 'cells': g.cells, 'tasks': g.tasks,
+     'runs': g.runs, 'n_cells': g.n_cells::BIGINT, 'n_tasks': g.n_tasks::BIGINT, 'n_runs': g.n_runs::BIGINT}
+        AS support,
+    {'occurrences': g.negative_occurrences::BIGINT, 'cells': g.negative_cells} AS negatives,
+    g.collapsed_lines::BIGINT AS collapsed_lines
+FROM pattern_groups g
+ORDER BY g.group_id
+"""
+# A group's occurrences in the document's order, one group per query: sorting every group's at once
+# held them all in DuckDB (+119 against +77 MiB at 10,000 cells, and growing with the batch).
+_OCCURRENCES_SQL = """
+SELECT
+    occurrence_id, cell_id, task_id, run_id, pattern_ids, events, refs, len(incidents)::BIGINT AS incidents,
+    collapsed_lines::BIGINT AS collapsed_lines, duplicate_lines_only, successful_cell
+FROM pattern_occurrences
+WHERE group_id IN ({group})
+ORDER BY occurrence_id
+"""
+
 GROUPS_PER_BATCH = 16
-"""Groups fetched from DuckDB at a time when the document is streamed (one group may hold an occurrence per cell)."""
+"""Groups fetched from DuckDB at a time when the document is streamed (their occurrences apart)."""
+OCCURRENCES_PER_BATCH = 2_048
+"""Occurrences fetched from DuckDB at a time when the document is streamed."""
 
 COVERAGE_PER_BATCH = 2_048
 
@@ -226,12 +253,25 @@ def coordinate(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     }
 
 
+def _streamed_groups(con: duckdb.DuckDBPyConnection) -> Iterator[Fields]:
+    # The groups' heads on a cursor of their own, so a group's occurrences are read beside them
+    # (closed when done: an open cursor keeps the file attached).
+    heads = con.cursor()
+    try:
+        for head in _batches(heads, _GROUP_HEADS_SQL, GROUPS_PER_BATCH):
+            sql = _OCCURRENCES_SQL.format(group=duck.literals([str(head["group_id"])]))
+            yield Fields({**head, "occurrences": Items(_batches(con, sql, OCCURRENCES_PER_BATCH))})
+    finally:
+        heads.close()
+
+
 def run_coordinator(ir_path: Path, run_dir: Path) -> dict[str, Any]:
     """Coordinate the run's patterns into the IR's tables and stream ``pattern-groups.json`` from them.
 
     The groups live in the run's DuckDB (``pattern_groups``, ``pattern_occurrences``,
     ``pattern_coverage``); the JSON artifact is written a batch of groups at a time, never built whole
-    (its bytes are those of :func:`coordinate`'s document through ``pretty_json_plain``). Returns the
+    (its bytes are those of :func:`coordinate`'s document through ``pretty_json_plain``), a group's
+    occurrences a batch at a time too. Returns the
     document's ``schema_version`` and ``totals`` (read the file for its groups and coverage).
     """
     con = duck.connect(ir_path)
@@ -241,7 +281,7 @@ def run_coordinator(ir_path: Path, run_dir: Path) -> dict[str, Any]:
         chunks = pretty_object(
             {
                 **head,
-                "groups": Items(_batches(con, _GROUPS_SQL, GROUPS_PER_BATCH)),
+                "groups": Items(_streamed_groups(con)),
                 "coverage": Items(_batches(con, "SELECT * FROM pattern_coverage ORDER BY cell_id", COVERAGE_PER_BATCH)),
             }
         )

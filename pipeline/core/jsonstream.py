@@ -31,24 +31,42 @@ def _indented(obj: Any, depth: int) -> bytes:
     return orjson.dumps(obj, option=_OPTS).replace(b"\n", b"\n" + pad)
 
 
+@dataclass(frozen=True)
+class Fields:
+    """An object value written field by field: its values may be :class:`Items` or :class:`Fields` themselves."""
+
+    fields: dict[str, Any]
+
+
+def _chunks(value: Any, depth: int) -> Iterator[bytes]:
+    # ``value`` at ``depth`` levels of indentation, its first line already placed by the caller
+    pad = b"\n" + b"  " * depth
+    if isinstance(value, Items):
+        first = True
+        for item in value.items:
+            yield (b"[" if first else b",") + pad + b"  "
+            yield from _chunks(item, depth + 1)
+            first = False
+        yield b"[]" if first else pad + b"]"
+    elif isinstance(value, Fields):
+        if not value.fields:
+            yield b"{}"
+            return
+        for i, key in enumerate(sorted(value.fields)):
+            yield (b"," if i else b"{") + pad + b"  " + orjson.dumps(key) + b": "
+            yield from _chunks(value.fields[key], depth + 1)
+        yield pad + b"}"
+    else:
+        yield _indented(value, depth)
+
+
 def pretty_object(fields: dict[str, Any]) -> Iterator[bytes]:
-    """Chunks of the pretty JSON of an object whose values may be :class:`Items` (streamed lists)."""
+    """Chunks of the pretty JSON of an object whose values may be :class:`Items` (streamed lists) or :class:`Fields`."""
     if not fields:
         yield b"{}\n"
         return
-    yield b"{"
-    for i, key in enumerate(sorted(fields)):
-        yield (b"," if i else b"") + b"\n  " + orjson.dumps(key) + b": "
-        value = fields[key]
-        if not isinstance(value, Items):
-            yield _indented(value, 1)
-            continue
-        first = True
-        for item in value.items:
-            yield (b"[\n    " if first else b",\n    ") + _indented(item, 2)
-            first = False
-        yield b"[]" if first else b"\n  ]"
-    yield b"\n}\n"
+    yield from _chunks(Fields(fields), 0)
+    yield b"\n"
 
 
 def atomic_write_chunks(path: Path, chunks: Iterable[bytes]) -> None:

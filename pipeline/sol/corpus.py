@@ -19,6 +19,7 @@ from pipeline.core.canonical import read_json
 from pipeline.ir.selection import PILOT_REASON
 from pipeline.sol.checks import EvidenceIndex, load_index
 from pipeline.sol.evidence import GroupEvidence, load_evidence
+from pipeline.sol.families import bounded_by_task
 from pipeline.sol.timeline_cache import Timelines, load_timelines
 
 GROUPS_FILE = GROUPS.filename
@@ -106,6 +107,11 @@ class Batch:
         return {c["cell_id"]: c for c in self.eligible}
 
     @cached_property
+    def by_task(self) -> str:
+        """:func:`bounded_by_task` of the eligible cells (the same line in every request: made once)."""
+        return bounded_by_task(self.eligible)
+
+    @cached_property
     def harnesses(self) -> list[str]:
         """Harnesses of the eligible cells."""
         return sorted({str(c["harness"]) for c in self.eligible if c["harness"]})
@@ -132,14 +138,43 @@ class Batch:
         return out
 
 
+# What Sol reads of the Coordinator's groups: ids, type, concerns, and per occurrence its cell, patterns
+# and events (not the refs, runs, tasks and counts the document also holds), from the IR's tables.
+_GROUPS_SQL = "SELECT group_id, type, concerns FROM pattern_groups ORDER BY group_id"
+_OCCURRENCES_SQL = (
+    "SELECT group_id, occurrence_id, cell_id, pattern_ids, events FROM pattern_occurrences "
+    "ORDER BY group_id, occurrence_id"
+)
+FETCH_ROWS = 4_096
+
+
+def _groups_from_ir(con: Any) -> list[dict[str, Any]] | None:
+    """The groups of ``pattern-groups.json`` as Sol reads them, from the tables it was written from (None: none)."""
+    if not all(duck.has_table(con, t) for t in ("pattern_groups", "pattern_occurrences")):
+        return None
+    groups = [{**g, "occurrences": []} for g in rows(con, _GROUPS_SQL)]
+    by_id = {g["group_id"]: g for g in groups}
+    for batch in con.sql(_OCCURRENCES_SQL).fetch_record_batch(FETCH_ROWS):
+        for o in batch.to_pylist():
+            by_id[o.pop("group_id")]["occurrences"].append(o)
+    return groups
+
+
 def load_batch(run_dir: Path, ir_path: Path) -> Batch:
     """Read the run's IR and pattern groups once."""
-    # pattern-groups.json read once (groups and coverage): at 10,000 cells it is ~50 MB of JSON
-    doc = read_json(run_dir / GROUPS_FILE) if (run_dir / GROUPS_FILE).is_file() else {}
-    groups = _group_list(doc)
-    index_groups = {gid: group_cells(g) for g in groups if (gid := group_id(g))}
     con = duck.connect(ir_path, read_only=True)
     try:
+        doc: Any = {}
+        if (run_dir / GROUPS_FILE).is_file():
+            # The document's groups and coverage from the IR tables it was streamed from: parsing the
+            # file (~60 MB at 10,000 cells) held every ref and count of every occurrence as well.
+            from_ir = _groups_from_ir(con)
+            if from_ir is not None and duck.has_table(con, "pattern_coverage"):
+                doc = {"groups": from_ir, "coverage": rows(con, "SELECT * FROM pattern_coverage ORDER BY cell_id")}
+            else:
+                doc = read_json(run_dir / GROUPS_FILE)
+        groups = _group_list(doc)
+        index_groups = {gid: group_cells(g) for g in groups if (gid := group_id(g))}
         index = load_index(ir_path, index_groups, con)  # one connection for the batch (~20 ms each)
         cells = rows(
             con,

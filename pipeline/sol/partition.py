@@ -15,12 +15,13 @@ pairs repeated on every row.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.sol.corpus import Batch, group_id
 from pipeline.sol.evidence import occurrence_lines
-from pipeline.sol.families import bounded_by_task, families_of
+from pipeline.sol.families import TaskCounts, families_of
 from pipeline.sol.timeline import fit_timelines, timeline_chars
 
 CELL_HEADER = "cell|task|run|outcome|quality|completion|cost|stability|patterns|groups|luna"
@@ -94,9 +95,10 @@ class Renderer:
                 if isinstance(o, dict) and o.get("cell_id"):
                     self.occ_by_cell.setdefault(str(o["cell_id"]), []).append((gid, o))
         self._headers: dict[str, str] = {}
-        # each occurrence block and cell size is asked for several times per plan (partition, then
+        self._counts: dict[str, tuple[str, TaskCounts]] = {}
+        # each occurrence's size and cell size is asked for several times per plan (partition, then
         # every map context): made once (pure functions of the batch)
-        self._occ_blocks: dict[str, tuple[str, list[tuple[str, str]], list[tuple[str, str]]]] = {}
+        self._block_chars: dict[str, int] = {}
         self._cell_lines: dict[str, str] = {}
         self._sizes: dict[tuple[str, int], tuple[int, set[str]]] = {}
         self._by_task: str | None = None
@@ -105,7 +107,7 @@ class Renderer:
     def batch_by_task(self) -> str:
         """:func:`bounded_by_task` of every eligible cell (the same line in every map call, bounded in size)."""
         if self._by_task is None:
-            self._by_task = bounded_by_task(self.batch.eligible)
+            self._by_task = self.batch.by_task
         return self._by_task
 
     def families(self) -> dict[str, list[str]]:
@@ -126,22 +128,26 @@ class Renderer:
         (:func:`bounded_by_task`), so a map request names no task outside its partition.
         """
         if tasks is not None:
-            g = self.groups[gid]
-            occ = [o for o in g.get("occurrences") or [] if isinstance(o, dict)]
-            cells = [self.cells[str(o["cell_id"])] for o in occ if str(o.get("cell_id")) in self.cells]
-            return (
-                f"{gid} {g.get('type')} concerns={g.get('concerns')!r}: whole batch {len(occ)} occurrence(s) "
-                f"in {len({c['cell_id'] for c in cells})} cell(s) [{bounded_by_task(cells, GROUP_TOP_K, tasks)}]"
-            )
+            head, counts = self._group_counts(gid)
+            return f"{head} [{counts.bounded(GROUP_TOP_K, tasks)}]"
         if gid not in self._headers:
+            head, counts = self._group_counts(gid)
+            self._headers[gid] = f"{head} [{counts.bounded()}]"
+        return self._headers[gid]
+
+    def _group_counts(self, gid: str) -> tuple[str, TaskCounts]:
+        """A group's header without its counts, and its occurrences' counts per task (made once per group)."""
+        got = self._counts.get(gid)
+        if got is None:
             g = self.groups[gid]
             occ = [o for o in g.get("occurrences") or [] if isinstance(o, dict)]
             cells = [self.cells[str(o["cell_id"])] for o in occ if str(o.get("cell_id")) in self.cells]
-            self._headers[gid] = (
+            head = (
                 f"{gid} {g.get('type')} concerns={g.get('concerns')!r}: whole batch {len(occ)} occurrence(s) "
-                f"in {len({c['cell_id'] for c in cells})} cell(s) [{bounded_by_task(cells)}]"
+                f"in {len({c['cell_id'] for c in cells})} cell(s)"
             )
-        return self._headers[gid]
+            got = self._counts[gid] = (head, TaskCounts(cells))
+        return got
 
     def cell_line(self, cell: str) -> str:
         """:func:`cell_line` of an eligible cell (made once: partition sizes it, its map context shows it)."""
@@ -151,19 +157,23 @@ class Renderer:
         return line
 
     def occurrence_block(self, o: dict[str, Any]) -> tuple[str, list[tuple[str, str]], list[tuple[str, str]]]:
-        """One occurrence: head line, Luna's words, every cited event with its text (:func:`occurrence_lines`)."""
-        oid = str(o["occurrence_id"])
-        block = self._occ_blocks.get(oid)
-        if block is None:
-            cell = self.cells.get(str(o["cell_id"]), {})
-            where = f"{o['cell_id']} ({cell.get('task_id', '-')}, {outcome_of(cell)})"
-            block = self._occ_blocks[oid] = occurrence_lines(o, where, self.batch.evidence)
-        return block
+        """One occurrence: head line, Luna's words, every cited event with its text (:func:`occurrence_lines`).
+
+        Made anew each time (not kept): its lines copy the cited events' texts, and kept for every
+        occurrence of a 10,000-cell batch they were as large as the evidence itself.
+        """
+        cell = self.cells.get(str(o["cell_id"]), {})
+        where = f"{o['cell_id']} ({cell.get('task_id', '-')}, {outcome_of(cell)})"
+        return occurrence_lines(o, where, self.batch.evidence)
 
     def block_chars(self, o: dict[str, Any]) -> int:
         """Characters an occurrence's block takes (before texts and events said earlier are left out)."""
-        head, texts, events = self.occurrence_block(o)
-        return len(head) + 1 + sum(len(line) + 1 for _, line in (*texts, *events))
+        oid = str(o["occurrence_id"])
+        chars = self._block_chars.get(oid)
+        if chars is None:
+            head, texts, events = self.occurrence_block(o)
+            chars = self._block_chars[oid] = len(head) + 1 + sum(len(line) + 1 for _, line in (*texts, *events))
+        return chars
 
     def group_ids(self, cells: list[str]) -> list[str]:
         """The pattern groups with an occurrence in ``cells``, sorted."""
@@ -188,6 +198,34 @@ class Renderer:
         Luna's words in each, its events' lines spread over the requests).
         ``tasks``: the partition's tasks (:meth:`group_header`); None for the whole batch.
         """
+        # shown: [groups shown, occurrences held by the wanted groups, occurrences shown] (for the notes)
+        shown: list[int] = []
+        out = list(self._group_lines(cells, only, tasks, shown, occurrences, events))
+        if out and occurrences is not None:
+            groups = ", ".join(self._groups_of(cells, only, occurrences))
+            out.insert(0, f"(this call shows {shown[2]} of the {shown[1]} occurrences of {groups} in "
+                          "these cells, each whole; other calls read the others)")  # fmt: skip
+        if out and only is not None:
+            every = self.group_ids(cells)
+            out.insert(0, f"(this call shows {shown[0]} of the {len(every)} pattern groups of these cells; "
+                          "other calls read the others, each with all of its facts)")  # fmt: skip
+        return "\n".join(out) if out else "none in these cells"
+
+    def _groups_of(self, cells: list[str], only: list[str] | None, occurrences: list[str]) -> list[str]:
+        wanted = set(occurrences)
+        return sorted({gid for c in cells for gid, o in self.occ_by_cell.get(c, [])
+                       if (only is None or gid in only) and str(o["occurrence_id"]) in wanted})  # fmt: skip
+
+    def _group_lines(
+        self,
+        cells: list[str],
+        only: list[str] | None,
+        tasks: set[str] | None,
+        shown: list[int] | None = None,
+        occurrences: list[str] | None = None,
+        events: list[str] | None = None,
+    ) -> Iterator[str]:
+        """The lines of :meth:`groups_text` (without its notes on what other calls read), one at a time."""
         per_group: dict[str, list[dict[str, Any]]] = {}
         held = 0
         for c in cells:
@@ -196,30 +234,49 @@ class Renderer:
                     held += 1
                     if occurrences is None or str(o["occurrence_id"]) in occurrences:
                         per_group.setdefault(gid, []).append(o)
-        out: list[str] = []
+        if shown is not None:
+            shown.extend((len(per_group), held, sum(map(len, per_group.values()))))
         seen: set[str] = set()
         for gid in sorted(per_group):
-            out.append(self.group_header(gid, tasks))
+            yield self.group_header(gid, tasks)
             for o in sorted(per_group[gid], key=lambda o: str(o["occurrence_id"])):
                 head, texts, lines = self.occurrence_block(o)
-                out.append(head)
+                yield head
                 if events is not None:
                     lines = [(e, line) for e, line in lines if e in events]
-                    out.append(f"    (this call shows the lines of {len(lines)} of its {len(o.get('events') or [])} "
-                               "events; another call shows the others)")  # fmt: skip
+                    yield (f"    (this call shows the lines of {len(lines)} of its {len(o.get('events') or [])} "
+                           "events; another call shows the others)")  # fmt: skip
                 for key, line in (*texts, *lines):
                     if key not in seen:
                         seen.add(key)
-                        out.append(line)
-        if out and occurrences is not None:
-            shown = sum(map(len, per_group.values()))
-            out.insert(0, f"(this call shows {shown} of the {held} occurrences of {', '.join(sorted(per_group))} in "
-                          "these cells, each whole; other calls read the others)")  # fmt: skip
-        if out and only is not None:
-            every = self.group_ids(cells)
-            out.insert(0, f"(this call shows {len(per_group)} of the {len(every)} pattern groups of these cells; "
-                          "other calls read the others, each with all of its facts)")  # fmt: skip
-        return "\n".join(out) if out else "none in these cells"
+                        yield line
+
+    def groups_text_chars(self, cells: list[str]) -> int:
+        """``len(groups_text(cells))`` (every group, whole-batch headers), counted without making the text."""
+        chars = lines = 0
+        for line in self._group_lines(cells, None, None):
+            chars += len(line)
+            lines += 1
+        return chars + lines - 1 if lines else len("none in these cells")
+
+    def sample_text(self, cells: list[str], chars: int) -> str:
+        """The middle ``chars`` characters of ``groups_text(cells)``, made without the rest of the text.
+
+        What the characters per token of a whole-batch prompt are measured on when that prompt is
+        not made: its middle is in its pattern groups.
+        """
+        start = max(self.groups_text_chars(cells) // 2 - chars // 2, 0)
+        pos, first = 0, 0
+        kept: list[str] = []
+        for line in self._group_lines(cells, None, None):
+            end = pos + len(line) + 1  # the line and its newline
+            if end > start:
+                first = first if kept else pos
+                kept.append(line)
+                if end >= start + chars:
+                    break
+            pos = end
+        return "\n".join(kept)[start - first : start - first + chars]
 
     def cell_size(self, cell: str, timeline_cap: int) -> tuple[int, set[str]]:
         """Characters a cell adds to a map prompt (without group headers) and the groups it brings."""

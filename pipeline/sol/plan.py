@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,28 +43,72 @@ SAMPLE_CHARS = 60_000
 # The single call is counted whole unless a sample already puts it at over this many times the budget:
 # then counting a prompt of millions of tokens (seconds of CPU) could not change the decision.
 COUNT_WHOLE_BELOW = 2.0
+MAX_CHARS_PER_TOKEN = 10.0
+"""More characters per token than any tokenizer gives on log text: a lower bound of a prompt's tokens."""
 
 
-@dataclass
 class MapCall:
-    """One planned map call: its partition, its context and its counted size."""
+    """One planned map call: its partition, its counted size, and its context rendered when asked for.
 
-    chunk: Chunk
-    context: dict[str, Any]
-    tokens: int
-    request_digest: str = ""  # what ``tokens`` counts (see :func:`request_digest`)
-    _canonical: str | None = field(default=None, repr=False, compare=False)
+    A planned call keeps what renders its context (the renderer, the partition, the room its
+    timelines were given), not the context: holding every map context of a 10,000-cell batch at once
+    was ~130 million characters, twice over with their canonical JSON. :attr:`context` renders it
+    again (the same bytes: rendering is a pure function of the batch); a context given at
+    construction (tests) is held.
+    """
+
+    def __init__(
+        self,
+        chunk: Chunk,
+        context: dict[str, Any] | None = None,
+        tokens: int = 0,
+        request_digest: str = "",
+        *,
+        renderer: Renderer | None = None,
+        room_chars: int = 0,
+        canonical_sha: str | None = None,
+    ) -> None:
+        self.chunk = chunk
+        self.tokens = tokens
+        self.request_digest = request_digest  # what ``tokens`` counts (see :func:`request_digest`)
+        self.renderer = renderer
+        self.room_chars = room_chars
+        self._held = context
+        self._canonical_sha = canonical_sha
+        if context is None and renderer is None:
+            raise ValueError("a MapCall needs its context or a renderer to make it")
+
+    @property
+    def context(self) -> dict[str, Any]:
+        """The template context of this call (rendered anew unless held)."""
+        if self._held is not None:
+            return self._held
+        assert self.renderer is not None
+        return fitted_map_context(self.renderer, self.chunk, self.room_chars)
 
     @property
     def canonical(self) -> str:
-        """The canonical JSON of the context (made once: the map key and the shortlist's inputs digest it)."""
-        if self._canonical is None:
-            self._canonical = canonical_json(self.context)
-        return self._canonical
+        """The canonical JSON of the context (the map key and the shortlist's inputs digest it)."""
+        return canonical_json(self.context)
+
+    @property
+    def canonical_sha(self) -> str:
+        """``sha256_text(canonical)`` = ``digest(context)``, made once."""
+        if self._canonical_sha is None:
+            self._canonical_sha = sha256_text(self.canonical)
+        return self._canonical_sha
+
+
+class MapPlan(list[MapCall]):
+    """The map calls in order, and :func:`maps_digest` of their contexts made as they were planned."""
+
+    digest: str | None = None
 
 
 def maps_digest(maps: list[MapCall]) -> str:
-    """``digest({"maps": [every map context]})`` from the contexts' canonical texts (the same bytes, made once)."""
+    """``digest({"maps": [every map context]})`` from the contexts' canonical texts (the same bytes)."""
+    if isinstance(maps, MapPlan) and maps.digest is not None:
+        return maps.digest
     return sha256_text('{"maps":[' + ",".join(m.canonical for m in maps) + "]}")
 
 
@@ -75,8 +120,9 @@ class SolPlanDraft:
     budget: RoleBudget
     single_tokens: int
     single_estimated: bool = False  # single_tokens from a sample (far over the budget), not counted whole
+    single_at_least: bool = False  # single_tokens counts only what the prompt holds at least (it was never made)
     single_context: dict[str, Any] | None = None
-    maps: list[MapCall] = field(default_factory=list)
+    maps: list[MapCall] = field(default_factory=MapPlan)
     renderer: Renderer | None = None
     chars_per_token: float = 4.0
     counts: dict[str, int] = field(default_factory=dict)  # map request digest -> tokens (kept for the next run)
@@ -88,7 +134,7 @@ class SolPlanDraft:
         tasks = {t for m in self.maps for t in m.chunk.tasks}
         biggest = max((m.tokens for m in self.maps), default=0)
         single = (
-            f"~{self.single_tokens:,} tokens, estimated from a sample"
+            f"{'at least ' if self.single_at_least else ''}~{self.single_tokens:,} tokens, estimated from a sample"
             if self.single_estimated
             else (f"{self.single_tokens:,} tokens")
         )
@@ -150,7 +196,7 @@ def plan_maps(
     cpt: float,
     known: dict[str, int] | None = None,
     used: dict[str, int] | None = None,
-) -> list[MapCall]:
+) -> MapPlan:
     """Partition the batch so that every map request fits; each request rendered and counted.
 
     ``known``: request digest -> tokens, counts an earlier run made (:func:`request_digest`);
@@ -169,20 +215,44 @@ def plan_maps(
             unblock="lunasol run BUNDLE --model MODEL_WITH_A_LARGER_CONTEXT --resume",
         )
     room_chars = int(room_tokens * cpt * SAFETY)
-    out: list[MapCall] = []
+    out = MapPlan()
+    every = hashlib.sha256(b'{"maps":[')  # maps_digest, fed as each map is final (its context then dropped)
+
+    def keep(chunk: Chunk, ctx: dict[str, Any], tokens: int, key: str, room: int) -> None:
+        # Calls are appended in their final order: the id is final now (stable, readable, in partition
+        # order; halved chunks renumbered). The id is in the prompt: a renamed request is counted again.
+        call_id = f"M{len(out) + 1:02d}"
+        if chunk.call_id != call_id:
+            chunk.call_id = call_id
+            ctx["call_id"] = call_id
+            tokens, key = _count_map(budget, ctx, known, used)
+        text = canonical_json(ctx)
+        every.update(b"," if out else b"")
+        every.update(text.encode("utf-8"))
+        out.append(
+            MapCall(
+                chunk=chunk,
+                tokens=tokens,
+                request_digest=key,
+                renderer=renderer,
+                room_chars=room,
+                canonical_sha=sha256_text(text),
+            )
+        )
+
     todo = partition(renderer, room_chars)
     while todo:
         chunk = todo.pop(0)
         ctx = fitted_map_context(renderer, chunk, room_chars)  # timelines get what cells and groups leave
         tokens, key = _count_map(budget, ctx, known, used)
         if budget.fits(tokens):
-            out.append(MapCall(chunk=chunk, context=ctx, tokens=tokens, request_digest=key))
+            keep(chunk, ctx, tokens, key, room_chars)
         elif len(chunk.cells) > 1:
             todo[:0] = split(chunk, renderer.cells)
         elif halves := split_groups(chunk, renderer):  # one cell: fewer groups per request, never fewer facts
             todo[:0] = halves
         elif (fitted := _shrunk(renderer, chunk, room_chars, tokens, budget, known, used)) is not None:
-            out.append(fitted)
+            keep(chunk, *fitted)
         elif halves := split_occurrences(chunk, renderer):  # one group: fewer occurrences (events), all facts
             todo[:0] = halves
         else:
@@ -195,12 +265,8 @@ def plan_maps(
                 reason="external_system",
                 unblock="lunasol run BUNDLE --model MODEL_WITH_A_LARGER_CONTEXT --resume",
             )
-    # stable, readable ids in partition order (halved chunks renumbered)
-    for i, m in enumerate(out, 1):
-        if m.chunk.call_id != f"M{i:02d}":  # the id is in the prompt: count the renamed request again
-            m.chunk.call_id = f"M{i:02d}"
-            m.context["call_id"] = m.chunk.call_id
-            m.tokens, m.request_digest = _count_map(budget, m.context, known, used)
+    every.update(b"]}")
+    out.digest = "sha256:" + every.hexdigest()
     return out
 
 
@@ -212,37 +278,62 @@ def _shrunk(
     budget: RoleBudget,
     known: dict[str, int],
     used: dict[str, int],
-) -> MapCall | None:
+) -> tuple[dict[str, Any], int, str, int] | None:
     """One cell's map request made to fit by giving its timeline less room (None: it never fits).
 
     The room in characters comes from a sample's characters per token; a cell whose timeline is
     denser than the sample overflows by a few percent. Its timeline is trimmed further (marked in
     place, every event id still citable), in proportion to the overflow, before the cell is refused.
+    Returns the context, its tokens, its request digest and the room it was rendered with.
     """
     for _ in range(4):
         room_chars = int(room_chars * budget.input_tokens / tokens * SAFETY)
         ctx = fitted_map_context(renderer, chunk, room_chars)
         tokens, key = _count_map(budget, ctx, known, used)
         if budget.fits(tokens):
-            return MapCall(chunk=chunk, context=ctx, tokens=tokens, request_digest=key)
+            return ctx, tokens, key, room_chars
     return None
 
 
 def plan_sol(
     batch: Batch,
     settings: ModelSettings,
-    single: dict[str, Any],
+    single: dict[str, Any] | Callable[[], dict[str, Any]],
     *,
     known: dict[str, int] | None = None,
     count_whole: bool = False,
 ) -> SolPlanDraft:
     """Decide: the single call (it fits) or map/reduce (with every map request planned).
 
-    The single request is counted whole unless a sample of it puts it at over
-    :data:`COUNT_WHOLE_BELOW` times the budget (``count_whole`` counts it whole anyway);
+    ``single``: the single call's context, or what makes it. Made only when it may fit: when the
+    characters it holds at least (cells and pattern groups, counted without making them) are over
+    :data:`COUNT_WHOLE_BELOW` times the budget even at :data:`MAX_CHARS_PER_TOKEN`, the plan is
+    map/reduce without the whole-batch prompt (56 million characters at 10,000 cells, held several
+    times over while it was rendered). Else the single request is counted whole unless a sample of it
+    puts it at over :data:`COUNT_WHOLE_BELOW` times the budget (``count_whole`` counts it whole anyway);
     ``known`` holds map request counts of an earlier run (:func:`plan_maps`).
     """
     budget = role_budget(settings, ROLE)
+    renderer = Renderer(batch)
+    if callable(single) and not count_whole:
+        eligible = [str(c["cell_id"]) for c in batch.eligible]
+        least = sum(len(renderer.cell_line(c)) + 1 for c in eligible) + renderer.groups_text_chars(eligible)
+        if least / MAX_CHARS_PER_TOKEN > COUNT_WHOLE_BELOW * budget.input_tokens:
+            cpt = chars_per_token(budget.limits, renderer.sample_text(eligible, SAMPLE_CHARS))
+            counts: dict[str, int] = {}
+            return SolPlanDraft(
+                counts=counts,
+                mode="map_reduce",
+                budget=budget,
+                single_tokens=math.ceil(least / cpt),
+                single_estimated=True,
+                single_at_least=True,
+                maps=plan_maps(renderer, settings, cpt, known, counts),
+                renderer=renderer,
+                chars_per_token=cpt,
+            )
+    if callable(single):
+        single = single()
     rendered = render(ROLE, single, response_model=SolAnswer)
     text = "\n".join(str(m["content"]) for m in rendered.messages)
     # characters per token of this batch's text, from a sample of the prompt (sizes are planned in characters)
@@ -252,8 +343,8 @@ def plan_sol(
     tokens = estimate if estimated else request_tokens(budget, rendered.messages, SolAnswer)
     if not estimated and budget.fits(tokens):
         return SolPlanDraft(mode="single", budget=budget, single_tokens=tokens, single_context=single)
-    renderer = Renderer(batch)
-    counts: dict[str, int] = {}
+    del rendered, text, single  # the map calls are planned without the whole-batch prompt
+    counts = {}
     maps = plan_maps(renderer, settings, cpt, known, counts)
     return SolPlanDraft(
         counts=counts,

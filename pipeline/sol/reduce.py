@@ -366,7 +366,7 @@ def reduce_context(
         "harnesses": batch.harnesses,
         "eligible_count": len(batch.eligible),
         **batch.pilot_context,  # a pilot: the prompt says its cells are a subset of the batch
-        "batch_by_task": bounded_by_task(batch.eligible),
+        "batch_by_task": batch.by_task,
         "negatives_count": len(batch.negatives),
         "excluded_text": shown or "none",
         "map_calls_text": map_calls_text(drafts, map_calls),

@@ -10,11 +10,12 @@ dropped with its reasons in the shortlist's ``dropped`` list, never silently.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.artifacts.run_info import run_pilot
-from pipeline.core.canonical import digest, sha256_file, sha256_text
+from pipeline.core.canonical import digest, sha256_file
 from pipeline.core.errors import Blocked
 from pipeline.core.listing import some
 from pipeline.ir.digests import ir_digest
@@ -48,6 +49,7 @@ from pipeline.sol.plan import (
     MAP_ROLE,
     REDUCE_ROLE,
     ROLE,
+    MapCall,
     SolPlanDraft,
     maps_digest,
     plan_sol,
@@ -297,12 +299,11 @@ async def _run_maps(
 ) -> tuple[list[Draft], list[SolCall], list[Dropped]]:
     answers = MapAnswers(run_dir)
     thash = template_hash(MAP_ROLE)
-    reused: set[str] = set()
 
-    keyed: list[tuple[Any, str, StoredMap | None]] = []
+    keyed: list[tuple[MapCall, str, StoredMap | None]] = []
     for m in decision.maps:
         key = map_key(
-            sha256_text(m.canonical),  # = digest(m.context), its text made once
+            m.canonical_sha,  # = digest(m.context), made when the call was planned
             template_hash=thash,
             model=client.model,
             instructor_mode=client.instructor_mode,
@@ -312,18 +313,21 @@ async def _run_maps(
     # every stored answer is checked again below: the events they cite are read in one query
     batch.index.load([r for _, _, s in keyed if s is not None for d in s.answer.weaknesses for r in cited_refs(d)])
 
-    async def one(m: Any, key: str, stored: StoredMap | None) -> CallOutcome[SolAnswer]:
+    async def one(m: MapCall, key: str, stored: StoredMap | None) -> _MapResult:
+        # The context is rendered here and dropped when the call is done: at most the calls in flight
+        # hold theirs, never the whole batch's.
+        context = m.context
         seen = set(m.chunk.cells)
-        shown = shown_events(m.context)
+        shown = shown_events(context)
 
         def check(answer: SolAnswer) -> list[str]:
             return _outside(answer, seen) + answer_errors(answer.weaknesses, batch.index, shown)
 
         cid = m.chunk.call_id
         if stored is not None and not check(stored.answer):  # same request, and today's checks still pass
-            reused.add(cid)
-            return _reused(stored, cid, thash)
-        out = await client.call(role=MAP_ROLE, cell_id=cid, context=m.context, response_model=SolAnswer, check=check)
+            return _map_result(batch, m, _reused(stored, cid, thash), shown, reused=True)
+        out = await client.call(role=MAP_ROLE, cell_id=cid, context=context, response_model=SolAnswer, check=check)
+        del context
         if out.ok and out.value is not None:
             answers.put(
                 cid,
@@ -331,48 +335,52 @@ async def _run_maps(
                 StoredMap(out.value, out.attempts, list(out.keys)),
                 inputs={"template": thash, "model": client.model},
             )
-        return out
+        return _map_result(batch, m, out, shown, reused=False)
 
-    outcomes = await client.gather([one(*k) for k in keyed], label="sol map")
-    drafts: list[Draft] = []
-    calls: list[SolCall] = []
-    dropped: list[Dropped] = []
-    for m, out in zip(decision.maps, outcomes, strict=True):
-        cid = m.chunk.call_id
-        answer = out.value if out.ok else (SolAnswer.model_validate(out.last_answer) if out.last_answer else None)
-        made: list[str] = []
-        if answer is not None:
-            cards, failed = check_answer(answer.weaknesses, batch.index, shown_events(m.context))
-            outside = _outside(answer, set(m.chunk.cells))
-            for card in cards:
-                bad = [e for e in outside if e.startswith(f"{card.weakness_id}:")]
-                if bad:
-                    failed[card.weakness_id] = bad
-                    continue
-                drafts.append(Draft(f"{cid}/{card.weakness_id}", cid, card, list(m.chunk.cells)))
-                made.append(f"{cid}/{card.weakness_id}")
-            by_id = {d.weakness_id: d for d in answer.weaknesses}
-            dropped += [
-                Dropped(weakness_id=f"{cid}/{wid}", statement=by_id[wid].statement, reasons=reasons)
-                for wid, reasons in sorted(failed.items())
-                if wid in by_id
-            ]
-        calls.append(
-            _record(
-                cid,
-                MAP_ROLE,
-                out,
-                m.tokens,
-                tasks=m.chunk.tasks,
-                cells=m.chunk.cells,
-                outputs=made,
-                reused=cid in reused,
-            )
-        )
+    results = await client.gather([one(*k) for k in keyed], label="sol map")
+    drafts = [d for r in results for d in r.drafts]
+    calls = [r.call for r in results]
+    dropped = [d for r in results for d in r.dropped]
+    outcomes = [r.outcome for r in results]
     if all(not c.ok and not c.outputs for c in calls) and not any(o.last_answer for o in outcomes):
         raise _no_answer(outcomes[0], "Sol (every map call)")
     said.extend(_said(m.chunk.call_id, o) for m, o in zip(decision.maps, outcomes, strict=True) if _said("", o))
     return drafts, calls, dropped
+
+
+@dataclass
+class _MapResult:
+    outcome: CallOutcome[SolAnswer]
+    drafts: list[Draft]
+    dropped: list[Dropped]
+    call: SolCall
+
+
+def _map_result(batch: Batch, m: MapCall, out: CallOutcome[SolAnswer], shown: set[str], *, reused: bool) -> _MapResult:
+    """A map call's checked drafts, the drafts it dropped and its record (``shown``: the events its request showed)."""
+    cid = m.chunk.call_id
+    answer = out.value if out.ok else (SolAnswer.model_validate(out.last_answer) if out.last_answer else None)
+    made: list[str] = []
+    drafts: list[Draft] = []
+    dropped: list[Dropped] = []
+    if answer is not None:
+        cards, failed = check_answer(answer.weaknesses, batch.index, shown)
+        outside = _outside(answer, set(m.chunk.cells))
+        for card in cards:
+            bad = [e for e in outside if e.startswith(f"{card.weakness_id}:")]
+            if bad:
+                failed[card.weakness_id] = bad
+                continue
+            drafts.append(Draft(f"{cid}/{card.weakness_id}", cid, card, list(m.chunk.cells)))
+            made.append(f"{cid}/{card.weakness_id}")
+        by_id = {d.weakness_id: d for d in answer.weaknesses}
+        dropped += [
+            Dropped(weakness_id=f"{cid}/{wid}", statement=by_id[wid].statement, reasons=reasons)
+            for wid, reasons in sorted(failed.items())
+            if wid in by_id
+        ]
+    call = _record(cid, MAP_ROLE, out, m.tokens, tasks=m.chunk.tasks, cells=m.chunk.cells, outputs=made, reused=reused)
+    return _MapResult(out, drafts, dropped, call)
 
 
 STALLED_ROUNDS = 3  # reduce rounds in a row that merge nothing (each packed anew) before the packs' answers stand
@@ -602,7 +610,7 @@ def mine(ctx: RunContext) -> Shortlist:
     _require_analysed_cells(batch)
     answers = MapAnswers(ctx.run_dir)
     limits = role_budget(ctx.options.models, MAP_ROLE).limits.describe()
-    decision = plan_sol(batch, ctx.options.models, single_context(batch), known=answers.token_counts(limits))
+    decision = plan_sol(batch, ctx.options.models, lambda: single_context(batch), known=answers.token_counts(limits))
     if decision.mode == "map_reduce":
         answers.put_counts(limits, decision.counts)
         if batch.timeline_store is not None:
@@ -681,7 +689,7 @@ def plan(ctx: RunContext) -> list[PlannedCall]:
     batch = load_batch(ctx.run_dir, ctx.ir_path)
     if not batch.index.denominator:
         return []
-    decision = plan_sol(batch, ctx.options.models, single_context(batch))
+    decision = plan_sol(batch, ctx.options.models, lambda: single_context(batch))
     note = decision.describe()
     if decision.mode == "single":
         return [

@@ -89,6 +89,7 @@ def load_timelines(con: Any, run_dir: Path, eligible: list[str]) -> Timelines:
         return Timelines(lines=read_timelines(con), digests=None, read=list(eligible))
     stored = _stored(run_dir)
     reuse: dict[str, Lines] = {}
+    details: dict[str, str] = {}  # each detail kept once
     todo: list[str] = []
     for cell in eligible:
         entry = stored.get(cell)
@@ -100,7 +101,7 @@ def load_timelines(con: Any, run_dir: Path, eligible: list[str]) -> Timelines:
             and isinstance(entry[2], list)
             and len(entry[1]) == len(entry[2])
         ):
-            reuse[cell] = list(zip(entry[1], entry[2], strict=True))
+            reuse[cell] = [(details.setdefault(k, k), line) for k, line in zip(entry[1], entry[2], strict=True)]
         else:
             todo.append(cell)
     if len(todo) == len(eligible):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pytest
 
 from pipeline.coordinator import GROUPS_FILE, run_coordinator, sql_files
 from pipeline.coordinator.incidents import CACHE_TABLE, update_incidents
@@ -327,6 +328,36 @@ def test_the_streamed_file_is_the_whole_documents_bytes(tmp_path: Path) -> None:
     assert (tmp_path / "run" / GROUPS_FILE).read_bytes() == pretty_json_plain(whole)
     assert head == {"schema_version": whole["schema_version"], "totals": whole["totals"]}
     assert whole["totals"]["groups"] == len(whole["groups"]) > 1 and whole["coverage"]
+
+
+def test_a_groups_occurrences_are_streamed_a_batch_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No batch of rows in Python holds more than its size: a group with an occurrence per cell is never whole."""
+    from pipeline.coordinator import groups as core
+    from pipeline.core import duck
+    from pipeline.core.canonical import pretty_json_plain
+
+    ir = build(tmp_path)
+    seen: list[int] = []
+
+    def spy(con: Any, sql: str, size: int) -> Any:
+        for batch in con.sql(sql).fetch_record_batch(size):
+            seen.append(batch.num_rows)
+            yield from batch.to_pylist()
+
+    monkeypatch.setattr(core, "GROUPS_PER_BATCH", 1)
+    monkeypatch.setattr(core, "OCCURRENCES_PER_BATCH", 1)
+    monkeypatch.setattr(core, "COVERAGE_PER_BATCH", 1)
+    monkeypatch.setattr(core, "_batches", spy)
+    run_coordinator(ir, tmp_path / "run")
+    con = duck.connect(ir)
+    try:
+        whole = core.coordinate(con)
+    finally:
+        con.close()
+    assert (tmp_path / "run" / GROUPS_FILE).read_bytes() == pretty_json_plain(whole)
+    occurrences = sum(len(g["occurrences"]) for g in whole["groups"])
+    assert max(len(g["occurrences"]) for g in whole["groups"]) > 1  # a group larger than a batch
+    assert max(seen) == 1 and sum(seen) == len(whole["groups"]) + occurrences + len(whole["coverage"])
 
 
 def test_an_empty_batch_streams_empty_lists(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from pipeline.ir.export import export
 from pipeline.ir.refs import read_refs
 from pipeline.sol.cards import WeaknessCard
 from pipeline.sol.corpus import load_batch
-from pipeline.sol.families import TOP_K, bounded_by_task, families_of, task_family
+from pipeline.sol.families import TOP_K, TaskCounts, bounded_by_task, families_of, task_family
 from pipeline.sol.merge import premerge
 from pipeline.sol.reduce import Draft
 from pipeline.sol.stage import STALLED_ROUNDS, mine
@@ -82,6 +82,68 @@ def test_a_batch_wide_aggregate_is_bounded_however_many_tasks() -> None:
     assert len(text) < 1500 and not TASK.search(text)  # families with counts, never a task table
     assert "2500 cell(s) of 2500 tasks in 17 famil(ies): completed 1666, workflow_failed 834" in text
     assert "7 more famil(ies)" in text  # the top 10 families named, the rest summarised
+
+
+def test_counts_aggregated_once_say_what_bounded_by_task_says_of_any_partition() -> None:
+    # A map request's group header is made per (partition, group) from counts made once per group:
+    # the text must be bounded_by_task's over the group's rows, whatever the partition's tasks.
+    import random
+
+    rng = random.Random(7)
+    outcomes = ["completed", "workflow_failed", "harness_failed", "no outcome"]
+    for n_tasks in (3, TOP_K, 40, 400):
+        tasks = [_task(i) for i in range(n_tasks)] + [f"odd{i}" for i in range(n_tasks // 10)]
+        rows = [{"task_id": rng.choice(tasks), "outcome": rng.choice(outcomes)} for _ in range(n_tasks * 3)]
+        counts = TaskCounts(rows)
+        present = sorted({r["task_id"] for r in rows})
+        assert counts.bounded() == bounded_by_task(rows)
+        assert counts.bounded(3) == bounded_by_task(rows, 3)
+        for size in (0, 1, 5, len(present) // 2, len(present)):
+            only = set(rng.sample(present, min(size, len(present)))) | {"not-a-task-here"}
+            for k in (3, TOP_K):
+                assert counts.bounded(k, only) == bounded_by_task(rows, k, only)
+
+
+def test_a_map_reduce_plan_holds_no_whole_batch_prompt_and_no_map_context(
+    diverse: tuple[RunContext, str], model_settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Flat memory: when even a lower bound of the single request is far over the budget, the
+    # whole-batch context is never made; a planned map call keeps what renders its context, and
+    # the context it renders when the call runs is the request that was counted.
+    import importlib
+
+    from pipeline.core.canonical import digest
+    from pipeline.models import render
+    from pipeline.models.budget import role_budget
+    from pipeline.sol.cards import SolAnswer
+    from pipeline.sol.plan import MAP_ROLE, maps_digest, plan_sol, request_digest
+
+    stage_mod = importlib.import_module("pipeline.sol.stage")  # the package exports a function of that name
+
+    ctx, _ = diverse
+    settings = model_settings(context_tokens=CONTEXT)
+    batch = load_batch(ctx.run_dir, ctx.ir_path)
+    made: list[int] = []
+    whole = stage_mod.single_context
+
+    def spy(b: Any) -> dict[str, Any]:
+        made.append(1)
+        return dict(whole(b))
+
+    monkeypatch.setattr(stage_mod, "single_context", spy)
+    decision = plan_sol(batch, settings, lambda: stage_mod.single_context(batch))
+    assert decision.mode == "map_reduce" and decision.single_estimated and not made
+    assert len(decision.maps) >= 3 and all(m._held is None for m in decision.maps)
+    contexts = [m.context for m in decision.maps]
+    assert maps_digest(decision.maps) == digest({"maps": contexts})
+    budget = role_budget(settings, MAP_ROLE)
+    for m, c in zip(decision.maps, contexts, strict=True):
+        assert c["call_id"] == m.chunk.call_id and m.canonical_sha == digest(c)
+        messages = render(MAP_ROLE, c, response_model=SolAnswer).messages
+        assert request_digest(budget, messages, SolAnswer) == m.request_digest
+    # a batch that may fit is planned from its whole context, made once
+    small = plan_sol(batch, model_settings(context_tokens=2_000_000), lambda: stage_mod.single_context(batch))
+    assert small.mode == "single" and made == [1]
 
 
 def test_300_tasks_one_per_cell_map_reduce_at_16k(
