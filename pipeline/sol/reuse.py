@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pipeline
-from pipeline.core import roles
 from pipeline.core.canonical import digest
 from pipeline.core.settings import ModelSettings
 from pipeline.sol.cards import SolAnswer
@@ -42,11 +41,20 @@ def _schema_digest() -> str:
 
 
 def map_key(
-    context_digest: str, *, template_hash: str, model: str | None, instructor_mode: str, settings: ModelSettings
+    context_digest: str,
+    *,
+    template_hash: str,
+    model: str | None,
+    instructor_mode: str,
+    settings: ModelSettings,
+    max_tokens: int | None,
 ) -> str:
     """Digest of everything a map call's first request is made of (equal key: the same request).
 
-    ``context_digest``: ``digest(context)`` of the call's template context.
+    ``context_digest``: ``digest(context)`` of the call's template context. ``max_tokens``: the bound
+    the request carries (:meth:`pipeline.models.client.ModelClient.max_tokens`, the role's bound capped
+    by the answer's room), not the role's own ``max_tokens``: a settings change that leaves the
+    request's bound as it was keeps the stored answer, one that changes it asks again.
     """
     return cell_key(
         context=context_digest,
@@ -55,7 +63,7 @@ def map_key(
         model=model,
         mode=instructor_mode,
         temperature=repr(settings.temperature),
-        max_tokens=repr(settings.max_tokens_for(roles.SOL_MAP.name)),
+        max_tokens=repr(max_tokens),
         max_reasks=repr(settings.max_reasks),
         lunasol=pipeline.__version__,
     )

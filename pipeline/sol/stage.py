@@ -298,6 +298,7 @@ async def _run_maps(
     reused: set[str] = set()
 
     keyed: list[tuple[Any, str, StoredMap | None]] = []
+    bound = client.max_tokens(MAP_ROLE)  # what each map request carries (keyed on it, not on the role's own bound)
     for m in decision.maps:
         key = map_key(
             sha256_text(m.canonical),  # = digest(m.context), its text made once
@@ -305,6 +306,7 @@ async def _run_maps(
             model=client.model,
             instructor_mode=client.instructor_mode,
             settings=client.settings,
+            max_tokens=bound,
         )
         keyed.append((m, key, answers.get(m.chunk.call_id, key)))
     # every stored answer is checked again below: the events they cite are read in one query
