@@ -40,7 +40,7 @@ from pipeline.sol.corpus import (
     read_groups,
     timeline_budget,
 )
-from pipeline.sol.evidence import shown_events
+from pipeline.sol.evidence import shown_among, shown_events
 from pipeline.sol.merge import pack, premerge
 from pipeline.sol.partition import CELL_HEADER, Renderer, outcome_of
 from pipeline.sol.plan import (
@@ -290,6 +290,13 @@ def _said(call_id: str, outcome: CallOutcome[Any]) -> str:
     return f"{call_id}: {value.none_reason}" if call_id else str(value.none_reason)
 
 
+def _shown(context: dict[str, Any], answer: SolAnswer, batch: Batch) -> set[str]:
+    """What a check of ``answer`` reads of ``shown_events(context)``: the shown events among those it cites."""
+    refs = [r for d in answer.weaknesses for r in cited_refs(d)]
+    batch.index.load(refs)
+    return shown_among(context, {e for r in refs for e in batch.index.events_of(r)})
+
+
 async def _run_maps(
     client: ModelClient, batch: Batch, decision: SolPlanDraft, run_dir: Path, said: list[str]
 ) -> tuple[list[Draft], list[SolCall], list[Dropped]]:
@@ -314,9 +321,9 @@ async def _run_maps(
 
     async def one(m: Any, key: str, stored: StoredMap | None) -> CallOutcome[SolAnswer]:
         seen = set(m.chunk.cells)
-        shown = shown_events(m.context)
 
         def check(answer: SolAnswer) -> list[str]:
+            shown = _shown(m.context, answer, batch)
             return _outside(answer, seen) + answer_errors(answer.weaknesses, batch.index, shown)
 
         cid = m.chunk.call_id
@@ -342,7 +349,7 @@ async def _run_maps(
         answer = out.value if out.ok else (SolAnswer.model_validate(out.last_answer) if out.last_answer else None)
         made: list[str] = []
         if answer is not None:
-            cards, failed = check_answer(answer.weaknesses, batch.index, shown_events(m.context))
+            cards, failed = check_answer(answer.weaknesses, batch.index, _shown(m.context, answer, batch))
             outside = _outside(answer, set(m.chunk.cells))
             for card in cards:
                 bad = [e for e in outside if e.startswith(f"{card.weakness_id}:")]

@@ -14,6 +14,7 @@ from pipeline.core.canonical import digest, sha256_text
 from pipeline.ir.export import export
 from pipeline.models.budget import role_budget
 from pipeline.models.client import ModelClient
+from pipeline.sol.evidence import shown_among, shown_events
 from pipeline.sol.partition import Chunk
 from pipeline.sol.plan import MapCall, maps_digest
 from pipeline.sol.reuse import map_key
@@ -224,3 +225,18 @@ def test_counter_evidence_samples_equal_the_sort_they_replace() -> None:
         own = {f"C{rng.randrange(12):03d}" for _ in range(rng.randrange(0, 12))}
         expected = sorted(rows, key=lambda r: (r["cell_id"] in own, r["cell_id"]))[:COUNTER_SAMPLES]
         assert _samples(_by_cell(rows), own) == expected
+
+
+def test_shown_among_equals_the_shown_events_it_replaces() -> None:
+    """The events of a few candidates a context shows: what ``shown_events(context) & candidates`` gives."""
+    rng = random.Random(7)
+    ids = [f"C{c:03d}-e{s:04d}" for c in range(1, 4) for s in range(1, 6)] + ["x-C001-e0001", "C001-e00012"]
+    seps = [" ", "\n", ", ", "; ", "(", ")", "[", "]", '"', "'", "`", "|", "<", ">", ":", ".", ":.", "x", "-", "/", ""]
+    for _ in range(300):
+
+        def text() -> str:
+            return "".join(rng.choice(seps) + rng.choice([*ids, "word", "C001-e"]) for _ in range(rng.randint(0, 12)))
+
+        context: dict[str, Any] = {"a": text(), "b": [text(), {"c": text()}], "n": 3}
+        candidates = set(rng.sample([*ids, "C001-e0001:", "C0 01-e0001", "nope"], 6))
+        assert shown_among(context, candidates) == shown_events(context) & candidates
