@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.core import roles
-from pipeline.core.canonical import canonical_json, sha256_text
+from pipeline.core.canonical import canonical_json, digest, sha256_text
 from pipeline.core.errors import Blocked
 from pipeline.core.settings import ModelSettings
 from pipeline.models import render
@@ -33,6 +34,9 @@ from pipeline.sol.partition import (
     split_groups,
 )
 
+if TYPE_CHECKING:
+    from pipeline.sol.reuse import PlanInputs
+
 ROLE = roles.SOL.name
 MAP_ROLE = roles.SOL_MAP.name
 REDUCE_ROLE = roles.SOL_REDUCE.name
@@ -45,25 +49,59 @@ COUNT_WHOLE_BELOW = 2.0
 
 @dataclass
 class MapCall:
-    """One planned map call: its partition, its context and its counted size."""
+    """One planned map call: its partition, its context and its counted size.
+
+    A call whose partition's inputs are the last plan's (:class:`pipeline.sol.reuse.PlanInputs`) is
+    made before: its context digest and size come from that plan, and :meth:`render` makes the
+    context only when the call must be asked (``context`` is empty until then).
+    """
 
     chunk: Chunk
     context: dict[str, Any]
     tokens: int
     request_digest: str = ""  # what ``tokens`` counts (see :func:`request_digest`)
+    room: int = 0  # characters the context was fitted to
     _canonical: str | None = field(default=None, repr=False, compare=False)
+    _digest: str | None = field(default=None, repr=False, compare=False)
+    _make: Callable[[], dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def made_before(cls, chunk: Chunk, rec: dict[str, Any], make: Callable[[], dict[str, Any]]) -> MapCall:
+        """A call taken from the last plan's record (its context made by ``make`` if it is needed)."""
+        call = cls(chunk=chunk, context={}, tokens=int(rec["tokens"]), request_digest=str(rec["request"]))
+        call.room, call._digest, call._make = int(rec["room"]), str(rec["context"]), make
+        return call
+
+    @property
+    def lazy(self) -> bool:
+        """True while the context is the last plan's, not rendered in this run."""
+        return self._make is not None
+
+    def render(self) -> dict[str, Any]:
+        """The context, rendered now if it was taken from the last plan."""
+        if self._make is not None:
+            self.context, self._make = self._make(), None
+            self._canonical = self._digest = None
+        return self.context
 
     @property
     def canonical(self) -> str:
         """The canonical JSON of the context (made once: the map key and the shortlist's inputs digest it)."""
         if self._canonical is None:
-            self._canonical = canonical_json(self.context)
+            self._canonical = canonical_json(self.render())
         return self._canonical
+
+    @property
+    def digest(self) -> str:
+        """``digest(context)``: from its canonical text, or the last plan's when it was not rendered."""
+        if self._digest is None:
+            self._digest = sha256_text(self.canonical)
+        return self._digest
 
 
 def maps_digest(maps: list[MapCall]) -> str:
-    """``digest({"maps": [every map context]})`` from the contexts' canonical texts (the same bytes, made once)."""
-    return sha256_text('{"maps":[' + ",".join(m.canonical for m in maps) + "]}")
+    """``digest({"maps": [every map context's digest]})`` (a partition taken from the last plan is not rendered)."""
+    return digest({"maps": [m.digest for m in maps]})
 
 
 @dataclass
@@ -149,11 +187,14 @@ def plan_maps(
     cpt: float,
     known: dict[str, int] | None = None,
     used: dict[str, int] | None = None,
+    prior: PlanInputs | None = None,
 ) -> list[MapCall]:
     """Partition the batch so that every map request fits; each request rendered and counted.
 
     ``known``: request digest -> tokens, counts an earlier run made (:func:`request_digest`);
     ``used`` gets every count this plan made or took (halved partitions too), for the next run.
+    ``prior``: the last plan's partitions by inputs; one whose inputs are unchanged is taken
+    unrendered (:meth:`MapCall.made_before`), and ``prior.records`` gets this plan's for the next run.
     """
     known = known or {}
     used = {} if used is None else used
@@ -170,18 +211,30 @@ def plan_maps(
     room_chars = int(room_tokens * cpt * SAFETY)
     out: list[MapCall] = []
     todo = partition(renderer, room_chars)
+    inputs: dict[int, str] = {}  # id(MapCall) -> its partition's inputs digest
+    taken: dict[int, str] = {}  # id(MapCall) -> the call id its recorded context was made with
     while todo:
         chunk = todo.pop(0)
+        made = prior.inputs(renderer, chunk, room_chars) if prior is not None else ""
+        rec = prior.take(made) if prior is not None else None
+        if rec is not None and budget.fits(int(rec["tokens"])):
+            m = MapCall.made_before(chunk, rec, _maker(renderer, chunk, int(rec["room"])))
+            out.append(m)
+            used[m.request_digest] = m.tokens
+            inputs[id(m)], taken[id(m)] = made, str(rec["id"])
+            continue
         ctx = fitted_map_context(renderer, chunk, room_chars)  # timelines get what cells and groups leave
         tokens, key = _count_map(budget, ctx, known, used)
         if budget.fits(tokens):
-            out.append(MapCall(chunk=chunk, context=ctx, tokens=tokens, request_digest=key))
+            out.append(MapCall(chunk=chunk, context=ctx, tokens=tokens, request_digest=key, room=room_chars))
+            inputs[id(out[-1])] = made
         elif len(chunk.cells) > 1:
             todo[:0] = split(chunk, renderer.cells)
         elif halves := split_groups(chunk, renderer):  # one cell: fewer groups per request, never fewer facts
             todo[:0] = halves
         elif (fitted := _shrunk(renderer, chunk, room_chars, tokens, budget, known, used)) is not None:
             out.append(fitted)
+            inputs[id(fitted)] = made
         else:
             raise Blocked(
                 f"cell {chunk.cells[0]} alone needs {tokens:,} tokens in a Sol map request"
@@ -193,11 +246,32 @@ def plan_maps(
             )
     # stable, readable ids in partition order (halved chunks renumbered)
     for i, m in enumerate(out, 1):
-        if m.chunk.call_id != f"M{i:02d}":  # the id is in the prompt: count the renamed request again
+        if m.lazy and taken.get(id(m)) != f"M{i:02d}":  # recorded under another id: made anew under this one
+            m.chunk.call_id = f"M{i:02d}"
+            m.render()
+            m.tokens, m.request_digest = _count_map(budget, m.context, known, used)
+        elif m.chunk.call_id != f"M{i:02d}":  # the id is in the prompt: count the renamed request again
             m.chunk.call_id = f"M{i:02d}"
             m.context["call_id"] = m.chunk.call_id
             m.tokens, m.request_digest = _count_map(budget, m.context, known, used)
+        m.chunk.call_id = f"M{i:02d}"
+    if prior is not None:
+        prior.records = {
+            inputs[id(m)]: {
+                "id": m.chunk.call_id,
+                "room": m.room,
+                "context": m.digest,
+                "tokens": m.tokens,
+                "request": m.request_digest,
+            }
+            for m in out
+            if inputs.get(id(m))
+        }
     return out
+
+
+def _maker(renderer: Renderer, chunk: Chunk, room: int) -> Callable[[], dict[str, Any]]:
+    return lambda: fitted_map_context(renderer, chunk, room)
 
 
 def _shrunk(
@@ -220,7 +294,7 @@ def _shrunk(
         ctx = fitted_map_context(renderer, chunk, room_chars)
         tokens, key = _count_map(budget, ctx, known, used)
         if budget.fits(tokens):
-            return MapCall(chunk=chunk, context=ctx, tokens=tokens, request_digest=key)
+            return MapCall(chunk=chunk, context=ctx, tokens=tokens, request_digest=key, room=room_chars)
     return None
 
 
@@ -231,12 +305,13 @@ def plan_sol(
     *,
     known: dict[str, int] | None = None,
     count_whole: bool = False,
+    prior: PlanInputs | None = None,
 ) -> SolPlanDraft:
     """Decide: the single call (it fits) or map/reduce (with every map request planned).
 
     The single request is counted whole unless a sample of it puts it at over
     :data:`COUNT_WHOLE_BELOW` times the budget (``count_whole`` counts it whole anyway);
-    ``known`` holds map request counts of an earlier run (:func:`plan_maps`).
+    ``known`` holds map request counts of an earlier run, ``prior`` its partitions (:func:`plan_maps`).
     """
     budget = role_budget(settings, ROLE)
     rendered = render(ROLE, single, response_model=SolAnswer)
@@ -250,7 +325,7 @@ def plan_sol(
         return SolPlanDraft(mode="single", budget=budget, single_tokens=tokens, single_context=single)
     renderer = Renderer(batch)
     counts: dict[str, int] = {}
-    maps = plan_maps(renderer, settings, cpt, known, counts)
+    maps = plan_maps(renderer, settings, cpt, known, counts, prior)
     return SolPlanDraft(
         counts=counts,
         mode="map_reduce",

@@ -13,7 +13,7 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.core.canonical import digest, sha256_file, sha256_text
+from pipeline.core.canonical import digest, sha256_file
 from pipeline.core.errors import Blocked
 from pipeline.core.listing import some
 from pipeline.ir.digests import ir_digest
@@ -54,7 +54,7 @@ from pipeline.sol.plan import (
     reduce_tokens,
 )
 from pipeline.sol.reduce import Draft, assemble, draft_blocks, map_calls_text, reduce_context, reduce_errors
-from pipeline.sol.reuse import MapAnswers, StoredMap, map_key
+from pipeline.sol.reuse import MapAnswers, PlanInputs, StoredMap, map_key
 from pipeline.sol.shortlist import SHORTLIST_FILE, Denominator, Shortlist, write_shortlist
 from pipeline.sol.timeline import TIMELINE_KINDS, fit_timelines
 from pipeline.sol.timeline_cache import save_timelines
@@ -308,7 +308,7 @@ async def _run_maps(
     bound = client.max_tokens(MAP_ROLE)  # what each map request carries (keyed on it, not on the role's own bound)
     for m in decision.maps:
         key = map_key(
-            sha256_text(m.canonical),  # = digest(m.context), its text made once
+            m.digest,  # = digest(m.context), its text made once (or the last plan's, for an unchanged partition)
             template_hash=thash,
             model=client.model,
             instructor_mode=client.instructor_mode,
@@ -323,14 +323,17 @@ async def _run_maps(
         seen = set(m.chunk.cells)
 
         def check(answer: SolAnswer) -> list[str]:
-            shown = _shown(m.context, answer, batch)
+            # an unrendered context is the one the stored answer was checked against (same digest): its shown
+            # events passed then; every other check is made again
+            shown = None if m.lazy else _shown(m.context, answer, batch)
             return _outside(answer, seen) + answer_errors(answer.weaknesses, batch.index, shown)
 
         cid = m.chunk.call_id
         if stored is not None and not check(stored.answer):  # same request, and today's checks still pass
             reused.add(cid)
             return _reused(stored, cid, thash)
-        out = await client.call(role=MAP_ROLE, cell_id=cid, context=m.context, response_model=SolAnswer, check=check)
+        context = m.render()
+        out = await client.call(role=MAP_ROLE, cell_id=cid, context=context, response_model=SolAnswer, check=check)
         if out.ok and out.value is not None:
             answers.put(
                 cid,
@@ -349,7 +352,8 @@ async def _run_maps(
         answer = out.value if out.ok else (SolAnswer.model_validate(out.last_answer) if out.last_answer else None)
         made: list[str] = []
         if answer is not None:
-            cards, failed = check_answer(answer.weaknesses, batch.index, _shown(m.context, answer, batch))
+            shown = None if m.lazy else _shown(m.context, answer, batch)  # as in the call's own check
+            cards, failed = check_answer(answer.weaknesses, batch.index, shown)
             outside = _outside(answer, set(m.chunk.cells))
             for card in cards:
                 bad = [e for e in outside if e.startswith(f"{card.weakness_id}:")]
@@ -609,9 +613,13 @@ def mine(ctx: RunContext) -> Shortlist:
     _require_analysed_cells(batch)
     answers = MapAnswers(ctx.run_dir)
     limits = role_budget(ctx.options.models, MAP_ROLE).limits.describe()
-    decision = plan_sol(batch, ctx.options.models, single_context(batch), known=answers.token_counts(limits))
+    prior = PlanInputs(ctx.run_dir, limits)
+    decision = plan_sol(
+        batch, ctx.options.models, single_context(batch), known=answers.token_counts(limits), prior=prior
+    )
     if decision.mode == "map_reduce":
         answers.put_counts(limits, decision.counts)
+        prior.save()
         if batch.timeline_store is not None:
             save_timelines(ctx.run_dir, [c["cell_id"] for c in batch.eligible], batch.timeline_store)
         ctx.log(f"[sol] {decision.describe()}")
