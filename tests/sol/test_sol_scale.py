@@ -37,8 +37,8 @@ from pipeline.models import read_calls
 from pipeline.models.budget import request_tokens as request_tokens_of
 from pipeline.models.budget import role_budget
 from pipeline.sol import timeline_cache
-from pipeline.sol.corpus import load_batch
-from pipeline.sol.partition import fitted_map_context
+from pipeline.sol.corpus import group_id, load_batch
+from pipeline.sol.partition import Renderer, fitted_map_context
 from pipeline.sol.plan import maps_digest, plan_maps, plan_sol
 from pipeline.sol.reuse import PlanInputs
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
@@ -441,3 +441,61 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
     path.write_text(json.dumps(stored), encoding="utf-8")
     fifth = mine(ctx)
     assert fifth.plan is not None and _map_ids(fake_llm) == [other]
+
+
+def test_a_partition_is_made_again_when_what_it_shows_changed_and_only_then(
+    scaled: tuple[RunContext, str], model_settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A changed group header re-renders the partitions showing the group; a changed outcome every partition.
+
+    Whatever is taken from the last plan has the digest rendering gives today (the plan without it).
+    """
+    # characters per token come from a sample of the whole-batch prompt, which these edits may move (then every
+    # partition's room changes, and every one is made again): held here, so the partitions' own inputs are tested
+    monkeypatch.setattr(sys.modules[plan_maps.__module__], "chars_per_token", lambda _limits, _sample: 3.0)
+    base, _ = scaled
+    run_dir = tmp_path / "plan"
+    run_dir.mkdir()
+    for name in ("ir.duckdb", "run.json", "pattern-groups.json"):
+        shutil.copy2(base.run_dir / name, run_dir / name)
+    settings = model_settings(context_tokens=CONTEXT)
+    limits = role_budget(settings, MAP_ROLE).limits.describe()
+
+    def plan(change: Any = None, prior: bool = True) -> Any:
+        batch = load_batch(run_dir, run_dir / "ir.duckdb")
+        if change is not None:  # before anything reads the batch
+            change(batch)
+        inputs = PlanInputs(run_dir, limits) if prior else None
+        decision = plan_sol(batch, settings, single_context(batch), prior=inputs)
+        if inputs is not None:
+            inputs.save()
+        return decision
+
+    first = plan()
+    assert first.mode == "map_reduce" and len(first.maps) >= 3 and not any(m.lazy for m in first.maps)
+    again = plan()
+    assert all(m.lazy for m in again.maps) and maps_digest(again.maps) == maps_digest(first.maps)
+
+    # a group shown by some partitions but not all: its header changes (the Coordinator named it otherwise)
+    renderer = Renderer(load_batch(run_dir, run_dir / "ir.duckdb"))
+    shows = {
+        g: {m.chunk.call_id for m in first.maps if g in renderer.group_ids(m.chunk.cells)} for g in renderer.groups
+    }
+    gid = min((g for g in shows if 0 < len(shows[g]) < len(first.maps)), key=lambda g: (len(shows[g]), g))
+
+    def rename(batch: Any) -> None:
+        next(g for g in batch.groups if group_id(g) == gid)["concerns"] += "-renamed"
+
+    taken, fresh = plan(rename), plan(rename, prior=False)
+    assert [m.chunk.call_id for m in fresh.maps] == [m.chunk.call_id for m in first.maps]  # the same partitions
+    assert {m.chunk.call_id for m in taken.maps if not m.lazy} == shows[gid]
+    assert [m.digest for m in taken.maps] == [m.digest for m in fresh.maps] != [m.digest for m in first.maps]
+
+    # an outcome changes the batch-wide counts every request carries: every partition is made again
+    def flip(batch: Any) -> None:
+        row = next(c for c in batch.cells if c["cell_id"] == FAILED_B)
+        row["outcome"] = "completed"
+
+    taken, fresh = plan(flip), plan(flip, prior=False)
+    assert not any(m.lazy for m in taken.maps)
+    assert [m.digest for m in taken.maps] == [m.digest for m in fresh.maps]
