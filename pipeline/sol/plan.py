@@ -325,6 +325,8 @@ def plan_sol(
         return SolPlanDraft(mode="single", budget=budget, single_tokens=tokens, single_context=single)
     renderer = Renderer(batch)
     counts: dict[str, int] = {}
+    if prior is not None:  # the last plan's rate when today's sample moved it by a little: the same partitions
+        cpt = prior.steady_cpt(cpt)
     maps = plan_maps(renderer, settings, cpt, known, counts, prior)
     return SolPlanDraft(
         counts=counts,

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 MAP_ANSWERS_DIR = "sol_map"  # runs/<id>/sol_map/<call id>.json, one per map call
 COUNTS_ID = "request-tokens"  # runs/<id>/sol_map/request-tokens.json: map request digest -> tokens
 PLAN_ID = "plan-inputs"  # runs/<id>/sol_map/plan-inputs.json: what each map context was made from -> its digest
+CPT_STEADY = 0.02  # a characters-per-token rate within 2% of the last plan's plans as the last plan did
 
 
 @dataclass
@@ -167,8 +168,12 @@ class PlanInputs:
         self.store = CellResults(run_dir, MAP_ANSWERS_DIR)
         self.key = digest({"limits": limits, "code": _code_digest(), "lunasol": pipeline.__version__})
         value = self.store.get(PLAN_ID, self.key)
-        self.last: dict[str, dict[str, Any]] = value if isinstance(value, dict) else {}
+        value = value if isinstance(value, dict) else {}
+        maps, cpt = value.get("maps"), value.get("chars_per_token")
+        self.last: dict[str, dict[str, Any]] = maps if isinstance(maps, dict) else {}
+        self.last_cpt = float(cpt) if isinstance(cpt, int | float) and cpt > 0 else None
         self.records: dict[str, dict[str, Any]] = {}  # this plan's, set by the planner
+        self.cpt: float | None = None
         self._rows: dict[str, str] = {}
         self._groups: dict[str, str] = {}
         self._batch: str | None = None
@@ -223,6 +228,21 @@ class PlanInputs:
             return None
         return rec
 
+    def steady_cpt(self, cpt: float) -> float:
+        """The characters per token to plan with: the last plan's when ``cpt`` is within :data:`CPT_STEADY` of it.
+
+        The rate is measured on a sample from the middle of the whole-batch prompt: one changed cell
+        moves that sample, and a rate a hair off would give every partition another room (every map
+        context made again, and any trimmed timeline cut elsewhere: every such call asked again).
+        Partitions are sized in characters with a margin and every request is counted before it is
+        sent, so a rate a few percent off is safe.
+        """
+        if self.last_cpt is not None and abs(cpt - self.last_cpt) <= CPT_STEADY * self.last_cpt:
+            cpt = self.last_cpt
+        self.cpt = cpt
+        return cpt
+
     def save(self) -> None:
         """Keep this plan's records (only these: the file does not grow across runs)."""
-        self.store.put(PLAN_ID, self.key, dict(sorted(self.records.items())))
+        value = {"chars_per_token": self.cpt, "maps": dict(sorted(self.records.items()))}
+        self.store.put(PLAN_ID, self.key, value)

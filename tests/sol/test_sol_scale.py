@@ -40,7 +40,7 @@ from pipeline.sol import timeline_cache
 from pipeline.sol.corpus import group_id, load_batch
 from pipeline.sol.partition import Renderer, fitted_map_context
 from pipeline.sol.plan import maps_digest, plan_maps, plan_sol
-from pipeline.sol.reuse import PlanInputs
+from pipeline.sol.reuse import CPT_STEADY, PlanInputs
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 from pipeline.sol.stage import MAP_ROLE, mine, single_context
 from pipeline.sol.timeline import read_timelines, timeline_sql
@@ -450,9 +450,14 @@ def test_a_partition_is_made_again_when_what_it_shows_changed_and_only_then(
 
     Whatever is taken from the last plan has the digest rendering gives today (the plan without it).
     """
-    # characters per token come from a sample of the whole-batch prompt, which these edits may move (then every
-    # partition's room changes, and every one is made again): held here, so the partitions' own inputs are tested
-    monkeypatch.setattr(sys.modules[plan_maps.__module__], "chars_per_token", lambda _limits, _sample: 3.0)
+    rates: list[float] = []  # characters per token, from a sample of the whole-batch prompt that edits move
+    measure = sys.modules[plan_maps.__module__].chars_per_token
+
+    def spy(limits: Any, sample: str) -> float:
+        rates.append(measure(limits, sample))
+        return rates[-1]
+
+    monkeypatch.setattr(sys.modules[plan_maps.__module__], "chars_per_token", spy)
     base, _ = scaled
     run_dir = tmp_path / "plan"
     run_dir.mkdir()
@@ -486,10 +491,17 @@ def test_a_partition_is_made_again_when_what_it_shows_changed_and_only_then(
     def rename(batch: Any) -> None:
         next(g for g in batch.groups if group_id(g) == gid)["concerns"] += "-renamed"
 
-    taken, fresh = plan(rename), plan(rename, prior=False)
-    assert [m.chunk.call_id for m in fresh.maps] == [m.chunk.call_id for m in first.maps]  # the same partitions
+    taken = plan(rename)
+    # the rename moved the sample's rate by a little: the last plan's rate is kept, so are the partitions' rooms
+    assert rates[-1] != rates[0] and abs(rates[-1] - rates[0]) <= CPT_STEADY * rates[0]
+    assert taken.chars_per_token == first.chars_per_token
+    assert [m.chunk.call_id for m in taken.maps] == [m.chunk.call_id for m in first.maps]  # the same partitions
     assert {m.chunk.call_id for m in taken.maps if not m.lazy} == shows[gid]
-    assert [m.digest for m in taken.maps] == [m.digest for m in fresh.maps] != [m.digest for m in first.maps]
+    assert [m.digest for m in taken.maps] != [m.digest for m in first.maps]
+    # what was taken is what rendering gives at that rate
+    monkeypatch.setattr(sys.modules[plan_maps.__module__], "chars_per_token", lambda _l, _s: first.chars_per_token)
+    fresh = plan(rename, prior=False)
+    assert [m.digest for m in taken.maps] == [m.digest for m in fresh.maps]
 
     # an outcome changes the batch-wide counts every request carries: every partition is made again
     def flip(batch: Any) -> None:
