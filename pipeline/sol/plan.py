@@ -60,16 +60,16 @@ class MapCall:
     context: dict[str, Any]
     tokens: int
     request_digest: str = ""  # what ``tokens`` counts (see :func:`request_digest`)
-    room: int = 0  # characters the context was fitted to
+    room_chars: int = 0  # characters the context was fitted to
     _canonical: str | None = field(default=None, repr=False, compare=False)
-    _digest: str | None = field(default=None, repr=False, compare=False)
+    _canonical_sha: str | None = field(default=None, repr=False, compare=False)
     _make: Callable[[], dict[str, Any]] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def made_before(cls, chunk: Chunk, rec: dict[str, Any], make: Callable[[], dict[str, Any]]) -> MapCall:
         """A call taken from the last plan's record (its context made by ``make`` if it is needed)."""
         call = cls(chunk=chunk, context={}, tokens=int(rec["tokens"]), request_digest=str(rec["request"]))
-        call.room, call._digest, call._make = int(rec["room"]), str(rec["context"]), make
+        call.room_chars, call._canonical_sha, call._make = int(rec["room"]), str(rec["context"]), make
         return call
 
     @property
@@ -81,7 +81,7 @@ class MapCall:
         """The context, rendered now if it was taken from the last plan."""
         if self._make is not None:
             self.context, self._make = self._make(), None
-            self._canonical = self._digest = None
+            self._canonical = self._canonical_sha = None
         return self.context
 
     @property
@@ -92,16 +92,16 @@ class MapCall:
         return self._canonical
 
     @property
-    def digest(self) -> str:
-        """``digest(context)``: from its canonical text, or the last plan's when it was not rendered."""
-        if self._digest is None:
-            self._digest = sha256_text(self.canonical)
-        return self._digest
+    def canonical_sha(self) -> str:
+        """``sha256_text(canonical)`` = ``digest(context)``: made once, or the last plan's when it was not rendered."""
+        if self._canonical_sha is None:
+            self._canonical_sha = sha256_text(self.canonical)
+        return self._canonical_sha
 
 
 def maps_digest(maps: list[MapCall]) -> str:
     """``digest({"maps": [every map context's digest]})`` (a partition taken from the last plan is not rendered)."""
-    return digest({"maps": [m.digest for m in maps]})
+    return digest({"maps": [m.canonical_sha for m in maps]})
 
 
 @dataclass
@@ -226,7 +226,7 @@ def plan_maps(
         ctx = fitted_map_context(renderer, chunk, room_chars)  # timelines get what cells and groups leave
         tokens, key = _count_map(budget, ctx, known, used)
         if budget.fits(tokens):
-            out.append(MapCall(chunk=chunk, context=ctx, tokens=tokens, request_digest=key, room=room_chars))
+            out.append(MapCall(chunk=chunk, context=ctx, tokens=tokens, request_digest=key, room_chars=room_chars))
             inputs[id(out[-1])] = made
         elif len(chunk.cells) > 1:
             todo[:0] = split(chunk, renderer.cells)
@@ -259,8 +259,8 @@ def plan_maps(
         prior.records = {
             inputs[id(m)]: {
                 "id": m.chunk.call_id,
-                "room": m.room,
-                "context": m.digest,
+                "room": m.room_chars,
+                "context": m.canonical_sha,
                 "tokens": m.tokens,
                 "request": m.request_digest,
             }
@@ -294,7 +294,7 @@ def _shrunk(
         ctx = fitted_map_context(renderer, chunk, room_chars)
         tokens, key = _count_map(budget, ctx, known, used)
         if budget.fits(tokens):
-            return MapCall(chunk=chunk, context=ctx, tokens=tokens, request_digest=key, room=room_chars)
+            return MapCall(chunk=chunk, context=ctx, tokens=tokens, request_digest=key, room_chars=room_chars)
     return None
 
 

@@ -308,7 +308,7 @@ async def _run_maps(
     bound = client.max_tokens(MAP_ROLE)  # what each map request carries (keyed on it, not on the role's own bound)
     for m in decision.maps:
         key = map_key(
-            m.digest,  # = digest(m.context), its text made once (or the last plan's, for an unchanged partition)
+            m.canonical_sha,  # = digest(m.context), its text made once (or the last plan's, for an unchanged partition)
             template_hash=thash,
             model=client.model,
             instructor_mode=client.instructor_mode,

@@ -497,11 +497,11 @@ def test_a_partition_is_made_again_when_what_it_shows_changed_and_only_then(
     assert taken.chars_per_token == first.chars_per_token
     assert [m.chunk.call_id for m in taken.maps] == [m.chunk.call_id for m in first.maps]  # the same partitions
     assert {m.chunk.call_id for m in taken.maps if not m.lazy} == shows[gid]
-    assert [m.digest for m in taken.maps] != [m.digest for m in first.maps]
+    assert [m.canonical_sha for m in taken.maps] != [m.canonical_sha for m in first.maps]
     # what was taken is what rendering gives at that rate
     monkeypatch.setattr(sys.modules[plan_maps.__module__], "chars_per_token", lambda _l, _s: first.chars_per_token)
     fresh = plan(rename, prior=False)
-    assert [m.digest for m in taken.maps] == [m.digest for m in fresh.maps]
+    assert [m.canonical_sha for m in taken.maps] == [m.canonical_sha for m in fresh.maps]
 
     # an outcome changes the batch-wide counts every request carries: every partition is made again
     def flip(batch: Any) -> None:
@@ -510,4 +510,4 @@ def test_a_partition_is_made_again_when_what_it_shows_changed_and_only_then(
 
     taken, fresh = plan(flip), plan(flip, prior=False)
     assert not any(m.lazy for m in taken.maps)
-    assert [m.digest for m in taken.maps] == [m.digest for m in fresh.maps]
+    assert [m.canonical_sha for m in taken.maps] == [m.canonical_sha for m in fresh.maps]
