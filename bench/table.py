@@ -60,7 +60,10 @@ BENCHMARKS: tuple[Bench, ...] = (
     Bench("scale-tasks", "the main job on demo clones spread over N distinct tasks in name families (per-task outcome "
           "mixes, varied cell lengths): CPU and peak RSS per stage, Sol calls per level, the largest request per role "
           "by the server's own count and its sections", "`python bench/bench_scale.py --cells 1000 --tasks 1000,100` "
-          "(rows: `--rows 10000x2500@32000,...`)", "every row reaches gate 1 with no request over the context"),
+          "(rows: `--rows 10000x2500@32000,...`; `--reruns` adds one changed cell and an unchanged rerun, `--keep DIR "
+          "--kept` takes a row's full run kept in DIR; 100,000 x 5,000: `pytest -m 'bench and slow' "
+          "bench/bench_scale.py -k 100000x5000`)", "every row reaches gate 1 with no request over the context; one "
+          "changed cell at 10,000 x 2,500 <= 0.1x, unchanged rerun 0 calls"),
     Bench("fleet", "Luna over two local endpoints through litellm's Router, one stopped mid-run: calls per endpoint, "
           "cells finished, wall time against one endpoint", "`python bench/bench_fleet.py`",
           "an endpoint that dies takes no cell with it"),

@@ -13,10 +13,10 @@ import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.core import roles
-from pipeline.core.canonical import canonical_json, sha256_text
+from pipeline.core.canonical import canonical_json, digest, sha256_text
 from pipeline.core.errors import Blocked
 from pipeline.core.settings import ModelSettings
 from pipeline.models import render
@@ -34,6 +34,9 @@ from pipeline.sol.partition import (
     split_groups,
     split_occurrences,
 )
+
+if TYPE_CHECKING:
+    from pipeline.sol.reuse import PlanInputs
 
 ROLE = roles.SOL.name
 MAP_ROLE = roles.SOL_MAP.name
@@ -67,6 +70,7 @@ class MapCall:
         renderer: Renderer | None = None,
         room_chars: int = 0,
         canonical_sha: str | None = None,
+        lazy: bool = False,
     ) -> None:
         self.chunk = chunk
         self.tokens = tokens
@@ -75,6 +79,9 @@ class MapCall:
         self.room_chars = room_chars
         self._held = context
         self._canonical_sha = canonical_sha
+        # taken from the last plan (:class:`pipeline.sol.reuse.PlanInputs`): not rendered in this run, its
+        # digest and size are that plan's; a stored answer was checked against the same request then
+        self.lazy = lazy
         if context is None and renderer is None:
             raise ValueError("a MapCall needs its context or a renderer to make it")
 
@@ -93,23 +100,15 @@ class MapCall:
 
     @property
     def canonical_sha(self) -> str:
-        """``sha256_text(canonical)`` = ``digest(context)``, made once."""
+        """``sha256_text(canonical)`` = ``digest(context)``: made once, or the last plan's when it was not rendered."""
         if self._canonical_sha is None:
             self._canonical_sha = sha256_text(self.canonical)
         return self._canonical_sha
 
 
-class MapPlan(list[MapCall]):
-    """The map calls in order, and :func:`maps_digest` of their contexts made as they were planned."""
-
-    digest: str | None = None
-
-
 def maps_digest(maps: list[MapCall]) -> str:
-    """``digest({"maps": [every map context]})`` from the contexts' canonical texts (the same bytes)."""
-    if isinstance(maps, MapPlan) and maps.digest is not None:
-        return maps.digest
-    return sha256_text('{"maps":[' + ",".join(m.canonical for m in maps) + "]}")
+    """``digest({"maps": [every map context's digest]})`` (a partition taken from the last plan is not rendered)."""
+    return digest({"maps": [m.canonical_sha for m in maps]})
 
 
 @dataclass
@@ -122,7 +121,7 @@ class SolPlanDraft:
     single_estimated: bool = False  # single_tokens from a sample (far over the budget), not counted whole
     single_at_least: bool = False  # single_tokens counts only what the prompt holds at least (it was never made)
     single_context: dict[str, Any] | None = None
-    maps: list[MapCall] = field(default_factory=MapPlan)
+    maps: list[MapCall] = field(default_factory=list)
     renderer: Renderer | None = None
     chars_per_token: float = 4.0
     counts: dict[str, int] = field(default_factory=dict)  # map request digest -> tokens (kept for the next run)
@@ -196,11 +195,14 @@ def plan_maps(
     cpt: float,
     known: dict[str, int] | None = None,
     used: dict[str, int] | None = None,
-) -> MapPlan:
+    prior: PlanInputs | None = None,
+) -> list[MapCall]:
     """Partition the batch so that every map request fits; each request rendered and counted.
 
     ``known``: request digest -> tokens, counts an earlier run made (:func:`request_digest`);
     ``used`` gets every count this plan made or took (halved partitions too), for the next run.
+    ``prior``: the last plan's partitions by inputs; one whose inputs are unchanged is taken
+    unrendered (:meth:`MapCall.made_before`), and ``prior.records`` gets this plan's for the next run.
     """
     known = known or {}
     used = {} if used is None else used
@@ -215,10 +217,10 @@ def plan_maps(
             unblock="lunasol run BUNDLE --model MODEL_WITH_A_LARGER_CONTEXT --resume",
         )
     room_chars = int(room_tokens * cpt * SAFETY)
-    out = MapPlan()
-    every = hashlib.sha256(b'{"maps":[')  # maps_digest, fed as each map is final (its context then dropped)
+    out: list[MapCall] = []
+    inputs: dict[int, str] = {}  # id(MapCall) -> its partition's inputs digest (for the next run's plan)
 
-    def keep(chunk: Chunk, ctx: dict[str, Any], tokens: int, key: str, room: int) -> None:
+    def keep(chunk: Chunk, ctx: dict[str, Any], tokens: int, key: str, room: int, made: str) -> None:
         # Calls are appended in their final order: the id is final now (stable, readable, in partition
         # order; halved chunks renumbered). The id is in the prompt: a renamed request is counted again.
         call_id = f"M{len(out) + 1:02d}"
@@ -226,33 +228,33 @@ def plan_maps(
             chunk.call_id = call_id
             ctx["call_id"] = call_id
             tokens, key = _count_map(budget, ctx, known, used)
-        text = canonical_json(ctx)
-        every.update(b"," if out else b"")
-        every.update(text.encode("utf-8"))
-        out.append(
-            MapCall(
-                chunk=chunk,
-                tokens=tokens,
-                request_digest=key,
-                renderer=renderer,
-                room_chars=room,
-                canonical_sha=sha256_text(text),
-            )
-        )
+        sha = sha256_text(canonical_json(ctx))  # the context itself is dropped: rendered again when asked
+        out.append(MapCall(chunk, None, tokens, key, renderer=renderer, room_chars=room, canonical_sha=sha))
+        inputs[id(out[-1])] = made
 
     todo = partition(renderer, room_chars)
     while todo:
         chunk = todo.pop(0)
+        made = prior.inputs(renderer, chunk, room_chars) if prior is not None else ""
+        rec = prior.take(made) if prior is not None else None
+        # a partition whose inputs are the last plan's, under the same call id: its digest and size are taken
+        if rec is not None and budget.fits(int(rec["tokens"])) and str(rec["id"]) == f"M{len(out) + 1:02d}":
+            chunk.call_id = str(rec["id"])
+            out.append(MapCall(chunk, None, int(rec["tokens"]), str(rec["request"]), renderer=renderer,
+                               room_chars=int(rec["room"]), canonical_sha=str(rec["context"]), lazy=True))  # fmt: skip
+            used[out[-1].request_digest] = out[-1].tokens
+            inputs[id(out[-1])] = made
+            continue
         ctx = fitted_map_context(renderer, chunk, room_chars)  # timelines get what cells and groups leave
         tokens, key = _count_map(budget, ctx, known, used)
         if budget.fits(tokens):
-            keep(chunk, ctx, tokens, key, room_chars)
+            keep(chunk, ctx, tokens, key, room_chars, made)
         elif len(chunk.cells) > 1:
             todo[:0] = split(chunk, renderer.cells)
         elif halves := split_groups(chunk, renderer):  # one cell: fewer groups per request, never fewer facts
             todo[:0] = halves
         elif (fitted := _shrunk(renderer, chunk, room_chars, tokens, budget, known, used)) is not None:
-            keep(chunk, *fitted)
+            keep(chunk, *fitted, made)
         elif halves := split_occurrences(chunk, renderer):  # one group: fewer occurrences (events), all facts
             todo[:0] = halves
         else:
@@ -265,8 +267,13 @@ def plan_maps(
                 reason="external_system",
                 unblock="lunasol run BUNDLE --model MODEL_WITH_A_LARGER_CONTEXT --resume",
             )
-    every.update(b"]}")
-    out.digest = "sha256:" + every.hexdigest()
+    if prior is not None:
+        prior.records = {
+            inputs[id(m)]: {"id": m.chunk.call_id, "room": m.room_chars, "context": m.canonical_sha,
+                            "tokens": m.tokens, "request": m.request_digest}
+            for m in out
+            if inputs.get(id(m))
+        }  # fmt: skip
     return out
 
 
@@ -302,6 +309,7 @@ def plan_sol(
     *,
     known: dict[str, int] | None = None,
     count_whole: bool = False,
+    prior: PlanInputs | None = None,
 ) -> SolPlanDraft:
     """Decide: the single call (it fits) or map/reduce (with every map request planned).
 
@@ -311,7 +319,9 @@ def plan_sol(
     map/reduce without the whole-batch prompt (56 million characters at 10,000 cells, held several
     times over while it was rendered). Else the single request is counted whole unless a sample of it
     puts it at over :data:`COUNT_WHOLE_BELOW` times the budget (``count_whole`` counts it whole anyway);
-    ``known`` holds map request counts of an earlier run (:func:`plan_maps`).
+    ``known`` holds map request counts of an earlier run, ``prior`` its partitions (:func:`plan_maps`).
+    With ``prior``, the last plan's characters per token are kept when today's sample moved them by a
+    little (:meth:`~pipeline.sol.reuse.PlanInputs.steady_cpt`): the same partitions are made again.
     """
     budget = role_budget(settings, ROLE)
     renderer = Renderer(batch)
@@ -320,6 +330,8 @@ def plan_sol(
         least = sum(len(renderer.cell_line(c)) + 1 for c in eligible) + renderer.groups_text_chars(eligible)
         if least / MAX_CHARS_PER_TOKEN > COUNT_WHOLE_BELOW * budget.input_tokens:
             cpt = chars_per_token(budget.limits, renderer.sample_text(eligible, SAMPLE_CHARS))
+            if prior is not None:
+                cpt = prior.steady_cpt(cpt)
             counts: dict[str, int] = {}
             return SolPlanDraft(
                 counts=counts,
@@ -328,7 +340,7 @@ def plan_sol(
                 single_tokens=math.ceil(least / cpt),
                 single_estimated=True,
                 single_at_least=True,
-                maps=plan_maps(renderer, settings, cpt, known, counts),
+                maps=plan_maps(renderer, settings, cpt, known, counts, prior),
                 renderer=renderer,
                 chars_per_token=cpt,
             )
@@ -344,8 +356,10 @@ def plan_sol(
     if not estimated and budget.fits(tokens):
         return SolPlanDraft(mode="single", budget=budget, single_tokens=tokens, single_context=single)
     del rendered, text, single  # the map calls are planned without the whole-batch prompt
+    if prior is not None:  # the last plan's rate when today's sample moved it by a little: the same partitions
+        cpt = prior.steady_cpt(cpt)
     counts = {}
-    maps = plan_maps(renderer, settings, cpt, known, counts)
+    maps = plan_maps(renderer, settings, cpt, known, counts, prior)
     return SolPlanDraft(
         counts=counts,
         mode="map_reduce",

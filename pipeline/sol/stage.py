@@ -10,6 +10,7 @@ dropped with its reasons in the shortlist's ``dropped`` list, never silently.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,7 +43,7 @@ from pipeline.sol.corpus import (
     read_groups,
     timeline_budget,
 )
-from pipeline.sol.evidence import shown_events
+from pipeline.sol.evidence import shown_among, shown_events
 from pipeline.sol.merge import pack, premerge
 from pipeline.sol.partition import CELL_HEADER, Renderer, outcome_of
 from pipeline.sol.plan import (
@@ -57,7 +58,7 @@ from pipeline.sol.plan import (
     reduce_tokens,
 )
 from pipeline.sol.reduce import Draft, assemble, draft_blocks, map_calls_text, reduce_context, reduce_errors
-from pipeline.sol.reuse import MapAnswers, StoredMap, map_key
+from pipeline.sol.reuse import MapAnswers, PlanInputs, StoredMap, map_key
 from pipeline.sol.shortlist import SHORTLIST_FILE, Denominator, Shortlist, write_shortlist
 from pipeline.sol.timeline import TIMELINE_KINDS, fit_timelines
 from pipeline.sol.timeline_cache import save_timelines
@@ -294,6 +295,13 @@ def _said(call_id: str, outcome: CallOutcome[Any]) -> str:
     return f"{call_id}: {value.none_reason}" if call_id else str(value.none_reason)
 
 
+def _shown(context: dict[str, Any], answer: SolAnswer, batch: Batch) -> set[str]:
+    """What a check of ``answer`` reads of ``shown_events(context)``: the shown events among those it cites."""
+    refs = [r for d in answer.weaknesses for r in cited_refs(d)]
+    batch.index.load(refs)
+    return shown_among(context, {e for r in refs for e in batch.index.events_of(r)})
+
+
 async def _run_maps(
     client: ModelClient, batch: Batch, decision: SolPlanDraft, run_dir: Path, said: list[str]
 ) -> tuple[list[Draft], list[SolCall], list[Dropped]]:
@@ -301,33 +309,44 @@ async def _run_maps(
     thash = template_hash(MAP_ROLE)
 
     keyed: list[tuple[MapCall, str, StoredMap | None]] = []
+    bound = client.max_tokens(MAP_ROLE)  # what each map request carries (keyed on it, not on the role's own bound)
     for m in decision.maps:
         key = map_key(
-            m.canonical_sha,  # = digest(m.context), made when the call was planned
+            m.canonical_sha,  # = digest(m.context), made when planned (or the last plan's, for an unchanged partition)
             template_hash=thash,
             model=client.model,
             instructor_mode=client.instructor_mode,
             settings=client.settings,
+            max_tokens=bound,
         )
         keyed.append((m, key, answers.get(m.chunk.call_id, key)))
     # every stored answer is checked again below: the events they cite are read in one query
     batch.index.load([r for _, _, s in keyed if s is not None for d in s.answer.weaknesses for r in cited_refs(d)])
 
     async def one(m: MapCall, key: str, stored: StoredMap | None) -> _MapResult:
-        # The context is rendered here and dropped when the call is done: at most the calls in flight
-        # hold theirs, never the whole batch's.
-        context = m.context
         seen = set(m.chunk.cells)
-        shown = shown_events(context)
+        # The context is rendered here at most once and dropped when the call is done: at most the calls in
+        # flight hold theirs, never the whole batch's.
+        held: list[dict[str, Any]] = []
+
+        def shown_for(answer: SolAnswer) -> set[str] | None:
+            # a call taken from the last plan and not rendered: its stored answer was checked against the same
+            # request (same digest), so its shown events are not read again; every other check is made again
+            if m.lazy and not held:
+                return None
+            if not held:
+                held.append(m.context)
+            return _shown(held[0], answer, batch)
 
         def check(answer: SolAnswer) -> list[str]:
-            return _outside(answer, seen) + answer_errors(answer.weaknesses, batch.index, shown)
+            return _outside(answer, seen) + answer_errors(answer.weaknesses, batch.index, shown_for(answer))
 
         cid = m.chunk.call_id
         if stored is not None and not check(stored.answer):  # same request, and today's checks still pass
-            return _map_result(batch, m, _reused(stored, cid, thash), shown, reused=True)
-        out = await client.call(role=MAP_ROLE, cell_id=cid, context=context, response_model=SolAnswer, check=check)
-        del context
+            return _map_result(batch, m, _reused(stored, cid, thash), shown_for, reused=True)
+        if not held:
+            held.append(m.context)
+        out = await client.call(role=MAP_ROLE, cell_id=cid, context=held[0], response_model=SolAnswer, check=check)
         if out.ok and out.value is not None:
             answers.put(
                 cid,
@@ -335,7 +354,7 @@ async def _run_maps(
                 StoredMap(out.value, out.attempts, list(out.keys)),
                 inputs={"template": thash, "model": client.model},
             )
-        return _map_result(batch, m, out, shown, reused=False)
+        return _map_result(batch, m, out, shown_for, reused=False)
 
     results = await client.gather([one(*k) for k in keyed], label="sol map")
     drafts = [d for r in results for d in r.drafts]
@@ -356,15 +375,22 @@ class _MapResult:
     call: SolCall
 
 
-def _map_result(batch: Batch, m: MapCall, out: CallOutcome[SolAnswer], shown: set[str], *, reused: bool) -> _MapResult:
-    """A map call's checked drafts, the drafts it dropped and its record (``shown``: the events its request showed)."""
+def _map_result(
+    batch: Batch,
+    m: MapCall,
+    out: CallOutcome[SolAnswer],
+    shown_for: Callable[[SolAnswer], set[str] | None],
+    *,
+    reused: bool,
+) -> _MapResult:
+    """A map call's checked drafts, the drafts it dropped and its record (``shown_for``: the cited events shown)."""
     cid = m.chunk.call_id
     answer = out.value if out.ok else (SolAnswer.model_validate(out.last_answer) if out.last_answer else None)
     made: list[str] = []
     drafts: list[Draft] = []
     dropped: list[Dropped] = []
     if answer is not None:
-        cards, failed = check_answer(answer.weaknesses, batch.index, shown)
+        cards, failed = check_answer(answer.weaknesses, batch.index, shown_for(answer))
         outside = _outside(answer, set(m.chunk.cells))
         for card in cards:
             bad = [e for e in outside if e.startswith(f"{card.weakness_id}:")]
@@ -610,9 +636,13 @@ def mine(ctx: RunContext) -> Shortlist:
     _require_analysed_cells(batch)
     answers = MapAnswers(ctx.run_dir)
     limits = role_budget(ctx.options.models, MAP_ROLE).limits.describe()
-    decision = plan_sol(batch, ctx.options.models, lambda: single_context(batch), known=answers.token_counts(limits))
+    prior = PlanInputs(ctx.run_dir, limits)
+    decision = plan_sol(
+        batch, ctx.options.models, lambda: single_context(batch), known=answers.token_counts(limits), prior=prior
+    )
     if decision.mode == "map_reduce":
         answers.put_counts(limits, decision.counts)
+        prior.save()
         if batch.timeline_store is not None:
             save_timelines(ctx.run_dir, [c["cell_id"] for c in batch.eligible], batch.timeline_store)
         ctx.log(f"[sol] {decision.describe()}")

@@ -12,9 +12,13 @@ import duckdb
 
 from pipeline.core.canonical import digest, sha256_text
 from pipeline.ir.export import export
+from pipeline.models.budget import role_budget
+from pipeline.models.client import ModelClient
+from pipeline.sol.evidence import shown_among, shown_events
 from pipeline.sol.partition import Chunk
 from pipeline.sol.plan import MapCall, maps_digest
 from pipeline.sol.reuse import map_key
+from pipeline.sol.stage import MAP_ROLE
 from pipeline.sol.timeline import LOW_VALUE, fit_timelines, read_timelines, timeline_chars
 from pipeline.sol.timeline_cache import TIMELINES_FILE, load_timelines, save_timelines
 from tests.sol.sol_helpers import make_bundle
@@ -168,9 +172,10 @@ def test_the_map_contexts_canonical_text_gives_the_digests_of_the_contexts(model
         for i in range(1, 4)
     ]  # fmt: skip
     maps = [MapCall(chunk=Chunk(call_id=c["call_id"], tasks=[], cells=[]), context=c, tokens=1) for c in contexts]
-    assert maps_digest(maps) == digest({"maps": contexts})
+    assert maps_digest(maps) == digest({"maps": [digest(c) for c in contexts]})
     settings = model_settings()
-    kw = {"template_hash": "sha256:t", "model": "openai/m", "instructor_mode": "tools", "settings": settings}
+    kw = {"template_hash": "sha256:t", "model": "openai/m", "instructor_mode": "tools", "settings": settings,
+          "max_tokens": 2048}  # fmt: skip
     for m in maps:
         assert map_key(sha256_text(m.canonical), **kw) == map_key(digest(m.context), **kw)
     # a changed cell in a partition changes that partition's key, and the digest of them all
@@ -179,7 +184,35 @@ def test_the_map_contexts_canonical_text_gives_the_digests_of_the_contexts(model
     maps[1] = MapCall(chunk=maps[1].chunk, context=changed, tokens=1)
     after = [map_key(sha256_text(m.canonical), **kw) for m in maps]
     assert [a == b for a, b in zip(after, before, strict=True)] == [True, False, True]
-    assert maps_digest(maps) == digest({"maps": [contexts[0], changed, contexts[2]]}) != digest({"maps": contexts})
+    assert maps_digest(maps) == digest({"maps": [digest(c) for c in (contexts[0], changed, contexts[2])]})
+    assert maps_digest(maps) != digest({"maps": [digest(c) for c in contexts]})
+
+
+def test_a_map_answer_is_keyed_on_the_bound_its_request_carries(model_settings: Any, tmp_path: Path) -> None:
+    """Reuse follows the request: the same capped bound keeps the answer, another bound asks again."""
+
+    def key_and_bound(**overrides: Any) -> tuple[str, int | None, int]:
+        settings = model_settings(**overrides)
+        client = ModelClient(settings, tmp_path)
+        bound = client.max_tokens(MAP_ROLE)
+        key = map_key(
+            "sha256:ctx", template_hash="sha256:t", model=client.model, instructor_mode="tools", settings=settings,
+            max_tokens=bound,
+        )  # fmt: skip
+        return key, bound, role_budget(settings, MAP_ROLE).input_tokens
+
+    # at 6,000 tokens the role's bound (2,048) is capped at the answer's room, a quarter of the context
+    capped, bound, room = key_and_bound(context_tokens=6_000)
+    assert bound == 1_500 < (model_settings().max_tokens_for(MAP_ROLE) or 0)
+    # --max-tokens 1500 sends the same request (same bound, same budget, so the same partitions): reused
+    same, same_bound, same_room = key_and_bound(context_tokens=6_000, max_tokens=1_500)
+    assert (same_bound, same_room) == (bound, room) and same == capped
+    # a larger context raises the cap: the request's bound changes, so does the key (the role's own max_tokens,
+    # which the key read before, is 2,048 in both)
+    wider, wider_bound, _ = key_and_bound(context_tokens=7_000)
+    assert wider_bound == 1_750 and wider != capped
+    # above the cap the role's bound is sent whatever the context: one key
+    assert key_and_bound(context_tokens=20_000)[:2] == key_and_bound(context_tokens=40_000)[:2]
 
 
 def test_counter_evidence_samples_equal_the_sort_they_replace() -> None:
@@ -193,3 +226,18 @@ def test_counter_evidence_samples_equal_the_sort_they_replace() -> None:
         own = {f"C{rng.randrange(12):03d}" for _ in range(rng.randrange(0, 12))}
         expected = sorted(rows, key=lambda r: (r["cell_id"] in own, r["cell_id"]))[:COUNTER_SAMPLES]
         assert _samples(_by_cell(rows), own) == expected
+
+
+def test_shown_among_equals_the_shown_events_it_replaces() -> None:
+    """The events of a few candidates a context shows: what ``shown_events(context) & candidates`` gives."""
+    rng = random.Random(7)
+    ids = [f"C{c:03d}-e{s:04d}" for c in range(1, 4) for s in range(1, 6)] + ["x-C001-e0001", "C001-e00012"]
+    seps = [" ", "\n", ", ", "; ", "(", ")", "[", "]", '"', "'", "`", "|", "<", ">", ":", ".", ":.", "x", "-", "/", ""]
+    for _ in range(300):
+
+        def text() -> str:
+            return "".join(rng.choice(seps) + rng.choice([*ids, "word", "C001-e"]) for _ in range(rng.randint(0, 12)))
+
+        context: dict[str, Any] = {"a": text(), "b": [text(), {"c": text()}], "n": 3}
+        candidates = set(rng.sample([*ids, "C001-e0001:", "C0 01-e0001", "nope"], 6))
+        assert shown_among(context, candidates) == shown_events(context) & candidates

@@ -35,10 +35,14 @@ from pipeline.ir.refs import read_refs
 from pipeline.luna.stage import TABLES_DDL
 from pipeline.models import read_calls
 from pipeline.models.budget import request_tokens as request_tokens_of
+from pipeline.models.budget import role_budget
 from pipeline.sol import timeline_cache
-from pipeline.sol.plan import plan_maps
+from pipeline.sol.corpus import group_id, load_batch
+from pipeline.sol.partition import Renderer, fitted_map_context
+from pipeline.sol.plan import maps_digest, plan_maps, plan_sol
+from pipeline.sol.reuse import CPT_STEADY, PlanInputs
 from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
-from pipeline.sol.stage import mine
+from pipeline.sol.stage import MAP_ROLE, mine, single_context
 from pipeline.sol.timeline import read_timelines, timeline_sql
 from pipeline.testing.openai_server import FakeOpenAI, Reply, completion_body, request_tokens
 from tests.sol.sol_helpers import make_bundle
@@ -280,6 +284,10 @@ def test_a_context_error_is_not_retried_and_names_the_budget_flag(
     assert calls[-1]["outcome"] == "context_exceeded" and calls[-1]["transport_retries"] == 0
 
 
+def _limits(ctx: RunContext) -> str:
+    return role_budget(ctx.options.models, MAP_ROLE).limits.describe()
+
+
 def _map_ids(fake_llm: FakeOpenAI) -> list[str]:
     """The partitions (M01, ...) whose map request reached the server, in order."""
     out = []
@@ -306,7 +314,15 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
         return request_tokens_of(budget, messages, response_model, **kw)
 
     # the module, not pipeline.sol's ``plan`` function of the same name
-    monkeypatch.setattr(sys.modules[plan_maps.__module__], "request_tokens", spy)
+    plan_module = sys.modules[plan_maps.__module__]
+    monkeypatch.setattr(plan_module, "request_tokens", spy)
+    rendered: list[str] = []  # map contexts made (a partition whose inputs are the last plan's is not made again)
+
+    def render_spy(renderer: Any, chunk: Any, room_chars: int) -> dict[str, Any]:
+        rendered.append(chunk.call_id)
+        return fitted_map_context(renderer, chunk, room_chars)
+
+    monkeypatch.setattr(plan_module, "fitted_map_context", render_spy)
     read: list[str] = []  # which cells' timelines were read from the IR (the rest came from the last run)
 
     def read_spy(con: Any, where_cells: str = "TRUE") -> dict[str, Any]:
@@ -334,11 +350,14 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
     assert set(counted) >= {c.call_id for c in maps}
     # nothing changed: every map answer is taken again and the reduce's answer, the same request, is served from
     # the run's exchanges (never bought twice); no map request is counted again
+    assert sorted(set(rendered)) == sorted(c.call_id for c in maps)
     fake_llm.requests.clear()
     counted.clear()
     read.clear()
+    rendered.clear()
     again = mine(ctx)
     assert counted == [] and read == []  # every timeline from the last run: no cell changed
+    assert rendered == []  # every partition's inputs are the last plan's: no map context is made again
     assert [c.request_tokens for c in again.plan.calls if c.role == "sol_map"] == [c.request_tokens for c in maps]
     assert again.plan is not None and _map_ids(fake_llm) == []
     assert [c.reused for c in again.plan.calls if c.role == "sol_map"] == [True] * len(maps)
@@ -368,6 +387,7 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
     fake_llm.requests.clear()
     counted.clear()
     read.clear()
+    rendered.clear()
     third = mine(ctx)
     assert third.plan is not None
     assert read == [f"e.cell_id IN ('{changed}')"]  # the changed cell's timeline alone is read again
@@ -384,6 +404,16 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
     assert part[changed] in holding
     assert sorted(_map_ids(fake_llm)) == holding and part[changed] in counted
     assert {c.call_id for c in third.plan.calls if c.role == "sol_map" and not c.reused} == set(holding)
+    # only the partitions that show the changed cell are rendered again (a group header counts cells, not their
+    # logs: the others' inputs are unchanged); what the others took from the last plan is what rendering gives
+    assert set(rendered) == set(holding)
+    batch = load_batch(run_dir, ctx.ir_path)
+    taken = plan_sol(batch, ctx.options.models, single_context(batch), prior=PlanInputs(run_dir, _limits(ctx)))
+    fresh = plan_sol(batch, ctx.options.models, single_context(batch))
+    assert sum(m.lazy for m in taken.maps) == len(maps) and maps_digest(taken.maps) == maps_digest(fresh.maps)
+    assert [(m.chunk.call_id, m.tokens, m.request_digest) for m in taken.maps] == [
+        (m.chunk.call_id, m.tokens, m.request_digest) for m in fresh.maps
+    ]
     asked = next(_user(r) for r in fake_llm.requests if f"This call ({part[changed]})" in _user(r))
     assert changed in asked
     # the partitions, which call saw which cells, are recorded as before
@@ -411,3 +441,73 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
     path.write_text(json.dumps(stored), encoding="utf-8")
     fifth = mine(ctx)
     assert fifth.plan is not None and _map_ids(fake_llm) == [other]
+
+
+def test_a_partition_is_made_again_when_what_it_shows_changed_and_only_then(
+    scaled: tuple[RunContext, str], model_settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A changed group header re-renders the partitions showing the group; a changed outcome every partition.
+
+    Whatever is taken from the last plan has the digest rendering gives today (the plan without it).
+    """
+    rates: list[float] = []  # characters per token, from a sample of the whole-batch prompt that edits move
+    measure = sys.modules[plan_maps.__module__].chars_per_token
+
+    def spy(limits: Any, sample: str) -> float:
+        rates.append(measure(limits, sample))
+        return rates[-1]
+
+    monkeypatch.setattr(sys.modules[plan_maps.__module__], "chars_per_token", spy)
+    base, _ = scaled
+    run_dir = tmp_path / "plan"
+    run_dir.mkdir()
+    for name in ("ir.duckdb", "run.json", "pattern-groups.json"):
+        shutil.copy2(base.run_dir / name, run_dir / name)
+    settings = model_settings(context_tokens=CONTEXT)
+    limits = role_budget(settings, MAP_ROLE).limits.describe()
+
+    def plan(change: Any = None, prior: bool = True) -> Any:
+        batch = load_batch(run_dir, run_dir / "ir.duckdb")
+        if change is not None:  # before anything reads the batch
+            change(batch)
+        inputs = PlanInputs(run_dir, limits) if prior else None
+        decision = plan_sol(batch, settings, single_context(batch), prior=inputs)
+        if inputs is not None:
+            inputs.save()
+        return decision
+
+    first = plan()
+    assert first.mode == "map_reduce" and len(first.maps) >= 3 and not any(m.lazy for m in first.maps)
+    again = plan()
+    assert all(m.lazy for m in again.maps) and maps_digest(again.maps) == maps_digest(first.maps)
+
+    # a group shown by some partitions but not all: its header changes (the Coordinator named it otherwise)
+    renderer = Renderer(load_batch(run_dir, run_dir / "ir.duckdb"))
+    shows = {
+        g: {m.chunk.call_id for m in first.maps if g in renderer.group_ids(m.chunk.cells)} for g in renderer.groups
+    }
+    gid = min((g for g in shows if 0 < len(shows[g]) < len(first.maps)), key=lambda g: (len(shows[g]), g))
+
+    def rename(batch: Any) -> None:
+        next(g for g in batch.groups if group_id(g) == gid)["concerns"] += "-renamed"
+
+    taken = plan(rename)
+    # the rename moved the sample's rate by a little: the last plan's rate is kept, so are the partitions' rooms
+    assert rates[-1] != rates[0] and abs(rates[-1] - rates[0]) <= CPT_STEADY * rates[0]
+    assert taken.chars_per_token == first.chars_per_token
+    assert [m.chunk.call_id for m in taken.maps] == [m.chunk.call_id for m in first.maps]  # the same partitions
+    assert {m.chunk.call_id for m in taken.maps if not m.lazy} == shows[gid]
+    assert [m.canonical_sha for m in taken.maps] != [m.canonical_sha for m in first.maps]
+    # what was taken is what rendering gives at that rate
+    monkeypatch.setattr(sys.modules[plan_maps.__module__], "chars_per_token", lambda _l, _s: first.chars_per_token)
+    fresh = plan(rename, prior=False)
+    assert [m.canonical_sha for m in taken.maps] == [m.canonical_sha for m in fresh.maps]
+
+    # an outcome changes the batch-wide counts every request carries: every partition is made again
+    def flip(batch: Any) -> None:
+        row = next(c for c in batch.cells if c["cell_id"] == FAILED_B)
+        row["outcome"] = "completed"
+
+    taken, fresh = plan(flip), plan(flip, prior=False)
+    assert not any(m.lazy for m in taken.maps)
+    assert [m.canonical_sha for m in taken.maps] == [m.canonical_sha for m in fresh.maps]
