@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 
 from pipeline.report.data import TEXT_CHARS
 from pipeline.report.shards import ShardWriter
@@ -41,6 +42,7 @@ class SearchIndex:
         self.con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
         self.con.execute("SET temp_directory = ?", [str(spill)])
         self.con.execute("SET preserve_insertion_order = false")
+        self.con.execute("SET enable_progress_bar = false")
         self.con.execute("CREATE TABLE raw (o INTEGER, t VARCHAR)")
         self._raw: list[tuple[int, str]] = []
 
@@ -51,8 +53,11 @@ class SearchIndex:
             self._flush()
 
     def _flush(self) -> None:
-        if self._raw:
-            self.con.executemany("INSERT INTO raw VALUES (?, ?)", self._raw)
+        if self._raw:  # one Arrow batch (executemany is ~0.3 ms a row)
+            batch = pa.table({"o": [o for o, _ in self._raw], "t": [t for _, t in self._raw]})
+            self.con.register("raw_batch", batch)
+            self.con.execute("INSERT INTO raw SELECT o::INTEGER, t FROM raw_batch")
+            self.con.unregister("raw_batch")
             self._raw = []
 
     def build(self, cell_ids: list[str], writer: ShardWriter) -> list[str]:
@@ -61,8 +66,9 @@ class SearchIndex:
         if not cell_ids or not self.ir_path.is_file():
             return []
         con = self.con
-        con.execute("CREATE TABLE ord (cell_id VARCHAR, o INTEGER)")
-        con.executemany("INSERT INTO ord VALUES (?, ?)", [(c, i) for i, c in enumerate(cell_ids)])
+        con.register("ord_batch", pa.table({"cell_id": cell_ids, "o": list(range(len(cell_ids)))}))
+        con.execute("CREATE TABLE ord AS SELECT cell_id, o::INTEGER AS o FROM ord_batch")
+        con.unregister("ord_batch")
         try:
             con.execute("ATTACH ? AS ir (READ_ONLY)", [str(self.ir_path)])
             fields = "e.kind, e.detail, e.actor, e.stage, e.tool_name"
@@ -76,9 +82,13 @@ class SearchIndex:
             "   FROM ir.events e JOIN ord o USING (cell_id)"
             f"  UNION ALL SELECT o, unnest(regexp_extract_all(lower(t), '{WORD}')) FROM raw"
             f"  UNION ALL SELECT o, unnest(regexp_extract_all(lower(cell_id), '{WORD}')) FROM ord"
+            "), pairs AS ("
+            f"  SELECT DISTINCT left(w, {WORD_CHARS}) AS w, o FROM words WHERE length(w) >= 2"
             ") "
-            f"SELECT left(w, {WORD_CHARS}) AS w, list_sort(list(DISTINCT o)) FROM words "
-            "WHERE length(w) >= 2 GROUP BY 1 ORDER BY 1"
+            # delta-encoded ordinals: a word in every cell is a run of 1s, which deflates to almost nothing
+            "SELECT w, list(d ORDER BY o) FROM ("
+            "  SELECT w, o, o - coalesce(lag(o) OVER (PARTITION BY w ORDER BY o), 0) AS d FROM pairs"
+            ") GROUP BY w ORDER BY w"
         )
         shards: list[str] = []
         prefix: str | None = None
@@ -90,8 +100,7 @@ class SearchIndex:
                     if prefix is not None:
                         shards.append(writer.put(shard_name(prefix), words))
                     prefix, words = head, {}
-                # delta-encoded ordinals: a word in every cell is a run of 1s, which deflates to almost nothing
-                words[word] = [o - p for o, p in zip(ords, [0, *ords[:-1]], strict=True)]
+                words[word] = ords
         if prefix is not None:
             shards.append(writer.put(shard_name(prefix), words))
         return shards
