@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
         ),
         as_json: bool = JSON_OPTION,
     ) -> None:
-        """A report to read before deciding: cards, timelines, raw lines beside the text; index.html opens at any size."""
+        """A report to read before deciding: cards, timelines, raw lines beside the text (opens at any size)."""
         # startup: `lunasol --help` and every other verb load none of this
         from pipeline.artifacts.rundir import REPORT_DIR, REPORT_INDEX
         from pipeline.core.objstore import is_url, open_url, put_file, shown
