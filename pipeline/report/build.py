@@ -48,6 +48,7 @@ SHARED_CHUNK = "_"  # lines of files that belong to no cell
 GROUPS_CHUNK = "_groups"  # the pattern groups' occurrences
 GROUP_LIST_CAP = 50
 SEARCH_BATCH = 4  # timeline shards the page's scan reads at a time (and then lets go)
+HIT_CAP = 100  # events a search lists (it stops reading cells once it has them)
 CELL_ROWS = 500  # rows of the cells table, and of a group's occurrence table, shown at first and per "show more"
 TL_CELLS = 64  # cells per timeline shard (a demo-shaped cell is ~14 KB of shard)
 ROW_CELLS = 2000  # cells per shard of the cells table's rows
@@ -609,6 +610,7 @@ def context(arts: RunArtifacts, writer: ShardWriter, spill: Path) -> tuple[dict[
         "run_id": arts.run_id,
         "show_ref": f"lunasol show-ref REF --run {arts.path}",
         "search_batch": SEARCH_BATCH,
+        "hit_cap": HIT_CAP,
         "cell_rows": CELL_ROWS,
         "cells": len(cells),
         "tl_cells": TL_CELLS,
@@ -723,8 +725,8 @@ def _check_out(out: Path) -> None:
         raise BadInput(f"output directory does not exist: {out.parent}")
     if out.is_file():
         raise BadInput(f"output {out} is a file; a report is a directory (index.html and its data/): name a new one")
-    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
-        raise BadInput(f"output {out} is a directory that holds no lunasol report; name a new directory")
+    if out.is_dir() and not (out / MARKER).is_file():
+        raise BadInput(f"output {out} is a directory that holds no lunasol report; name a new one or an old report")
 
 
 def write_report(run_dir: Path, out: Path | None = None) -> tuple[Path, dict[str, int]]:
