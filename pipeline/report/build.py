@@ -20,23 +20,26 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import pyarrow as pa
 from markupsafe import Markup, escape
 
-from pipeline.artifacts.rundir import REPORT_FILE, REPORT_INDEX, Row, RunArtifacts, RunDir
+from pipeline.artifacts.rundir import ARTIFACTS, REPORT_FILE, REPORT_INDEX, Row, RunArtifacts, RunDir
 from pipeline.core.canonical import atomic_write_text
 from pipeline.core.errors import BadInput
 from pipeline.core.refs import REF_IN_TEXT
 from pipeline.diff.compare import call_totals, validation_by_id, validation_summary
 from pipeline.diff.match import EVENT_ID_RE, cited_ids
 from pipeline.models.calllog import summarise
-from pipeline.report import data
+from pipeline.report import data, stream
 from pipeline.report.chart import prevalence_svg
-from pipeline.report.evidence import Evidence, EvidenceReader, Snippet
+from pipeline.report.evidence import Evidence, EvidenceReader, Snippet, anchor_for
 from pipeline.report.labels import PATTERN_ORDER, PROPOSAL_ORDER, WEAKNESS_ORDER, label, ordered
 from pipeline.report.search import PREFIX, WORD_CHARS, SearchIndex
 from pipeline.report.shards import MARKER, ShardWriter, read_shard, shard_names
@@ -181,14 +184,16 @@ def _calls_summary(arts: RunArtifacts) -> dict[str, Any] | None:
     return summary
 
 
-def _internal_anchors(arts: RunArtifacts, cell_ids: list[str]) -> dict[str, tuple[str, str]]:
+def _internal_anchors(
+    arts: RunArtifacts, cell_ids: list[str], pattern_cells: dict[str, str], group_ids: list[str]
+) -> dict[str, tuple[str, str]]:
     """The run's own ids -> (kind, target): groups, weaknesses, proposals in the page; cells, patterns in the viewer."""
     out: dict[str, tuple[str, str]] = {c: ("cell", c) for c in cell_ids}
-    for p in arts.patterns or []:
-        if isinstance(p.get("pattern_id"), str) and p["pattern_id"]:
-            out[p["pattern_id"]] = ("pattern", str(p.get("cell_id")))
+    for pid, cell in pattern_cells.items():
+        out[pid] = ("pattern", cell)
+    for gid in group_ids:
+        out[gid] = ("anchor", f"group-{gid}")
     for rows, key, prefix in (
-        (arts.groups, "group_id", "group"),
         (arts.weaknesses, "weakness_id", "weakness"),
         (arts.proposals, "proposal_id", "proposal"),
     ):
@@ -388,115 +393,203 @@ def _cell_row(r: Row) -> list[Any]:
     ]  # fmt: skip
 
 
-def _write_cells(
-    ir: data.IR,
-    evidence: Evidence,
-    patterns_by_cell: dict[str, list[Row]],
-    cells: list[Row],
-    writer: ShardWriter,
-    search: SearchIndex,
-) -> tuple[dict[str, str], int]:
-    """Write the cells' shards: timelines (with patterns, cited keys and raw lines) and the table's rows.
+@dataclass
+class _Figures:
+    """What the page says about the evidence: statuses counted, the first problems kept."""
 
-    A timeline shard holds ``TL_CELLS`` consecutive cells' chunks (``_`` for lines of files that belong
-    to no cell): written as soon as its last cell is read, so one shard's rows are in memory at a time.
-    Returns each cited key's anchor -> its shard (links name the shard they open), and the events shown.
-    """
-    spans = {(s.path, s.line_start or 0, s.line_end or 0) for s in evidence.snippets.values() if s.path and not s.event}
-    path_cell, ranges = data.places(ir, spans)
-    ordinal = {str(r["cell_id"]): i for i, r in enumerate(cells)}
-    content: dict[str, dict[str, Any]] = {}
-    where: dict[str, str] = {}
-    cited: dict[str, set[str]] = {}
+    statuses: dict[str, int] = field(default_factory=dict)
+    problems: list[Snippet] = field(default_factory=list)
+    n_problems: int = 0
+    events: int = 0
 
-    def chunk_of(name: str) -> dict[str, Any]:
-        return content.setdefault(name, {"lines": {}, "refs": {}})
-
-    for snip in evidence.snippets.values():
-        cell = snip.event.get("cell_id") or path_cell.get(snip.path or "") or SHARED_CHUNK
-        if cell not in ordinal:
-            cell = SHARED_CHUNK
-        where[snip.anchor] = "t" + SHARED_CHUNK if cell == SHARED_CHUNK else tl_shard(ordinal[cell])
-        chunk = chunk_of(cell)
-        chunk["refs"][snip.anchor] = snip.to_json()
-        ev = snip.key if snip.event else ranges.get((snip.path or "", snip.line_start or 0, snip.line_end or 0))
-        if ev is not None and snip.status == "verified":
-            cited.setdefault(cell, set()).add(ev)
-        key = snip.lines_key
-        if key is not None and key in evidence.lines:
-            chunk["lines"].setdefault(key, {str(n): t for n, t in sorted(evidence.lines[key].items())})
-    stream = data.timelines(ir)
-    head = next(stream, None)
-    shard: dict[str, Any] = {}
-    events = 0
-    for i, r in enumerate(cells):
-        cell = str(r["cell_id"])
-        while head is not None and head[0] < cell:  # events of a cell the cells table lacks: not shown
-            head = next(stream, None)
-        rows: list[list[Any]] = []
-        if head is not None and head[0] == cell:
-            rows, head = head[1], next(stream, None)
-        chunk = content.pop(cell) if cell in content else {"lines": {}, "refs": {}}
-        chunk["events"] = rows
-        chunk["patterns"] = patterns_by_cell.get(cell, [])
-        chunk["cited"] = sorted(cited.get(cell, set()))
-        chunk["meta"] = [r.get("task_id"), r.get("run_id"), r.get("outcome")]
-        chunk["o"] = i  # its ordinal: the search reads a shard's chunks by the ordinals the index gave
-        for e in rows:  # what the page's scan reads besides the event's fields: its own embedded raw lines
-            lines = chunk["lines"].get(e[8]) if e[8] else None
-            if lines:
-                raw = " ".join(lines[str(n)] for n in range(e[9] or 0, (e[10] or 0) + 1) if str(n) in lines)
-                if raw:
-                    search.add_raw(i, raw)
-        shard[cell] = chunk
-        events += len(rows)
-        if (i + 1) % TL_CELLS == 0 or i == len(cells) - 1:
-            writer.put(tl_shard(i), shard)
-            shard = {}
-        if (i + 1) % ROW_CELLS == 0 or i == len(cells) - 1:
-            writer.put(f"c{i // ROW_CELLS}", [_cell_row(x) for x in cells[i - i % ROW_CELLS : i + 1]])
-    shared = content.pop(SHARED_CHUNK, {"lines": {}, "refs": {}})
-    writer.put("t" + SHARED_CHUNK, {SHARED_CHUNK: shared})
-    return where, events
+    def count(self, snippets: Iterator[Snippet]) -> None:
+        for snip in snippets:
+            self.statuses[snip.status] = self.statuses.get(snip.status, 0) + 1
+            if snip.status != "verified":
+                self.n_problems += 1
+                if len(self.problems) < LIST_CAP:
+                    self.problems.append(snip)
 
 
-def _write_groups(groups: list[Row], where: dict[str, str], anchors: dict[str, str], cell_shard: dict[str, str],
-                  writer: ShardWriter) -> dict[str, tuple[int, int]]:  # fmt: skip
-    """Each group's occurrences in shards of ``OCC_ROWS`` (``g<i>-<page>``); group id -> (index, shards).
+def _home(snip: Snippet, path_cell: dict[str, str], ordinal: dict[str, int]) -> str:
+    """The cell whose chunk holds a key: its event's cell, else its file's first cell, else the shared chunk."""
+    cell = snip.event.get("cell_id") or path_cell.get(snip.path or "") or SHARED_CHUNK
+    return cell if cell in ordinal else SHARED_CHUNK
 
-    An occurrence's events and refs carry their anchor and shard when they are embedded, so the
-    page links them without loading anything else.
-    """
 
-    def keyed(keys: list[Any]) -> list[list[Any]]:
-        out = []
-        for k in keys:
-            a = anchors.get(str(k))
-            out.append([str(k), a, where.get(a)] if a is not None and a in where else [str(k)])
+def _put_snippet(chunk: dict[str, Any], snip: Snippet, evidence: Evidence) -> None:
+    chunk["refs"][snip.anchor] = snip.to_json()
+    key = snip.lines_key
+    if key is not None and key in evidence.lines:
+        chunk["lines"].setdefault(key, {str(n): t for n, t in sorted(evidence.lines[key].items())})
+
+
+class _OccurrenceKeys:
+    """Event ids and refs the groups' occurrences cite, per cell, kept in DuckDB (spilled) until their shard."""
+
+    def __init__(self, con: Any) -> None:
+        self.con = con
+        self.con.execute("CREATE TABLE occ_keys (cell VARCHAR, key VARCHAR)")
+        self._rows: list[tuple[str, str]] = []
+
+    def add(self, cell: str, keys: set[str]) -> None:
+        self._rows.extend((cell, k) for k in keys)
+        if len(self._rows) >= 50_000:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._rows:
+            batch = pa.table({"cell": [c for c, _ in self._rows], "key": [k for _, k in self._rows]})
+            self.con.register("occ_batch", batch)
+            self.con.execute("INSERT INTO occ_keys SELECT * FROM occ_batch")
+            self.con.unregister("occ_batch")
+            self._rows = []
+
+    def sort(self) -> None:
+        """Cell order, so each shard's lookup reads only its part (DuckDB skips the rest by min/max)."""
+        self.flush()
+        self.con.execute("CREATE TABLE occ_sorted AS SELECT DISTINCT cell, key FROM occ_keys ORDER BY cell, key")
+        self.con.execute("DROP TABLE occ_keys")
+
+    def of(self, first: str, last: str) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for cell, key in self.con.execute(
+            "SELECT cell, key FROM occ_sorted WHERE cell BETWEEN ? AND ?", [first, last]
+        ).fetchall():
+            out.setdefault(cell, set()).add(key)
         return out
 
-    out: dict[str, tuple[int, int]] = {}
-    for gi, g in enumerate(groups):
-        occ = [o for o in g.get("occurrences") or [] if isinstance(o, dict)]
+
+def _write_groups(
+    run: RunDir, cell_shard: dict[str, str], occ_keys: _OccurrenceKeys, writer: ShardWriter
+) -> tuple[list[Row] | None, dict[str, tuple[int, int, int]]]:
+    """Each group's occurrences in shards of ``OCC_ROWS`` (``g<i>-<page>``), one group in memory at a time.
+
+    Returns the groups without their occurrences (what the page renders; None when the run has no
+    pattern groups), and per group id its (index, shards, occurrences). An occurrence's cited keys are
+    embedded in its cell's timeline shard (noted in ``occ_keys`` for that shard's turn); its links
+    name that shard.
+    """
+    if not run.groups.is_file():
+        return None, {}
+
+    def keyed(keys: list[Any], shard: str | None) -> list[list[Any]]:
+        return [[str(k), anchor_for(str(k)), shard] if shard else [str(k)] for k in keys]
+
+    out: list[Row] = []
+    meta: dict[str, tuple[int, int, int]] = {}
+    for gi, g in enumerate(stream.groups(run)):
+        occ = [o for o in g.pop("occurrences", None) or [] if isinstance(o, dict)]
         gid = str(g.get("group_id"))
         pages = (len(occ) + OCC_ROWS - 1) // OCC_ROWS
         for p in range(pages):
-            rows = [
-                {
-                    "occurrence_id": o.get("occurrence_id"),
-                    "cell_id": o.get("cell_id"),
-                    "shard": cell_shard.get(str(o.get("cell_id"))),
-                    "task_id": o.get("task_id"),
-                    "successful_cell": o.get("successful_cell"),
-                    "pattern_ids": o.get("pattern_ids") or [],
-                    "events": keyed(list(o.get("events") or [])),
-                    "refs": keyed(list(o.get("refs") or [])),
-                }
-                for o in occ[p * OCC_ROWS : (p + 1) * OCC_ROWS]
-            ]
+            rows = []
+            for o in occ[p * OCC_ROWS : (p + 1) * OCC_ROWS]:
+                cell = str(o.get("cell_id"))
+                shard = cell_shard.get(cell)
+                if shard is not None:
+                    occ_keys.add(cell, cited_ids(o))
+                rows.append(
+                    {
+                        "occurrence_id": o.get("occurrence_id"),
+                        "cell_id": o.get("cell_id"),
+                        "shard": shard,
+                        "task_id": o.get("task_id"),
+                        "successful_cell": o.get("successful_cell"),
+                        "pattern_ids": o.get("pattern_ids") or [],
+                        "events": keyed(list(o.get("events") or []), shard),
+                        "refs": keyed(list(o.get("refs") or []), shard),
+                    }
+                )
             writer.put(f"g{gi}-{p}", {"group": gid, "page": p, "rows": rows})
-        out[gid] = (gi, pages)
-    return out
+        out.append(g)
+        meta[gid] = (gi, pages, len(occ))
+    return out, meta
+
+
+def _write_cells(
+    ir: data.IR,
+    reader: EvidenceReader,
+    top: Evidence,
+    patterns: stream.PatternIndex | None,
+    occ_keys: _OccurrenceKeys,
+    cells: list[Row],
+    writer: ShardWriter,
+    search: SearchIndex,
+    figures: _Figures,
+) -> dict[str, str]:
+    """Write the cells' shards, ``TL_CELLS`` consecutive cells a shard, one shard in memory at a time.
+
+    A timeline shard holds each cell's chunk: its events, patterns, cited keys with their raw lines
+    (resolved for this shard only: its patterns' and occurrences' keys), and the index page's keys
+    whose home is one of its cells (``_`` for the rest). The cells table's rows go in shards of
+    ``ROW_CELLS``. Returns the index page's keys' anchors -> their shard.
+    """
+    ordinal = {str(r["cell_id"]): i for i, r in enumerate(cells)}
+    top_spans = {(s.path, s.line_start or 0, s.line_end or 0) for s in top.snippets.values() if s.path and not s.event}
+    top_cell, _ = data.places(ir, top_spans)
+    where: dict[str, str] = {}
+    top_home: dict[str, list[Snippet]] = {}
+    for snip in top.snippets.values():
+        home = _home(snip, top_cell, ordinal)
+        where[snip.anchor] = "t" + SHARED_CHUNK if home == SHARED_CHUNK else tl_shard(ordinal[home])
+        top_home.setdefault(home, []).append(snip)
+    for start in range(0, len(cells), TL_CELLS):
+        part = cells[start : start + TL_CELLS]
+        ids = [str(r["cell_id"]) for r in part]
+        rows_of = patterns.rows(ids) if patterns is not None else {}
+        cites = occ_keys.of(ids[0], ids[-1])
+        for cell, rows in rows_of.items():
+            cites.setdefault(cell, set()).update(cited_ids(rows))
+        keys = set().union(*cites.values()) - set(top.snippets) if cites else set()
+        evidence = reader.resolve(keys, (ids[0], ids[-1]))
+        figures.count(iter(evidence.snippets.values()))
+        spans = {
+            (s.path, s.line_start or 0, s.line_end or 0) for s in evidence.snippets.values() if s.path and not s.event
+        }
+        spans |= top_spans
+        path_cell, ranges = data.places(ir, spans, (ids[0], ids[-1]))
+        chunks: dict[str, dict[str, Any]] = {c: {"lines": {}, "refs": {}} for c in ids}
+        cited: dict[str, set[str]] = {}
+        # a key's home: its event's (or file's) cell when in this shard, else the first cell citing it
+        citing: dict[str, str] = {}
+        for cell in ids:
+            for k in cites.get(cell, ()):
+                citing.setdefault(k, cell)
+        placed = [(s, evidence) for s in evidence.snippets.values()]
+        placed += [(s, top) for c in ids for s in top_home.get(c, [])]
+        for snip, source in placed:
+            home = _home(snip, path_cell, ordinal)
+            if home not in chunks:
+                home = citing.get(snip.key, ids[0])
+            _put_snippet(chunks[home], snip, source)
+            ev = snip.key if snip.event else ranges.get((snip.path or "", snip.line_start or 0, snip.line_end or 0))
+            if ev is not None and snip.status == "verified":
+                cited.setdefault(home, set()).add(ev)
+        shard: dict[str, Any] = {}
+        for i, (r, (cell, events)) in enumerate(zip(part, data.timelines(ir, ids), strict=True), start=start):
+            chunk = chunks[cell]
+            chunk["events"] = events
+            chunk["patterns"] = rows_of.get(cell, [])
+            chunk["cited"] = sorted(cited.get(cell, set()))
+            chunk["meta"] = [r.get("task_id"), r.get("run_id"), r.get("outcome")]
+            chunk["o"] = i  # its ordinal: the search reads a shard's chunks by the ordinals the index gave
+            for e in events:  # what the page's scan reads besides the event's fields: its own embedded raw lines
+                lines = chunk["lines"].get(e[8]) if e[8] else None
+                if lines:
+                    raw = " ".join(lines[str(n)] for n in range(e[9] or 0, (e[10] or 0) + 1) if str(n) in lines)
+                    if raw:
+                        search.add_raw(i, raw)
+            shard[cell] = chunk
+            figures.events += len(events)
+        writer.put(tl_shard(start), shard)
+    for start in range(0, len(cells), ROW_CELLS):
+        writer.put(f"c{start // ROW_CELLS}", [_cell_row(x) for x in cells[start : start + ROW_CELLS]])
+    shared: dict[str, Any] = {"lines": {}, "refs": {}}
+    for snip in top_home.get(SHARED_CHUNK, []):
+        _put_snippet(shared, snip, top)
+    writer.put("t" + SHARED_CHUNK, {SHARED_CHUNK: shared})
+    return where
 
 
 def _luna_failures(arts: RunArtifacts, failed: list[Row]) -> list[dict[str, Any]]:
@@ -542,22 +635,44 @@ def _families(eligible: list[Row]) -> tuple[list[str], list[str]]:
     return sorted(counts), sorted(top)
 
 
-def context(arts: RunArtifacts, writer: ShardWriter, spill: Path) -> tuple[dict[str, Any], Evidence]:
-    """Everything the index page shows (its shards written on the way), and the evidence of every cited key."""
-    cited: set[str] = set()
+@dataclass
+class Built:
+    """The index page's context, and what the page's links need (the run's own ids, each key's shard)."""
+
+    ctx: dict[str, Any]
+    top: Evidence
+    internal: dict[str, tuple[str, str]]
+    shards: dict[str, str]
+    figures: _Figures
+
+
+def context(arts: RunArtifacts, writer: ShardWriter, spill: Path) -> Built:
+    """Everything the index page shows, its shards written on the way, one shard of cells at a time.
+
+    Held whole: the cells' rows (one small dict a cell), where each cell's patterns are, and the keys
+    the index page cites (weakness cards, proposals, follow-up, groups' own fields) with their lines.
+    Not held: patterns, occurrences, timelines, and the evidence of cells, written shard by shard.
+    """
+    run = RunDir(arts.path)
     followup = _followup(arts)
-    for part in (arts.patterns, arts.groups, arts.shortlist, arts.proposals, arts.validation, arts.block, followup):
-        if part is not None:
-            cited |= cited_ids(part)
-    evidence = EvidenceReader(arts.path).resolve(cited)
-    snippets = evidence.snippets
+    patterns = stream.PatternIndex(run.patterns) if run.patterns.is_file() else None
     ir = data.IR(arts.ir_path)
     search = SearchIndex(arts.ir_path, spill)
+    reader = EvidenceReader(arts.path)
+    figures = _Figures()
     try:
         cells = data.cells(ir)
-        by_cell: dict[str, list[Row]] = {}
-        for p in arts.patterns or []:
-            by_cell.setdefault(str(p.get("cell_id")), []).append(p)
+        cell_shard = {str(r["cell_id"]): tl_shard(i) for i, r in enumerate(cells)}
+        occ_keys = _OccurrenceKeys(search.con)
+        groups, group_shards = _write_groups(run, cell_shard, occ_keys, writer)
+        occ_keys.sort()
+        top_keys: set[str] = set()
+        for part in (arts.shortlist, arts.proposals, arts.validation, arts.block, followup, groups):
+            if part is not None:
+                top_keys |= cited_ids(part)
+        top = reader.resolve(top_keys)
+        figures.count(iter(top.snippets.values()))
+        snippets = top.snippets
         weaknesses = arts.weaknesses or []
         roles = _weakness_roles(weaknesses)
         outcome = {str(r["cell_id"]): str(r.get("outcome")) for r in cells}
@@ -565,8 +680,8 @@ def context(arts: RunArtifacts, writer: ShardWriter, spill: Path) -> tuple[dict[
         luna_status = {str(r["cell_id"]): r for r in failed}
         for r in cells:
             cid = str(r["cell_id"])
-            r["patterns"] = len(by_cell.get(cid, [])) if arts.patterns is not None else None
-            r["types"] = sorted({str(p.get("type")) for p in by_cell.get(cid, [])})
+            r["patterns"] = patterns.count(cid) if patterns is not None else None
+            r["types"] = sorted(patterns.cell_types(cid)) if patterns is not None else []
             r["weaknesses"] = roles.get(cid, {})
             if cid in luna_status:
                 r["luna_failed"] = luna_status[cid].get("reason") or "no answer"
@@ -580,24 +695,18 @@ def context(arts: RunArtifacts, writer: ShardWriter, spill: Path) -> tuple[dict[
             }
             for w in weaknesses
         ]
-        where, n_events = _write_cells(ir, evidence, by_cell, cells, writer, search)
+        where = _write_cells(ir, reader, top, patterns, occ_keys, cells, writer, search, figures)
         search_shards = search.build([str(r["cell_id"]) for r in cells], writer)
     finally:
+        reader.close()
         search.close()
         ir.close()
-    cell_shard = {str(r["cell_id"]): tl_shard(i) for i, r in enumerate(cells)}
-    anchors = {s.key: s.anchor for s in snippets.values()}
-    groups = [g for g in arts.groups or [] if isinstance(g, dict)]
-    group_shards = _write_groups(groups, where, anchors, cell_shard, writer)
     vals = validation_by_id(arts.validation)
     proposals = [
         {"card": p, "validation": vals.get(str(p.get("proposal_id"))), "summary": None} for p in arts.proposals or []
     ]
     for entry in proposals:
         entry["summary"] = validation_summary(entry["validation"])
-    statuses: dict[str, int] = {}
-    for s in snippets.values():
-        statuses[s.status] = statuses.get(s.status, 0) + 1
     eligible = [r for r in cells if r.get("eligibility") == "valid_behavior"]
     luna_failures = _luna_failures(arts, failed[:LIST_CAP])
     outcomes_count: dict[str, int] = {}
@@ -605,7 +714,7 @@ def context(arts: RunArtifacts, writer: ShardWriter, spill: Path) -> tuple[dict[
         outcomes_count[str(r.get("outcome"))] = outcomes_count.get(str(r.get("outcome")), 0) + 1
     tasks, chart_tasks = _families(eligible)
     shown_tasks = set(chart_tasks)
-    problems = [snippets[k] for k in sorted(snippets) if snippets[k].status != "verified"]
+    types_by_cell = {str(r["cell_id"]): [{"type": t} for t in r["types"]] for r in eligible if r["types"]}
     page = {
         "run_id": arts.run_id,
         "show_ref": f"lunasol show-ref REF --run {arts.path}",
@@ -633,17 +742,16 @@ def context(arts: RunArtifacts, writer: ShardWriter, spill: Path) -> tuple[dict[
         "outcomes": dict(sorted(outcomes_count.items())),
         "tasks": tasks,
         "task_select": tasks if len(tasks) <= TASK_OPTIONS else None,
-        "types": sorted({str(p.get("type")) for p in arts.patterns or []}),
-        "events": sum(int(r.get("events") or 0) for r in cells) or n_events,
+        "types": sorted(patterns.types) if patterns is not None else [],
+        "events": sum(int(r.get("events") or 0) for r in cells) or figures.events,
         # secrets replaced in the IR's text (run.json records the count only when there were any)
         "redactions": int(((arts.run or {}).get("export") or {}).get("redactions") or 0),
         # made with --no-redact: the IR's text (timelines, quotes) holds the logs' secrets as written
         "unredacted": ((arts.run or {}).get("export") or {}).get("redacted") is False,
-        "n_patterns": len(arts.patterns) if arts.patterns is not None else None,
-        "patterns": arts.patterns is not None,
+        "n_patterns": patterns.total if patterns is not None else None,
         "luna_failures": luna_failures,
         "n_luna_failures": len(failed),
-        "groups": arts.groups,
+        "groups": groups,
         "group_shards": group_shards,
         "weaknesses": arts.weaknesses,
         "cards": cards,
@@ -661,22 +769,26 @@ def context(arts: RunArtifacts, writer: ShardWriter, spill: Path) -> tuple[dict[
         "receipts": _gate_receipts(arts),
         "followup": followup,
         "calls": _calls_summary(arts),
-        "chart": prevalence_svg([r for r in eligible if str(r.get("task_id")) in shown_tasks], by_cell),
+        "chart": prevalence_svg([r for r in eligible if str(r.get("task_id")) in shown_tasks], types_by_cell),
         "chart_families": len(chart_tasks),
         # A group's lists (its cells, tasks, runs) are shown up to this many items: its occurrence table,
         # built when the group is opened, holds every one (at 10,000 cells the lists were 268K DOM nodes).
         "group_list_cap": GROUP_LIST_CAP,
         "cell_rows": CELL_ROWS,
-        "problems": problems[:LIST_CAP],
-        "n_problems": len(problems),
+        "problems": figures.problems,
+        "n_problems": figures.n_problems,
         "list_cap": LIST_CAP,
-        "snippet_statuses": dict(sorted(statuses.items())),
+        "snippet_statuses": dict(sorted(figures.statuses.items())),
         "page_data": _script_json(page),
-        "_where": where,
-        "_cell_shard": cell_shard,
     }
     ctx["sections"] = [(a, t) for a, t, when in SECTIONS if when == "always" or ctx.get(when)]
-    return ctx, evidence
+    internal = _internal_anchors(
+        arts,
+        list(cell_shard),
+        patterns.ids if patterns is not None else {},
+        [str(g.get("group_id")) for g in groups or []],
+    )
+    return Built(ctx, top, internal, {**where, **cell_shard}, figures)
 
 
 # ---------------------------------------------------------------- follow-up (lunasol followup)
@@ -690,25 +802,24 @@ def _followup(arts: RunArtifacts) -> dict[str, Any] | None:
 
 def build_report(run_dir: Path, root: Path) -> dict[str, int]:
     """Write the report directory's content into ``root`` (an empty directory); return its figures."""
-    arts = RunDir(run_dir).read()
+    # patterns and groups grow with the batch: streamed (pipeline.report.stream), never read whole
+    arts = RunDir(run_dir).read(ARTIFACTS - {"patterns", "groups"})
     writer = ShardWriter(root)
-    ctx, evidence = context(arts, writer, root / ".spill")
+    built = context(arts, writer, root / ".spill")
     shutil.rmtree(root / ".spill", ignore_errors=True)
-    where, cell_shard = ctx.pop("_where"), ctx.pop("_cell_shard")
-    internal = _internal_anchors(arts, list(cell_shard))
-    env = _environment(evidence.snippets, internal, {**where, **cell_shard})
-    html = env.get_template(TEMPLATE).render(**ctx)
+    env = _environment(built.top.snippets, built.internal, built.shards)
+    html = env.get_template(TEMPLATE).render(**built.ctx)
     atomic_write_text(root / REPORT_INDEX, html)
     (root / MARKER).write_text("lunasol report directory: index.html and the data/ it loads\n", encoding="utf-8")
-    snippets = evidence.snippets.values()
     page = len(html.encode("utf-8"))
+    st = built.figures.statuses
     return {
         "bytes": page,
         "total_bytes": page + writer.bytes,
         "files": writer.files + 1,
-        "refs": sum(1 for s in snippets if s.status == "verified"),
-        "hash_mismatches": sum(1 for s in snippets if s.status == "hash_mismatch"),
-        "unresolved": sum(1 for s in snippets if s.status not in ("verified", "hash_mismatch")),
+        "refs": st.get("verified", 0),
+        "hash_mismatches": st.get("hash_mismatch", 0),
+        "unresolved": sum(n for k, n in st.items() if k not in ("verified", "hash_mismatch")),
     }
 
 
