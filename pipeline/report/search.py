@@ -24,7 +24,7 @@ from pipeline.report.shards import ShardWriter
 WORD = r"[\pL\pN]+"  # RE2 (DuckDB) and the page's /[\p{L}\p{N}]+/gu agree on what a word is
 WORD_CHARS = 32  # a word is indexed by its first 32 characters (the page cuts query words alike)
 PREFIX = 2  # a shard holds the words that begin with the same two characters
-MEMORY_LIMIT = "512MB"
+MEMORY_LIMIT = "256MB"  # besides the IR hub's (pipeline.core.duck): the two stay under ~0.8 GiB
 
 
 def shard_name(prefix: str) -> str:
