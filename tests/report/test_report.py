@@ -551,3 +551,33 @@ def test_the_search_skips_no_cell_that_holds_the_query(
         page.fill("#search", "wned")
         page.locator("#search-status", has_text=" match in ").wait_for()
         assert _matches(chunks, "wned") == 1 and page.locator("#search-status").inner_text().startswith("0 events")
+
+
+def test_the_build_streams_what_grows_with_the_batch(demo_gate1: Path, tmp_path: Path) -> None:
+    # patterns.jsonl and pattern-groups.json are read a shard of cells / a group at a time: what the
+    # report reads back must be exactly what the whole documents hold.
+    from pipeline.artifacts.rundir import RunDir
+    from pipeline.report import stream
+
+    run = RunDir(demo_gate1)
+    whole = run.read(frozenset({"patterns", "groups"}))
+    index = stream.PatternIndex(run.patterns)
+    cells = sorted({str(p["cell_id"]) for p in whole.patterns or []})
+    assert len(cells) > 2 and index.total == len(whole.patterns or [])
+    got = index.rows(cells[::2])
+    for cell in cells[::2]:
+        assert got[cell] == [p for p in whole.patterns or [] if p["cell_id"] == cell]
+    assert list(stream.groups(run)) == whole.groups
+    # an older pattern-groups.json is read whole and upgraded, as RunDir.read does
+    old = tmp_path / "old-run"
+    shutil.copytree(demo_gate1, old, ignore=shutil.ignore_patterns("report", "ir.duckdb*"))
+    doc = json.loads((old / "pattern-groups.json").read_text(encoding="utf-8"))
+    doc["schema_version"] = 99
+    (old / "pattern-groups.json").write_text(json.dumps(doc), encoding="utf-8")
+    from pipeline.core.errors import BadInput
+
+    with pytest.raises(BadInput, match="newer than this lunasol reads"):
+        list(stream.groups(RunDir(old)))
+    (old / "pattern-groups.json").write_text('{"groups": [', encoding="utf-8")
+    with pytest.raises(BadInput, match="not valid JSON"):
+        list(stream.groups(RunDir(old)))
