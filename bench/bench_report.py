@@ -119,8 +119,10 @@ def build(run_dir: Path) -> tuple[Path, dict[str, float]]:
     t0 = time.perf_counter()
     res = subprocess.run(
         [sys.executable, "-c", "from pipeline.cli.app import main; main()", "report", str(run_dir), "--json"],
-        capture_output=True, text=True, check=True,
+        capture_output=True, text=True, check=False,
     )  # fmt: skip
+    if res.returncode != 0:
+        raise SystemExit(f"lunasol report {run_dir} failed (exit {res.returncode}): {res.stderr.strip()[-2000:]}")
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     doc = json.loads(res.stdout)

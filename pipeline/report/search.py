@@ -13,7 +13,6 @@ one shard at a time: the Python side never holds the postings of more than one s
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -75,33 +74,40 @@ class SearchIndex:
             con.execute("SELECT kind, detail, actor, stage, tool_name, text FROM ir.events LIMIT 0")
         except duckdb.Error:  # an IR without events: nothing to search
             return []
-        cur = con.execute(
-            "WITH words AS ("
+        # Every (word, cell) pair once, sorted by word: DuckDB spills both steps to disk past its limit
+        # (a list aggregate over the whole batch did not: at 100,000 cells it ran out of memory).
+        con.execute(
+            "CREATE TABLE pairs AS WITH words AS ("
             f"  SELECT o.o, unnest(regexp_extract_all(lower(concat_ws(' ', {fields}, "
             f"    left(coalesce(e.text, ''), {TEXT_CHARS}))), '{WORD}')) AS w"
             "   FROM ir.events e JOIN ord o USING (cell_id)"
             f"  UNION ALL SELECT o, unnest(regexp_extract_all(lower(t), '{WORD}')) FROM raw"
             f"  UNION ALL SELECT o, unnest(regexp_extract_all(lower(cell_id), '{WORD}')) FROM ord"
-            "), pairs AS ("
-            f"  SELECT DISTINCT left(w, {WORD_CHARS}) AS w, o FROM words WHERE length(w) >= 2"
-            ") "
-            # delta-encoded ordinals: a word in every cell is a run of 1s, which deflates to almost nothing
-            "SELECT w, list(d ORDER BY o) FROM ("
-            "  SELECT w, o, o - coalesce(lag(o) OVER (PARTITION BY w ORDER BY o), 0) AS d FROM pairs"
-            ") GROUP BY w ORDER BY w"
+            f") SELECT DISTINCT left(w, {WORD_CHARS}) AS w, o FROM words WHERE length(w) >= 2"
         )
+        con.execute("CREATE TABLE sorted_pairs AS SELECT w, o FROM pairs ORDER BY w, o")
+        con.execute("DROP TABLE pairs")
+        # then one shard's words at a time (a range of the sorted table: DuckDB reads only its blocks)
+        listed = con.execute(f"SELECT DISTINCT left(w, {PREFIX}) FROM sorted_pairs ORDER BY 1").fetchall()
+        prefixes = [r[0] for r in listed]
         shards: list[str] = []
-        prefix: str | None = None
-        words: dict[str, Any] = {}
-        while batch := cur.fetchmany(10_000):
-            for word, ords in batch:
-                head = word[:PREFIX]
-                if head != prefix:
-                    if prefix is not None:
-                        shards.append(writer.put(shard_name(prefix), words))
-                    prefix, words = head, {}
-                words[word] = ords
-        if prefix is not None:
+        for i, prefix in enumerate(prefixes):
+            # words of one prefix lie between it and the next one (binary order, as sorted)
+            upper = prefixes[i + 1] if i + 1 < len(prefixes) else None
+            cur = con.execute(
+                "SELECT w, o FROM sorted_pairs WHERE w >= ?" + (" AND w < ?" if upper else "") + " ORDER BY w, o",
+                [prefix, upper] if upper else [prefix],
+            )
+            words: dict[str, list[int]] = {}
+            word, last = None, 0
+            while batch := cur.fetchmany(50_000):
+                for w, o in batch:
+                    if w != word:
+                        word, last = w, 0
+                        words[w] = []
+                    # delta-encoded ordinals: a word in every cell is a run of 1s, which deflates to almost nothing
+                    words[w].append(o - last)
+                    last = o
             shards.append(writer.put(shard_name(prefix), words))
         return shards
 
