@@ -36,8 +36,10 @@ class SearchIndex:
 
     def __init__(self, ir_path: Path, spill: Path) -> None:
         self.ir_path = ir_path
-        self.con = duckdb.connect(":memory:")
         spill.mkdir(parents=True, exist_ok=True)
+        # a file of its own (removed with the spill folder), not an in-memory database: the raw lines'
+        # table at 100,000 cells (~0.5 GB of text) must be able to leave memory, and it could not
+        self.con = duckdb.connect(str(spill / "search.duckdb"))
         self.con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
         self.con.execute("SET temp_directory = ?", [str(spill)])
         self.con.execute("SET preserve_insertion_order = false")
