@@ -59,7 +59,9 @@ FILES: dict[str, ArtifactFile] = {
 
 # Files and folders of a run that are not versioned documents of their own.
 IR_FILE = "ir.duckdb"
-REPORT_FILE = "report.html"
+REPORT_FILE = "report.html"  # the single-page report of earlier versions (replaced by REPORT_DIR when rewritten)
+REPORT_DIR = "report"  # the report: index.html and its data/ shards
+REPORT_INDEX = "index.html"
 GATES_DIR = "gates"  # gate receipts: gates/<gate>-<operation>.json
 EXCHANGES_DIR = "exchanges"  # a live run's raw answers, laid out like a recording store
 VERIFIED_FILE = "verified-files.json"  # the bundle files the export hashed, with their stat
@@ -147,8 +149,13 @@ class RunDir:
 
     @property
     def report(self) -> Path:
-        """The self-contained HTML report's default place."""
-        return self.path / REPORT_FILE
+        """The report's page a reader opens, in its default directory (:attr:`report_dir`)."""
+        return self.path / REPORT_DIR / REPORT_INDEX
+
+    @property
+    def report_dir(self) -> Path:
+        """The report directory's default place: ``index.html`` and the ``data/`` it loads on demand."""
+        return self.path / REPORT_DIR
 
     @property
     def gates(self) -> Path:

@@ -69,24 +69,29 @@ def register(app: typer.Typer) -> None:
             None,
             "-o",
             "--output",
-            help="HTML file (default RUN/report.html), or an object URL (s3://bucket/key.html, gs://…, az://…).",
+            help="Report directory (default RUN/report/: index.html and its data/), or an object URL prefix "
+            "(s3://bucket/reports/run1, gs://…, az://…).",
         ),
         as_json: bool = JSON_OPTION,
     ) -> None:
-        """One self-contained HTML page to read before deciding: cards, timelines, raw lines beside the text."""
+        """A report to read before deciding: cards, timelines, raw lines beside the text (opens at any size)."""
         # startup: `lunasol --help` and every other verb load none of this
-        from pipeline.artifacts.rundir import REPORT_FILE
+        from pipeline.artifacts.rundir import REPORT_DIR, REPORT_INDEX
         from pipeline.core.objstore import is_url, open_url, put_file, shown
         from pipeline.report import write_report
 
         if out is not None and is_url(out):
             import tempfile
 
-            open_url(out)  # an unknown scheme or a missing backend: one line before the page is built
+            open_url(out)  # an unknown scheme or a missing backend: one line before the report is built
+            base = out.rstrip("/")
             with tempfile.TemporaryDirectory(prefix="lunasol-report-") as tmp:
-                local, stats = write_report(_run_dir(run), out=Path(tmp) / REPORT_FILE)
-                put_file(local, out)  # whole: the object appears only once all of it is stored
-            where = shown(out)
+                local, stats = write_report(_run_dir(run), out=Path(tmp) / REPORT_DIR)
+                # each object whole; the page last, so whoever opens it finds every shard it loads
+                for f in sorted(p for p in local.parent.rglob("*") if p.is_file() and p != local):
+                    put_file(f, f"{base}/{f.relative_to(local.parent).as_posix()}")
+                put_file(local, f"{base}/{REPORT_INDEX}")
+            where = shown(f"{base}/{REPORT_INDEX}")
         else:
             path, stats = write_report(_run_dir(run), out=Path(out) if out is not None else None)
             where = str(path)
@@ -94,7 +99,8 @@ def register(app: typer.Typer) -> None:
             emit_json({"path": where, **stats})
             return
         typer.echo(
-            f"wrote {where} ({stats['bytes']} bytes, {stats['refs']} refs embedded, "
+            f"wrote {where} ({stats['bytes']} bytes; {stats['files']} files, {stats['total_bytes']} bytes in all; "
+            f"{stats['refs']} refs embedded, "
             f"{stats['hash_mismatches']} hash mismatches, {stats['unresolved']} unresolved)"
         )
 

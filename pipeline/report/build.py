@@ -1,40 +1,50 @@
-"""Gather one run's artifacts and render them into a single self-contained HTML page to read before deciding.
+"""Gather one run's artifacts and render them into a report directory to read before deciding.
 
-The page needs nothing but itself: CSS and JS are inline, a Content-Security-Policy forbids
-every network fetch. Cards are rendered server-side (readable without clicking anything); the
-per-cell timelines and the raw lines of every cited event id or ref (read from the frozen bundle,
-hash checked, with context lines) travel as compressed per-cell chunks that the page inflates only
-when a cell, a ref or a search needs them — so a 1,000-cell run stays a page a browser opens at once.
+``index.html`` is what a reader opens: the decisions (weakness cards, proposals, gates, follow-up)
+rendered server-side, readable without clicking anything, and aggregates whose size does not grow
+with the batch. Everything that grows with it lives in ``data/`` shards (:mod:`pipeline.report.shards`)
+that the page loads by ``<script>`` tag when a cell, a ref, a group or a search needs them: per-cell
+timelines with the raw lines of every cited event id or ref (read from the frozen bundle, hash
+checked, redacted, with context lines), the cells table's rows, groups' occurrences, and a search
+index built here (:mod:`pipeline.report.search`). So the page opens at once at 100,000 cells.
+A Content-Security-Policy forbids every network fetch (scripts only from the page and its folder).
 All text goes through jinja2 autoescaping: log text is untrusted. The output is deterministic (no
-timestamps, fixed compression level), so a rerun gives the same bytes.
+timestamps, fixed compression level), so a rerun gives the same bytes; the directory is written
+atomically (built beside its place, then renamed).
 """
 
 from __future__ import annotations
 
-import base64
 import json
+import os
 import re
-import zlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import pyarrow as pa
 from markupsafe import Markup, escape
 
 from pipeline.artifacts.run_info import Pilot
-from pipeline.artifacts.rundir import REPORT_FILE, Row, RunArtifacts, RunDir
+from pipeline.artifacts.rundir import ARTIFACTS, REPORT_FILE, REPORT_INDEX, Row, RunArtifacts, RunDir
 from pipeline.core.canonical import atomic_write_text
 from pipeline.core.errors import BadInput
 from pipeline.core.refs import REF_IN_TEXT
 from pipeline.diff.compare import call_totals, validation_by_id, validation_summary
 from pipeline.diff.match import EVENT_ID_RE, cited_ids
 from pipeline.models.calllog import summarise
-from pipeline.report import data
+from pipeline.report import data, stream
 from pipeline.report.asks import asks_section
 from pipeline.report.chart import prevalence_svg
-from pipeline.report.evidence import Evidence, EvidenceReader, Snippet
+from pipeline.report.evidence import Evidence, EvidenceReader, Snippet, anchor_for
 from pipeline.report.labels import PATTERN_ORDER, PROPOSAL_ORDER, WEAKNESS_ORDER, label, ordered
+from pipeline.report.search import PREFIX, WORD_CHARS, SearchIndex
+from pipeline.report.shards import MARKER, ShardWriter, read_shard, shard_names
 from pipeline.run.index import run_state
 from pipeline.state import handoff
 
@@ -42,8 +52,15 @@ TEMPLATE = "report.html.j2"
 SHARED_CHUNK = "_"  # lines of files that belong to no cell
 GROUPS_CHUNK = "_groups"  # the pattern groups' occurrences
 GROUP_LIST_CAP = 50
-SEARCH_BATCH = 200  # cells the page's search inflates at a time (and then lets go)
+SEARCH_BATCH = 4  # timeline shards the page's scan reads at a time (and then lets go)
+HIT_CAP = 100  # events a search lists (it stops reading cells once it has them)
 CELL_ROWS = 500  # rows of the cells table, and of a group's occurrence table, shown at first and per "show more"
+TL_CELLS = 32  # cells per timeline shard (a demo-shaped cell is ~14 KB of shard: ~0.45 MB a shard)
+ROW_CELLS = 2000  # cells per shard of the cells table's rows
+OCC_ROWS = 2000  # occurrences per shard of a group's occurrence table
+LIST_CAP = 500  # rows of the page's own lists that grow with the batch (Luna failures, evidence problems)
+CHART_FAMILIES = 40  # task families in the prevalence chart (the largest)
+TASK_OPTIONS = 500  # task families listed in the filter's menu; more: a text box
 _TOKEN = re.compile(f"(?:{REF_IN_TEXT.pattern})|(?:{EVENT_ID_RE.pattern})")
 _DATA_BLOCK = re.compile(r'<script type="application/json" id="lunasol-data">(.*?)</script>', re.S)
 
@@ -169,14 +186,16 @@ def _calls_summary(arts: RunArtifacts) -> dict[str, Any] | None:
     return summary
 
 
-def _internal_anchors(arts: RunArtifacts, cell_ids: list[str]) -> dict[str, tuple[str, str]]:
+def _internal_anchors(
+    arts: RunArtifacts, cell_ids: list[str], pattern_cells: dict[str, str], group_ids: list[str]
+) -> dict[str, tuple[str, str]]:
     """The run's own ids -> (kind, target): groups, weaknesses, proposals in the page; cells, patterns in the viewer."""
     out: dict[str, tuple[str, str]] = {c: ("cell", c) for c in cell_ids}
-    for p in arts.patterns or []:
-        if isinstance(p.get("pattern_id"), str) and p["pattern_id"]:
-            out[p["pattern_id"]] = ("pattern", str(p.get("cell_id")))
+    for pid, cell in pattern_cells.items():
+        out[pid] = ("pattern", cell)
+    for gid in group_ids:
+        out[gid] = ("anchor", f"group-{gid}")
     for rows, key, prefix in (
-        (arts.groups, "group_id", "group"),
         (arts.weaknesses, "weakness_id", "weakness"),
         (arts.proposals, "proposal_id", "proposal"),
     ):
@@ -189,10 +208,14 @@ def _internal_anchors(arts: RunArtifacts, cell_ids: list[str]) -> dict[str, tupl
 _WORD = re.compile(r"(?<![\w-])[\w-]+(?![\w-])")  # a run id as a whole word (W-01, G003, C0042-P01)
 
 
-def _linkifier(snippets: dict[str, Snippet], internal: dict[str, tuple[str, str]]) -> Any:
+def _linkifier(
+    snippets: dict[str, Snippet], internal: dict[str, tuple[str, str]], shards: dict[str, str] | None = None
+) -> Any:
     # Refs and event ids (raw lines) first; the run's own ids are then whole words between them,
     # looked up. One alternation of every id (70,000 pattern and cell ids at 10,000 cells) made each
     # text a scan of all of them; only ids that are not plain words stay in the pattern.
+    # ``shards``: a ref's anchor or a cell id -> the data shard a click on it loads
+    shard_of = shards or {}
     odd = [k for k in internal if not _WORD.fullmatch(k)]
     names = "|".join(re.escape(k) for k in sorted(odd, key=len, reverse=True))
     token = re.compile(_TOKEN.pattern + (rf"|(?<![\w-])(?:{names})(?![\w-])" if names else ""))
@@ -205,6 +228,8 @@ def _linkifier(snippets: dict[str, Snippet], internal: dict[str, tuple[str, str]
         if kind == "anchor":
             return f'<a class="internal" href="#{escape(target)}">{escape(word)}</a>'
         extra = f' data-pattern="{escape(word)}"' if kind == "pattern" else ""
+        if target in shard_of:
+            extra += f' data-shard="{escape(shard_of[target])}"'
         return f'<a class="cell" href="#cells" data-cell="{escape(target)}"{extra}>{escape(word)}</a>'
 
     def words(text: str) -> str:
@@ -228,7 +253,11 @@ def _linkifier(snippets: dict[str, Snippet], internal: dict[str, tuple[str, str]
             snip = snippets.get(word)
             if snip is not None:
                 cls = "ref" if snip.status == "verified" else "ref bad"
-                link = f'<a class="{cls}" href="#{snip.anchor}" data-ref="{snip.anchor}">{escape(word)}</a>'
+                shard = shard_of.get(snip.anchor, "")
+                link = (
+                    f'<a class="{cls}" href="#{snip.anchor}" data-ref="{snip.anchor}" '
+                    f'data-shard="{escape(shard)}">{escape(word)}</a>'
+                )
             else:
                 # a ref or event id with no snippet stays text, and no id inside it is linked
                 link = own(word) or str(escape(word))
@@ -240,7 +269,9 @@ def _linkifier(snippets: dict[str, Snippet], internal: dict[str, tuple[str, str]
     return linkify
 
 
-def _environment(snippets: dict[str, Snippet], internal: dict[str, tuple[str, str]]) -> jinja2.Environment:
+def _environment(
+    snippets: dict[str, Snippet], internal: dict[str, tuple[str, str]], shards: dict[str, str] | None = None
+) -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(resources.files("pipeline.report") / "templates")),
         autoescape=True,  # every file here is HTML; log text is untrusted
@@ -250,16 +281,10 @@ def _environment(snippets: dict[str, Snippet], internal: dict[str, tuple[str, st
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters["linkify"] = _linkifier(snippets, internal)
+    env.filters["linkify"] = _linkifier(snippets, internal, shards)
     env.filters["label"] = label
     env.globals["ordered"] = ordered
     return env
-
-
-def _pack(obj: Any) -> str:
-    """Deflate + base64 (the page inflates it with the browser's DecompressionStream)."""
-    raw = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode("utf-8")
-    return base64.b64encode(zlib.compress(raw, 6)).decode("ascii")
 
 
 def _script_json(obj: Any) -> Markup:
@@ -268,15 +293,30 @@ def _script_json(obj: Any) -> Markup:
     return Markup(text.replace("<", "\\u003c").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
-def read_page_data(html: str) -> dict[str, Any]:
-    """The page's data block with every chunk inflated (for tests and benchmarks)."""
+def read_page_data(report: Path) -> dict[str, Any]:
+    """A report directory's data as one document (for tests and benchmarks).
+
+    The page's data block, every shard, and, rebuilt from the shards, ``chunks`` (cell -> its chunk,
+    ``_`` the shared one, ``_groups`` group -> occurrences) and ``index`` (anchor -> [key, chunk,
+    status]) as the single page had them.
+    """
+    root = report.parent if report.is_file() else report
+    html = (root / REPORT_INDEX).read_text(encoding="utf-8")
     m = _DATA_BLOCK.search(html)
     if m is None:
         raise BadInput("not a lunasol report: no data block")
     doc: dict[str, Any] = json.loads(m.group(1))
-    doc["chunks"] = {
-        k: json.loads(zlib.decompress(base64.b64decode(v)).decode("utf-8")) for k, v in doc["chunks"].items()
-    }
+    doc["shards"] = shards = {name: read_shard(root, name) for name in shard_names(root)}
+    chunks: dict[str, Any] = {}
+    groups: dict[str, list[Any]] = {}
+    for name, value in shards.items():
+        if name.startswith("t"):
+            chunks.update(value)
+        elif name.startswith("g"):
+            groups.setdefault(value["group"], []).extend(value["rows"])
+    chunks[GROUPS_CHUNK] = groups
+    doc["chunks"] = chunks
+    doc["index"] = {a: [r["key"], c, r["status"]] for c, ch in chunks.items() for a, r in ch.get("refs", {}).items()}
     return doc
 
 
@@ -340,51 +380,218 @@ def _compare(ir: data.IR, w: Row, outcome: dict[str, str], snippets: dict[str, S
     }
 
 
-def _chunks(
-    ir: data.IR,
-    evidence: Evidence,
-    patterns_by_cell: dict[str, list[Row]],
-) -> tuple[dict[str, str], dict[str, list[str]], int]:
-    """Per-cell compressed chunks (timeline, patterns, cited keys, raw lines), the key index, the events shown.
+def tl_shard(ordinal: int) -> str:
+    """The timeline shard of the cell at ``ordinal`` in the report's cell order."""
+    return f"t{ordinal // TL_CELLS}"
 
-    The index maps an anchor of every cited key to ``[key, chunk, status]``; the chunk holds the key's
-    full entry under ``refs``. Each cell's chunk is packed as soon as its timeline is read: only one
-    cell's rows are in memory at a time.
+
+def _cell_row(r: Row) -> list[Any]:
+    """One row of the cells table as the page draws it (a cells shard holds ``ROW_CELLS`` of them)."""
+    note = r.get("exclusion_reason") or (r.get("reason") if r.get("status") not in (None, "ok") else "") or ""
+    weak = [[w, role] for w, role in sorted(r["weaknesses"].items())]
+    return [
+        r["cell_id"], r.get("task_id"), r.get("run_id"), r.get("outcome"), r.get("label"), r.get("events"),
+        r.get("probe_hits"), r.get("patterns"), r.get("types"), weak, note, r.get("luna_failed"),
+    ]  # fmt: skip
+
+
+@dataclass
+class _Figures:
+    """What the page says about the evidence: statuses counted, the first problems kept."""
+
+    statuses: dict[str, int] = field(default_factory=dict)
+    problems: list[Snippet] = field(default_factory=list)
+    n_problems: int = 0
+    events: int = 0
+
+    def count(self, snippets: Iterator[Snippet]) -> None:
+        for snip in snippets:
+            self.statuses[snip.status] = self.statuses.get(snip.status, 0) + 1
+            if snip.status != "verified":
+                self.n_problems += 1
+                if len(self.problems) < LIST_CAP:
+                    self.problems.append(snip)
+
+
+def _home(snip: Snippet, path_cell: dict[str, str], ordinal: dict[str, int]) -> str:
+    """The cell whose chunk holds a key: its event's cell, else its file's first cell, else the shared chunk."""
+    cell = snip.event.get("cell_id") or path_cell.get(snip.path or "") or SHARED_CHUNK
+    return cell if cell in ordinal else SHARED_CHUNK
+
+
+def _put_snippet(chunk: dict[str, Any], snip: Snippet, evidence: Evidence) -> None:
+    chunk["refs"][snip.anchor] = snip.to_json()
+    key = snip.lines_key
+    if key is not None and key in evidence.lines:
+        chunk["lines"].setdefault(key, {str(n): t for n, t in sorted(evidence.lines[key].items())})
+
+
+class _OccurrenceKeys:
+    """Event ids and refs the groups' occurrences cite, per cell, kept in DuckDB (spilled) until their shard."""
+
+    def __init__(self, con: Any) -> None:
+        self.con = con
+        self.con.execute("CREATE TABLE occ_keys (cell VARCHAR, key VARCHAR)")
+        self._rows: list[tuple[str, str]] = []
+
+    def add(self, cell: str, keys: set[str]) -> None:
+        self._rows.extend((cell, k) for k in keys)
+        if len(self._rows) >= 50_000:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._rows:
+            batch = pa.table({"cell": [c for c, _ in self._rows], "key": [k for _, k in self._rows]})
+            self.con.register("occ_batch", batch)
+            self.con.execute("INSERT INTO occ_keys SELECT * FROM occ_batch")
+            self.con.unregister("occ_batch")
+            self._rows = []
+
+    def sort(self) -> None:
+        """Cell order, so each shard's lookup reads only its part (DuckDB skips the rest by min/max)."""
+        self.flush()
+        self.con.execute("CREATE TABLE occ_sorted AS SELECT DISTINCT cell, key FROM occ_keys ORDER BY cell, key")
+        self.con.execute("DROP TABLE occ_keys")
+
+    def of(self, first: str, last: str) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for cell, key in self.con.execute(
+            "SELECT cell, key FROM occ_sorted WHERE cell BETWEEN ? AND ?", [first, last]
+        ).fetchall():
+            out.setdefault(cell, set()).add(key)
+        return out
+
+
+def _write_groups(
+    run: RunDir, cell_shard: dict[str, str], occ_keys: _OccurrenceKeys, writer: ShardWriter
+) -> tuple[list[Row] | None, dict[str, tuple[int, int, int]]]:
+    """Each group's occurrences in shards of ``OCC_ROWS`` (``g<i>-<page>``), one group in memory at a time.
+
+    Returns the groups without their occurrences (what the page renders; None when the run has no
+    pattern groups), and per group id its (index, shards, occurrences). An occurrence's cited keys are
+    embedded in its cell's timeline shard (noted in ``occ_keys`` for that shard's turn); its links
+    name that shard.
     """
-    spans = {(s.path, s.line_start or 0, s.line_end or 0) for s in evidence.snippets.values() if s.path and not s.event}
-    path_cell, ranges = data.places(ir, spans)
-    content: dict[str, dict[str, Any]] = {}
-    index: dict[str, list[str]] = {}
-    cited: dict[str, set[str]] = {}
+    if not run.groups.is_file():
+        return None, {}
 
-    def chunk_of(name: str) -> dict[str, Any]:
-        return content.setdefault(name, {"lines": {}, "refs": {}})
+    def keyed(keys: list[Any], shard: str | None) -> list[list[Any]]:
+        return [[str(k), anchor_for(str(k)), shard] if shard else [str(k)] for k in keys]
 
-    for snip in evidence.snippets.values():
-        cell = snip.event.get("cell_id") or path_cell.get(snip.path or "") or SHARED_CHUNK
-        index[snip.anchor] = [snip.key, cell, snip.status]  # small and uncompressed: links need only this
-        chunk = chunk_of(cell)
-        chunk["refs"][snip.anchor] = snip.to_json()
-        ev = snip.key if snip.event else ranges.get((snip.path or "", snip.line_start or 0, snip.line_end or 0))
-        if ev is not None and snip.status == "verified":
-            cited.setdefault(cell, set()).add(ev)
-        key = snip.lines_key
-        if key is not None and key in evidence.lines:
-            chunk["lines"].setdefault(key, {str(n): t for n, t in sorted(evidence.lines[key].items())})
-    packed: dict[str, str] = {}
-    events = 0
-    for cell, rows in data.timelines(ir):
-        chunk = content.pop(cell) if cell in content else {"lines": {}, "refs": {}}
-        chunk["events"] = rows
-        chunk["patterns"] = patterns_by_cell.get(cell, [])
-        chunk["cited"] = sorted(cited.get(cell, set()))
-        packed[cell] = _pack(chunk)
-        events += len(rows)
-    for cell, pats in patterns_by_cell.items():
-        if cell not in packed:
-            chunk_of(cell).setdefault("patterns", pats)
-    packed.update({k: _pack(v) for k, v in content.items()})
-    return dict(sorted(packed.items())), index, events
+    out: list[Row] = []
+    meta: dict[str, tuple[int, int, int]] = {}
+    for gi, g in enumerate(stream.groups(run)):
+        occ = [o for o in g.pop("occurrences", None) or [] if isinstance(o, dict)]
+        gid = str(g.get("group_id"))
+        pages = (len(occ) + OCC_ROWS - 1) // OCC_ROWS
+        for p in range(pages):
+            rows = []
+            for o in occ[p * OCC_ROWS : (p + 1) * OCC_ROWS]:
+                cell = str(o.get("cell_id"))
+                shard = cell_shard.get(cell)
+                if shard is not None:
+                    occ_keys.add(cell, cited_ids(o))
+                rows.append(
+                    {
+                        "occurrence_id": o.get("occurrence_id"),
+                        "cell_id": o.get("cell_id"),
+                        "shard": shard,
+                        "task_id": o.get("task_id"),
+                        "successful_cell": o.get("successful_cell"),
+                        "pattern_ids": o.get("pattern_ids") or [],
+                        "events": keyed(list(o.get("events") or []), shard),
+                        "refs": keyed(list(o.get("refs") or []), shard),
+                    }
+                )
+            writer.put(f"g{gi}-{p}", {"group": gid, "page": p, "rows": rows})
+        out.append(g)
+        meta[gid] = (gi, pages, len(occ))
+    return out, meta
+
+
+def _write_cells(
+    ir: data.IR,
+    reader: EvidenceReader,
+    top: Evidence,
+    patterns: stream.PatternIndex | None,
+    occ_keys: _OccurrenceKeys,
+    cells: list[Row],
+    writer: ShardWriter,
+    search: SearchIndex,
+    figures: _Figures,
+) -> dict[str, str]:
+    """Write the cells' shards, ``TL_CELLS`` consecutive cells a shard, one shard in memory at a time.
+
+    A timeline shard holds each cell's chunk: its events, patterns, cited keys with their raw lines
+    (resolved for this shard only: its patterns' and occurrences' keys), and the index page's keys
+    whose home is one of its cells (``_`` for the rest). The cells table's rows go in shards of
+    ``ROW_CELLS``. Returns the index page's keys' anchors -> their shard.
+    """
+    ordinal = {str(r["cell_id"]): i for i, r in enumerate(cells)}
+    top_spans = {(s.path, s.line_start or 0, s.line_end or 0) for s in top.snippets.values() if s.path and not s.event}
+    top_cell, _ = data.places(ir, top_spans)
+    where: dict[str, str] = {}
+    top_home: dict[str, list[Snippet]] = {}
+    for snip in top.snippets.values():
+        home = _home(snip, top_cell, ordinal)
+        where[snip.anchor] = "t" + SHARED_CHUNK if home == SHARED_CHUNK else tl_shard(ordinal[home])
+        top_home.setdefault(home, []).append(snip)
+    for start in range(0, len(cells), TL_CELLS):
+        part = cells[start : start + TL_CELLS]
+        ids = [str(r["cell_id"]) for r in part]
+        rows_of = patterns.rows(ids) if patterns is not None else {}
+        cites = occ_keys.of(ids[0], ids[-1])
+        for cell, rows in rows_of.items():
+            cites.setdefault(cell, set()).update(cited_ids(rows))
+        keys = set().union(*cites.values()) - set(top.snippets) if cites else set()
+        evidence = reader.resolve(keys, (ids[0], ids[-1]))
+        figures.count(iter(evidence.snippets.values()))
+        spans = {
+            (s.path, s.line_start or 0, s.line_end or 0) for s in evidence.snippets.values() if s.path and not s.event
+        }
+        spans |= top_spans
+        path_cell, ranges = data.places(ir, spans, (ids[0], ids[-1]))
+        chunks: dict[str, dict[str, Any]] = {c: {"lines": {}, "refs": {}} for c in ids}
+        cited: dict[str, set[str]] = {}
+        # a key's home: its event's (or file's) cell when in this shard, else the first cell citing it
+        citing: dict[str, str] = {}
+        for cell in ids:
+            for k in cites.get(cell, ()):
+                citing.setdefault(k, cell)
+        placed = [(s, evidence) for s in evidence.snippets.values()]
+        placed += [(s, top) for c in ids for s in top_home.get(c, [])]
+        for snip, source in placed:
+            home = _home(snip, path_cell, ordinal)
+            if home not in chunks:
+                home = citing.get(snip.key, ids[0])
+            _put_snippet(chunks[home], snip, source)
+            ev = snip.key if snip.event else ranges.get((snip.path or "", snip.line_start or 0, snip.line_end or 0))
+            if ev is not None and snip.status == "verified":
+                cited.setdefault(home, set()).add(ev)
+        shard: dict[str, Any] = {}
+        for i, (r, (cell, events)) in enumerate(zip(part, data.timelines(ir, ids), strict=True), start=start):
+            chunk = chunks[cell]
+            chunk["events"] = events
+            chunk["patterns"] = rows_of.get(cell, [])
+            chunk["cited"] = sorted(cited.get(cell, set()))
+            chunk["meta"] = [r.get("task_id"), r.get("run_id"), r.get("outcome")]
+            chunk["o"] = i  # its ordinal: the search reads a shard's chunks by the ordinals the index gave
+            for e in events:  # what the page's scan reads besides the event's fields: its own embedded raw lines
+                lines = chunk["lines"].get(e[8]) if e[8] else None
+                if lines:
+                    raw = " ".join(lines[str(n)] for n in range(e[9] or 0, (e[10] or 0) + 1) if str(n) in lines)
+                    if raw:
+                        search.add_raw(i, raw)
+            shard[cell] = chunk
+            figures.events += len(events)
+        writer.put(tl_shard(start), shard)
+    for start in range(0, len(cells), ROW_CELLS):
+        writer.put(f"c{start // ROW_CELLS}", [_cell_row(x) for x in cells[start : start + ROW_CELLS]])
+    shared: dict[str, Any] = {"lines": {}, "refs": {}}
+    for snip in top_home.get(SHARED_CHUNK, []):
+        _put_snippet(shared, snip, top)
+    writer.put("t" + SHARED_CHUNK, {SHARED_CHUNK: shared})
+    return where
 
 
 def _luna_failures(arts: RunArtifacts, failed: list[Row]) -> list[dict[str, Any]]:
@@ -405,30 +612,83 @@ def _luna_failures(arts: RunArtifacts, failed: list[Row]) -> list[dict[str, Any]
     ]
 
 
-def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
-    """Everything the template shows, and the evidence (snippets and lines) of every cited key."""
-    cited: set[str] = set()
+# The index page's sections, in order: (anchor, title in the nav, shown when). The one place a section
+# is listed; its body is the template's <section id="ANCHOR">. "always" or a context key that must be truthy.
+SECTIONS: tuple[tuple[str, str, str], ...] = (
+    ("summary", "Summary", "always"),
+    ("weaknesses", "Weaknesses", "always"),
+    ("asks", "Asks", "asks"),
+    ("proposals", "Proposals", "always"),
+    ("followup", "Follow-up", "followup"),
+    ("prevalence", "Prevalence", "always"),
+    ("cells", "Cells & timelines", "always"),
+    ("groups", "Pattern groups", "always"),
+    ("gates", "Gate receipts", "always"),
+    ("calls", "Model calls", "always"),
+    ("raw", "Evidence", "always"),
+)
+
+
+def _families(eligible: list[Row]) -> tuple[list[str], list[str]]:
+    """Every task family (sorted), and the ones the chart shows: the largest ``CHART_FAMILIES``."""
+    counts: dict[str, int] = {}
+    for r in eligible:
+        counts[str(r.get("task_id"))] = counts.get(str(r.get("task_id")), 0) + 1
+    top = sorted(counts, key=lambda t: (-counts[t], t))[:CHART_FAMILIES]
+    return sorted(counts), sorted(top)
+
+
+@dataclass
+class Built:
+    """The index page's context, and what the page's links need (the run's own ids, each key's shard)."""
+
+    ctx: dict[str, Any]
+    top: Evidence
+    internal: dict[str, tuple[str, str]]
+    shards: dict[str, str]
+    figures: _Figures
+
+
+def context(arts: RunArtifacts, writer: ShardWriter, spill: Path) -> Built:
+    """Everything the index page shows, its shards written on the way, one shard of cells at a time.
+
+    Held whole: the cells' rows (one small dict a cell), where each cell's patterns are, and the keys
+    the index page cites (weakness cards, proposals, follow-up, groups' own fields) with their lines.
+    Not held: patterns, occurrences, timelines, and the evidence of cells, written shard by shard.
+    """
+    run = RunDir(arts.path)
     followup = _followup(arts)
-    for part in (arts.patterns, arts.groups, arts.shortlist, arts.proposals, arts.validation, arts.block, followup):
-        if part is not None:
-            cited |= cited_ids(part)
+    patterns = stream.PatternIndex(run.patterns) if run.patterns.is_file() else None
     asks = asks_section(arts.path)  # the Asks section (pipeline/report/asks.py): its cited events resolve here too
-    evidence = EvidenceReader(arts.path).resolve(cited | asks.cited)
-    snippets = evidence.snippets
     ir = data.IR(arts.ir_path)
+    search = SearchIndex(arts.ir_path, spill)
+    reader = EvidenceReader(arts.path)
+    figures = _Figures()
     try:
         cells = data.cells(ir)
-        by_cell: dict[str, list[Row]] = {}
-        for p in arts.patterns or []:
-            by_cell.setdefault(str(p.get("cell_id")), []).append(p)
+        cell_shard = {str(r["cell_id"]): tl_shard(i) for i, r in enumerate(cells)}
+        occ_keys = _OccurrenceKeys(search.con)
+        groups, group_shards = _write_groups(run, cell_shard, occ_keys, writer)
+        occ_keys.sort()
+        top_keys: set[str] = set()
+        for part in (arts.shortlist, arts.proposals, arts.validation, arts.block, followup, groups):
+            if part is not None:
+                top_keys |= cited_ids(part)
+        top = reader.resolve(top_keys | asks.cited)
+        figures.count(iter(top.snippets.values()))
+        snippets = top.snippets
         weaknesses = arts.weaknesses or []
         roles = _weakness_roles(weaknesses)
         outcome = {str(r["cell_id"]): str(r.get("outcome")) for r in cells}
+        failed = ir.rows("SELECT cell_id, reason FROM luna_cells WHERE status = 'failed' ORDER BY cell_id")
+        luna_status = {str(r["cell_id"]): r for r in failed}
         for r in cells:
             cid = str(r["cell_id"])
-            r["patterns"] = len(by_cell.get(cid, [])) if arts.patterns is not None else None
-            r["types"] = sorted({str(p.get("type")) for p in by_cell.get(cid, [])})
+            r["patterns"] = patterns.count(cid) if patterns is not None else None
+            r["types"] = sorted(patterns.cell_types(cid)) if patterns is not None else []
             r["weaknesses"] = roles.get(cid, {})
+            if cid in luna_status:
+                r["luna_failed"] = luna_status[cid].get("reason") or "no answer"
         decisions = _gate1_decisions(arts)
         cards = [
             {
@@ -439,39 +699,40 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
             }
             for w in weaknesses
         ]
-        chunks, index, n_events = _chunks(ir, evidence, by_cell)
-        failed = ir.rows("SELECT cell_id, reason FROM luna_cells WHERE status = 'failed' ORDER BY cell_id")
-        luna_status = {str(r["cell_id"]): r for r in failed}
-        for r in cells:
-            if str(r["cell_id"]) in luna_status:
-                r["luna_failed"] = luna_status[str(r["cell_id"])].get("reason") or "no answer"
+        where = _write_cells(ir, reader, top, patterns, occ_keys, cells, writer, search, figures)
+        search_shards = search.build([str(r["cell_id"]) for r in cells], writer)
     finally:
+        reader.close()
+        search.close()
         ir.close()
-    # Occurrence tables are built in the page when a group is opened: at 1,000 cells they are most of the DOM.
-    chunks[GROUPS_CHUNK] = _pack(
-        {str(g.get("group_id")): g.get("occurrences") or [] for g in arts.groups or [] if isinstance(g, dict)}
-    )
     vals = validation_by_id(arts.validation)
     proposals = [
         {"card": p, "validation": vals.get(str(p.get("proposal_id"))), "summary": None} for p in arts.proposals or []
     ]
     for entry in proposals:
         entry["summary"] = validation_summary(entry["validation"])
-    statuses: dict[str, int] = {}
-    for s in snippets.values():
-        statuses[s.status] = statuses.get(s.status, 0) + 1
     eligible = [r for r in cells if r.get("eligibility") == "valid_behavior"]
-    luna_failures = _luna_failures(arts, failed)
+    luna_failures = _luna_failures(arts, failed[:LIST_CAP])
     outcomes_count: dict[str, int] = {}
     for r in eligible:
         outcomes_count[str(r.get("outcome"))] = outcomes_count.get(str(r.get("outcome")), 0) + 1
+    tasks, chart_tasks = _families(eligible)
+    shown_tasks = set(chart_tasks)
+    types_by_cell = {str(r["cell_id"]): [{"type": t} for t in r["types"]] for r in eligible if r["types"]}
     page = {
         "run_id": arts.run_id,
-        "index": index,
-        "chunks": chunks,
         "show_ref": f"lunasol show-ref REF --run {arts.path}",
         "search_batch": SEARCH_BATCH,
+        "hit_cap": HIT_CAP,
         "cell_rows": CELL_ROWS,
+        "cells": len(cells),
+        "tl_cells": TL_CELLS,
+        "row_cells": ROW_CELLS,
+        "occ_rows": OCC_ROWS,
+        "search_index": bool(search_shards),
+        "search_shards": search_shards,
+        "word_chars": WORD_CHARS,
+        "prefix": PREFIX,
     }
     ctx = {
         "run_id": arts.run_id,
@@ -479,22 +740,25 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
         "state": run_state(arts),
         "handoff": arts.handoff,
         "block": arts.block,
-        "coverage": cells,
+        "n_cells": len(cells),
         "included": len(eligible),
         "excluded": len(cells) - len(eligible),
         "outcomes": dict(sorted(outcomes_count.items())),
-        "tasks": sorted({str(r.get("task_id")) for r in eligible}),
-        "types": sorted({str(p.get("type")) for p in arts.patterns or []}),
-        "events": sum(int(r.get("events") or 0) for r in cells) or n_events,
+        "tasks": tasks,
+        "task_select": tasks if len(tasks) <= TASK_OPTIONS else None,
+        "types": sorted(patterns.types) if patterns is not None else [],
+        "events": sum(int(r.get("events") or 0) for r in cells) or figures.events,
         # secrets replaced in the IR's text (run.json records the count only when there were any)
         "redactions": int(((arts.run or {}).get("export") or {}).get("redactions") or 0),
         # made with --no-redact: the IR's text (timelines, quotes) holds the logs' secrets as written
         "unredacted": ((arts.run or {}).get("export") or {}).get("redacted") is False,
         # a pilot on a subset of the cells (run.json pilot): said in the header, every figure is over the subset
         "pilot": _pilot_label(arts),
-        "patterns": arts.patterns,
+        "n_patterns": patterns.total if patterns is not None else None,
         "luna_failures": luna_failures,
-        "groups": arts.groups,
+        "n_luna_failures": len(failed),
+        "groups": groups,
+        "group_shards": group_shards,
         "weaknesses": arts.weaknesses,
         "cards": cards,
         "dropped": arts.dropped_weaknesses,
@@ -512,16 +776,26 @@ def context(arts: RunArtifacts) -> tuple[dict[str, Any], Evidence]:
         "followup": followup,
         "asks": asks.asks,
         "calls": _calls_summary(arts),
-        "chart": prevalence_svg(eligible, by_cell),
+        "chart": prevalence_svg([r for r in eligible if str(r.get("task_id")) in shown_tasks], types_by_cell),
+        "chart_families": len(chart_tasks),
         # A group's lists (its cells, tasks, runs) are shown up to this many items: its occurrence table,
         # built when the group is opened, holds every one (at 10,000 cells the lists were 268K DOM nodes).
         "group_list_cap": GROUP_LIST_CAP,
         "cell_rows": CELL_ROWS,
-        "problems": [snippets[k] for k in sorted(snippets) if snippets[k].status != "verified"],
-        "snippet_statuses": dict(sorted(statuses.items())),
+        "problems": figures.problems,
+        "n_problems": figures.n_problems,
+        "list_cap": LIST_CAP,
+        "snippet_statuses": dict(sorted(figures.statuses.items())),
         "page_data": _script_json(page),
     }
-    return ctx, evidence
+    ctx["sections"] = [(a, t) for a, t, when in SECTIONS if when == "always" or ctx.get(when)]
+    internal = _internal_anchors(
+        arts,
+        list(cell_shard),
+        patterns.ids if patterns is not None else {},
+        [str(g.get("group_id")) for g in groups or []],
+    )
+    return Built(ctx, top, internal, {**where, **cell_shard}, figures)
 
 
 def _pilot_label(arts: RunArtifacts) -> str | None:
@@ -538,31 +812,71 @@ def _followup(arts: RunArtifacts) -> dict[str, Any] | None:
     return None if doc is None else doc.model_dump(mode="json")
 
 
-def render_report(run_dir: Path) -> tuple[str, dict[str, int]]:
-    """The report's HTML and its figures (refs embedded, hash mismatches, unresolved ids)."""
-    arts = RunDir(run_dir).read()
-    ctx, evidence = context(arts)
-    internal = _internal_anchors(arts, [str(r["cell_id"]) for r in ctx["coverage"]])
-    html = _environment(evidence.snippets, internal).get_template(TEMPLATE).render(**ctx)
-    snippets = evidence.snippets.values()
-    stats = {
-        "bytes": len(html.encode("utf-8")),
-        "refs": sum(1 for s in snippets if s.status == "verified"),
-        "hash_mismatches": sum(1 for s in snippets if s.status == "hash_mismatch"),
-        "unresolved": sum(1 for s in snippets if s.status not in ("verified", "hash_mismatch")),
+def build_report(run_dir: Path, root: Path) -> dict[str, int]:
+    """Write the report directory's content into ``root`` (an empty directory); return its figures."""
+    # patterns and groups grow with the batch: streamed (pipeline.report.stream), never read whole
+    arts = RunDir(run_dir).read(ARTIFACTS - {"patterns", "groups"})
+    writer = ShardWriter(root)
+    built = context(arts, writer, root / ".spill")
+    shutil.rmtree(root / ".spill", ignore_errors=True)
+    env = _environment(built.top.snippets, built.internal, built.shards)
+    html = env.get_template(TEMPLATE).render(**built.ctx)
+    atomic_write_text(root / REPORT_INDEX, html)
+    (root / MARKER).write_text("lunasol report directory: index.html and the data/ it loads\n", encoding="utf-8")
+    page = len(html.encode("utf-8"))
+    st = built.figures.statuses
+    return {
+        "bytes": page,
+        "total_bytes": page + writer.bytes,
+        "files": writer.files + 1,
+        "refs": st.get("verified", 0),
+        "hash_mismatches": st.get("hash_mismatch", 0),
+        "unresolved": sum(n for k, n in st.items() if k not in ("verified", "hash_mismatch")),
     }
-    return html, stats
+
+
+def render_report(run_dir: Path) -> tuple[str, dict[str, int]]:
+    """The report's index page and its figures (its shards are built in a temporary directory and dropped)."""
+    with tempfile.TemporaryDirectory(prefix="lunasol-report-") as tmp:
+        stats = build_report(run_dir, Path(tmp))
+        return (Path(tmp) / REPORT_INDEX).read_text(encoding="utf-8"), stats
+
+
+def _check_out(out: Path) -> None:
+    # Checked before rendering: a typo in the output path is bad input, not a new directory tree.
+    if not out.parent.is_dir():
+        raise BadInput(f"output directory does not exist: {out.parent}")
+    if out.is_file():
+        raise BadInput(f"output {out} is a file; a report is a directory (index.html and its data/): name a new one")
+    if out.is_dir() and not (out / MARKER).is_file():
+        raise BadInput(f"output {out} is a directory that holds no lunasol report; name a new one or an old report")
 
 
 def write_report(run_dir: Path, out: Path | None = None) -> tuple[Path, dict[str, int]]:
-    """Render and write atomically (default ``RUN/report.html``); return the path and figures."""
+    """Build the report directory (default ``RUN/report/``) atomically; return its ``index.html`` and figures.
+
+    Built in a temporary sibling and renamed into place: a reader sees the old report or the new one,
+    never a mix. Only a directory that is a lunasol report (or an empty one) is replaced.
+    """
     if out is not None:
-        # Checked before rendering: a typo in the output path is bad input, not a new directory tree.
-        if out.is_dir():
-            raise BadInput(f"output {out} is a directory; name the file, e.g. {out / REPORT_FILE}")
-        if not out.parent.is_dir():
-            raise BadInput(f"output directory does not exist: {out.parent}")
-    html, stats = render_report(run_dir)
-    path = out if out is not None else RunDir(run_dir).report
-    atomic_write_text(path, html)
-    return path, stats
+        _check_out(out)
+    target = out if out is not None else RunDir(run_dir).report_dir
+    if not run_dir.is_dir():
+        raise BadInput(f"run directory not found: {run_dir}")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        stats = build_report(run_dir, tmp)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; a report is read like the run's other files
+        old = None
+        if target.exists():
+            old = target.parent / f".{target.name}.{os.getpid()}.old"
+            os.replace(target, old)
+        os.replace(tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out is None:  # the single page earlier versions wrote would now be a stale copy beside it
+        RunDir(run_dir).path.joinpath(REPORT_FILE).unlink(missing_ok=True)
+    return target / REPORT_INDEX, stats

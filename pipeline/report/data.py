@@ -83,20 +83,35 @@ def cells(ir: IR, cell_id: str | None = None) -> list[Row]:
     return rows
 
 
-def timelines(ir: IR) -> Iterator[tuple[str, list[list[Any]]]]:
+def timelines(ir: IR, cells: list[str] | None = None) -> Iterator[tuple[str, list[list[Any]]]]:
     """Per cell in cell order, its events in order as compact rows for the page, one cell at a time.
 
     Row: ``[event_id, segment_id, kind, detail, actor, stage, tool, text, path, line_start, line_end, pointer]``
     (text cut to ``TEXT_CHARS``; the page shows the raw lines of cited events in full). Streamed: at
-    10,000 cells the whole batch's rows as Python lists were ~2 GiB.
+    10,000 cells the whole batch's rows as Python lists were ~2 GiB. ``cells`` (sorted): exactly these
+    cells, each once (no events: no rows), read as one range of the events table (DuckDB skips the rest
+    by min/max, and sorts only the range), so a report reads the IR a shard of cells at a time.
     """
+    if cells is not None:
+        if not cells:
+            return
+        got = dict(_timeline_rows(ir, (cells[0], cells[-1])))
+        for cell in cells:
+            yield cell, got.get(cell, [])
+        return
+    yield from _timeline_rows(ir, None)
+
+
+def _timeline_rows(ir: IR, span: tuple[str, str] | None) -> Iterator[tuple[str, list[list[Any]]]]:
     if ir.con is None:
         return
+    where, params = ("WHERE cell_id BETWEEN ? AND ? ", list(span)) if span else ("", [])
     try:
         cur = ir.con.execute(
             "SELECT cell_id, event_id, segment_id, kind, detail, actor, stage, tool_name, "
             f"left(coalesce(text, ''), {TEXT_CHARS}), source_path, line_start, line_end, json_pointer "
-            "FROM events ORDER BY cell_id, seq"
+            f"FROM events {where}ORDER BY cell_id, seq",
+            params,
         )
         cell: str | None = None
         rows: list[list[Any]] = []
@@ -113,25 +128,30 @@ def timelines(ir: IR) -> Iterator[tuple[str, list[list[Any]]]]:
         return
 
 
-def places(ir: IR, spans: set[tuple[str, int, int]]) -> tuple[dict[str, str], dict[tuple[str, int, int], str]]:
+def places(
+    ir: IR, spans: set[tuple[str, int, int]], span: tuple[str, str] | None = None
+) -> tuple[dict[str, str], dict[tuple[str, int, int], str]]:
     """Where refs sit in the IR: each file's first cell (in cell order) and each exact span's first event.
 
     ``spans``: (path, line_start, line_end) of refs; first is by (cell_id, seq), as the timelines run.
+    ``span``: (first, last) cell id: only events of that range count (a report's shard of cells).
     """
     if ir.con is None or not spans:
         return {}, {}
     paths, starts, ends = (list(x) for x in zip(*sorted(spans), strict=True))
+    rng, extra = ("AND cell_id BETWEEN ? AND ? ", list(span)) if span else ("", [])
     try:
         cells = ir.con.execute(
             "SELECT source_path, min(cell_id) FROM events "
-            "WHERE source_path IN (SELECT unnest(?::VARCHAR[])) GROUP BY 1",
-            [sorted(set(paths))],
+            f"WHERE source_path IN (SELECT unnest(?::VARCHAR[])) {rng}GROUP BY 1",
+            [sorted(set(paths)), *extra],
         ).fetchall()
         firsts = ir.con.execute(
             "WITH s AS (SELECT unnest(?::VARCHAR[]) AS p, unnest(?::INTEGER[]) AS a, unnest(?::INTEGER[]) AS b) "
             "SELECT e.source_path, e.line_start, e.line_end, first(e.event_id ORDER BY e.cell_id, e.seq) "
-            "FROM events e JOIN s ON e.source_path = s.p AND e.line_start = s.a AND e.line_end = s.b GROUP BY 1, 2, 3",
-            [paths, starts, ends],
+            "FROM events e JOIN s ON e.source_path = s.p AND e.line_start = s.a AND e.line_end = s.b "
+            f"{rng.replace('cell_id', 'e.cell_id')}GROUP BY 1, 2, 3",
+            [paths, starts, ends, *extra],
         ).fetchall()
     except duckdb.Error:
         return {}, {}

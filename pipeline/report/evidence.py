@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 from pipeline.artifacts.rundir import RunDir
 from pipeline.core import duck
 from pipeline.core.canonical import sha256_text
@@ -118,24 +120,45 @@ class EvidenceReader:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.ir_path = RunDir(run_dir).ir
+        # Kept across resolve() calls (the report resolves a shard of cells at a time): the manifest is
+        # read once, the IR opened once.
+        self._reader: RefReader | None = None
+        self._opened: str | None = None
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._cols: list[str] = []
 
-    def _events(self, ids: list[str]) -> dict[str, dict[str, Any]]:
+    def close(self) -> None:
+        """Release the IR connection (the frozen files are read one at a time and not kept open)."""
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+
+    def _events(self, ids: list[str], cells: tuple[str, str] | None = None) -> dict[str, dict[str, Any]]:
+        """The IR rows of event ``ids``; ``cells`` (first, last cell id) where they are expected to be.
+
+        The range lets DuckDB skip the rest of the events table (read a shard of cells at a time);
+        ids outside it are looked up in the whole table.
+        """
         if not ids or not self.ir_path.is_file():
             return {}
-        con = duck.connect(self.ir_path, read_only=True)
-        try:
-            cols = {r[0] for r in con.execute("DESCRIBE events").fetchall()}
-            want = [c for c in _EVENT_COLUMNS if c in cols]
-            rows = con.execute(
-                f"SELECT {', '.join(want)} FROM events WHERE event_id IN (SELECT unnest(?))", [ids]
-            ).fetchall()
-        finally:
-            con.close()
-        return {r[0]: dict(zip(want, r, strict=True)) for r in rows}
+        if self._con is None:
+            self._con = duck.connect(self.ir_path, read_only=True)
+            have = {r[0] for r in self._con.execute("DESCRIBE events").fetchall()}
+            self._cols = [c for c in _EVENT_COLUMNS if c in have]
+        sql = f"SELECT {', '.join(self._cols)} FROM events WHERE event_id IN (SELECT unnest(?))"
+        found: dict[str, dict[str, Any]] = {}
+        if cells is not None:
+            rows = self._con.execute(sql + " AND cell_id BETWEEN ? AND ?", [ids, *cells]).fetchall()
+            found = {r[0]: dict(zip(self._cols, r, strict=True)) for r in rows}
+            ids = [i for i in ids if i not in found]
+        if ids:
+            rows = self._con.execute(sql, [ids]).fetchall()
+            found.update({r[0]: dict(zip(self._cols, r, strict=True)) for r in rows})
+        return found
 
-    def _place(self, keys: set[str]) -> dict[str, Snippet]:
+    def _place(self, keys: set[str], cells: tuple[str, str] | None = None) -> dict[str, Snippet]:
         """Every key's snippet with its path and lines known (or why not), nothing read yet."""
-        events = self._events(sorted(k for k in keys if "#L" not in k))
+        events = self._events(sorted(k for k in keys if "#L" not in k), cells)
         out: dict[str, Snippet] = {}
         for key in sorted(keys):
             snip = Snippet(key=key, anchor=anchor_for(key))
@@ -158,19 +181,23 @@ class EvidenceReader:
                 snip.status, snip.note = "not_in_ir", "no such event in this run's IR"
         return out
 
-    def resolve(self, keys: set[str]) -> Evidence:
-        """Snippets for every key (event ids through the IR, refs directly) and the lines they show."""
-        snippets = self._place(keys)
+    def resolve(self, keys: set[str], cells: tuple[str, str] | None = None) -> Evidence:
+        """Snippets for every key (event ids through the IR, refs directly) and the lines they show.
+
+        ``cells``: the (first, last) cell ids the keys' events are expected in (a narrower IR lookup).
+        """
+        snippets = self._place(keys, cells)
         todo = sorted(
             (s for s in snippets.values() if s.path is not None and s.status == "unresolved"),
             key=lambda s: (s.path or "", s.line_start or 0, s.key),
         )
         lines: dict[str, dict[int, str]] = {}
-        try:
-            reader: RefReader | None = RefReader(self.run_dir)
-            opened = ""
-        except LunasolError as exc:
-            reader, opened = None, exc.one_line()
+        if self._reader is None and self._opened is None and todo:
+            try:
+                self._reader, self._opened = RefReader(self.run_dir), ""
+            except LunasolError as exc:
+                self._opened = exc.one_line()
+        reader, opened = self._reader, self._opened or ""
         for snip in todo:  # sorted by path: the reader keeps one file at a time
             if reader is None:
                 snip.status, snip.note = "unreadable", opened + " — lines not embedded"

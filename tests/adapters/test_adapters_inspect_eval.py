@@ -136,8 +136,8 @@ def test_report_embeds_elements_not_the_sample_with_its_labels(
     (run / "patterns.jsonl").write_text(json.dumps(pattern) + "\n")
     path, stats = write_report(run)
     html = path.read_text()
-    # the page and its compressed evidence chunks, inflated: everything the page can show
-    page = html + json.dumps(read_page_data(html), ensure_ascii=False)
+    # the page and its compressed shards, inflated: everything the report can show
+    page = html + json.dumps(read_page_data(path), ensure_ascii=False)
     assert stats["refs"] == len(cited) and stats["unresolved"] == 0
     assert "run_tests" in page and "Message limit exceeded" in page  # the elements are there
     assert "characters" in page  # with their position

@@ -130,10 +130,10 @@ def test_no_planted_secret_reaches_prompts_recordings_report_or_ir(planted_run: 
 
     result = runner.invoke(app, ["report", str(d)])
     assert result.exit_code == 0, result.output
-    html = (d / "report.html").read_text(encoding="utf-8")
+    html = (d / "report" / "index.html").read_text(encoding="utf-8")
     assert _leaks(html) == []
-    # the timelines and raw lines the page embeds are deflated: read them inflated
-    embedded = json.dumps(read_page_data(html), ensure_ascii=False)
+    # the timelines, raw lines and search index the report's shards hold are deflated: read them inflated
+    embedded = json.dumps(read_page_data(d / "report"), ensure_ascii=False)
     assert _leaks(embedded) == []
     assert "[REDACTED:private-key]" in embedded and "[REDACTED:openai-key]" in embedded
     # what the page embeds for a cited ref or event of the planted file: its raw lines, redacted
@@ -365,7 +365,7 @@ def test_run_no_redact_warns_records_and_shows_it_and_a_plain_rerun_redacts_agai
     assert "SECRET REDACTION OFF" in st.stdout
     assert json.loads(runner.invoke(app, ["status", str(raw), "--json"]).stdout)["redaction"] == "off"
     assert runner.invoke(app, ["report", str(raw)]).exit_code == 0
-    assert 'id="unredacted"' in (raw / "report.html").read_text(encoding="utf-8")
+    assert 'id="unredacted"' in (raw / "report" / "index.html").read_text(encoding="utf-8")
     # a diff against the redacted run names it among the inputs
     assert "export.redacted" in [c.path for c in diff_run_dirs(runs_dir / "plain", raw).inputs]
     # a rerun without the flag re-exports redacted (the export's inputs changed): no secret left in the IR

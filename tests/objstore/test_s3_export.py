@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from pipeline import api
 from pipeline.cli.app import app
+from pipeline.report import write_report
 from pipeline.testing.seaweed import S3Server
 from tests.objstore.conftest import client
 
@@ -36,14 +37,18 @@ def test_export_tables_round_trips_every_table_through_a_bucket(demo_gate1: Path
     assert s3.secret_key not in res.output
 
 
-def test_report_goes_to_a_key_whole(demo_gate1: Path, bucket: str, s3: S3Server, tmp_path: Path) -> None:
-    url = f"s3://{bucket}/reports/r.html"
+def test_report_goes_to_keys_whole(demo_gate1: Path, bucket: str, s3: S3Server, tmp_path: Path) -> None:
+    url = f"s3://{bucket}/reports/r1"
     res = runner.invoke(app, ["report", str(demo_gate1), "-o", url])
     assert res.exit_code == 0, res.output
-    assert f"wrote {url}" in res.output
-    page = client().cat(f"{bucket}/reports/r.html")
+    assert f"wrote {url}/index.html" in res.output
+    page = client().cat(f"{bucket}/reports/r1/index.html")
     assert page.startswith(b"<!") and b"W-01" in page
-    assert client().ls(f"{bucket}/reports") == [f"{bucket}/reports/r.html"]  # no temporary key left
+    local, _ = write_report(demo_gate1, out=tmp_path / "r1")  # the same report on disk: every file, same bytes
+    files = sorted(p.relative_to(local.parent).as_posix() for p in local.parent.rglob("*") if p.is_file())
+    stored = sorted(k.removeprefix(f"{bucket}/reports/r1/") for k in client().find(f"{bucket}/reports/r1"))
+    assert stored == files  # no temporary key left
+    assert client().cat(f"{bucket}/reports/r1/data/c0.js") == (local.parent / "data" / "c0.js").read_bytes()
 
 
 def test_export_with_wrong_credentials_is_one_line_exit_2(
