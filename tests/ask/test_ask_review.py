@@ -139,28 +139,31 @@ def test_a_receipt_without_ask_stays_as_it_was_and_an_older_one_migrates(asked: 
     assert load_artifact(older, "gate-receipt", gates.Receipt).ask is None
 
 
-def test_the_report_has_an_asks_section_whose_yes_answers_link_to_their_raw_lines(asked: tuple[Path, str]) -> None:
+def test_the_report_has_an_asks_section_whose_yes_answers_link_to_their_raw_lines(
+    asked: tuple[Path, str], tmp_path: Path
+) -> None:
     import re
 
-    from pipeline.report.build import read_page_data, render_report
+    from pipeline.report.build import read_page_data, write_report
 
     run, ask_id = asked
     expected = _expected(run, WHERE)
     answered = [c for c in expected if c != "C006"]
     yes = sorted(c for c in answered if expected[c]["task"] in YES_TASKS)
-    html, stats = render_report(run)
+    page, stats = write_report(run, tmp_path / "report")
+    html = page.read_text(encoding="utf-8")
     assert stats["unresolved"] == 0 and '<a href="#asks">Asks</a>' in html
     section = html[html.index('<section id="asks">') : html.index('<section id="proposals">')]
     assert f'id="ask-{ask_id}"' in section and f"{len(answered)} of {len(expected)} cells answered" in section
     assert f"{len(yes)}/{len(answered)}" in section  # the yes count over answered cells, all outcomes
     rows = re.findall(r'<tr data-cell="(C\d+)">(.*?)</tr>', section, re.S)
     assert sorted(c for c, _ in rows) == yes  # every yes listed, no "no"
-    data = read_page_data(html)
+    data = read_page_data(page)
     con = duckdb.connect(str(run / "ir.duckdb"), read_only=True)
     cited = dict(con.execute("SELECT cell_id, evidence FROM ask_answers WHERE ask_id = ?", [ask_id]).fetchall())
     con.close()
     for cell, row in rows:
-        anchors = re.findall(r'<a class="ref" href="#(raw-[0-9a-f]+)" data-ref="[^"]+">([^<]+)</a>', row)
+        anchors = re.findall(r'<a class="ref" href="#(raw-[0-9a-f]+)" data-ref="[^"]+"[^>]*>([^<]+)</a>', row)
         assert {e for _, e in anchors} == set(cited[cell]), cell
         for anchor, event in anchors:  # the link opens the event's own raw lines, embedded in the page
             key, chunk, status = data["index"][anchor]

@@ -114,10 +114,10 @@ def test_status_show_and_report_label_the_pilot(pilot: Path, tmp_path: Path) -> 
     assert format_status(s).splitlines()[1].strip().startswith(label)
     shown = CliRunner().invoke(app, ["show", str(pilot), "W-01"])
     assert shown.exit_code == 0 and shown.output.splitlines()[1].startswith(label)
-    out = tmp_path / "r.html"
+    out = tmp_path / "report"
     res = CliRunner().invoke(app, ["report", str(pilot), "-o", str(out)])
     assert res.exit_code == 0, res.output
-    html = out.read_text(encoding="utf-8")
+    html = (out / "index.html").read_text(encoding="utf-8")
     header = html.split("<header>", 1)[1].split("</header>", 1)[0]
     assert 'id="pilot"' in header and label.replace("'", "&#39;") in header
     assert "eligible cells (the denominator: this pilot's subset)" in html

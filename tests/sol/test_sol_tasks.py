@@ -135,7 +135,7 @@ def test_a_map_reduce_plan_holds_no_whole_batch_prompt_and_no_map_context(
     assert decision.mode == "map_reduce" and decision.single_estimated and not made
     assert len(decision.maps) >= 3 and all(m._held is None for m in decision.maps)
     contexts = [m.context for m in decision.maps]
-    assert maps_digest(decision.maps) == digest({"maps": contexts})
+    assert maps_digest(decision.maps) == digest({"maps": [digest(c) for c in contexts]})
     budget = role_budget(settings, MAP_ROLE)
     for m, c in zip(decision.maps, contexts, strict=True):
         assert c["call_id"] == m.chunk.call_id and m.canonical_sha == digest(c)
