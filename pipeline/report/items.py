@@ -44,7 +44,11 @@ class Item:
 
 
 def _evidence(run_dir: Path, keys: set[str], context: int) -> list[dict[str, Any]]:
-    ev: Evidence = EvidenceReader(run_dir).resolve(keys)
+    reader = EvidenceReader(run_dir)
+    try:
+        ev: Evidence = reader.resolve(keys)
+    finally:
+        reader.close()  # the reader keeps its IR connection for a report's many shards: released here
     out = []
     for key in sorted(keys):
         s = ev.snippets[key]

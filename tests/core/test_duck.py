@@ -115,6 +115,7 @@ def test_the_last_close_hands_the_instance_memory_back_and_the_next_open_has_the
     con.execute("CREATE TABLE t AS SELECT range AS i FROM range(100000)")
     con.close()
     hub = duck._HUB._con
+    assert not duck._HUB._files, sorted(duck._HUB._files)  # no file is held by a connection another test leaked
     assert hub.execute("SELECT current_setting('memory_limit')").fetchall()[0][0] != "512.0 MiB"  # asked back
     again = duck.connect(tmp_path / "a.duckdb", read_only=True)
     try:
