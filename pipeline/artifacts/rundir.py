@@ -65,6 +65,7 @@ REPORT_INDEX = "index.html"
 GATES_DIR = "gates"  # gate receipts: gates/<gate>-<operation>.json
 EXCHANGES_DIR = "exchanges"  # a live run's raw answers, laid out like a recording store
 VERIFIED_FILE = "verified-files.json"  # the bundle files the export hashed, with their stat
+SOL_MAP_DIR = "sol_map"  # Sol's map answers (<call id>.json), their request counts and plan inputs
 TIMELINES_FILE = "timelines.json"  # Sol's rendered timelines, reused while their inputs hold
 BATCHES_FILE = "batches.json"  # provider batches submitted for the run
 BATCH_QUEUE_FILE = "batch-queue.json"  # a queue limit the provider stated

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pipeline
+from pipeline.artifacts import rundir
 from pipeline.core.canonical import digest
 from pipeline.core.settings import ModelSettings
 from pipeline.sol.cards import SolAnswer
@@ -31,7 +31,7 @@ from pipeline.state.ledger import CellResults, cell_key
 if TYPE_CHECKING:
     from pipeline.sol.partition import Chunk, Renderer
 
-MAP_ANSWERS_DIR = "sol_map"  # runs/<id>/sol_map/<call id>.json, one per map call
+MAP_ANSWERS_DIR = rundir.SOL_MAP_DIR  # runs/<id>/sol_map/<call id>.json, one per map call
 COUNTS_ID = "request-tokens"  # runs/<id>/sol_map/request-tokens.json: map request digest -> tokens
 PLAN_ID = "plan-inputs"  # runs/<id>/sol_map/plan-inputs.json: what each map context was made from -> its digest
 CPT_STEADY = 0.02  # a characters-per-token rate within 2% of the last plan's plans as the last plan did
@@ -121,27 +121,14 @@ class MapAnswers:
         self.store.put(call_id, key, value, inputs=inputs)
 
 
-_MAKERS = tuple(
-    f"pipeline.{m}" for m in ("luna.render", "sol.corpus", "sol.evidence", "sol.families", "sol.partition", "sol.plan",
-                              "sol.timeline")
-)  # fmt: skip
-
-
 @functools.cache
 def _code_digest() -> str:
     # A map context is made by these modules: a change to any of them makes every context anew.
     h = hashlib.sha256()
-    for name in (
-        "luna.render",
-        "sol.corpus",
-        "sol.evidence",
-        "sol.families",
-        "sol.partition",
-        "sol.plan",
-        "sol.timeline",
-    ):
-        h.update(Path(str(importlib.import_module(f"pipeline.{name}").__file__)).read_bytes())
-    h.update(Path(__file__).read_bytes())
+    root = Path(pipeline.__file__).parent  # the files themselves (importing them by name would be a lookup)
+    for name in ("luna/render", "sol/corpus", "sol/evidence", "sol/families", "sol/partition", "sol/plan",
+                 "sol/timeline", "sol/reuse"):  # fmt: skip
+        h.update((root / f"{name}.py").read_bytes())
     return h.hexdigest()
 
 

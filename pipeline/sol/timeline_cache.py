@@ -31,7 +31,6 @@ from pipeline.core import duck
 from pipeline.core.canonical import atomic_write_bytes, digest, sha256_bytes
 from pipeline.ir.digests import content_digests
 from pipeline.sol import timeline
-from pipeline.sol.reuse import MAP_ANSWERS_DIR
 from pipeline.sol.timeline import read_timelines
 
 TIMELINES_FILE = rundir.TIMELINES_FILE
@@ -62,7 +61,7 @@ class Timelines:
 
 
 def _path(run_dir: Path) -> Path:
-    return run_dir / MAP_ANSWERS_DIR / TIMELINES_FILE
+    return run_dir / rundir.SOL_MAP_DIR / TIMELINES_FILE
 
 
 def _stored(run_dir: Path) -> dict[str, Any]:
