@@ -23,6 +23,7 @@ from pipeline.report.shards import ShardWriter
 WORD = r"[\pL\pN]+"  # RE2 (DuckDB) and the page's /[\p{L}\p{N}]+/gu agree on what a word is
 WORD_CHARS = 32  # a word is indexed by its first 32 characters (the page cuts query words alike)
 PREFIX = 2  # a shard holds the words that begin with the same two characters
+PAIR_CELLS = 2_000  # cells whose (word, cell) pairs are made at once
 MEMORY_LIMIT = "256MB"  # besides the IR hub's (pipeline.core.duck): the two stay under ~0.8 GiB
 
 
@@ -76,17 +77,23 @@ class SearchIndex:
             con.execute("SELECT kind, detail, actor, stage, tool_name, text FROM ir.events LIMIT 0")
         except duckdb.Error:  # an IR without events: nothing to search
             return []
-        # Every (word, cell) pair once, sorted by word: DuckDB spills both steps to disk past its limit
-        # (a list aggregate over the whole batch did not: at 100,000 cells it ran out of memory).
-        con.execute(
-            "CREATE TABLE pairs AS WITH words AS ("
-            f"  SELECT o.o, unnest(regexp_extract_all(lower(concat_ws(' ', {fields}, "
-            f"    left(coalesce(e.text, ''), {TEXT_CHARS}))), '{WORD}')) AS w"
-            "   FROM ir.events e JOIN ord o USING (cell_id)"
-            f"  UNION ALL SELECT o, unnest(regexp_extract_all(lower(t), '{WORD}')) FROM raw"
-            f"  UNION ALL SELECT o, unnest(regexp_extract_all(lower(cell_id), '{WORD}')) FROM ord"
-            f") SELECT DISTINCT left(w, {WORD_CHARS}) AS w, o FROM words WHERE length(w) >= 2"
-        )
+        # Every (word, cell) pair once, sorted by word. Made a range of cells at a time: a pair's cell is part
+        # of it, so pairs distinct within a range are distinct overall, and DuckDB's hash table holds one
+        # range's words (one DISTINCT over the whole batch ran out of memory at 100,000 cells).
+        con.execute("CREATE TABLE pairs (w VARCHAR, o INTEGER)")
+        for lo in range(0, len(cell_ids), PAIR_CELLS):
+            hi = lo + PAIR_CELLS
+            con.execute(
+                "INSERT INTO pairs WITH words AS ("
+                f"  SELECT o.o, unnest(regexp_extract_all(lower(concat_ws(' ', {fields}, "
+                f"    left(coalesce(e.text, ''), {TEXT_CHARS}))), '{WORD}')) AS w"
+                f"   FROM ir.events e JOIN (SELECT * FROM ord WHERE o >= {lo} AND o < {hi}) o USING (cell_id)"
+                f"  UNION ALL SELECT o, unnest(regexp_extract_all(lower(t), '{WORD}')) FROM raw"
+                f"   WHERE o >= {lo} AND o < {hi}"
+                f"  UNION ALL SELECT o, unnest(regexp_extract_all(lower(cell_id), '{WORD}')) FROM ord"
+                f"   WHERE o >= {lo} AND o < {hi}"
+                f") SELECT DISTINCT left(w, {WORD_CHARS}) AS w, o FROM words WHERE length(w) >= 2"
+            )
         con.execute("CREATE TABLE sorted_pairs AS SELECT w, o FROM pairs ORDER BY w, o")
         con.execute("DROP TABLE pairs")
         # then one shard's words at a time (a range of the sorted table: DuckDB reads only its blocks)

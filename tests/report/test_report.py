@@ -184,6 +184,20 @@ def test_report_is_deterministic_and_written_atomically(run_dir: Path, tmp_path:
     assert (tmp_path / "notes" / "keep.txt").read_text() == "mine" and (tmp_path / "file").read_text() == "mine"
 
 
+def test_the_search_index_made_a_few_cells_at_a_time_is_the_index_made_at_once(
+    demo_gate1: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (word, cell) pairs are made a range of cells at a time (bounded memory at 100,000 cells): ranges
+    # of 5 cells over the demo's 24 must give byte for byte the index made in one range
+    from pipeline.report import search
+
+    whole = _tree(write_report(demo_gate1, tmp_path / "whole")[0].parent)
+    monkeypatch.setattr(search, "PAIR_CELLS", 5)
+    ranged = _tree(write_report(demo_gate1, tmp_path / "ranged")[0].parent)
+    shards = {k for k in whole if k.startswith(f"{DATA_DIR}/s")}
+    assert len(shards) > 10 and ranged == whole
+
+
 def test_a_failed_build_leaves_the_old_report(run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pipeline.report import build
 
