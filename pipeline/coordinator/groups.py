@@ -143,11 +143,22 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
     return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
+# A group's own columns, the same in the whole document and in the streamed one.
+_HEAD_COLUMNS = """
+    g.group_id, g.type, g.concerns,
+    {'occurrences': g.occurrences::BIGINT, 'patterns': g.patterns::BIGINT, 'cells': g.cells, 'tasks': g.tasks,
+     'runs': g.runs, 'n_cells': g.n_cells::BIGINT, 'n_tasks': g.n_tasks::BIGINT, 'n_runs': g.n_runs::BIGINT}
+        AS support,
+    {'occurrences': g.negative_occurrences::BIGINT, 'cells': g.negative_cells} AS negatives,
+    g.collapsed_lines::BIGINT AS collapsed_lines"""
+
+
 # The document's groups as DuckDB builds them: each group one row, its support, negatives and
 # occurrences nested structs and lists, handed over through Arrow (C++ builds the Python dicts:
 # 6,000 occurrences no longer zipped into dicts row by row). Keys are sorted when written, so
 # struct order is free; sums are HUGEINT in DuckDB (a decimal in Arrow), hence the casts.
-_GROUPS_SQL = """
+_GROUPS_SQL = (
+    """
 WITH occ AS (
     SELECT group_id, list({
         'occurrence_id': occurrence_id, 'cell_id': cell_id, 'task_id': task_id, 'run_id': run_id,
@@ -158,31 +169,19 @@ WITH occ AS (
     FROM pattern_occurrences GROUP BY group_id
 )
 SELECT
-    g.group_id, g.type, g.concerns,
-    {'occurrences': g.occurrences::BIGINT, 'patterns': g.patterns::BIGINT, 'cells': g.cells, 'tasks': g.tasks,
-     'runs': g.runs, 'n_cells': g.n_cells::BIGINT, 'n_tasks': g.n_tasks::BIGINT, 'n_runs': g.n_runs::BIGINT}
-        AS support,
-    {'occurrences': g.negative_occurrences::BIGINT, 'cells': g.negative_cells} AS negatives,
-    g.collapsed_lines::BIGINT AS collapsed_lines,
+"""
+    + _HEAD_COLUMNS
+    + """,
     coalesce(o.occurrences, []) AS occurrences
 FROM pattern_groups g LEFT JOIN occ o USING (group_id)
 ORDER BY g.group_id
 """
+)
 
 
 # The same groups without their occurrences, and the occurrences alone in the document's order: the
 # document is streamed a group and a batch of occurrences at a time (a group may hold one per cell).
-_GROUP_HEADS_SQL = """
-SELECT
-    g.group_id, g.type, g.concerns,
-    {'occurrences': g.occurrences::BIGINT, 'patterns': g.patterns::BIGINT, 'cells': g.cells, 'tasks': g.tasks,
-     'runs': g.runs, 'n_cells': g.n_cells::BIGINT, 'n_tasks': g.n_tasks::BIGINT, 'n_runs': g.n_runs::BIGINT}
-        AS support,
-    {'occurrences': g.negative_occurrences::BIGINT, 'cells': g.negative_cells} AS negatives,
-    g.collapsed_lines::BIGINT AS collapsed_lines
-FROM pattern_groups g
-ORDER BY g.group_id
-"""
+_GROUP_HEADS_SQL = "SELECT\n" + _HEAD_COLUMNS + "\nFROM pattern_groups g\nORDER BY g.group_id\n"
 # A group's occurrences in the document's order, one group per query: sorting every group's at once
 # held them all in DuckDB (+119 against +77 MiB at 10,000 cells, and growing with the batch).
 _OCCURRENCES_SQL = """
