@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 import shutil
 import sys
 import tempfile
@@ -34,37 +33,16 @@ from pipeline.core.context import RunContext, RunOptions
 from pipeline.core.errors import Blocked
 from pipeline.core.settings import ModelSettings
 from pipeline.ir.export import export
-from pipeline.luna.stage import TABLES_DDL
 from pipeline.sol.stage import plan as sol_plan
-
-PLANTED = "obligation:review-gate"
+from pipeline.testing.planted import write_patterns
 
 
 def plant(ir: Path, seed: int = 3) -> None:
-    """Luna's output written directly: three noise patterns per cell, the planted concern in some failed cells."""
+    """Luna's output written directly: three noise patterns per cell, the planted concern in 10% of failed cells."""
     con = duckdb.connect(str(ir))
     try:
-        con.execute(TABLES_DDL)
-        rng = random.Random(seed)
-        events = dict(
-            con.execute("SELECT cell_id, list(event_id ORDER BY seq) FROM events GROUP BY cell_id").fetchall()
-        )
         failed = {c for (c,) in con.execute("SELECT cell_id FROM outcomes WHERE label <> 'completed'").fetchall()}
-        rows = []
-        for cell in sorted(events):
-            ev = events[cell]
-            kinds = [(f"target:src/mod{rng.randrange(12)}.py", "repeated_exploration") for _ in range(3)]
-            if cell in failed and rng.random() < 0.1:
-                kinds.append((PLANTED, "omission"))
-            for n, (concerns, ptype) in enumerate(kinds, 1):
-                k = rng.randrange(len(ev) - 2)
-                rows.append([f"{cell}-P{n:02d}", cell, ptype, concerns, "observed", "fits", ev[k : k + 2], "medium",
-                             False, [], "luna", False])  # fmt: skip
-        con.executemany("INSERT INTO patterns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-        con.executemany(
-            "INSERT INTO luna_cells VALUES (?, 'ok', 1, 100, 1, ?, NULL, FALSE)",
-            [[c, sum(1 for r in rows if r[1] == c)] for c in events],
-        )
+        write_patterns(con, lambda cell, rng: cell in failed and rng.random() < 0.1, seed)
     finally:
         con.close()
 

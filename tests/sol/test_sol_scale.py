@@ -12,7 +12,6 @@ an unblock naming ``--context-tokens``.
 from __future__ import annotations
 
 import json
-import random
 import re
 import shutil
 import sys
@@ -32,7 +31,6 @@ from pipeline.core.context import RunContext, RunOptions
 from pipeline.ir.digests import fill_sql
 from pipeline.ir.export import export
 from pipeline.ir.refs import read_refs
-from pipeline.luna.stage import TABLES_DDL
 from pipeline.models import read_calls
 from pipeline.models.budget import request_tokens as request_tokens_of
 from pipeline.models.budget import role_budget
@@ -45,11 +43,11 @@ from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
 from pipeline.sol.stage import MAP_ROLE, mine, single_context
 from pipeline.sol.timeline import read_timelines, timeline_sql
 from pipeline.testing.openai_server import FakeOpenAI, Reply, completion_body, request_tokens
+from pipeline.testing.planted import PLANTED, write_patterns
 from tests.sol.sol_helpers import make_bundle
 
 CELLS = 300
 CONTEXT = 20_000  # tokens: the whole batch is ~4x that, so Sol must map/reduce
-PLANTED = "obligation:review-gate"
 FAILED_A, FAILED_B = "C005", "C250"  # planted in two task families (two partitions)
 
 
@@ -164,26 +162,7 @@ def _plant(bundle: Path, ir: Path) -> str:
     try:
         for c in (FAILED_A, FAILED_B):
             con.execute("UPDATE outcomes SET label = 'workflow_failed' WHERE cell_id = ?", [c])
-        con.execute(TABLES_DDL)
-        rng = random.Random(3)
-        events = dict(
-            con.execute("SELECT cell_id, list(event_id ORDER BY seq) FROM events GROUP BY cell_id").fetchall()
-        )
-        rows = []
-        for cell in sorted(events):
-            ev = events[cell]
-            kinds = [(f"target:src/mod{rng.randrange(12)}.py", "repeated_exploration") for _ in range(3)]
-            if cell in (FAILED_A, FAILED_B, success):
-                kinds.append((PLANTED, "omission"))
-            for n, (concerns, ptype) in enumerate(kinds, 1):
-                k = rng.randrange(len(ev) - 2)
-                rows.append([f"{cell}-P{n:02d}", cell, ptype, concerns, "observed", "fits", ev[k : k + 2], "medium",
-                             False, [], "luna", False])  # fmt: skip
-        con.executemany("INSERT INTO patterns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-        con.executemany(
-            "INSERT INTO luna_cells VALUES (?, 'ok', 1, 100, 1, ?, NULL, FALSE)",
-            [[c, sum(1 for r in rows if r[1] == c)] for c in events],
-        )
+        write_patterns(con, lambda cell, _rng: cell in (FAILED_A, FAILED_B, success))
     finally:
         con.close()
     return success
