@@ -35,11 +35,12 @@ from pipeline.models import read_calls
 from pipeline.models.budget import request_tokens as request_tokens_of
 from pipeline.models.budget import role_budget
 from pipeline.sol import timeline_cache
+from pipeline.sol.cards import SolCall
 from pipeline.sol.corpus import group_id, load_batch
 from pipeline.sol.partition import Renderer, fitted_map_context
 from pipeline.sol.plan import maps_digest, plan_maps, plan_sol
 from pipeline.sol.reuse import CPT_STEADY, PlanInputs
-from pipeline.sol.shortlist import SHORTLIST_FILE, read_shortlist
+from pipeline.sol.shortlist import SHORTLIST_FILE, Shortlist, read_shortlist
 from pipeline.sol.stage import MAP_ROLE, mine, single_context
 from pipeline.sol.timeline import read_timelines, timeline_sql
 from pipeline.testing.openai_server import FakeOpenAI, Reply, completion_body, request_tokens
@@ -182,21 +183,33 @@ def scaled(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunContext, str]:
     return ctx, success
 
 
+def mine_map_reduce(
+    ctx: RunContext, fake_llm: FakeOpenAI, model_settings: Any, context: int
+) -> tuple[Shortlist, list[SolCall], list[SolCall]]:
+    """Mine ``ctx`` against the local server declaring ``context``; check every request fit and Sol mapped.
+
+    Returns the shortlist, its map calls (at least 3) and its reduce calls (at least 1).
+    """
+    fake_llm.handler = handler
+    fake_llm.context_tokens = context
+    ctx.options.models = model_settings(context_tokens=context)
+    sl = mine(ctx)
+    # every request fit the declared context: the server refused none
+    assert fake_llm.refused_for_size == 0 and fake_llm.requests
+    assert max(request_tokens(r) for r in fake_llm.requests) <= context
+    assert sl.plan is not None and sl.plan.mode == "map_reduce"
+    maps = [c for c in sl.plan.calls if c.role == "sol_map"]
+    reduces = [c for c in sl.plan.calls if c.role == "sol_reduce"]
+    assert len(maps) >= 3 and reduces
+    return sl, maps, reduces
+
+
 def test_300_cells_map_reduce_under_a_small_context(
     scaled: tuple[RunContext, str], fake_llm: FakeOpenAI, model_settings: Any
 ) -> None:
     ctx, success = scaled
-    fake_llm.handler = handler
-    fake_llm.context_tokens = CONTEXT
-    ctx.options.models = model_settings(context_tokens=CONTEXT)
-    sl = mine(ctx)
-    # every request fit the declared context: the server refused none
-    assert fake_llm.refused_for_size == 0 and fake_llm.requests
-    assert max(request_tokens(r) for r in fake_llm.requests) <= CONTEXT
-    assert sl.plan is not None and sl.plan.mode == "map_reduce"
-    maps = [c for c in sl.plan.calls if c.role == "sol_map"]
-    reduces = [c for c in sl.plan.calls if c.role == "sol_reduce"]
-    assert len(maps) >= 3 and len(reduces) == 1
+    sl, maps, reduces = mine_map_reduce(ctx, fake_llm, model_settings, CONTEXT)
+    assert len(reduces) == 1
     # which call saw which cells: the map partitions cover the denominator exactly once
     seen = [c for m in maps for c in m.cells]
     assert sorted(seen) == sl.denominator.cells and len(sl.denominator.cells) == CELLS

@@ -32,7 +32,7 @@ from pipeline.sol.merge import premerge
 from pipeline.sol.reduce import Draft
 from pipeline.sol.stage import STALLED_ROUNDS, mine
 from pipeline.testing.openai_server import FakeOpenAI, Reply, completion_body, request_tokens
-from tests.sol.test_sol_scale import FAILED_A, FAILED_B, OCC, _plant, _user, handler
+from tests.sol.test_sol_scale import FAILED_A, FAILED_B, OCC, _plant, _user, mine_map_reduce
 
 CELLS = 300
 FAMILIES = 17
@@ -150,16 +150,7 @@ def test_300_tasks_one_per_cell_map_reduce_at_16k(
     diverse: tuple[RunContext, str], fake_llm: FakeOpenAI, model_settings: Any
 ) -> None:
     ctx, success = diverse
-    fake_llm.handler = handler
-    fake_llm.context_tokens = CONTEXT
-    ctx.options.models = model_settings(context_tokens=CONTEXT)
-    sl = mine(ctx)
-    assert fake_llm.refused_for_size == 0 and fake_llm.requests
-    assert max(request_tokens(r) for r in fake_llm.requests) <= CONTEXT
-    assert sl.plan is not None and sl.plan.mode == "map_reduce"
-    maps = [c for c in sl.plan.calls if c.role == "sol_map"]
-    reduces = [c for c in sl.plan.calls if c.role == "sol_reduce"]
-    assert len(maps) >= 3 and reduces
+    sl, maps, _reduces = mine_map_reduce(ctx, fake_llm, model_settings, CONTEXT)
     assert sorted(c for m in maps for c in m.cells) == sl.denominator.cells and len(sl.denominator.cells) == CELLS
     # a request names only the tasks of its partition (map) or a bounded few (reduce): no batch-wide task table
     by_call = {m.call_id: set(m.tasks) for m in maps}
