@@ -198,52 +198,46 @@ class Renderer:
         Luna's words in each, its events' lines spread over the requests).
         ``tasks``: the partition's tasks (:meth:`group_header`); None for the whole batch.
         """
-        # shown: [groups shown, occurrences held by the wanted groups, occurrences shown] (for the notes)
-        shown: list[int] = []
-        out = list(self._group_lines(cells, only, tasks, shown, occurrences, events))
+        per_group, held = self._selected(cells, only, occurrences)
+        out = list(self._lines(per_group, tasks, events))
         if out and occurrences is not None:
-            groups = ", ".join(self._groups_of(cells, only, occurrences))
-            out.insert(0, f"(this call shows {shown[2]} of the {shown[1]} occurrences of {groups} in "
+            shown = sum(map(len, per_group.values()))
+            out.insert(0, f"(this call shows {shown} of the {held} occurrences of {', '.join(sorted(per_group))} in "
                           "these cells, each whole; other calls read the others)")  # fmt: skip
         if out and only is not None:
             every = self.group_ids(cells)
-            out.insert(0, f"(this call shows {shown[0]} of the {len(every)} pattern groups of these cells; "
+            out.insert(0, f"(this call shows {len(per_group)} of the {len(every)} pattern groups of these cells; "
                           "other calls read the others, each with all of its facts)")  # fmt: skip
         return "\n".join(out) if out else "none in these cells"
 
-    def _groups_of(self, cells: list[str], only: list[str] | None, occurrences: list[str]) -> list[str]:
-        wanted = set(occurrences)
-        return sorted({gid for c in cells for gid, o in self.occ_by_cell.get(c, [])
-                       if (only is None or gid in only) and str(o["occurrence_id"]) in wanted})  # fmt: skip
-
-    def _group_lines(
-        self,
-        cells: list[str],
-        only: list[str] | None,
-        tasks: set[str] | None,
-        shown: list[int] | None = None,
-        occurrences: list[str] | None = None,
-        events: list[str] | None = None,
-    ) -> Iterator[str]:
-        """The lines of :meth:`groups_text` (without its notes on what other calls read), one at a time."""
+    def _selected(
+        self, cells: list[str], only: list[str] | None, occurrences: list[str] | None
+    ) -> tuple[dict[str, list[dict[str, Any]]], int]:
+        """The occurrences shown, by group, and how many the wanted groups hold in ``cells`` (for the notes)."""
+        wanted = None if occurrences is None else set(occurrences)
         per_group: dict[str, list[dict[str, Any]]] = {}
         held = 0
         for c in cells:
             for gid, o in self.occ_by_cell.get(c, []):
                 if only is None or gid in only:
                     held += 1
-                    if occurrences is None or str(o["occurrence_id"]) in occurrences:
+                    if wanted is None or str(o["occurrence_id"]) in wanted:
                         per_group.setdefault(gid, []).append(o)
-        if shown is not None:
-            shown.extend((len(per_group), held, sum(map(len, per_group.values()))))
+        return per_group, held
+
+    def _lines(
+        self, per_group: dict[str, list[dict[str, Any]]], tasks: set[str] | None, events: list[str] | None = None
+    ) -> Iterator[str]:
+        """The lines of :meth:`groups_text` (without its notes on what other calls read), one at a time."""
+        only_events = None if events is None else set(events)
         seen: set[str] = set()
         for gid in sorted(per_group):
             yield self.group_header(gid, tasks)
             for o in sorted(per_group[gid], key=lambda o: str(o["occurrence_id"])):
                 head, texts, lines = self.occurrence_block(o)
                 yield head
-                if events is not None:
-                    lines = [(e, line) for e, line in lines if e in events]
+                if only_events is not None:
+                    lines = [(e, line) for e, line in lines if e in only_events]
                     yield (f"    (this call shows the lines of {len(lines)} of its {len(o.get('events') or [])} "
                            "events; another call shows the others)")  # fmt: skip
                 for key, line in (*texts, *lines):
@@ -254,7 +248,7 @@ class Renderer:
     def groups_text_chars(self, cells: list[str]) -> int:
         """``len(groups_text(cells))`` (every group, whole-batch headers), counted without making the text."""
         chars = lines = 0
-        for line in self._group_lines(cells, None, None):
+        for line in self._lines(self._selected(cells, None, None)[0], None):
             chars += len(line)
             lines += 1
         return chars + lines - 1 if lines else len("none in these cells")
@@ -268,7 +262,7 @@ class Renderer:
         start = max(self.groups_text_chars(cells) // 2 - chars // 2, 0)
         pos, first = 0, 0
         kept: list[str] = []
-        for line in self._group_lines(cells, None, None):
+        for line in self._lines(self._selected(cells, None, None)[0], None):
             end = pos + len(line) + 1  # the line and its newline
             if end > start:
                 first = first if kept else pos
