@@ -39,6 +39,17 @@ def _bad_where(where: str | None, exc: duckdb.Error) -> BadInput:
     return BadInput(f"--where {where!r}: {WHAT} ({msg})")
 
 
+def _one_statement(sql: str, where: str | None) -> str:
+    # A filter is one condition inside one SELECT: DuckDB would run every statement a ";" adds.
+    try:
+        n = len(duckdb.extract_statements(sql))
+    except duckdb.Error as exc:
+        raise _bad_where(where, exc) from None
+    if n != 1:
+        raise BadInput(f"--where {where!r}: {WHAT} (it holds {n} SQL statements; give one condition)")
+    return sql
+
+
 def check_where(where: str | None) -> None:
     """Refuse a filter that is not SQL over :data:`COLUMNS` (syntax, unknown column, several statements).
 
@@ -55,7 +66,7 @@ def check_where(where: str | None) -> None:
             "CREATE TABLE cells (cell_id VARCHAR, task_id VARCHAR, run_id VARCHAR, eligibility VARCHAR, "
             "harness VARCHAR); CREATE TABLE outcomes (cell_id VARCHAR, label VARCHAR)"
         )
-        con.execute(SELECT_SQL.format(where=where)).fetchall()
+        con.execute(_one_statement(SELECT_SQL.format(where=where), where)).fetchall()
     except duckdb.Error as exc:
         raise _bad_where(where, exc) from None
     finally:
@@ -96,7 +107,7 @@ def matching(con: duckdb.DuckDBPyConnection, where: str | None, *, with_left_out
         rows_sql = _ROWS.format(left_out=f" OR c.cell_id IN (SELECT cell_id FROM {LEFT_OUT})")
         sql = "SELECT cell_id FROM (" + rows_sql + ") WHERE ({where}) ORDER BY cell_id"
     try:
-        rows = con.execute(sql.format(where=where or "TRUE")).fetchall()
+        rows = con.execute(_one_statement(sql.format(where=where or "TRUE"), where)).fetchall()
     except duckdb.Error as exc:
         raise _bad_where(where, exc) from None
     return [str(r[0]) for r in rows]

@@ -186,6 +186,8 @@ def test_a_sample_larger_than_the_cells_takes_all_and_says_so(tmp_path: Path) ->
         ("outcome = ", "not a valid filter over cell_id, task_id, run_id, harness, outcome"),
         ("colour = 'red'", "not a valid filter over cell_id, task_id, run_id, harness, outcome"),
         ("1 = 1; DROP TABLE cells", "not a valid filter"),
+        # closes the filter's parenthesis: valid SQL, but three statements (DuckDB would run them all)
+        ("1=1) ORDER BY cell_id; DROP VIEW cells; SELECT cell_id FROM cells WHERE (1=1", "holds 3 SQL statements"),
         ("task_id = 'no-such-task'", "no eligible cell matches --where \"task_id = 'no-such-task'\""),
     ],
 )
