@@ -1,6 +1,7 @@
-"""One stage (coordinator or sol) of a kept run, alone in a fresh process: its CPU and its own peak RSS.
+"""One stage of a kept run, alone in a fresh process: its CPU and its own peak RSS.
 
-Run: ``python bench/bench_stage.py RUN_DIR {coordinator,sol} [--profile FILE] [--fresh] [--context-tokens N]``
+Run: ``python bench/bench_stage.py RUN_DIR STAGE [--bundle DIR] [--profile FILE] [--fresh] [--context-tokens N]``
+(STAGE: any stage of ``lunasol run``; ``export`` needs ``--bundle`` and starts from an empty run directory)
 on a run kept by ``python bench/bench_scale.py --rows 1000x250 --no-reruns --keep DIR``
 (``DIR/runs-1000x250-128k/r``). The run is copied first (the kept run is never written). Sol's kept map
 answers and token counts (``sol_map/``) are removed, so it plans and checks everything again; its
@@ -18,7 +19,6 @@ before it (``bench_scale`` prints the whole run's peaks per stage); ``--profile`
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import resource
 import shutil
@@ -71,12 +71,24 @@ def _fresh_ir(ir: Path) -> None:
         con.close()
 
 
-def run_stage(run_dir: Path, stage: str, work: Path, context_tokens: int, fresh: bool, profile: Path | None) -> Any:
-    """Copy ``run_dir`` into ``work``, run ``stage`` there and return its figures."""
+def run_stage(
+    run_dir: Path,
+    stage: str,
+    work: Path,
+    context_tokens: int,
+    fresh: bool,
+    profile: Path | None,
+    bundle: Path | None = None,
+) -> Any:
+    """Copy ``run_dir`` into ``work`` (export: an empty ``work``), run ``stage`` there and return its figures."""
     from pipeline.core.context import RunContext, RunOptions
     from pipeline.core.settings import ModelSettings
+    from pipeline.run.runner import STAGES
 
-    shutil.copytree(run_dir, work)
+    if stage == "export":
+        work.mkdir(parents=True)
+    else:
+        shutil.copytree(run_dir, work)
     shutil.rmtree(work / "sol_map", ignore_errors=True)
     if fresh:
         shutil.rmtree(work / "exchanges", ignore_errors=True)
@@ -89,9 +101,9 @@ def run_stage(run_dir: Path, stage: str, work: Path, context_tokens: int, fresh:
             model="openai/bench-model", api_base=base, instructor_mode="tools", context_tokens=context_tokens
         )
         ctx = RunContext(
-            options=RunOptions(bundle=work / "no-bundle", models=settings), run_dir=work, log=lambda _m: None
+            options=RunOptions(bundle=bundle or work / "no-bundle", models=settings), run_dir=work, log=lambda _m: None
         )
-        module = importlib.import_module("pipeline.coordinator" if stage == "coordinator" else "pipeline.sol.stage")
+        run = {s.name: s.run for s in STAGES}[stage]
         peak = [0.0]
         done = threading.Event()
 
@@ -108,7 +120,7 @@ def run_stage(run_dir: Path, stage: str, work: Path, context_tokens: int, fresh:
         prof = cProfile.Profile() if profile else None
         if prof:
             prof.enable()
-        line = module.stage(ctx)
+        line = run(ctx)
         if prof:
             prof.disable()
             prof.dump_stats(str(profile))
@@ -133,13 +145,16 @@ def main() -> None:
     """CLI entry."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", type=Path)
-    parser.add_argument("stage", choices=["coordinator", "sol"])
+    parser.add_argument("stage", choices=["export", "select", "probes", "luna", "coordinator", "sol"])
+    parser.add_argument("--bundle", type=Path, default=None, help="the bundle export reads (RUN_DIR unused)")
     parser.add_argument("--context-tokens", type=int, default=128_000)
     parser.add_argument("--fresh", action="store_true", help="no exchanges, no Coordinator tables: a first run")
     parser.add_argument("--profile", type=Path, default=None)
     ns = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="lunasol-stage-") as tmp:
-        out = run_stage(ns.run_dir, ns.stage, Path(tmp) / "r", ns.context_tokens, ns.fresh, ns.profile)
+        if ns.stage == "export" and ns.bundle is None:
+            parser.error("export needs --bundle")
+        out = run_stage(ns.run_dir, ns.stage, Path(tmp) / "r", ns.context_tokens, ns.fresh, ns.profile, ns.bundle)
     print(json.dumps(out))
 
 
