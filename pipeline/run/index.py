@@ -111,10 +111,10 @@ def _lock_held(path: Path) -> bool:
 def activity(path: Path, ledger: Ledger | None = None) -> str | None:
     """What a run is doing: "running: STAGE" while one works on it, "interrupted during STAGE" after a Ctrl-C."""
     try:
-        entries = (ledger or Ledger(path)).data.entries
+        entries = list((ledger or Ledger(path)).entries(per_cell=False))
     except LunasolError:
         return None
-    pending = sorted(name for name, e in entries.items() if e.state == "pending" and "/" not in name)
+    pending = [name for name, e in entries if e.state == "pending"]
     if not pending:
         return None
     return f"running: {pending[0]}" if _lock_held(RunDir(path).run_lock) else f"interrupted during {pending[0]}"

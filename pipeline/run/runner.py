@@ -13,6 +13,7 @@ call plus the downstream steps. A :class:`~pipeline.core.errors.Blocked` error w
 from __future__ import annotations
 
 import fcntl
+import gc
 import itertools
 import os
 import platform
@@ -39,6 +40,7 @@ from pipeline.core import roles
 from pipeline.core.canonical import digest, read_json, sha256_file, write_json
 from pipeline.core.context import RunContext, RunOptions
 from pipeline.core.errors import BadInput, Blocked, BundleError
+from pipeline.core.memory import give_back
 from pipeline.core.roles import RoleSpec
 from pipeline.core.settings import ModelSettings
 from pipeline.core.urls import shown_url
@@ -310,11 +312,7 @@ def _downstream(ledger: Ledger, index: int) -> list[str]:
     """Every ledger entry after stage ``index`` (later stages, their per-cell entries, gates, proposals)."""
     earlier = {s.name for s in STAGES[: index + 1]}
     # per-cell entries are invalidated precisely, by their own cell digest (_invalidate_cells)
-    return [
-        n
-        for n, e in ledger.data.entries.items()
-        if e.stage not in earlier and e.state != "invalidated" and "/" not in n
-    ]
+    return [n for n, e in ledger.entries(per_cell=False) if e.stage not in earlier and e.state != "invalidated"]
 
 
 def _unblock_command(ctx: RunContext, exc: Blocked) -> str:
@@ -491,6 +489,10 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
             if created and name in _FIRST_STAGES:
                 shutil.rmtree(ctx.run_dir, ignore_errors=True)  # bad input leaves no partial run behind
             raise
+        # What a stage built for itself is garbage now: hand it back so it does not sit under the next
+        # stage (the whole run's peak is the largest stage's own, not the sum of what each left).
+        gc.collect()
+        give_back()
         outputs = stage_outputs(name, ctx)
         if outputs is None:
             raise BadInput(f"stage {name} finished but its output is missing: {target.outputs or None}")

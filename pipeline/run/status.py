@@ -162,8 +162,8 @@ def missing_outputs(run_dir: Path, ledger: Ledger | None = None) -> list[str]:
     run's ledger already read (else it is read here).
     """
     out = []
-    for name, entry in sorted((ledger or Ledger(run_dir)).data.entries.items()):
-        if entry.state != "verified" or "/" in name:
+    for name, entry in (ledger or Ledger(run_dir)).entries(per_cell=False):
+        if entry.state != "verified":
             continue
         for rel in entry.outputs:
             path = rel.split("#", 1)[0]  # "ir.duckdb#content" names a file by its content digest

@@ -18,6 +18,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
+import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 import pipeline
@@ -42,6 +45,7 @@ from pipeline.core.canonical import (
     stat_key,
     write_json,
 )
+from pipeline.core.errors import BadInput
 
 LEDGER_FILE = LEDGER.filename
 LEDGER_LOCK = rundir.LEDGER_LOCK
@@ -134,13 +138,56 @@ def output_digests(run_dir: Path, paths: Iterable[str]) -> dict[str, str] | None
     return out
 
 
+# ledger.json as pretty_json_plain writes it: the entries' object, then the schema version. Each
+# entry's text sits between a line ``    "name": {`` and a line ``    }`` (deeper lines are indented
+# further, and JSON strings hold no raw newline), so a file in this form splits into entries by text.
+_HEAD = b'{\n  "entries": {'
+_EMPTY_TAIL = re.compile(rb'\},\n  "schema_version": (\d+)\n\}\n\Z')
+_TAIL = re.compile(rb'\n  \},\n  "schema_version": (\d+)\n\}\n\Z')
+_ENTRY = re.compile(rb'\n    ("(?:[^"\\\n]|\\.)*"): (\{\n.*?\n    \})(,?)', re.DOTALL)
+_NESTED = b"\n    "  # an entry's lines, two objects deep
+
+
+def _entry_text(entry: Entry) -> bytes:
+    """One entry's JSON as it stands in ledger.json (pretty_json_plain's bytes, two objects deep)."""
+    return pretty_json_plain(entry.model_dump(mode="json"))[:-1].replace(b"\n", _NESTED)
+
+
+def _split(raw: bytes) -> tuple[int, dict[str, bytes]] | None:
+    """(schema version, name -> entry text) of a ledger file in the form this module writes; else None."""
+    if not raw.startswith(_HEAD):
+        return None
+    empty = _EMPTY_TAIL.match(raw, len(_HEAD))
+    if empty is not None:
+        return int(empty.group(1)), {}
+    tail = _TAIL.search(raw)
+    if tail is None:
+        return None
+    out: dict[str, bytes] = {}
+    at, end, last = len(_HEAD), tail.start(), b","
+    for m in _ENTRY.finditer(raw, at, end):
+        if m.start() != at or last != b",":  # a gap, or an entry after the last one: not this form
+            return None
+        name = orjson.loads(m.group(1))
+        if not isinstance(name, str) or name in out or (out and name < next(reversed(out))):
+            return None  # keys are unique and sorted in this form
+        out[name] = m.group(2)
+        at, last = m.end(), m.group(3)
+    return (int(tail.group(1)), out) if at == end and last == b"" else None
+
+
 class Ledger:
     """Read-modify-write access to ``runs/<id>/ledger.json`` (every change is written atomically).
 
     Each change reloads, changes and saves the file under a lock; inside :meth:`batch` many
     changes share one reload and one save, so a stage records its per-cell entries in O(cells).
-    The reload parses the file only when its bytes differ from those :attr:`data` was read from or
-    saved as (another writer changed it): a run's own changes, in order, re-read nothing.
+    The reload parses the file only when its digest differs from that of the bytes the entries were
+    read from or saved as (another writer changed it): a run's own changes, in order, re-read nothing.
+
+    Entries are held as their text in the file (about 430 bytes each), not as objects: a run has two
+    per cell (its IR digest and its Luna result), 200,000 at 100,000 cells, which as pydantic objects
+    took 3.3 KB each (66 MiB at 10,000 cells). :meth:`get` parses one when asked; a change writes the
+    entry's text back, and a save joins the texts.
     """
 
     def __init__(self, run_dir: Path) -> None:
@@ -148,49 +195,74 @@ class Ledger:
         self.path = run_dir / LEDGER_FILE
         self._lock = threading.Lock()
         self._batch_owner: int | None = None  # the thread inside batch(), if any
-        self._clean: bytes | None = None  # the file's bytes that self.data holds, unchanged (None: unknown)
-        # Each entry's JSON form as last saved, and the entries changed since (their forms are stale):
-        # a save dumps only those (a run saves ~11 times; at 10,000 cells a full dump of its 20,000
-        # entries took 0.13 CPU s). Every change of an entry goes through _move or _invalidate; a
-        # reload makes new entry objects, which are not the ones kept, so they are dumped again.
-        self._dumped: dict[str, tuple[Entry, dict[str, Any]]] = {}
-        self._dirty: set[str] = set()
-        self.data = LedgerData()
+        self._clean: str | None = None  # digest of the file's bytes that the entries hold (None: unknown)
+        self._texts: dict[str, bytes] = {}  # name -> the entry's text in the file
+        self._stages: dict[str, str] = {}  # name -> the entry's stage (interned: a handful of values)
+        self.schema_version = LEDGER_SCHEMA_VERSION
         self._load()
 
     def _load(self) -> None:
-        """``data`` as the file holds it now (parsed only when the bytes differ from ``_clean``)."""
+        """The entries as the file holds them now (parsed only when its digest differs from ``_clean``)."""
         try:
             raw = self.path.read_bytes()
         except (FileNotFoundError, IsADirectoryError):  # no ledger yet
-            self.data, self._clean = LedgerData(), None
+            self._set({}, {})
             return
-        if raw == self._clean:
-            return  # nobody wrote since this object read or saved it: data is what the file holds
+        d = sha256_bytes(raw)
+        if d == self._clean:
+            return  # nobody wrote since this object read or saved it: the entries are what the file holds
         self._clean = None  # until the parse below succeeds
-        # newer refused (exit 2), older upgraded
-        self.data = artifact_from_bytes(raw, self.path, "ledger", LedgerData)
-        self._clean = raw
+        split = _split(raw)
+        if split is None or split[0] != LEDGER_SCHEMA_VERSION:
+            # another form or version: newer refused (exit 2), older upgraded, then held as texts
+            data = artifact_from_bytes(raw, self.path, "ledger", LedgerData)
+            self._set({}, {})
+            for name, entry in data.entries.items():
+                self._put(name, entry)
+        else:
+            self._set(split[1], {})
+            for name in self._texts:
+                self._stages[name] = sys.intern(self._parse(name).stage)  # each entry is checked as it loads
+        self._clean = d
+
+    def _set(self, texts: dict[str, bytes], stages: dict[str, str]) -> None:
+        self._texts, self._stages = texts, stages
+
+    def _parse(self, name: str) -> Entry:
+        try:
+            return Entry.model_validate_json(self._texts[name])
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            first = str(exc).splitlines()
+            detail = " ".join(first[:3]) if first else type(exc).__name__
+            raise BadInput(
+                f"{self.path}: not a valid ledger (schema_version {LEDGER_SCHEMA_VERSION}): entry {name}: {detail}"
+            ) from None
+
+    def _put(self, name: str, entry: Entry) -> None:
+        self._texts[name] = _entry_text(entry)
+        self._stages[name] = sys.intern(entry.stage)
+
+    def _bytes(self) -> bytes:
+        """The whole file: ``pretty_json_plain`` of :attr:`data`, joined from the entries' texts."""
+        if not self._texts:
+            return _HEAD + b'},\n  "schema_version": %d\n}\n' % self.schema_version
+        parts = [_HEAD]
+        for i, name in enumerate(sorted(self._texts)):
+            parts += (b",\n    " if i else b"\n    ", orjson.dumps(name), b": ", self._texts[name])
+        parts.append(b'\n  },\n  "schema_version": %d\n}\n' % self.schema_version)
+        return b"".join(parts)
+
+    @property
+    def data(self) -> LedgerData:
+        """Every entry as objects (a snapshot: changing it changes nothing; it costs 3.3 KB an entry)."""
+        return LedgerData(schema_version=self.schema_version, entries={n: self._parse(n) for n in sorted(self._texts)})
 
     def save(self) -> None:
-        """Write the ledger atomically (no floats in it: the fast writer gives pretty_json's bytes)."""
+        """Write the ledger atomically (no floats in it: its bytes are pretty_json_plain's)."""
         self._clean = None  # a failed write leaves the file's bytes unknown
-        raw = pretty_json_plain(self._document())
+        raw = self._bytes()
         atomic_write_bytes(self.path, raw)
-        self._clean = raw
-
-    def _document(self) -> dict[str, Any]:
-        """``self.data.model_dump(mode="json")``, re-dumping only the entries changed since the last save."""
-        entries: dict[str, dict[str, Any]] = {}
-        for name, entry in self.data.entries.items():
-            kept = self._dumped.get(name)
-            if kept is None or kept[0] is not entry or name in self._dirty:
-                kept = self._dumped[name] = (entry, entry.model_dump(mode="json"))
-            entries[name] = kept[1]
-        for gone in self._dumped.keys() - self.data.entries.keys():
-            del self._dumped[gone]
-        self._dirty.clear()
-        return {**self.data.model_dump(mode="json", exclude={"entries"}), "entries": entries}
+        self._clean = sha256_bytes(raw)
 
     @contextmanager
     def _mutate(self) -> Iterator[None]:
@@ -211,7 +283,7 @@ class Ledger:
                 try:
                     yield
                 except BaseException:
-                    self._clean = None  # data may be half changed: the next change reads the file again
+                    self._clean = None  # entries may be half changed: the next change reads the file again
                     raise
                 self.save()
             finally:
@@ -237,8 +309,18 @@ class Ledger:
     # -- queries -------------------------------------------------------------------------------
 
     def get(self, name: str) -> Entry | None:
-        """The entry called ``name``, if any."""
-        return self.data.entries.get(name)
+        """The entry called ``name``, if any (a copy: change it through the ledger's methods)."""
+        return self._parse(name) if name in self._texts else None
+
+    def names(self) -> list[str]:
+        """Every entry's name, sorted."""
+        return sorted(self._texts)
+
+    def entries(self, *, per_cell: bool = True) -> Iterator[tuple[str, Entry]]:
+        """(name, entry) in name order, one parsed at a time; ``per_cell=False`` skips names with a "/"."""
+        for name in self.names():
+            if per_cell or "/" not in name:
+                yield name, self._parse(name)
 
     def output_digests(self, paths: Iterable[str]) -> dict[str, str] | None:
         """Digests of output files relative to the run, or None when one is missing."""
@@ -265,19 +347,21 @@ class Ledger:
 
     # -- changes ---------------------------------------------------------------------------------
 
-    def _push_history(self, entry: Entry) -> None:
+    @staticmethod
+    def _push_history(entry: Entry) -> None:
         entry.history.append(
             HistoryItem(state=entry.state, inputs=dict(entry.inputs), outputs=dict(entry.outputs), reason=entry.reason)
         )
         del entry.history[:-10]  # the recent past is enough to explain a state; the ledger stays small
 
     def _move(self, name: str, state: State, stage: str, inputs: Mapping[str, str], *, history_from: State) -> Entry:
-        """Entry ``name`` (created when new) now in ``state`` from ``inputs``; leaving ``history_from`` is kept."""
-        self._dirty.add(name)
+        """Entry ``name`` (created when new) now in ``state`` from ``inputs``; leaving ``history_from`` is kept.
+
+        The caller finishes the change and writes it back with :meth:`_put`.
+        """
         entry = self.get(name)
         if entry is None:
             entry = Entry(state=state, stage=stage)
-            self.data.entries[name] = entry
         elif entry.state == history_from:
             self._push_history(entry)
         entry.state = state
@@ -290,6 +374,7 @@ class Ledger:
         with self._mutate():
             entry = self._move(name, "pending", stage, inputs, history_from="verified")
             entry.reason = reason
+            self._put(name, entry)
 
     def mark_verified(
         self, name: str, stage: str, inputs: Mapping[str, str], outputs: Mapping[str, str] | None = None
@@ -299,15 +384,16 @@ class Ledger:
             entry = self._move(name, "verified", stage, inputs, history_from="invalidated")
             entry.outputs = dict(outputs or {})
             entry.reason = None
+            self._put(name, entry)
 
     def _invalidate(self, name: str, reason: str) -> bool:
         entry = self.get(name)
         if entry is None or entry.state == "invalidated":
             return False
-        self._dirty.add(name)
         self._push_history(entry)
         entry.state = "invalidated"
         entry.reason = reason
+        self._put(name, entry)
         return True
 
     def invalidate(self, name: str, reason: str) -> bool:
@@ -323,14 +409,11 @@ class Ledger:
 
     def names_for_stage(self, stage: str) -> list[str]:
         """Every entry that belongs to ``stage`` (the stage entry and its per-cell entries)."""
-        return sorted(n for n, e in self.data.entries.items() if e.stage == stage)
+        return sorted(n for n, s in self._stages.items() if s == stage)
 
     def summary(self) -> list[dict[str, Any]]:
         """Rows for ``lunasol status``: name, stage, state, reason."""
-        return [
-            {"name": n, "stage": e.stage, "state": e.state, "reason": e.reason}
-            for n, e in sorted(self.data.entries.items())
-        ]
+        return [{"name": n, "stage": e.stage, "state": e.state, "reason": e.reason} for n, e in self.entries()]
 
 
 # -- per-cell model results --------------------------------------------------------------------

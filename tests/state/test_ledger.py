@@ -82,8 +82,8 @@ def test_a_ledger_parses_the_file_only_when_another_writer_changed_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parsed: list[int] = []
-    parse = ledger_mod.artifact_from_bytes
-    monkeypatch.setattr(ledger_mod, "artifact_from_bytes", lambda *a, **k: parsed.append(1) or parse(*a, **k))
+    parse = ledger_mod._split
+    monkeypatch.setattr(ledger_mod, "_split", lambda *a, **k: parsed.append(1) or parse(*a, **k))
     run = Ledger(tmp_path)
     for i in range(5):  # a run's own changes, one after the other: nothing to parse again
         run.mark_verified(f"s{i}", "s", {"x": str(i)})
@@ -104,6 +104,51 @@ def test_a_ledger_parses_the_file_only_when_another_writer_changed_it(
     run.mark_verified("s10", "s", {})
     assert run.get("half") is None and Ledger(tmp_path).get("half") is None
     assert Ledger(tmp_path).data == run.data
+
+
+def test_a_ledger_in_another_form_loads_and_a_bad_entry_is_named(tmp_path: Path) -> None:
+    """The file is split into entries by text only in the form lunasol writes; any other form of the
+    same document (a hand edit, another tool) is parsed whole and still loads; a bad entry is one
+    clear line naming it; a newer schema version is refused."""
+    from pipeline.core.errors import BadInput
+
+    led = Ledger(tmp_path)
+    with led.batch():
+        for i in range(3):
+            led.mark_verified(f"luna/C{i}", "luna", {"ir": f"d{i}"}, {"luna/C{i}.json": f"o{i}"})
+        led.invalidate("luna/C1", "cell C1 IR changed")
+    path = tmp_path / "ledger.json"
+    written = path.read_bytes()
+    path.write_text(json.dumps(json.loads(written)))  # compact, one line
+    other = Ledger(tmp_path)
+    assert other.data == led.data and other.names_for_stage("luna") == ["luna/C0", "luna/C1", "luna/C2"]
+    other.mark_pending("luna/C2", "luna", {"ir": "d9"})  # saved back in lunasol's own form
+    assert json.loads(path.read_bytes())["entries"]["luna/C2"]["state"] == "pending"
+    assert Ledger(tmp_path).get("luna/C1").history[0].state == "verified"  # type: ignore[union-attr]
+    path.write_bytes(written.replace(b'"state": "invalidated"', b'"state": "gone"'))
+    with pytest.raises(BadInput, match="entry luna/C1"):
+        Ledger(tmp_path)
+    path.write_bytes(written.replace(b'"schema_version": 1', b'"schema_version": 99'))
+    with pytest.raises(BadInput, match="newer"):
+        Ledger(tmp_path)
+
+
+def test_a_ledger_holds_its_entries_as_text(tmp_path: Path) -> None:
+    """At 100,000 cells a run's ledger has 200,000 entries: held as their text (about 0.4 KB each), not as
+    pydantic objects (3.3 KB each), so it stays a small part of a run's memory."""
+    import tracemalloc
+
+    led = Ledger(tmp_path)
+    with led.batch():
+        for i in range(2_000):
+            digests = {"key": f"sha256:{i:064d}", "cell": f"sha256:{i + 1:064d}", "template": "sha256:" + "t" * 64}
+            led.mark_verified(f"luna/C{i:05d}", "luna", digests, {f"luna/C{i:05d}.json": f"sha256:{i:064x}"})
+    tracemalloc.start()
+    held = Ledger(tmp_path)
+    size, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert size / 2_000 < 1_000, f"{size / 2_000:.0f} bytes an entry"
+    assert held.get("luna/C01999") == led.get("luna/C01999") and len(held.names()) == 2_000
 
 
 def test_cell_results_are_keyed(tmp_path: Path) -> None:
