@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +176,37 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_chunks(path: Path, chunks: Iterable[bytes]) -> None:
+    """:func:`atomic_write_bytes` of ``b"".join(chunks)``, never holding the whole file (large manifests)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as fh:
+            for chunk in chunks:
+                fh.write(chunk)
+            fh.flush()
+            if os.environ.get("LUNASOL_TEST_NO_FSYNC") != "1":  # see _synced_temp
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def same_bytes(path: Path, chunks: Iterable[bytes]) -> bool:
+    """Whether the file at ``path`` holds exactly ``b"".join(chunks)`` (read alongside; False when absent)."""
+    try:
+        fh = path.open("rb")
+    except OSError:
+        return False
+    with fh:
+        for chunk in chunks:
+            if fh.read(len(chunk)) != chunk:
+                return False
+        return not fh.read(1)
 
 
 def atomic_create_bytes(path: Path, data: bytes) -> bool:
