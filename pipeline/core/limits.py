@@ -11,13 +11,16 @@ the public data under /work/shared/data is 0.3 MB) and each can be raised by an 
 ``LUNASOL_MAX_DOC_BYTES``      64 MiB      one whole JSON document (a ``.json`` log, a zip member)
 ``LUNASOL_MAX_FILE_BYTES``     256 MiB     one log file read whole (native JSON Lines)
 ``LUNASOL_MAX_ZIP_RATIO``      200         decompressed / compressed size of a zip member over 1 MiB
-``LUNASOL_MAX_BUNDLE_FILES``   200,000     files in one bundle (``bundle freeze`` refuses what ``run`` would)
+``LUNASOL_MAX_BUNDLE_FILES``   5,000,000   files in one bundle (``bundle freeze`` refuses what ``run`` would)
 ``LUNASOL_MAX_ZIP_MEMBERS``    50,000      members of one archive (an Inspect ``.eval``)
 ``LUNASOL_MAX_CELL_EVENTS``    1,000,000   events read from one cell
 =============================  ==========  ==========================================
 
-Counts are bounded like sizes: a 200,000-member ``.eval`` imported at 1.57 GiB and a million tiny
-files froze into a 155 MB manifest every later ``run`` refused; each is now one line up front.
+Counts are bounded like sizes: a 200,000-member ``.eval`` imported at 1.57 GiB; it is now one
+line up front. A bundle's ``manifest.json`` is not a document under ``LUNASOL_MAX_DOC_BYTES``: it
+is read one entry at a time and held by column (~150 bytes a file), so what bounds it is the file
+count, checked as the entries come (a native bundle holds ~12 files a cell: 100,000 cells are 1.2
+million files, a 213 MB manifest; the cap leaves room for four times that).
 
 Nesting depth needs no setting: orjson refuses past 1,024 levels and the standard parser's
 recursion error is caught (:func:`parse_json`), so a deep document is one clear line too.
@@ -39,7 +42,7 @@ _DEFAULTS = {
     "LUNASOL_MAX_DOC_BYTES": 64 * MiB,
     "LUNASOL_MAX_FILE_BYTES": 256 * MiB,
     "LUNASOL_MAX_ZIP_RATIO": 200,
-    "LUNASOL_MAX_BUNDLE_FILES": 200_000,
+    "LUNASOL_MAX_BUNDLE_FILES": 5_000_000,
     "LUNASOL_MAX_ZIP_MEMBERS": 50_000,
     "LUNASOL_MAX_CELL_EVENTS": 1_000_000,
 }
