@@ -26,7 +26,7 @@ def freeze_cmd(bundle: Path = typer.Argument(..., help="Bundle directory."), as_
     )
 
     manifest = freeze(bundle)  # refuses an empty directory: a manifest of nothing would verify forever
-    total = sum(f.size for f in manifest.files)
+    total = sum(manifest.files.sizes)  # no FileEntry made per file (1.2 million at 100,000 cells)
     if as_json:
         emit_json({"manifest": str(bundle / MANIFEST_FILE), "files": len(manifest.files), "bytes": total})
         return

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import pickle
 import tracemalloc
 from array import array
 from pathlib import Path
@@ -226,6 +227,9 @@ def test_verified_files_are_the_bytes_orjson_wrote(tmp_path: Path, monkeypatch: 
     assert len(known) == len(files) and known[files[0].path] == (manifest.hashed_ok[files[0].path], files[0].sha256)
     again = verify(bundle, manifest, known)
     assert again.ok and again.unchanged_stat == len(files)
+    # the export's workers get the manifest pickled: what verify hashed goes with it
+    copy = pickle.loads(pickle.dumps(manifest))
+    assert copy == manifest and dict(copy.hashed_ok) == dict(manifest.hashed_ok) and copy.by_path.files is copy.files
     # a caller's own mapping of path -> (stat key, sha256) still works
     plain = {f.path: (manifest.hashed_ok[f.path], f.sha256) for f in files}
     assert verify(bundle, read_manifest(bundle), plain).unchanged_stat == len(files)
