@@ -217,6 +217,20 @@ class StatTable(MutableMapping[str, StatKey]):
         for col, value in zip(cols, key, strict=True):
             col[i] = value
 
+    def keep_from(self, other: StatTable, ok: bytearray) -> None:
+        """Add ``other``'s keys where ``ok`` is set; an empty table takes ``other``'s arrays (no copy)."""
+        if other._has is None or other._cols is None:
+            return
+        if self._count == 0:
+            self._has, self._cols = _bytes_and(other._has, ok), other._cols
+            self._count = self._has.count(1)
+            other._has, other._cols, other._count = None, None, 0
+            return
+        for i in other.positions():
+            key = other.at(i)
+            if ok[i] and key is not None:
+                self.put(i, key)
+
     def positions(self) -> Iterator[int]:
         """The manifest positions that have a stat key, ascending."""
         has = self._has
@@ -255,6 +269,12 @@ class StatTable(MutableMapping[str, StatKey]):
 
     def __len__(self) -> int:
         return self._count
+
+
+def _bytes_and(flags: bytearray, mask: bytearray) -> bytearray:
+    """``flags`` where ``mask`` is set too (two flag arrays of 0 and 1, equal length), as a new array."""
+    both = int.from_bytes(flags, "little") & int.from_bytes(mask, "little")
+    return bytearray(both.to_bytes(len(flags), "little"))
 
 
 class KnownFiles(Mapping[str, tuple[StatKey, str]]):
@@ -747,7 +767,8 @@ def verify(
     report = VerifyReport(bundle=str(bundle), files=len(files), started_ns=time.time_ns())
     # raises on any symlink out, so every file found is safe to read; its stat (taken before the file
     # is hashed) is what read_frozen compares to skip a second hash
-    found = StatTable(files)
+    found = StatTable(files)  # becomes hashed_ok, less the files that differ: one table per file, not two
+    ok = bytearray(len(files))
     for rel, walked in _scan(bundle):
         i = files.position(rel)
         if i < 0:
@@ -772,7 +793,7 @@ def verify(
         elif (table is not None and table.at(i) == key) or (
             by_path is not None and by_path.get(rel) == (key, files.sha256(i))
         ):
-            manifest.hashed_ok.put(i, key)
+            ok[i] = 1
             report.unchanged_stat += 1
         else:
             to_hash.append(i)
@@ -782,9 +803,10 @@ def verify(
             i = to_hash[k + n]
             if digests[n * _DIGEST : (n + 1) * _DIGEST] != files.digest(i):
                 report.changed.append(files.paths[i])
-            elif (hashed := found.at(i)) is not None:
-                manifest.hashed_ok.put(i, hashed)
+            else:
+                ok[i] = 1
         k += len(digests) // _DIGEST
+    manifest.hashed_ok.keep_from(found, ok)
     report.changed.sort()
     report.extra.sort()
     return report

@@ -233,3 +233,23 @@ def test_verified_files_are_the_bytes_orjson_wrote(tmp_path: Path, monkeypatch: 
     # a caller's own mapping of path -> (stat key, sha256) still works
     plain = {f.path: (manifest.hashed_ok[f.path], f.sha256) for f in files}
     assert verify(bundle, read_manifest(bundle), plain).unchanged_stat == len(files)
+
+
+def test_hashed_ok_holds_only_the_files_that_verified(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle, cells=2, events_per_cell=6)
+    manifest = read_manifest(bundle)
+    files = manifest.files.paths
+    changed, gone = files[3], files[5]
+    raw = bytearray((bundle / changed).read_bytes())
+    raw[0] ^= 1  # same size, other bytes: only the hash tells
+    (bundle / changed).write_bytes(bytes(raw))
+    (bundle / gone).unlink()
+    report = verify(bundle, manifest)
+    assert report.changed == [changed] and report.missing == [gone]
+    assert set(manifest.hashed_ok) == set(files) - {changed, gone}
+    assert len(manifest.hashed_ok) == len(files) - 2
+    # a second verify adds to what the first kept (the file put back now verifies too)
+    (bundle / changed).write_bytes(bytes([raw[0] ^ 1]) + bytes(raw[1:]))
+    assert verify(bundle, manifest).missing == [gone]
+    assert set(manifest.hashed_ok) == set(files) - {gone}
