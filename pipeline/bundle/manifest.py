@@ -655,7 +655,8 @@ def _check_manifest(fh: BinaryIO) -> Manifest:
     try:
         return _parse_manifest(ijson.basic_parse(fh, use_float=True))
     except ijson.JSONError as exc:
-        if fh.seek(0, os.SEEK_END) == 0:
+        size = fh.seek(0, os.SEEK_END)
+        if size < 4096 and not (fh.seek(0) or fh.read().strip()):  # nothing but white space
             raise BundleError(f"{MANIFEST_FILE}: empty file (expected a JSON object)") from None
         _check_utf8(fh)
         raise BundleError(f"{MANIFEST_FILE}: invalid JSON ({_first_line(exc)})") from None

@@ -182,6 +182,7 @@ GOOD = {"path": "a.txt", "sha256": "sha256:" + "ab" * 32, "size": 1}
         (_manifest_text([GOOD]) + " x", "invalid JSON"),
         (_manifest_text([GOOD])[:-20], "invalid JSON"),
         ("", "empty file"),
+        (" \n\t", "empty file"),
         ('{"files": [], "schema_version": 1, "schema_version": 1}', "key 'schema_version' appears twice"),
     ],
 )  # fmt: skip
