@@ -159,8 +159,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="lunasol-stage-") as tmp:
         if ns.stage == "export" and ns.bundle is None:
             parser.error("export needs --bundle")
-        out = run_stage(ns.run_dir, ns.stage, Path(tmp) / "r", ns.context_tokens, ns.fresh, ns.profile, ns.bundle,
-                        ns.in_place)
+        out = run_stage(
+            ns.run_dir, ns.stage, Path(tmp) / "r", ns.context_tokens, ns.fresh, ns.profile, ns.bundle, ns.in_place
+        )
     print(json.dumps(out))
 
 
