@@ -22,7 +22,7 @@ from typing import Any
 from pipeline.sol.corpus import Batch, group_id
 from pipeline.sol.evidence import occurrence_lines
 from pipeline.sol.families import TaskCounts, families_of
-from pipeline.sol.timeline import fit_timelines, timeline_chars
+from pipeline.sol.timeline import fit_timelines
 
 CELL_HEADER = "cell|task|run|outcome|quality|completion|cost|stability|patterns|groups|luna"
 """The columns of :func:`cell_line` (said once, above the rows)."""
@@ -285,7 +285,7 @@ class Renderer:
         for gid, o in self.occ_by_cell.get(cell, []):
             size += self.block_chars(o)
             gids.add(gid)
-        size += min(timeline_chars(self.batch.timeline.get(cell, [])), timeline_cap)
+        size += min(self.batch.timeline.chars(cell), timeline_cap)
         return size, gids
 
 
@@ -450,7 +450,7 @@ def _map_context(
     groups_text: str | None = None,
 ) -> dict[str, Any]:
     batch = renderer.batch
-    lines = {c: batch.timeline[c] for c in chunk.cells if c in batch.timeline}
+    lines = batch.timeline.lines(chunk.cells)  # this partition's cells only, read from the IR
     timelines, omitted = fit_timelines(lines, timeline_chars)
     outcome = {c["cell_id"]: f"{c['task_id']}, {outcome_of(c)}" for c in cells}
     negatives = [c["cell_id"] for c in cells if c.get("outcome") == "completed"]
