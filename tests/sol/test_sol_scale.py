@@ -335,6 +335,11 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
     run_dir.mkdir()
     for name in ("ir.duckdb", "run.json", "pattern-groups.json"):
         shutil.copy2(base.run_dir / name, run_dir / name)
+    con = duckdb.connect(str(run_dir / "ir.duckdb"))
+    try:
+        con.execute(f"DROP TABLE IF EXISTS {TIMELINE_TABLE}")  # the base run's Sol made them: a first run here
+    finally:
+        con.close()
     ctx = RunContext(options=base.options, run_dir=run_dir, log=lambda _m: None)
     fake_llm.handler = handler
     fake_llm.context_tokens = CONTEXT
