@@ -199,11 +199,12 @@ class PlanInputs:
 
         put(self._batch, str(room_chars), _json([chunk.tasks, chunk.cells, chunk.groups]))
         timelines = renderer.batch.timeline.lines(chunk.cells)
+        evidence = renderer.evidence_for(chunk.cells)
         for c in chunk.cells:
             put(c, self._row(renderer, c), _json(renderer.coverage.get(c)))
             put(*(str(x) for pair in timelines.get(c, []) for x in pair))
             for gid, o in renderer.occ_by_cell.get(c, []):
-                head, texts, events = renderer.occurrence_block(o)
+                head, texts, events = renderer.occurrence_block(o, evidence)
                 put(gid, _json(o), head, *(x for pair in (*texts, *events) for x in pair))
         for gid in sorted(set(renderer.group_ids(chunk.cells)) | set(chunk.groups or [])):
             put(gid, self._group(renderer, gid))

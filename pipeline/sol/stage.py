@@ -19,6 +19,7 @@ from pipeline.artifacts.run_info import run_pilot
 from pipeline.core.canonical import digest, sha256_file
 from pipeline.core.errors import Blocked
 from pipeline.core.listing import some
+from pipeline.core.memory import give_back
 from pipeline.ir.digests import ir_digest
 from pipeline.models import CallOutcome, ModelClient, PlannedCall, template_hash
 from pipeline.models.budget import RoleBudget, count_text, role_budget
@@ -637,6 +638,8 @@ def mine(ctx: RunContext) -> Shortlist:
         return _mine(ctx, batch)
     finally:
         batch.close()
+        del batch
+        give_back()  # the batch's rows, groups and renderer caches: freed, handed back before the next stage
 
 
 def _mine(ctx: RunContext, batch: Batch) -> Shortlist:
