@@ -1,4 +1,4 @@
-"""Sol reads timelines and cited-event lines per request from the run's DuckDB: its Python memory does not grow with the batch."""
+"""Sol reads timelines and cited-event lines per request from the run's DuckDB: its memory does not grow with them."""
 
 from __future__ import annotations
 
