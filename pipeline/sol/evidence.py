@@ -21,6 +21,7 @@ from typing import Any
 from pipeline.core import duck
 from pipeline.luna.render import render_event, trim
 from pipeline.sol.checks import EVENT_ID_RE
+from pipeline.sol.timeline_cache import capped
 
 FETCH_ROWS = 1_024  # cited events rendered at a time (each row carries its event's whole text)
 EVENT_CHARS = 320  # one cited event's line at most (head and tail kept around a marker, as Luna's lines)
@@ -203,13 +204,13 @@ class EvidenceStore:
         out = GroupEvidence()
         key = "pattern_id " if by_id else ""
         sql = f"SELECT pattern_id, observed, definition_fit FROM {TEXTS_TABLE} WHERE {key}{where}"
-        cur = self._con.execute(sql, params)
+        cur = capped(self._con).execute(sql, params)
         while rows := cur.fetchmany(WRITE_ROWS):
             for pid, observed, fit in rows:
                 if pids is None or pid in pids:
                     out.patterns[str(pid)] = (" ".join(str(observed).split()), " ".join(str(fit).split()))
         sql = f"SELECT event_id, line FROM {CITED_TABLE} WHERE {'event_id ' if by_id else ''}{where}"
-        cur = self._con.execute(sql, params)
+        cur = capped(self._con).execute(sql, params)
         while rows := cur.fetchmany(WRITE_ROWS):
             for eid, line in rows:
                 if eids is None or eid in eids:

@@ -204,7 +204,7 @@ class TimelineStore:
                 self._chars[str(cell)] = int(chars)
 
     def _query(self, sql: str, params: list[Any] | None = None) -> Iterator[tuple[Any, ...]]:
-        cur = self._con.execute(sql, params or [])
+        cur = capped(self._con).execute(sql, params or [])
         while rows := cur.fetchmany(QUERY_CELLS):
             yield from rows
 
@@ -247,6 +247,24 @@ class TimelineStore:
         return int(self._con.execute(f"SELECT count(*) FROM {WALK_TABLE}").fetchall()[0][0])
 
 
+STORE_MEMORY = "96MiB"
+"""DuckDB's memory while Sol reads a request's rows: each request reads a range of its tables, and under
+lunasol's shared limit the blocks read stayed cached up to it (RSS +500 MiB over Sol's map calls at
+100,000 cells)."""
+
+
+def _reader(ir_path: Path) -> Any:
+    # An instance of its own (the process's other connections to the file join it, and may set its limit
+    # again: :func:`capped` sets it before each request's read).
+    return duck.connect(ir_path, read_only=True, own=True)
+
+
+def capped(con: Any) -> Any:
+    """``con`` with DuckDB's memory limit at :data:`STORE_MEMORY`: blocks cached by earlier reads are let go."""
+    con.execute(f"SET memory_limit = '{STORE_MEMORY}'")
+    return con
+
+
 def open_store(
     ir_path: Path, rank: dict[str, int] | None = None, also: Callable[[Any, bool], None] | None = None
 ) -> TimelineStore:
@@ -276,7 +294,7 @@ def open_store(
                 also(con, False)
         finally:
             con.close()
-        return TimelineStore(duck.connect(ir_path, read_only=True), read, rank)
+        return TimelineStore(_reader(ir_path), read, rank)
     ro = duck.connect(ir_path, read_only=True)
     try:
         read = update_timelines(ro, temp=True)
