@@ -51,6 +51,7 @@ from pipeline.models import render  # noqa: E402
 from pipeline.probes.engine import read_probe_hits, run_probes, write_probe_hits  # noqa: E402
 from pipeline.sol.cards import SolAnswer  # noqa: E402
 from pipeline.sol.corpus import load_batch  # noqa: E402
+from pipeline.sol.partition import Renderer  # noqa: E402
 from pipeline.sol.plan import MAP_ROLE, ROLE, plan_sol  # noqa: E402
 from pipeline.sol.stage import single_context  # noqa: E402
 from tests.adapters.adapter_helpers import SHARED_DATA  # noqa: E402
@@ -184,13 +185,15 @@ def sol_visibility(run_dir: Path, events: dict[str, list[str]], settings: ModelS
             for c in m.chunk.cells:
                 holder.setdefault(c, []).append(m.chunk.call_id)
     wanted = shown = 0
+    renderer = Renderer(batch)
     for cell, ids in events.items():
         text = "\n".join(str(texts.get(h, "")) for h in holder.get(cell) or [None])
+        lines = renderer.evidence_for([cell]).events  # the cell's cited lines, read from the IR
         for e in ids:
             if e not in cited:
                 continue
             wanted += 1
-            line = batch.evidence.events.get(e, "")
+            line = lines.get(e, "")
             shown += bool(line) and line in text
     return {"cited": wanted, "shown": shown, "mode": decision.mode, "calls": max(len(decision.maps), 1)}
 

@@ -41,6 +41,19 @@ def tokens(text: str) -> int:
     return count_text(model_limits(ModelSettings(model=MODEL)), text)
 
 
+class _NoEvidence:
+    """An evidence store that shows nothing: the groups without Luna's words and event lines."""
+
+    def __init__(self, rank: dict[str, int]) -> None:
+        self.rank = rank
+
+    def for_cells(self, cells: Any, occurrences: Any) -> GroupEvidence:
+        return GroupEvidence()
+
+    def for_group(self, gid: str) -> GroupEvidence:
+        return GroupEvidence()
+
+
 def sizes(run_dir: Path) -> dict[str, Any]:
     """Token counts of the earlier and today's renderings of the same batch."""
     batch = load_batch(run_dir, run_dir / "ir.duckdb")
@@ -50,7 +63,7 @@ def sizes(run_dir: Path) -> dict[str, Any]:
     )  # what the sections were before: indented JSON, keys on every row
     today = single_context(batch)
     with_evidence = today["groups_text"]
-    evidence, batch.evidence = batch.evidence, GroupEvidence()
+    evidence, batch.evidence = batch.evidence, _NoEvidence(batch.evidence.rank)  # type: ignore[assignment]
     try:
         bare = Renderer(batch).groups_text(cells)  # the same groups, without texts and event lines
     finally:

@@ -8,7 +8,8 @@ answers and token counts (``sol_map/``) are removed, so it plans and checks ever
 model calls go to a scripted local server started here in a child process (its CPU is not counted),
 or are answered from the copied run's ``exchanges/`` when the requests are the same (``--fresh``
 removes them: every call is made). ``--fresh`` also drops the Coordinator's tables and incident
-cache from the copied IR, so the Coordinator groups from scratch as in a first run.
+cache from the copied IR, so the Coordinator groups from scratch as in a first run. ``--in-place`` runs
+on RUN_DIR itself, not a copy (a scratch run too large to copy, e.g. a ``bench/report_runs.py`` clone).
 
 Printed: one JSON line with the stage's one-line summary, CPU seconds of the stage (every thread of
 the process), RSS before, the peak RSS sampled every 20 ms while the stage ran, RSS after and
@@ -79,13 +80,16 @@ def run_stage(
     fresh: bool,
     profile: Path | None,
     bundle: Path | None = None,
+    in_place: bool = False,
 ) -> Any:
     """Copy ``run_dir`` into ``work`` (export: an empty ``work``), run ``stage`` there and return its figures."""
     from pipeline.core.context import RunContext, RunOptions
     from pipeline.core.settings import ModelSettings
     from pipeline.run.runner import STAGES
 
-    if stage == "export":
+    if in_place:
+        work = run_dir
+    elif stage == "export":
         work.mkdir(parents=True)
     else:
         shutil.copytree(run_dir, work)
@@ -150,11 +154,14 @@ def main() -> None:
     parser.add_argument("--context-tokens", type=int, default=128_000)
     parser.add_argument("--fresh", action="store_true", help="no exchanges, no Coordinator tables: a first run")
     parser.add_argument("--profile", type=Path, default=None)
+    parser.add_argument("--in-place", action="store_true", help="run on RUN_DIR itself (a scratch run), not a copy")
     ns = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="lunasol-stage-") as tmp:
         if ns.stage == "export" and ns.bundle is None:
             parser.error("export needs --bundle")
-        out = run_stage(ns.run_dir, ns.stage, Path(tmp) / "r", ns.context_tokens, ns.fresh, ns.profile, ns.bundle)
+        out = run_stage(
+            ns.run_dir, ns.stage, Path(tmp) / "r", ns.context_tokens, ns.fresh, ns.profile, ns.bundle, ns.in_place
+        )
     print(json.dumps(out))
 
 

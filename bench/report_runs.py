@@ -6,8 +6,11 @@ gives each cell ``factor - 1`` clones ``<cell>R<k>``: in the IR's tables the rep
 coverage, outcomes, luna_cells, probe_hits, events), in patterns.jsonl and in pattern-groups.json
 (occurrences, and the groups' support lists). A clone's events point at its source cell's raw lines
 in the same frozen bundle (same bytes, same digests), so every cited ref still resolves and verifies.
+Luna's ``patterns`` and ``cell_digests`` are cloned too (pattern ids, cited events and probe hits
+renamed), so the Coordinator and Sol accept the clone: ``python bench/bench_stage.py RUN coordinator
+--fresh --in-place`` regroups its patterns into the pattern tables, then ``... RUN sol --in-place``.
 The other IR tables (segments, caches, pattern tables) are copied as they are: the report never reads
-them. Synthetic in its shape only: a report benchmark, not a run to analyse.
+them. Synthetic in its shape only: a benchmark, not a run to analyse.
 
     python bench/report_runs.py SRC_RUN --factor 10      # prints the new run directory beside SRC_RUN
 """
@@ -35,6 +38,8 @@ _EXPAND = {
     "luna_cells": (),
     "probe_hits": ("hit_id",),
     "events": ("event_id", "segment_id"),
+    "patterns": ("pattern_id", "evidence[]", "probe_hits[]"),  # what the Coordinator groups (bench_stage)
+    "cell_digests": (),  # per-cell caches are keyed on it
 }
 _SKIP = {"ir.duckdb", "ir.duckdb.wal", "patterns.jsonl", "pattern-groups.json", "report", "report.html", "luna",
          "exchanges"}  # fmt: skip
@@ -58,7 +63,10 @@ def _expand_ir(src: Path, dst: Path, factor: int, width: int) -> None:
             new = f"(cell_id || 'R' || lpad(k::VARCHAR, {width}, '0'))"
             repl = [f"{new} AS cell_id"]
             for col in _EXPAND[t]:
-                if col == "run_id":
+                if col.endswith("[]"):  # a list of ids of the cell: each renamed
+                    col = col[:-2]
+                    repl.append(f"list_transform({col}, lambda x: {new} || substr(x, length(cell_id) + 1)) AS {col}")
+                elif col == "run_id":
                     repl.append(f"(run_id || 'R' || lpad(k::VARCHAR, {width}, '0')) AS run_id")
                 else:  # '<cell>-e0001' -> '<clone>-e0001'
                     repl.append(f"({new} || substr({col}, length(cell_id) + 1)) AS {col}")

@@ -18,9 +18,9 @@ from pipeline.core import duck
 from pipeline.core.canonical import read_json
 from pipeline.ir.selection import PILOT_REASON
 from pipeline.sol.checks import EvidenceIndex, load_index
-from pipeline.sol.evidence import GroupEvidence, load_evidence
-from pipeline.sol.families import bounded_by_task
-from pipeline.sol.timeline_cache import Timelines, load_timelines
+from pipeline.sol.evidence import EvidenceStore, write_evidence
+from pipeline.sol.families import bounded_by_task, walk_order
+from pipeline.sol.timeline_cache import TimelineStore, open_store
 
 GROUPS_FILE = GROUPS.filename
 TIMELINE_BUDGET_CHARS = 400_000  # ~100K tokens; larger batches are trimmed visibly (fit_timelines)
@@ -56,6 +56,17 @@ def group_cells(group: dict[str, Any]) -> set[str]:
     return out
 
 
+def index_groups_by_cell(groups: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """Per cell, the pattern groups with an occurrence in it."""
+    out: dict[str, set[str]] = {}
+    for g in groups:
+        gid = group_id(g)
+        for o in g.get("occurrences") or []:
+            if gid and isinstance(o, dict) and o.get("cell_id"):
+                out.setdefault(str(o["cell_id"]), set()).add(gid)
+    return out
+
+
 def read_groups(run_dir: Path) -> list[dict[str, Any]]:
     """The Coordinator's pattern groups (empty when the file is absent)."""
     path = run_dir / GROUPS_FILE
@@ -83,14 +94,17 @@ class Batch:
     cells: list[dict[str, Any]]  # every cell of the run, with its outcome
     coverage: list[dict[str, Any]]
     groups: list[dict[str, Any]]
-    timeline: dict[str, list[tuple[str, str]]]  # cell -> (detail, line), unfitted
+    timeline: TimelineStore  # per cell, (detail, line) unfitted: read from the IR per partition
     index: EvidenceIndex
-    timeline_store: Timelines | None = field(default=None, repr=False)  # what the timeline store must learn
-    evidence: GroupEvidence = field(default_factory=GroupEvidence, repr=False)  # what the groups cite, with text
+    evidence: EvidenceStore = field(repr=False)  # what the groups cite, with text: read per request
     eligible: list[dict[str, Any]] = field(init=False)
 
     def __post_init__(self) -> None:
         self.eligible = [c for c in self.cells if c["eligibility"] == "valid_behavior"]
+
+    def close(self) -> None:
+        """Close the IR connection the timelines are read on (also done when the batch is garbage)."""
+        self.timeline.close()
 
     @cached_property
     def pilot_context(self) -> dict[str, int]:
@@ -185,19 +199,20 @@ def load_batch(run_dir: Path, ir_path: Path) -> Batch:
         coverage = rows(con, "SELECT * FROM coverage ORDER BY cell_id") if duck.has_table(con, "coverage") else []
         if isinstance(doc, dict) and isinstance(doc.get("coverage"), list):
             coverage = doc["coverage"]  # the Coordinator's coverage carries pattern counts per cell
-        eligible = [str(c["cell_id"]) for c in cells if c["eligibility"] == "valid_behavior"]
-        found = load_timelines(con, run_dir, eligible)  # unchanged cells' lines from the last run
-        evidence = load_evidence(con, groups)  # Luna's words and every cited event's text, one query each
     finally:
         con.close()
+    eligible = [c for c in cells if c["eligibility"] == "valid_behavior"]
+    rank = {c: i for i, c in enumerate(walk_order(eligible, index_groups_by_cell(groups)))}
+    # The timelines of cells whose content changed (or all, the first time) made into the IR's table, and every
+    # cited event's line and Luna's words, then read per request on a connection the batch holds.
+    store = open_store(ir_path, rank, lambda c, temp: write_evidence(c, groups, rank, temp=temp))
     return Batch(
         run_id=analysis_run_id(run_dir),  # the request's id, never the folder (replay under any --run-id)
         ir_path=ir_path,
         cells=cells,
         coverage=coverage,
         groups=groups,
-        timeline=found.lines,
+        timeline=store,
         index=index,
-        timeline_store=found,
-        evidence=evidence,
+        evidence=EvidenceStore(store.con, rank),
     )

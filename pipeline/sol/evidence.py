@@ -14,13 +14,14 @@ an event that was not in the request that cited it.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core import duck
 from pipeline.luna.render import render_event, trim
 from pipeline.sol.checks import EVENT_ID_RE
+from pipeline.sol.timeline_cache import capped
 
 FETCH_ROWS = 1_024  # cited events rendered at a time (each row carries its event's whole text)
 EVENT_CHARS = 320  # one cited event's line at most (head and tail kept around a marker, as Luna's lines)
@@ -48,44 +49,198 @@ def cited_by_groups(groups: list[dict[str, Any]]) -> tuple[list[str], list[str]]
     return sorted(pids), sorted(eids)
 
 
-def load_evidence(con: Any, groups: list[dict[str, Any]]) -> GroupEvidence:
-    """Read, on an open IR connection, what :class:`GroupEvidence` holds for ``groups``."""
-    import pyarrow as pa  # third-party, loaded by the IR export already; kept off Sol's import path
+CITED_TABLE = "sol_cited_lines"
+TEXTS_TABLE = "sol_pattern_texts"
+WRITE_ROWS = 4_096  # rendered lines written to DuckDB at a time
+_CITED_DDL = f"""
+CREATE OR REPLACE {{temp}}TABLE {CITED_TABLE} (
+    rank INTEGER NOT NULL,      -- its cell's place in the order partitions walk the cells (a request reads a range)
+    event_id VARCHAR NOT NULL,
+    groups VARCHAR[] NOT NULL,  -- the pattern groups whose occurrences cite it
+    line VARCHAR NOT NULL       -- the event's line in Sol's requests
+)
+"""
+_TEXTS_DDL = f"""
+CREATE OR REPLACE {{temp}}TABLE {TEXTS_TABLE} (
+    rank INTEGER NOT NULL,
+    pattern_id VARCHAR NOT NULL,
+    groups VARCHAR[] NOT NULL,
+    observed VARCHAR NOT NULL,        -- Luna's words, whitespace made single spaces
+    definition_fit VARCHAR NOT NULL
+)
+"""
 
-    pids, eids = cited_by_groups(groups)
-    out = GroupEvidence()
-    if pids and duck.has_table(con, "patterns"):
-        con.register("_sol_pids", pa.table({"pattern_id": pa.array(pids, pa.string())}))
+
+def _cited_rows(groups: list[dict[str, Any]], rank: dict[str, int], key: str) -> Iterator[Any]:
+    """Arrow tables of (rank, group_id, id) for every id the occurrences cite under ``key``, a batch at a time."""
+    import pyarrow as pa
+
+    last = len(rank)
+    out: tuple[list[int], list[str], list[str]] = ([], [], [])
+    for g in groups:
+        gid = str(g.get("group_id") or g.get("pattern_group_id") or g.get("id"))
+        for o in g.get("occurrences") or []:
+            if not isinstance(o, dict):
+                continue
+            r = rank.get(str(o.get("cell_id")), last)
+            for x in o.get(key) or []:
+                out[0].append(r)
+                out[1].append(gid)
+                out[2].append(str(x))
+            if len(out[0]) >= WRITE_ROWS:
+                yield pa.table({"rank": pa.array(out[0], pa.int32()), "group_id": out[1], "id": out[2]})
+                out = ([], [], [])
+    if out[0]:
+        yield pa.table({"rank": pa.array(out[0], pa.int32()), "group_id": out[1], "id": out[2]})
+
+
+def _fill(con: Any, table: str, rows: Iterator[Any]) -> None:
+    for t in rows:
+        con.register("_sol_rows", t)
         try:
-            for pid, observed, fit in con.execute(
-                "SELECT pattern_id, observed, definition_fit FROM patterns "
-                "WHERE pattern_id IN (SELECT pattern_id FROM _sol_pids)"
-            ).fetchall():
-                out.patterns[str(pid)] = (" ".join(str(observed).split()), " ".join(str(fit).split()))
+            con.execute(f"INSERT INTO {table} SELECT * FROM _sol_rows")
         finally:
-            con.unregister("_sol_pids")
-    if eids:
-        con.register("_sol_eids", pa.table({"event_id": pa.array(eids, pa.string())}))
-        try:
-            # Streamed, unordered (lines are looked up by id): an event's whole text is read to render
-            # its line, and sorting or fetching every cited event's text at once held them all
-            # (+103 MiB at 1,000 cells for 17,132 events, ten times that at 10,000).
-            cur = con.execute(
-                "SELECT event_id, ts, kind, detail, actor, text, text_truncated, text_chars, tool_name, call_id, "
-                "args_digest, result_digest, state_digest FROM events "
-                "WHERE event_id IN (SELECT event_id FROM _sol_eids)"
-            )
-            names = [d[0] for d in cur.description]
-            while tuples := cur.fetchmany(FETCH_ROWS):
-                for tup in tuples:
-                    row = dict(zip(names, tup, strict=True))
-                    line = render_event(row)
-                    # an event whose text is empty (a grep that found nothing) says so, not a dangling colon
-                    line = line + "(empty)" if line.endswith(": ") else line
-                    out.events[str(row["event_id"])] = trim(line, EVENT_CHARS)
-        finally:
-            con.unregister("_sol_eids")
-    return out
+            con.unregister("_sol_rows")
+
+
+def write_evidence(con: Any, groups: list[dict[str, Any]], rank: dict[str, int], *, temp: bool = False) -> None:
+    """Tables ``sol_cited_lines`` and ``sol_pattern_texts`` for ``groups``, on a connection that may write.
+
+    Every cited event's line is rendered once (Luna's renderer), a batch of rows at a time from one
+    streamed query, and stored by ``rank`` (its cell's place in ``rank``, the partitions' walk) so
+    that a request's cells are one range of the table. ``temp``: temporary tables of ``con``.
+    """
+    import pyarrow as pa
+
+    kind = "TEMP " if temp else ""
+    for name in ("_sol_cited_events", "_sol_cited_patterns"):
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} (rank INTEGER, group_id VARCHAR, id VARCHAR)")
+    _fill(con, "_sol_cited_events", _cited_rows(groups, rank, "events"))
+    _fill(con, "_sol_cited_patterns", _cited_rows(groups, rank, "pattern_ids"))
+    cited = "SELECT id, min(rank) AS rank, list(DISTINCT group_id ORDER BY group_id) AS groups FROM {} GROUP BY id"
+    con.execute(_TEXTS_DDL.format(temp=kind))
+    if duck.has_table(con, "patterns"):
+        con.execute(
+            f"INSERT INTO {TEXTS_TABLE} SELECT c.rank, p.pattern_id, c.groups, "
+            # Python's split() and DuckDB's whitespace differ: the texts are made single-spaced below
+            "coalesce(p.observed::VARCHAR, 'None'), coalesce(p.definition_fit::VARCHAR, 'None') "
+            f"FROM patterns p JOIN ({cited.format('_sol_cited_patterns')}) c ON c.id = p.pattern_id"
+        )
+    con.execute(_CITED_DDL.format(temp=kind))
+    staging = "_sol_cited_staging"
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE {staging} (rank INTEGER, event_id VARCHAR, groups VARCHAR[], line VARCHAR)"
+    )
+    reader = con.cursor() if not temp else None  # a write on ``con`` ends a result still streaming on it
+    src = reader if reader is not None else con
+    rows: tuple[list[int], list[str], list[list[str]], list[str]] = ([], [], [], [])
+
+    def flush() -> None:
+        s = pa.string()
+        t = pa.table({"rank": pa.array(rows[0], pa.int32()), "event_id": pa.array(rows[1], s),
+                      "groups": pa.array(rows[2], pa.list_(s)), "line": pa.array(rows[3], s)})  # fmt: skip
+        _fill(con, staging, iter([t]))
+        for r in rows:
+            r.clear()
+
+    try:
+        # the cited events' ids, ranks and groups go to the reader's own connection (a temporary table is
+        # the connection's) as a table it can read; the lines are rendered a batch at a time
+        ids = con.sql(cited.format("_sol_cited_events")).to_arrow_table()
+        src.register("_sol_cited_ids", ids)
+        del ids
+        cur = src.execute(
+            "SELECT c.rank, c.groups, e.event_id, e.ts, e.kind, e.detail, e.actor, e.text, e.text_truncated, "
+            "e.text_chars, e.tool_name, e.call_id, e.args_digest, e.result_digest, e.state_digest "
+            "FROM events e JOIN _sol_cited_ids c ON c.id = e.event_id"
+        )
+        names = [d[0] for d in cur.description]
+        pending: list[tuple[Any, ...]] = []
+        while True:
+            tuples = cur.fetchmany(WRITE_ROWS)
+            if temp and tuples:  # one connection: read the whole batch's rows before writing (small batches only)
+                pending.extend(tuples)
+                continue
+            for tup in pending or tuples:
+                row = dict(zip(names, tup, strict=True))
+                line = render_event(row)
+                # an event whose text is empty (a grep that found nothing) says so, not a dangling colon
+                line = line + "(empty)" if line.endswith(": ") else line
+                rows[0].append(row["rank"])
+                rows[1].append(str(row["event_id"]))
+                rows[2].append(list(row["groups"]))
+                rows[3].append(trim(line, EVENT_CHARS))
+                if len(rows[0]) >= WRITE_ROWS:
+                    flush()
+            pending = []
+            if not tuples:
+                break
+        if rows[0]:
+            flush()
+        src.unregister("_sol_cited_ids")
+    finally:
+        if reader is not None:
+            reader.close()
+    con.execute(f"INSERT INTO {CITED_TABLE} SELECT * FROM {staging} ORDER BY rank, event_id")
+    for name in (staging, "_sol_cited_events", "_sol_cited_patterns"):
+        con.execute(f"DROP TABLE {name}")
+
+
+class EvidenceStore:
+    """What :func:`write_evidence` stored, read per request on the batch's connection (never held for the batch).
+
+    :meth:`for_cells` reads a request's cells (one range of ranks), :meth:`for_group` a group's
+    (whole-batch texts walk the groups one at a time).
+    """
+
+    def __init__(self, con: Any, rank: dict[str, int]) -> None:
+        self._con = con
+        self.rank = rank
+
+    def _view(
+        self, where: str, params: list[Any], pids: set[str] | None, eids: set[str] | None, by_id: bool = False
+    ) -> GroupEvidence:
+        # ``by_id``: ``where`` is ``IN (...)`` of ids, after the id column of each table
+        out = GroupEvidence()
+        key = "pattern_id " if by_id else ""
+        sql = f"SELECT pattern_id, observed, definition_fit FROM {TEXTS_TABLE} WHERE {key}{where}"
+        cur = capped(self._con).execute(sql, params)
+        while rows := cur.fetchmany(WRITE_ROWS):
+            for pid, observed, fit in rows:
+                if pids is None or pid in pids:
+                    out.patterns[str(pid)] = (" ".join(str(observed).split()), " ".join(str(fit).split()))
+        sql = f"SELECT event_id, line FROM {CITED_TABLE} WHERE {'event_id ' if by_id else ''}{where}"
+        cur = capped(self._con).execute(sql, params)
+        while rows := cur.fetchmany(WRITE_ROWS):
+            for eid, line in rows:
+                if eids is None or eid in eids:
+                    out.events[str(eid)] = str(line)
+        return out
+
+    def for_cells(self, cells: Iterable[str], occurrences: Iterable[dict[str, Any]]) -> GroupEvidence:
+        """Luna's words and the event lines ``occurrences`` (of ``cells``) cite."""
+        ranks = [self.rank.get(c, len(self.rank)) for c in cells]
+        pids: set[str] = set()
+        eids: set[str] = set()
+        for o in occurrences:
+            pids.update(str(p) for p in o.get("pattern_ids") or [])
+            eids.update(str(e) for e in o.get("events") or [])
+        if not ranks or not (pids or eids):
+            return GroupEvidence()
+        out = self._view("rank BETWEEN ? AND ?", [min(ranks), max(ranks)], pids, eids)
+        # an id stored under another cell's rank (an occurrence citing outside its cell): read by id
+        missing_p = sorted(pids - out.patterns.keys())
+        missing_e = sorted(eids - out.events.keys())
+        if missing_p or missing_e:
+            ids = duck.literals([*missing_p, *missing_e])
+            more = self._view(f"IN ({ids})", [], set(missing_p), set(missing_e), by_id=True)
+            out.patterns.update(more.patterns)
+            out.events.update(more.events)
+        return out
+
+    def for_group(self, gid: str) -> GroupEvidence:
+        """Luna's words and the event lines the occurrences of group ``gid`` cite."""
+        return self._view("list_contains(groups, ?)", [gid], None, None)
 
 
 def occurrence_lines(

@@ -193,3 +193,23 @@ def bounded_list(items: list[str], k: int = TOP_K) -> str:
     if len(items) <= k:
         return ", ".join(items)
     return ", ".join(items[:k]) + f", and {len(items) - k} more"
+
+
+def walk_order(cells: Iterable[dict[str, Any]], groups_of_cell: dict[str, set[str]]) -> list[str]:
+    """The eligible ``cells``' ids in the order partitions take them: families, their tasks, then cell ids (sorted).
+
+    ``groups_of_cell``: per cell, the pattern groups of its occurrences (what :func:`families_of`
+    reads when task names carry no structure). The order :func:`pipeline.sol.partition.partition`
+    walks: a request's cells are then mostly one run of it.
+    """
+    tasks: dict[str, set[str]] = {}
+    cells_of: dict[str, list[str]] = {}
+    for c in cells:
+        cell, task = str(c["cell_id"]), str(c["task_id"])
+        tasks.setdefault(task, set()).update(groups_of_cell.get(cell, ()))
+        cells_of.setdefault(task, []).append(cell)
+    fam = families_of(tasks, {t: tuple(sorted(g)) for t, g in tasks.items()})
+    by_family: dict[str, list[str]] = {}
+    for t in sorted(tasks):
+        by_family.setdefault(fam[t], []).append(t)
+    return [cell for _f, ts in sorted(by_family.items()) for t in ts for cell in sorted(cells_of[t])]

@@ -20,14 +20,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.sol.corpus import Batch, group_id
-from pipeline.sol.evidence import occurrence_lines
+from pipeline.sol.evidence import GroupEvidence, occurrence_lines
 from pipeline.sol.families import TaskCounts, families_of
-from pipeline.sol.timeline import fit_timelines, timeline_chars
+from pipeline.sol.timeline import fit_timelines
 
 CELL_HEADER = "cell|task|run|outcome|quality|completion|cost|stability|patterns|groups|luna"
 """The columns of :func:`cell_line` (said once, above the rows)."""
 GROUP_TOP_K = 3  # families named in a map request's group header beside its own tasks (one header per group)
 TIMELINE_SHARE = 0.5  # at most this share of a map prompt's room goes to timelines
+SIZE_CELLS = 256  # cells whose occurrences are sized together (their evidence read in one query)
+VIEW_OCCURRENCES = 4_096  # more occurrences than this in one text: their evidence is read a group at a time
 
 
 @dataclass
@@ -102,6 +104,7 @@ class Renderer:
         self._cell_lines: dict[str, str] = {}
         self._sizes: dict[tuple[str, int], tuple[int, set[str]]] = {}
         self._by_task: str | None = None
+        self._walk: list[str] | None = None
 
     @property
     def batch_by_task(self) -> str:
@@ -156,24 +159,56 @@ class Renderer:
             line = self._cell_lines[cell] = cell_line(self.cells[cell], self.coverage.get(cell))
         return line
 
-    def occurrence_block(self, o: dict[str, Any]) -> tuple[str, list[tuple[str, str]], list[tuple[str, str]]]:
+    def occurrence_block(
+        self, o: dict[str, Any], evidence: GroupEvidence | None = None
+    ) -> tuple[str, list[tuple[str, str]], list[tuple[str, str]]]:
         """One occurrence: head line, Luna's words, every cited event with its text (:func:`occurrence_lines`).
 
         Made anew each time (not kept): its lines copy the cited events' texts, and kept for every
-        occurrence of a 10,000-cell batch they were as large as the evidence itself.
+        occurrence of a 10,000-cell batch they were as large as the evidence itself. ``evidence``:
+        what :meth:`evidence_for` read for the occurrences rendered together (else read for this one).
         """
         cell = self.cells.get(str(o["cell_id"]), {})
         where = f"{o['cell_id']} ({cell.get('task_id', '-')}, {outcome_of(cell)})"
-        return occurrence_lines(o, where, self.batch.evidence)
+        if evidence is None:
+            evidence = self.evidence_for([str(o["cell_id"])], [o])
+        return occurrence_lines(o, where, evidence)
+
+    def evidence_for(self, cells: list[str], occurrences: list[dict[str, Any]] | None = None) -> GroupEvidence:
+        """Luna's words and the event lines ``occurrences`` cite (default: every occurrence of ``cells``), read now."""
+        if occurrences is None:
+            occurrences = [o for c in cells for _, o in self.occ_by_cell.get(c, [])]
+        return self.batch.evidence.for_cells(cells, occurrences)
 
     def block_chars(self, o: dict[str, Any]) -> int:
         """Characters an occurrence's block takes (before texts and events said earlier are left out)."""
         oid = str(o["occurrence_id"])
         chars = self._block_chars.get(oid)
         if chars is None:
-            head, texts, events = self.occurrence_block(o)
-            chars = self._block_chars[oid] = len(head) + 1 + sum(len(line) + 1 for _, line in (*texts, *events))
+            # sized with the cells that follow it in the partitions' walk: their evidence read in one query
+            cell = str(o["cell_id"])
+            walk = self.walk
+            at = self.batch.evidence.rank.get(cell)
+            cells = walk[at : at + SIZE_CELLS] if at is not None else [cell]
+            known = self._block_chars
+            occ = [x for c in cells for _, x in self.occ_by_cell.get(c, []) if str(x["occurrence_id"]) not in known]
+            if not any(x is o for x in occ):
+                occ.append(o)
+            evidence = self.evidence_for([*cells, cell], occ)
+            for x in occ:
+                head, texts, events = self.occurrence_block(x, evidence)
+                size = len(head) + 1 + sum(len(line) + 1 for _, line in (*texts, *events))
+                self._block_chars[str(x["occurrence_id"])] = size
+            chars = self._block_chars[oid]
         return chars
+
+    @property
+    def walk(self) -> list[str]:
+        """The eligible cells in their ranks' order (:func:`pipeline.sol.families.walk_order`)."""
+        if self._walk is None:
+            rank = self.batch.evidence.rank
+            self._walk = sorted(rank, key=rank.__getitem__)
+        return self._walk
 
     def group_ids(self, cells: list[str]) -> list[str]:
         """The pattern groups with an occurrence in ``cells``, sorted."""
@@ -231,10 +266,17 @@ class Renderer:
         """The lines of :meth:`groups_text` (without its notes on what other calls read), one at a time."""
         only_events = None if events is None else set(events)
         seen: set[str] = set()
+        many = sum(map(len, per_group.values())) > VIEW_OCCURRENCES
+        evidence = None
+        if not many:  # one request's occurrences: their evidence read at once
+            cells = sorted({str(o["cell_id"]) for occ in per_group.values() for o in occ})
+            evidence = self.evidence_for(cells, [o for occ in per_group.values() for o in occ])
         for gid in sorted(per_group):
+            if many:  # the whole batch's text (sizing the single call): a group's evidence at a time
+                evidence = self.batch.evidence.for_group(gid)
             yield self.group_header(gid, tasks)
             for o in sorted(per_group[gid], key=lambda o: str(o["occurrence_id"])):
-                head, texts, lines = self.occurrence_block(o)
+                head, texts, lines = self.occurrence_block(o, evidence)
                 yield head
                 if only_events is not None:
                     lines = [(e, line) for e, line in lines if e in only_events]
@@ -285,7 +327,7 @@ class Renderer:
         for gid, o in self.occ_by_cell.get(cell, []):
             size += self.block_chars(o)
             gids.add(gid)
-        size += min(timeline_chars(self.batch.timeline.get(cell, [])), timeline_cap)
+        size += min(self.batch.timeline.chars(cell), timeline_cap)
         return size, gids
 
 
@@ -450,7 +492,7 @@ def _map_context(
     groups_text: str | None = None,
 ) -> dict[str, Any]:
     batch = renderer.batch
-    lines = {c: batch.timeline[c] for c in chunk.cells if c in batch.timeline}
+    lines = batch.timeline.lines(chunk.cells)  # this partition's cells only, read from the IR
     timelines, omitted = fit_timelines(lines, timeline_chars)
     outcome = {c["cell_id"]: f"{c['task_id']}, {outcome_of(c)}" for c in cells}
     negatives = [c["cell_id"] for c in cells if c.get("outcome") == "completed"]

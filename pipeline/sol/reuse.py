@@ -127,7 +127,7 @@ def _code_digest() -> str:
     h = hashlib.sha256()
     root = Path(pipeline.__file__).parent  # the files themselves (importing them by name would be a lookup)
     for name in ("luna/render", "sol/corpus", "sol/evidence", "sol/families", "sol/partition", "sol/plan",
-                 "sol/timeline", "sol/reuse"):  # fmt: skip
+                 "sol/timeline", "sol/timeline_cache", "sol/reuse"):  # fmt: skip
         h.update((root / f"{name}.py").read_bytes())
     return h.hexdigest()
 
@@ -198,11 +198,13 @@ class PlanInputs:
                 h.update(data)
 
         put(self._batch, str(room_chars), _json([chunk.tasks, chunk.cells, chunk.groups]))
+        timelines = renderer.batch.timeline.lines(chunk.cells)
+        evidence = renderer.evidence_for(chunk.cells)
         for c in chunk.cells:
             put(c, self._row(renderer, c), _json(renderer.coverage.get(c)))
-            put(*(str(x) for pair in renderer.batch.timeline.get(c, []) for x in pair))
+            put(*(str(x) for pair in timelines.get(c, []) for x in pair))
             for gid, o in renderer.occ_by_cell.get(c, []):
-                head, texts, events = renderer.occurrence_block(o)
+                head, texts, events = renderer.occurrence_block(o, evidence)
                 put(gid, _json(o), head, *(x for pair in (*texts, *events) for x in pair))
         for gid in sorted(set(renderer.group_ids(chunk.cells)) | set(chunk.groups or [])):
             put(gid, self._group(renderer, gid))

@@ -19,6 +19,7 @@ from pipeline.artifacts.run_info import run_pilot
 from pipeline.core.canonical import digest, sha256_file
 from pipeline.core.errors import Blocked
 from pipeline.core.listing import some
+from pipeline.core.memory import give_back
 from pipeline.ir.digests import ir_digest
 from pipeline.models import CallOutcome, ModelClient, PlannedCall, template_hash
 from pipeline.models.budget import RoleBudget, count_text, role_budget
@@ -61,7 +62,6 @@ from pipeline.sol.reduce import Draft, assemble, draft_blocks, map_calls_text, r
 from pipeline.sol.reuse import MapAnswers, PlanInputs, StoredMap, map_key
 from pipeline.sol.shortlist import SHORTLIST_FILE, Denominator, Shortlist, write_shortlist
 from pipeline.sol.timeline import TIMELINE_KINDS, fit_timelines
-from pipeline.sol.timeline_cache import save_timelines
 
 if TYPE_CHECKING:
     from pipeline.core.context import RunContext
@@ -97,10 +97,10 @@ def single_context(batch: Batch) -> dict[str, Any]:
     :func:`pipeline.sol.evidence.shown_events` of this context is what the request shows.
     """
     eligible = batch.eligible
-    raw_lines = batch.timeline
+    cells = [str(c["cell_id"]) for c in eligible]
+    raw_lines = batch.timeline.lines(cells)  # the whole batch's: made only when the batch may fit one call
     timelines, omitted = fit_timelines(raw_lines, timeline_budget())
     renderer = Renderer(batch)
-    cells = [str(c["cell_id"]) for c in eligible]
     outcome = {c["cell_id"]: f"{c['task_id']}, {outcome_of(c)}" for c in eligible}
     return {
         "run_id": batch.run_id,
@@ -127,7 +127,10 @@ def single_context(batch: Batch) -> dict[str, Any]:
 def build_context(run_dir: Path, ir_path: Path) -> tuple[dict[str, Any], EvidenceIndex]:
     """The single call's template context and the evidence index its answer is checked against."""
     batch = load_batch(run_dir, ir_path)
-    return single_context(batch), batch.index
+    try:
+        return single_context(batch), batch.index
+    finally:
+        batch.close()
 
 
 # -- the stage --------------------------------------------------------------------------------------
@@ -631,6 +634,15 @@ def _require_analysed_cells(batch: Batch) -> None:
 def mine(ctx: RunContext) -> Shortlist:
     """Mine the batch's weaknesses (one call, or map/reduce when it does not fit) and write the shortlist."""
     batch = load_batch(ctx.run_dir, ctx.ir_path)
+    try:
+        return _mine(ctx, batch)
+    finally:
+        batch.close()
+        del batch
+        give_back()  # the batch's rows, groups and renderer caches: freed, handed back before the next stage
+
+
+def _mine(ctx: RunContext, batch: Batch) -> Shortlist:
     if not batch.index.denominator:
         raise Blocked("no eligible cell in this run: Sol has nothing to explain", reason="missing_data")
     _require_analysed_cells(batch)
@@ -643,8 +655,6 @@ def mine(ctx: RunContext) -> Shortlist:
     if decision.mode == "map_reduce":
         answers.put_counts(limits, decision.counts)
         prior.save()
-        if batch.timeline_store is not None:
-            save_timelines(ctx.run_dir, [c["cell_id"] for c in batch.eligible], batch.timeline_store)
         ctx.log(f"[sol] {decision.describe()}")
     client = ModelClient(ctx.options.models, ctx.run_dir, log=ctx.log)
     if decision.mode == "single":
@@ -717,6 +727,13 @@ def plan(ctx: RunContext) -> list[PlannedCall]:
     if not ctx.ir_path.is_file():
         return []
     batch = load_batch(ctx.run_dir, ctx.ir_path)
+    try:
+        return _plan(ctx, batch)
+    finally:
+        batch.close()
+
+
+def _plan(ctx: RunContext, batch: Batch) -> list[PlannedCall]:
     if not batch.index.denominator:
         return []
     decision = plan_sol(batch, ctx.options.models, lambda: single_context(batch))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import Any
 
 import duckdb
 
+from pipeline.core import duck
 from pipeline.core.canonical import digest, sha256_text
 from pipeline.ir.export import export
 from pipeline.models.budget import role_budget
@@ -20,7 +20,7 @@ from pipeline.sol.plan import MapCall, maps_digest
 from pipeline.sol.reuse import map_key
 from pipeline.sol.stage import MAP_ROLE
 from pipeline.sol.timeline import LOW_VALUE, fit_timelines, read_timelines, timeline_chars
-from pipeline.sol.timeline_cache import TIMELINES_FILE, load_timelines, save_timelines
+from pipeline.sol.timeline_cache import TABLE, open_store
 from tests.sol.sol_helpers import make_bundle
 
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
@@ -136,33 +136,53 @@ def test_the_timeline_store_gives_the_ir_lines_and_reads_again_what_may_have_cha
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     export(make_bundle(tmp_path), run_dir)
-    con = duckdb.connect(str(run_dir / "ir.duckdb"), read_only=True)
+    ir = run_dir / "ir.duckdb"
+
+    def opened() -> tuple[list[str], dict[str, list[tuple[str, str]]], dict[str, int]]:
+        store = open_store(ir)
+        try:
+            return store.read, store.lines(eligible), {c: store.chars(c) for c in eligible}
+        finally:
+            store.close()
+
+    con = duckdb.connect(str(ir), read_only=True)
     try:
         eligible = [
             r[0]
             for r in con.execute("SELECT cell_id FROM cells WHERE eligibility = 'valid_behavior' ORDER BY 1").fetchall()
         ]
         truth = read_timelines(con)
-        first = load_timelines(con, run_dir, eligible)
-        assert first.read == eligible and first.lines == truth and list(first.lines) == list(truth)
-        save_timelines(run_dir, eligible, first)
-        again = load_timelines(con, run_dir, eligible)
-        assert again.read == [] and again.lines == truth and list(again.lines) == list(truth)
-        path = run_dir / "sol_map" / TIMELINES_FILE
-        stored = json.loads(path.read_text())
-        # a cell whose digest is not the stored one (its IR changed) is read again, alone
-        changed = dict(stored)
-        changed["cells"] = {**stored["cells"], eligible[1]: ["sha256:" + "0" * 64, ["x"], ["stale line"]]}
-        path.write_text(json.dumps(changed))
-        one = load_timelines(con, run_dir, eligible)
-        assert one.read == [eligible[1]] and one.lines == truth
-        # lines made by other code or libraries are never taken
-        path.write_text(json.dumps({**stored, "made_with": "sha256:" + "1" * 64}))
-        assert load_timelines(con, run_dir, eligible).read == eligible
-        path.write_text(json.dumps(stored)[:-10])  # a torn file (cannot happen: written atomically)
-        assert load_timelines(con, run_dir, eligible).read == eligible
     finally:
         con.close()
+    read, lines, chars = opened()
+    assert read == eligible and lines == truth and list(lines) == list(truth)
+    assert chars == {c: timeline_chars(truth.get(c, [])) for c in eligible}
+    read, lines, _ = opened()
+    assert read == [] and lines == truth and list(lines) == list(truth)  # every cell's lines kept in the IR
+    # a cell whose stored digest is not its content's (its IR changed) is read again, alone
+    con = duck.connect(ir)
+    try:
+        con.execute(f"UPDATE {TABLE} SET content_digest = 'sha256:' || repeat('0', 64), lines = ['stale line'], "
+                    "details = ['x'] WHERE cell_id = ?", [eligible[1]])  # fmt: skip
+    finally:
+        con.close()
+    read, lines, _ = opened()
+    assert read == [eligible[1]] and lines == truth
+    # lines made by other code or libraries are never taken
+    con = duck.connect(ir)
+    try:
+        con.execute(f"UPDATE {TABLE} SET made_with = 'sha256:' || repeat('1', 64)")
+    finally:
+        con.close()
+    assert opened()[0] == eligible
+    # an IR this process holds read-only: the lines are made in a temporary table of the store's own connection
+    held = duck.connect(ir, read_only=True)
+    try:
+        read, lines, _ = opened()
+        assert read == eligible and lines == truth
+    finally:
+        held.close()
+    assert not duck._HUB._files  # the stores closed their connections
 
 
 def test_the_map_contexts_canonical_text_gives_the_digests_of_the_contexts(model_settings: Any) -> None:

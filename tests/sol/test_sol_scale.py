@@ -34,7 +34,7 @@ from pipeline.ir.refs import read_refs
 from pipeline.models import read_calls
 from pipeline.models.budget import request_tokens as request_tokens_of
 from pipeline.models.budget import role_budget
-from pipeline.sol import timeline_cache
+from pipeline.sol import timeline as timeline_module
 from pipeline.sol.cards import SolCall
 from pipeline.sol.corpus import group_id, load_batch
 from pipeline.sol.partition import Renderer, fitted_map_context
@@ -43,6 +43,7 @@ from pipeline.sol.reuse import CPT_STEADY, PlanInputs
 from pipeline.sol.shortlist import SHORTLIST_FILE, Shortlist, read_shortlist
 from pipeline.sol.stage import MAP_ROLE, mine, single_context
 from pipeline.sol.timeline import read_timelines, timeline_sql
+from pipeline.sol.timeline_cache import TABLE as TIMELINE_TABLE
 from pipeline.testing.openai_server import FakeOpenAI, Reply, completion_body, request_tokens
 from pipeline.testing.planted import PLANTED, write_patterns
 from tests.sol.sol_helpers import make_bundle
@@ -133,8 +134,13 @@ def handler(request: dict[str, Any]) -> Reply:
 
 def again_lines(run_dir: Path, cell: str) -> list[tuple[str, str]]:
     """The timeline lines of ``cell`` kept for the next run."""
-    stored = read_json(run_dir / "sol_map" / timeline_cache.TIMELINES_FILE)["cells"][cell]
-    return list(zip(stored[1], stored[2], strict=True))
+    con = duckdb.connect(str(run_dir / "ir.duckdb"), read_only=True)
+    try:
+        sql = f"SELECT details, lines FROM {TIMELINE_TABLE} WHERE cell_id = ?"
+        details, lines = con.execute(sql, [cell]).fetchone()
+    finally:
+        con.close()
+    return list(zip(details, lines, strict=True))
 
 
 def refresh_cell_digest(con: Any, cell: str) -> None:
@@ -317,16 +323,23 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
     monkeypatch.setattr(plan_module, "fitted_map_context", render_spy)
     read: list[str] = []  # which cells' timelines were read from the IR (the rest came from the last run)
 
-    def read_spy(con: Any, where_cells: str = "TRUE") -> dict[str, Any]:
-        read.append(where_cells)
-        return read_timelines(con, where_cells)
+    iter_timelines = timeline_module.iter_timelines
 
-    monkeypatch.setattr(timeline_cache, "read_timelines", read_spy)
+    def read_spy(con: Any, where_cells: str = "TRUE") -> Any:
+        read.append(where_cells)
+        return iter_timelines(con, where_cells)
+
+    monkeypatch.setattr(timeline_module, "iter_timelines", read_spy)
     base, _ = scaled
     run_dir = tmp_path / "big"
     run_dir.mkdir()
     for name in ("ir.duckdb", "run.json", "pattern-groups.json"):
         shutil.copy2(base.run_dir / name, run_dir / name)
+    con = duckdb.connect(str(run_dir / "ir.duckdb"))
+    try:
+        con.execute(f"DROP TABLE IF EXISTS {TIMELINE_TABLE}")  # the base run's Sol made them: a first run here
+    finally:
+        con.close()
     ctx = RunContext(options=base.options, run_dir=run_dir, log=lambda _m: None)
     fake_llm.handler = handler
     fake_llm.context_tokens = CONTEXT
@@ -336,7 +349,7 @@ def test_a_rerun_asks_again_only_the_map_calls_whose_partition_changed(
     assert first.plan is not None
     maps = [c for c in first.plan.calls if c.role == "sol_map"]
     assert len(maps) >= 3 and not any(c.reused for c in first.plan.calls)
-    assert read == ["TRUE"] and (run_dir / "sol_map" / timeline_cache.TIMELINES_FILE).is_file()
+    assert read == ["TRUE"] and len(again_lines(run_dir, maps[0].cells[0])) > 0  # kept in the run's IR
     assert sorted(_map_ids(fake_llm)) == sorted(c.call_id for c in maps)
 
     assert set(counted) >= {c.call_id for c in maps}
