@@ -183,13 +183,14 @@ def _load_cells(
     redactions: dict[str, int],
     redact: bool = True,
 ) -> dict[str, int]:
-    """Stream every eligible cell into ``events`` (one INSERT), then ``segments``; return events per cell.
+    """Stream every eligible cell into ``events`` and ``segments``; return events per cell.
 
     A big bundle is read by worker processes (:mod:`pipeline.ir.pool`), a small one in this
-    process; both build their rows with :class:`pipeline.ir.rows.ColumnBuilder`.
+    process; both build their rows with :class:`pipeline.ir.rows.ColumnBuilder`. The segments
+    made while a statement of events was inserted go in right after it: none is held for the batch.
     """
     counts: dict[str, int] = {}
-    segments: list[tuple[Any, ...]] = []
+    segments: list[tuple[Any, ...]] = []  # appended to by the producer thread, taken from the front here
     sizes = _cell_bytes(manifest, cells)
     workers = pool.export_workers() if sum(sizes) >= pool.PARALLEL_MIN_BYTES and sys.executable else 0
     batches: Generator[pa.RecordBatch, None, None]
@@ -199,12 +200,20 @@ def _load_cells(
         )
     else:
         batches = serial_batches(bundle, cells, manifest, record_reader(fmt), counts, segments, redactions, redact)
+
+    def insert_segments() -> None:
+        # The producer only appends: the first n rows taken here are never touched again.
+        n = len(segments)
+        if n:
+            writer.insert_table("segments", to_arrow(segments[:n], SEGMENT_ROW))
+            del segments[:n]
+
     try:
         with gc_paused():
-            writer.insert_stream(_INSERT_EVENTS, "_lunasol_events", event_schema(), batches)
+            writer.insert_stream(_INSERT_EVENTS, "_lunasol_events", event_schema(), batches, between=insert_segments)
     finally:
         batches.close()  # stops a worker pool at once if DuckDB failed first
-    writer.insert_table("segments", to_arrow(segments, SEGMENT_ROW))
+    insert_segments()
     return counts
 
 
