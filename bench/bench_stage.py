@@ -150,7 +150,7 @@ def main() -> None:
     parser.add_argument("stage", choices=["export", "select", "probes", "luna", "coordinator", "sol"])
     parser.add_argument("--bundle", type=Path, default=None, help="the bundle export reads (RUN_DIR unused)")
     parser.add_argument("--context-tokens", type=int, default=128_000)
-    parser.add_argument("--fresh", action="store_true", help="no exchanges, no Coordinator tables or probe cache: a first run")
+    parser.add_argument("--fresh", action="store_true", help="no exchanges, Coordinator tables, probe cache")
     parser.add_argument("--profile", type=Path, default=None)
     ns = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="lunasol-stage-") as tmp:
