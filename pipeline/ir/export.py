@@ -26,10 +26,11 @@ from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION
 from pipeline.artifacts.rundir import RUN
 from pipeline.artifacts.schemas import load_document
 from pipeline.bundle import verified
-from pipeline.bundle.manifest import MANIFEST_FILE, Manifest, read_frozen, read_manifest, verify
+from pipeline.bundle.manifest import MANIFEST_FILE, FileEntry, Manifest, read_frozen, read_manifest, verify
 from pipeline.bundle.request import AnalysisRequest, CellSpec, load_request
 from pipeline.core.canonical import canonical_json, digest, sha256_bytes, write_json
 from pipeline.core.errors import BadInput, BundleError
+from pipeline.core.memory import give_back
 from pipeline.ir import cache, digests, pool
 from pipeline.ir.redact import NO_REDACT_NOTE
 from pipeline.ir.rows import SEGMENT_ROW, event_schema, gc_paused, record_reader, serial_batches, to_arrow
@@ -219,20 +220,23 @@ def _load_cells(
 
 def _cell_spans(manifest: Manifest, cells: list[CellSpec]) -> list[tuple[int, int]]:
     """Each cell directory's files as a slice of ``manifest.files`` (sorted by path: two bisects a cell)."""
-    paths = [f.path for f in manifest.files]
+    files = manifest.files
     out = []
     for cell in cells:
         prefix = cell.path.rstrip("/") + "/"
-        out.append((bisect.bisect_left(paths, prefix), bisect.bisect_left(paths, prefix + "\U0010ffff")))
+        lo = bisect.bisect_left(files, prefix, key=_path)
+        out.append((lo, bisect.bisect_left(files, prefix + "\U0010ffff", lo, key=_path)))
     return out
 
 
+def _path(entry: FileEntry) -> str:
+    return entry.path
+
+
 def _cell_bytes(manifest: Manifest, cells: list[CellSpec]) -> list[int]:
-    """Raw bytes under each cell's directory, from the manifest."""
-    total = [0]
-    for f in manifest.files:
-        total.append(total[-1] + f.size)
-    return [total[hi] - total[lo] for lo, hi in _cell_spans(manifest, cells)]
+    """Raw bytes under each cell's directory, from the manifest (no list of every file's: one sum a cell)."""
+    files = manifest.files
+    return [sum(f.size for f in files[lo:hi]) for lo, hi in _cell_spans(manifest, cells)]
 
 
 def source_digests(bundle: Path, request: AnalysisRequest, manifest: Manifest) -> dict[str, str]:
@@ -497,7 +501,9 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None, *, reda
 
 def stage(ctx: RunContext) -> str:
     """Runner stage: export the run's bundle into ``ctx.run_dir``; one-line summary."""
-    return export(ctx.bundle, ctx.run_dir, redact=ctx.options.redact).summary()
+    line = export(ctx.bundle, ctx.run_dir, redact=ctx.options.redact).summary()
+    give_back()  # the parsed manifest, the batches and DuckDB's buffers, freed: not carried into the next stages
+    return line
 
 
 def export_bundle(
