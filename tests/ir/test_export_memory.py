@@ -14,6 +14,7 @@ import tracemalloc
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pytest
 
 from pipeline.bundle.manifest import read_manifest
@@ -41,10 +42,10 @@ def _load_peak(bundle: Path, tmp: Path) -> tuple[int, int, list[int]]:
     inserts: list[int] = []
     insert_table = writer.insert_table
 
-    def counted(name: str, table: object) -> None:
+    def counted(name: str, table: pa.Table) -> None:
         if name == "segments":
-            inserts.append(table.num_rows)  # type: ignore[attr-defined]
-        insert_table(name, table)  # type: ignore[arg-type]
+            inserts.append(table.num_rows)
+        insert_table(name, table)
 
     writer.insert_table = counted  # type: ignore[method-assign]
     try:
