@@ -8,8 +8,9 @@ answers and token counts (``sol_map/``) are removed, so it plans and checks ever
 model calls go to a scripted local server started here in a child process (its CPU is not counted),
 or are answered from the copied run's ``exchanges/`` when the requests are the same (``--fresh``
 removes them: every call is made). ``--fresh`` also drops the Coordinator's tables and incident
-cache from the copied IR, so the Coordinator groups from scratch as in a first run. ``--in-place`` runs
-on RUN_DIR itself, not a copy (a scratch run too large to copy, e.g. a ``bench/report_runs.py`` clone).
+cache from the copied IR, so the Coordinator groups from scratch as in a first run (probes: the
+probe cache and hits, so every cell is probed). ``--in-place`` runs on RUN_DIR itself, not a copy (a
+scratch run too large to copy, e.g. a ``bench/report_runs.py`` clone).
 
 Printed: one JSON line with the stage's one-line summary, CPU seconds of the stage (every thread of
 the process), RSS before, the peak RSS sampled every 20 ms while the stage ran, RSS after and
@@ -60,12 +61,13 @@ def cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def _fresh_ir(ir: Path) -> None:
+def _fresh_ir(ir: Path, stage: str = "coordinator") -> None:
     import duckdb
 
     con = duckdb.connect(str(ir))
     try:
-        for table in ("incident_cache", "incident_links", "pattern_groups", "pattern_occurrences", "pattern_coverage"):
+        tables = ("incident_cache", "incident_links", "pattern_groups", "pattern_occurrences", "pattern_coverage")
+        for table in ("probe_cache", "probe_hits") if stage == "probes" else tables:
             con.execute(f"DROP TABLE IF EXISTS {table}")
         con.execute("DROP VIEW IF EXISTS event_incidents")
     finally:
@@ -96,8 +98,8 @@ def run_stage(
     shutil.rmtree(work / "sol_map", ignore_errors=True)
     if fresh:
         shutil.rmtree(work / "exchanges", ignore_errors=True)
-        if stage == "coordinator":
-            _fresh_ir(work / "ir.duckdb")
+        if stage in ("coordinator", "probes"):
+            _fresh_ir(work / "ir.duckdb", stage)
     server = subprocess.Popen([sys.executable, "-c", _SERVER, str(context_tokens)], stdout=subprocess.PIPE, text=True)
     try:
         base = (server.stdout.readline() if server.stdout else "").strip()
@@ -152,7 +154,7 @@ def main() -> None:
     parser.add_argument("stage", choices=["export", "select", "probes", "luna", "coordinator", "sol"])
     parser.add_argument("--bundle", type=Path, default=None, help="the bundle export reads (RUN_DIR unused)")
     parser.add_argument("--context-tokens", type=int, default=128_000)
-    parser.add_argument("--fresh", action="store_true", help="no exchanges, no Coordinator tables: a first run")
+    parser.add_argument("--fresh", action="store_true", help="no exchanges, Coordinator tables, probe cache")
     parser.add_argument("--profile", type=Path, default=None)
     parser.add_argument("--in-place", action="store_true", help="run on RUN_DIR itself (a scratch run), not a copy")
     ns = parser.parse_args()

@@ -26,10 +26,11 @@ from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION
 from pipeline.artifacts.rundir import RUN
 from pipeline.artifacts.schemas import load_document
 from pipeline.bundle import verified
-from pipeline.bundle.manifest import MANIFEST_FILE, Manifest, read_frozen, read_manifest, verify
+from pipeline.bundle.manifest import MANIFEST_FILE, FileEntry, Manifest, read_frozen, read_manifest, verify
 from pipeline.bundle.request import AnalysisRequest, CellSpec, load_request
 from pipeline.core.canonical import canonical_json, digest, sha256_bytes, write_json
 from pipeline.core.errors import BadInput, BundleError
+from pipeline.core.memory import give_back
 from pipeline.ir import cache, digests, pool
 from pipeline.ir.redact import NO_REDACT_NOTE
 from pipeline.ir.rows import SEGMENT_ROW, event_schema, gc_paused, record_reader, serial_batches, to_arrow
@@ -183,13 +184,14 @@ def _load_cells(
     redactions: dict[str, int],
     redact: bool = True,
 ) -> dict[str, int]:
-    """Stream every eligible cell into ``events`` (one INSERT), then ``segments``; return events per cell.
+    """Stream every eligible cell into ``events`` and ``segments``; return events per cell.
 
     A big bundle is read by worker processes (:mod:`pipeline.ir.pool`), a small one in this
-    process; both build their rows with :class:`pipeline.ir.rows.ColumnBuilder`.
+    process; both build their rows with :class:`pipeline.ir.rows.ColumnBuilder`. The segments
+    made while a statement of events was inserted go in right after it: none is held for the batch.
     """
     counts: dict[str, int] = {}
-    segments: list[tuple[Any, ...]] = []
+    segments: list[tuple[Any, ...]] = []  # appended to by the producer thread, taken from the front here
     sizes = _cell_bytes(manifest, cells)
     workers = pool.export_workers() if sum(sizes) >= pool.PARALLEL_MIN_BYTES and sys.executable else 0
     batches: Generator[pa.RecordBatch, None, None]
@@ -199,31 +201,42 @@ def _load_cells(
         )
     else:
         batches = serial_batches(bundle, cells, manifest, record_reader(fmt), counts, segments, redactions, redact)
+
+    def insert_segments() -> None:
+        # The producer only appends: the first n rows taken here are never touched again.
+        n = len(segments)
+        if n:
+            writer.insert_table("segments", to_arrow(segments[:n], SEGMENT_ROW))
+            del segments[:n]
+
     try:
         with gc_paused():
-            writer.insert_stream(_INSERT_EVENTS, "_lunasol_events", event_schema(), batches)
+            writer.insert_stream(_INSERT_EVENTS, "_lunasol_events", event_schema(), batches, between=insert_segments)
     finally:
         batches.close()  # stops a worker pool at once if DuckDB failed first
-    writer.insert_table("segments", to_arrow(segments, SEGMENT_ROW))
+    insert_segments()
     return counts
 
 
 def _cell_spans(manifest: Manifest, cells: list[CellSpec]) -> list[tuple[int, int]]:
     """Each cell directory's files as a slice of ``manifest.files`` (sorted by path: two bisects a cell)."""
-    paths = [f.path for f in manifest.files]
+    files = manifest.files
     out = []
     for cell in cells:
         prefix = cell.path.rstrip("/") + "/"
-        out.append((bisect.bisect_left(paths, prefix), bisect.bisect_left(paths, prefix + "\U0010ffff")))
+        lo = bisect.bisect_left(files, prefix, key=_path)
+        out.append((lo, bisect.bisect_left(files, prefix + "\U0010ffff", lo, key=_path)))
     return out
 
 
+def _path(entry: FileEntry) -> str:
+    return entry.path
+
+
 def _cell_bytes(manifest: Manifest, cells: list[CellSpec]) -> list[int]:
-    """Raw bytes under each cell's directory, from the manifest."""
-    total = [0]
-    for f in manifest.files:
-        total.append(total[-1] + f.size)
-    return [total[hi] - total[lo] for lo, hi in _cell_spans(manifest, cells)]
+    """Raw bytes under each cell's directory, from the manifest (no list of every file's: one sum a cell)."""
+    files = manifest.files
+    return [sum(f.size for f in files[lo:hi]) for lo, hi in _cell_spans(manifest, cells)]
 
 
 def source_digests(bundle: Path, request: AnalysisRequest, manifest: Manifest) -> dict[str, str]:
@@ -488,7 +501,9 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None, *, reda
 
 def stage(ctx: RunContext) -> str:
     """Runner stage: export the run's bundle into ``ctx.run_dir``; one-line summary."""
-    return export(ctx.bundle, ctx.run_dir, redact=ctx.options.redact).summary()
+    line = export(ctx.bundle, ctx.run_dir, redact=ctx.options.redact).summary()
+    give_back()  # the parsed manifest, the batches and DuckDB's buffers, freed: not carried into the next stages
+    return line
 
 
 def export_bundle(

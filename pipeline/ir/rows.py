@@ -338,20 +338,29 @@ def serial_batches(
     redactions: dict[str, int],
     redact: bool = True,
 ) -> Generator[pa.RecordBatch, None, None]:
-    """Every cell read in this process, as batches of about ``BATCH_ROWS`` rows; fills counts, segments, redactions."""
+    """Every cell read in this process, as batches of about ``BATCH_ROWS`` rows; fills counts, segments, redactions.
+
+    A batch's segments are appended to ``segments`` before the batch is yielded (never held for the
+    whole bundle here: the consumer may take them as it goes, see ``pipeline.ir.export``).
+    """
     builder = ColumnBuilder(bundle, manifest, read, redact=redact)
+
+    def hand_over() -> pa.RecordBatch | None:
+        counts.update(builder.counts)
+        segments.extend(builder.segments)
+        redactions.update(builder.redactions)
+        builder.counts, builder.segments, builder.redactions = [], [], []
+        return builder.flush()
+
     for cell in cells:
         builder.add(cell)
         if builder.rows >= BATCH_ROWS:
-            batch = builder.flush()
+            batch = hand_over()
             if batch is not None:
                 yield batch
-    batch = builder.flush()
+    batch = hand_over()
     if batch is not None:
         yield batch
-    counts.update(builder.counts)
-    segments.extend(builder.segments)
-    redactions.update(builder.redactions)
 
 
 @contextlib.contextmanager

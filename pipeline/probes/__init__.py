@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 from pipeline.core import duck
 from pipeline.core.errors import BadInput
-from pipeline.probes.cells import update_probe_hits
+from pipeline.core.memory import give_back
+from pipeline.probes.cells import ProbeCounts, update_probe_hits
 from pipeline.probes.engine import (
     PROBES,
     ProbeHit,
@@ -26,6 +27,7 @@ __all__ = [
     "HIT_COLUMNS",
     "PROBES",
     "Probe",
+    "ProbeCounts",
     "ProbeHit",
     "normalise_key",
     "probe_list",
@@ -54,15 +56,12 @@ def stage(ctx: RunContext) -> str:
     probes = PROBES + pack_probes() + user_probes(ctx.options.probes_dir)  # packs: lunasol.probes plugins
     con = duck.connect(ctx.ir_path)
     try:
-        hits, probed, total = update_probe_hits(con, probes)  # only cells whose IR changed are probed again
+        found = update_probe_hits(con, probes)  # only cells whose IR changed are probed again
     finally:
         con.close()
-    by_probe: dict[str, int] = {}
-    for h in hits:
-        by_probe[h.probe_id] = by_probe.get(h.probe_id, 0) + 1
-    detail = ", ".join(f"{k} {v}" for k, v in sorted(by_probe.items())) or "none"
-    cells = len({h.cell_id for h in hits})
-    line = f"{len(hits)} probe hits in {cells} cells ({detail})"
-    if probed < total:
-        line += f"; {probed} changed cell(s) probed, {total - probed} reused"
+    give_back()  # the chunks' hits and DuckDB's query memory, freed: not carried into Luna
+    detail = ", ".join(f"{k} {v}" for k, v in sorted(found.by_probe.items())) or "none"
+    line = f"{found.hits} probe hits in {found.cells_with_hits} cells ({detail})"
+    if found.probed < found.eligible:
+        line += f"; {found.probed} changed cell(s) probed, {found.eligible - found.probed} reused"
     return line

@@ -10,6 +10,7 @@ hits do not depend on any other cell: probing a subset gives exactly those cells
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 
 import duckdb
 from pydantic import TypeAdapter
@@ -17,9 +18,7 @@ from pydantic import TypeAdapter
 import pipeline
 from pipeline.core import duck
 from pipeline.core.canonical import canonical_json, digest
-from pipeline.ir.cache import cached_rows
-from pipeline.ir.digests import content_digests
-from pipeline.probes.engine import PROBES, ProbeHit, run_probes, write_probe_hits
+from pipeline.probes.engine import PROBE_HITS_DDL, PROBES, ProbeHit, append_probe_hits, run_probes
 from pipeline.probes.files import Probe, base_sql
 
 CACHE_TABLE = "probe_cache"
@@ -81,66 +80,102 @@ def _cell_table(cell_ids: list[str]) -> object:
     return pa.table({"cell_id": pa.array(cell_ids, pa.string())})
 
 
-def _rows_table(rows: list[list[str]]) -> object:
-    import pyarrow as pa
-
-    cols = list(zip(*rows, strict=True)) if rows else [(), (), (), ()]
-    names = ("cell_id", "content_digest", "made_with", "hits")
-    return pa.table({n: pa.array(list(c), pa.string()) for n, c in zip(names, cols, strict=True)})
-
-
 _CACHE_SHAPE = [("cell_id", "VARCHAR"), ("content_digest", "VARCHAR"), ("made_with", "VARCHAR"), ("hits", "VARCHAR")]
 
 
-def _keep_only(con: duckdb.DuckDBPyConnection, keep: list[str]) -> None:
-    """Table ``probe_cache`` holding only the rows of ``keep`` (made anew when absent or of another shape)."""
+def _keep_valid(con: duckdb.DuckDBPyConnection, stamp: str) -> None:
+    """Table ``probe_cache`` holding only its valid rows: the cell's content unchanged, made with ``stamp``.
+
+    Made anew (empty) when absent or of another shape; emptied when the IR stores no digests.
+    The rows kept are left as they are: unchanged cells are not written again.
+    """
     if duck.table_shape(con, CACHE_TABLE) != _CACHE_SHAPE:
         con.execute(CACHE_DDL)
         return
-    con.register("_lunasol_probe_keep", _cell_table(keep))
-    try:
-        con.execute(f"DELETE FROM {CACHE_TABLE} WHERE cell_id NOT IN (SELECT cell_id FROM _lunasol_probe_keep)")
-    finally:
-        con.unregister("_lunasol_probe_keep")
+    if not duck.has_table(con, "cell_digests"):
+        con.execute(f"DELETE FROM {CACHE_TABLE}")
+        return
+    con.execute(
+        f"DELETE FROM {CACHE_TABLE} t WHERE t.made_with <> ? OR NOT EXISTS (SELECT 1 FROM cell_digests d "
+        "WHERE d.cell_id = t.cell_id AND d.content_digest = t.content_digest)",
+        [stamp],
+    )
 
 
-def update_probe_hits(
-    con: duckdb.DuckDBPyConnection, probes: tuple[Probe, ...] = PROBES
-) -> tuple[list[ProbeHit], int, int]:
+@dataclass
+class ProbeCounts:
+    """What one probing of the IR found (the hits themselves are in table ``probe_hits``)."""
+
+    hits: int = 0
+    by_probe: dict[str, int] = field(default_factory=dict)
+    cells_with_hits: int = 0
+    probed: int = 0  # eligible cells probed (no valid cached hits)
+    eligible: int = 0
+
+
+def update_probe_hits(con: duckdb.DuckDBPyConnection, probes: tuple[Probe, ...] = PROBES) -> ProbeCounts:
     """Table ``probe_hits`` for the whole IR, probing only the cells without valid cached hits.
 
-    Returns every hit (cell order, then hit order), and how many eligible cells were probed, of how
-    many: the counts export and Luna report (an excluded cell has no events; it is probed all the same).
+    Cells go a chunk at a time (:func:`_chunks`, in cell order): a chunk's cached hits are read, its
+    other cells probed, and both written (hits in cell order, then hit order) before the next chunk,
+    so nothing of the whole batch is held. Returns the counts; ``probed`` and ``eligible`` are the
+    counts export and Luna report (an excluded cell has no events; it is probed all the same).
     """
     stamp = made_with(probes)
     listed = con.execute("SELECT cell_id, eligibility = 'valid_behavior' FROM cells ORDER BY cell_id").fetchall()
-    cells = [r[0] for r in listed]
-    eligible = {r[0] for r in listed if r[1]}
-    # An IR built without export (tests, tools) may hold no digests: those cells are probed, never cached.
-    digests = content_digests(con) or {}
-    # a cached cell's row is kept as it is: it is the canonical JSON of these hits (same lunasol, same probes)
-    cached: dict[str, str] = dict(cached_rows(con, CACHE_TABLE, "t.cell_id, t.hits", stamp))
-    by_cell: dict[str, list[ProbeHit]] = {cell: _HITS.validate_python(json.loads(raw)) for cell, raw in cached.items()}
-    todo = [c for c in cells if c not in by_cell]
-    if todo:
-        fresh: dict[str, list[ProbeHit]] = {c: [] for c in todo}
-        for chunk in _chunks(con, todo):
-            found = run_probes(con, probes) if len(chunk) == len(cells) else _probe_cells(con, chunk, probes)
+    cells = [str(r[0]) for r in listed]
+    eligible = {str(r[0]) for r in listed if r[1]}
+    del listed
+    _keep_valid(con, stamp)  # what is left in probe_cache is valid (an IR without digests caches nothing)
+    cacheable = duck.has_table(con, "cell_digests")
+    counts = ProbeCounts(eligible=len(eligible))
+    con.execute(PROBE_HITS_DDL)
+    with_hits: set[str] = set()
+    for chunk in _chunks(con, cells):
+        con.register("_lunasol_probe_chunk", _cell_table(chunk))
+        try:
+            cached = dict(
+                con.execute(
+                    f"SELECT t.cell_id, t.hits FROM {CACHE_TABLE} t SEMI JOIN _lunasol_probe_chunk c "
+                    "ON t.cell_id = c.cell_id"
+                ).fetchall()
+            )
+        finally:
+            con.unregister("_lunasol_probe_chunk")
+        todo = [c for c in chunk if c not in cached]
+        by_cell: dict[str, list[ProbeHit]] = {c: _HITS.validate_python(json.loads(raw)) for c, raw in cached.items()}
+        if todo:
+            fresh: dict[str, list[ProbeHit]] = {c: [] for c in todo}
+            found = run_probes(con, probes) if len(todo) == len(cells) else _probe_cells(con, todo, probes)
             for h in found:
                 fresh.setdefault(h.cell_id, []).append(h)
-        by_cell.update(fresh)
-    hits = [h for cell in sorted(by_cell) for h in by_cell[cell]]
-    write_probe_hits(con, hits)
-    _keep_only(con, sorted(cached))  # the valid rows stay as they are: unchanged cells are not written again
-    rows = [
-        [cell, digests[cell], stamp, canonical_json([h.model_dump(mode="json") for h in by_cell[cell]])]
-        for cell in sorted(digests)
-        if cell in by_cell and cell not in cached
-    ]
-    if rows:
-        con.register("_lunasol_probe_cache", _rows_table(rows))
-        try:
-            con.execute(f"INSERT INTO {CACHE_TABLE} SELECT * FROM _lunasol_probe_cache")
-        finally:
-            con.unregister("_lunasol_probe_cache")
-    return hits, sum(1 for c in todo if c in eligible), len(eligible)
+            by_cell.update(fresh)
+            counts.probed += sum(1 for c in todo if c in eligible)
+            if cacheable:
+                rows = [[c, canonical_json([h.model_dump(mode="json") for h in fresh[c]])] for c in sorted(fresh)]
+                _cache(con, rows, stamp)
+        hits = [h for cell in sorted(by_cell) for h in by_cell[cell]]
+        append_probe_hits(con, hits)
+        for h in hits:
+            counts.by_probe[h.probe_id] = counts.by_probe.get(h.probe_id, 0) + 1
+            with_hits.add(h.cell_id)
+        counts.hits += len(hits)
+    counts.cells_with_hits = len(with_hits)
+    return counts
+
+
+def _cache(con: duckdb.DuckDBPyConnection, rows: list[list[str]], stamp: str) -> None:
+    """Cache rows (cell, hits JSON) of cells just probed, with their content digest (cells without one: none)."""
+    import pyarrow as pa
+
+    cols = list(zip(*rows, strict=True)) if rows else [(), ()]
+    table = pa.table({n: pa.array(list(c), pa.string()) for n, c in zip(("cell_id", "hits"), cols, strict=True)})
+    con.register("_lunasol_probe_cache", table)
+    try:
+        con.execute(
+            f"INSERT INTO {CACHE_TABLE} SELECT p.cell_id, d.content_digest, ?, p.hits FROM _lunasol_probe_cache p "
+            "JOIN cell_digests d ON p.cell_id = d.cell_id ORDER BY p.cell_id",
+            [stamp],
+        )
+    finally:
+        con.unregister("_lunasol_probe_cache")

@@ -120,9 +120,14 @@ def _short(exc: Exception) -> str:
 
 def write_probe_hits(con: duckdb.DuckDBPyConnection, hits: list[ProbeHit]) -> None:
     """(Re)create table ``probe_hits`` holding ``hits`` (one bulk insert from Arrow)."""
+    con.execute(PROBE_HITS_DDL)
+    append_probe_hits(con, hits)
+
+
+def append_probe_hits(con: duckdb.DuckDBPyConnection, hits: list[ProbeHit]) -> None:
+    """Add ``hits`` to table ``probe_hits`` (one bulk insert from Arrow; the table must exist)."""
     import pyarrow as pa
 
-    con.execute(PROBE_HITS_DDL)
     if not hits:
         return
     s, i32 = pa.string(), pa.int32()

@@ -332,7 +332,8 @@ def test_probing_in_chunks_of_cells_finds_the_hits_of_one_whole_run(
         con = duckdb.connect(str(ir))
         try:
             con.execute(f"DROP TABLE IF EXISTS {cells.CACHE_TABLE}")  # nothing cached: every cell is probed
-            found, _probed, _total = cells.update_probe_hits(con)
+            cells.update_probe_hits(con)
+            found = read_probe_hits(con)
             return found, len(cells._chunks(con, [r[0] for r in con.execute("SELECT cell_id FROM cells").fetchall()]))
         finally:
             con.close()
@@ -362,12 +363,14 @@ def test_a_rerun_keeps_valid_cache_rows_and_makes_the_cache_a_fresh_probing_make
         con.execute("UPDATE cell_digests SET content_digest = 'sha256:changed' WHERE cell_id = ?", [changed])
         con.execute(f"UPDATE {cells.CACHE_TABLE} SET made_with = 'older probes' WHERE cell_id = ?", [stale])
         con.execute(f"INSERT INTO {cells.CACHE_TABLE} VALUES ('C999', 'sha256:x', 'older probes', '[]')")  # gone cell
-        hits, probed, total = cells.update_probe_hits(con)
-        assert (probed, total) == (2, eligible) and eligible < len(ids)  # the counts are of eligible cells
+        counts = cells.update_probe_hits(con)
+        hits = read_probe_hits(con)
+        assert (counts.probed, counts.eligible) == (2, eligible) and eligible < len(ids)  # counts of eligible cells
+        assert counts.hits == len(hits) and counts.cells_with_hits == len({h.cell_id for h in hits})
         kept = sorted(con.execute(f"SELECT * FROM {cells.CACHE_TABLE}").fetchall())
         con.execute(f"DROP TABLE {cells.CACHE_TABLE}")
-        again, probed_all, _ = cells.update_probe_hits(con)
-        assert probed_all == eligible
+        assert cells.update_probe_hits(con).probed == eligible
+        again = read_probe_hits(con)
         assert kept == sorted(con.execute(f"SELECT * FROM {cells.CACHE_TABLE}").fetchall())
         assert [h.model_dump() for h in hits] == [h.model_dump() for h in again]
         assert {r[0] for r in kept} == set(ids) and all(r[2] != "older probes" for r in kept)
