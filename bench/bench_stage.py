@@ -13,8 +13,8 @@ probe cache and hits, so every cell is probed). ``--in-place`` runs on RUN_DIR i
 scratch run too large to copy, e.g. a ``bench/report_runs.py`` clone).
 
 Printed: one JSON line with the stage's one-line summary, CPU seconds of the stage (every thread of
-the process), RSS before, the peak RSS sampled every 20 ms while the stage ran, RSS after and
-``ru_maxrss``. Where a stage's memory goes, a stage at a time, without the leftovers of the stages
+the process), RSS before, the peak RSS sampled every 20 ms while the stage ran (and of the process
+tree: export's workers, not the model server), RSS after and ``ru_maxrss``. Where a stage's memory goes, a stage at a time, without the leftovers of the stages
 before it (``bench_scale`` prints the whole run's peaks per stage); ``--profile`` writes cProfile stats.
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -31,6 +32,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from bench_export import tree_rss  # the whole process tree's RSS, as bench_scale samples it
 
 _SERVER = r"""
 import sys, time
@@ -110,12 +113,16 @@ def run_stage(
             options=RunOptions(bundle=bundle or work / "no-bundle", models=settings), run_dir=work, log=lambda _m: None
         )
         run = {s.name: s.run for s in STAGES}[stage]
-        peak = [0.0]
+        peak, tree_peak = [0.0], [0.0]
         done = threading.Event()
 
         def sample() -> None:
+            n = 0
             while not done.is_set():
                 peak[0] = max(peak[0], rss_mib())
+                if n % 5 == 0:  # the stage's child processes too (export's workers), less the model server
+                    tree_peak[0] = max(tree_peak[0], (tree_rss(os.getpid()) - tree_rss(server.pid)) / 2**20)
+                n += 1
                 time.sleep(0.02)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -142,6 +149,7 @@ def run_stage(
         "cpu_s": round(cpu, 2),
         "rss_before_mib": round(before),
         "rss_peak_mib": round(max(peak[0], rss_mib())),
+        "tree_rss_peak_mib": round(max(peak[0], tree_peak[0])),
         "rss_after_mib": round(rss_mib()),
         "maxrss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
     }
