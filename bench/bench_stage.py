@@ -8,7 +8,8 @@ answers and token counts (``sol_map/``) are removed, so it plans and checks ever
 model calls go to a scripted local server started here in a child process (its CPU is not counted),
 or are answered from the copied run's ``exchanges/`` when the requests are the same (``--fresh``
 removes them: every call is made). ``--fresh`` also drops the Coordinator's tables and incident
-cache from the copied IR, so the Coordinator groups from scratch as in a first run.
+cache from the copied IR, so the Coordinator groups from scratch as in a first run, and for ``luna``
+its per-cell answers (``luna/``, ``luna-parts/``) and cache table (``luna_cache``): every cell is asked.
 
 Printed: one JSON line with the stage's one-line summary, CPU seconds of the stage (every thread of
 the process), RSS before, the peak RSS sampled every 20 ms while the stage ran, RSS after and
@@ -59,14 +60,21 @@ def cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def _fresh_ir(ir: Path) -> None:
+_FRESH_TABLES = {
+    "coordinator": ("incident_cache", "incident_links", "pattern_groups", "pattern_occurrences", "pattern_coverage"),
+    "luna": ("luna_cache",),  # its per-cell results: without it (and luna/, luna-parts/) every cell is asked again
+}
+
+
+def _fresh_ir(ir: Path, stage: str) -> None:
     import duckdb
 
     con = duckdb.connect(str(ir))
     try:
-        for table in ("incident_cache", "incident_links", "pattern_groups", "pattern_occurrences", "pattern_coverage"):
+        for table in _FRESH_TABLES.get(stage, ()):
             con.execute(f"DROP TABLE IF EXISTS {table}")
-        con.execute("DROP VIEW IF EXISTS event_incidents")
+        if stage == "coordinator":
+            con.execute("DROP VIEW IF EXISTS event_incidents")
     finally:
         con.close()
 
@@ -92,8 +100,11 @@ def run_stage(
     shutil.rmtree(work / "sol_map", ignore_errors=True)
     if fresh:
         shutil.rmtree(work / "exchanges", ignore_errors=True)
-        if stage == "coordinator":
-            _fresh_ir(work / "ir.duckdb")
+        if stage == "luna":  # Luna's stored per-cell answers (runs/<id>/luna/<cell>.json) and split parts
+            shutil.rmtree(work / "luna", ignore_errors=True)
+            shutil.rmtree(work / "luna-parts", ignore_errors=True)
+        if stage in _FRESH_TABLES:
+            _fresh_ir(work / "ir.duckdb", stage)
     server = subprocess.Popen([sys.executable, "-c", _SERVER, str(context_tokens)], stdout=subprocess.PIPE, text=True)
     try:
         base = (server.stdout.readline() if server.stdout else "").strip()
@@ -148,7 +159,7 @@ def main() -> None:
     parser.add_argument("stage", choices=["export", "select", "probes", "luna", "coordinator", "sol"])
     parser.add_argument("--bundle", type=Path, default=None, help="the bundle export reads (RUN_DIR unused)")
     parser.add_argument("--context-tokens", type=int, default=128_000)
-    parser.add_argument("--fresh", action="store_true", help="no exchanges, no Coordinator tables: a first run")
+    parser.add_argument("--fresh", action="store_true", help="no exchanges, no stage caches: a first run")
     parser.add_argument("--profile", type=Path, default=None)
     ns = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="lunasol-stage-") as tmp:
