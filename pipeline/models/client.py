@@ -344,17 +344,31 @@ class ModelClient:
 
         return await batcher.prefetch(requests)
 
-    async def gather(self, coros: Any, *, label: str = "model calls") -> list[Any]:
-        """Run many calls under ``settings.concurrency`` with a progress bar (on a TTY) showing spend."""
+    async def gather(
+        self, coros: Any, *, label: str = "model calls", total: int | None = None, keep: bool = True
+    ) -> list[Any]:
+        """Run many calls under ``settings.concurrency`` with a progress bar (on a TTY) showing spend.
+
+        ``total`` with a generator of calls: each is made only when a slot is free; ``keep`` False:
+        results are not kept (see :func:`~pipeline.models.progress.gather_bounded`).
+        """
         # Twice the HTTP bound: the next calls render and prepare while others wait on the network,
         # so a freed slot is used at once; the HTTP concurrency itself stays at settings.concurrency.
         budget = (self.settings.budget_usd, self.settings.budget_tokens)
-        coros = list(coros)
-        if self.exchange.batcher is not None and not self.exchange.batcher.prefetched:
+        batching = self.exchange.batcher is not None and not self.exchange.batcher.prefetched
+        if total is None or batching:
+            coros, total = list(coros), None
+        if batching:
             # --batch without prefetch(): every call must reach the batcher before it submits, so none
             # waits on the bound.
             return await gather_bounded(
-                coros, max(1, len(coros)), label=label, usage=self.usage, budget=budget, requests=self.request_counts
+                coros,
+                max(1, len(coros)),
+                label=label,
+                usage=self.usage,
+                budget=budget,
+                requests=self.request_counts,
+                keep=keep,
             )
         out = await gather_bounded(
             coros,
@@ -363,6 +377,8 @@ class ModelClient:
             usage=self.usage,
             budget=budget,
             requests=self.request_counts,
+            total=total,
+            keep=keep,
         )
         said = self.exchange.donors.said() if self.exchange.donors is not None else None
         if said:
