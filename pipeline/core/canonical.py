@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +176,27 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_chunks(path: Path, chunks: Iterable[bytes]) -> str:
+    """:func:`atomic_write_bytes` of the chunks' concatenation, never held whole; its ``sha256:`` digest."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    h = hashlib.sha256()
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as fh:
+            for chunk in chunks:
+                h.update(chunk)
+                fh.write(chunk)
+            fh.flush()
+            if os.environ.get("LUNASOL_TEST_NO_FSYNC") != "1":  # as in _synced_temp
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return "sha256:" + h.hexdigest()
 
 
 def atomic_create_bytes(path: Path, data: bytes) -> bool:
