@@ -34,17 +34,8 @@ from pipeline.ir.redact import redact
 from pipeline.ir.selection import eligible_before_pilot
 from pipeline.luna.feed import LOAD_CELLS, CellFeed, prepare, prepare_in_chunks  # noqa: F401 - prepare: part of this module's API (tests)
 from pipeline.luna.merge import CellPatterns, Conflict, Verdict, merge_cell
-from pipeline.luna.outputs import (  # noqa: F401 - TABLES_DDL, the column tuples: part of this module's API (tests)
-    CACHE_DDL,
-    CACHE_TABLE,
-    CONFLICT_COLUMNS,
-    LUNA_CELL_COLUMNS,
-    PATTERN_COLUMNS,
-    PATTERN_LIST,
-    TABLES_DDL,
-    LunaOutputs,
-    discard_staged,
-)
+from pipeline.luna.outputs import CACHE_TABLE, PATTERN_LIST, LunaOutputs, discard_staged
+from pipeline.luna.outputs import TABLES_DDL as TABLES_DDL  # re-exported: the Luna tables' DDL (tests, fixtures)
 from pipeline.luna.patterns import LunaAnswer, check_answer
 from pipeline.luna.render import (
     JSON_CHARS_PER_TOKEN,
