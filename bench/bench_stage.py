@@ -9,13 +9,15 @@ model calls go to a scripted local server started here in a child process (its C
 or are answered from the copied run's ``exchanges/`` when the requests are the same (``--fresh``
 removes them: every call is made). ``--fresh`` also drops the Coordinator's tables and incident
 cache from the copied IR, so the Coordinator groups from scratch as in a first run (probes: the
-probe cache and hits, so every cell is probed). ``--in-place`` runs on RUN_DIR itself, not a copy (a
-scratch run too large to copy, e.g. a ``bench/report_runs.py`` clone).
+probe cache and hits, so every cell is probed; luna: its per-cell answers, ``luna/``, ``luna-parts/``,
+and cache table, ``luna_cache``, so every cell is asked). ``--in-place`` runs on RUN_DIR itself, not a
+copy (a scratch run too large to copy, e.g. a ``bench/report_runs.py`` clone).
 
 Printed: one JSON line with the stage's one-line summary, CPU seconds of the stage (every thread of
 the process), RSS before, the peak RSS sampled every 20 ms while the stage ran (and of the process
-tree: export's workers, not the model server), RSS after and ``ru_maxrss``. Where a stage's memory goes, a stage at a time, without the leftovers of the stages
-before it (``bench_scale`` prints the whole run's peaks per stage); ``--profile`` writes cProfile stats.
+tree: export's workers, not the model server), RSS after and ``ru_maxrss``. Where a stage's memory
+goes, a stage at a time, without the leftovers of the stages before it (``bench_scale`` prints the
+whole run's peaks per stage); ``--profile`` writes cProfile stats.
 """
 
 from __future__ import annotations
@@ -64,15 +66,22 @@ def cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def _fresh_ir(ir: Path, stage: str = "coordinator") -> None:
+_FRESH_TABLES = {
+    "coordinator": ("incident_cache", "incident_links", "pattern_groups", "pattern_occurrences", "pattern_coverage"),
+    "probes": ("probe_cache", "probe_hits"),  # every cell probed again
+    "luna": ("luna_cache",),  # its per-cell results: without it (and luna/, luna-parts/) every cell is asked again
+}
+
+
+def _fresh_ir(ir: Path, stage: str) -> None:
     import duckdb
 
     con = duckdb.connect(str(ir))
     try:
-        tables = ("incident_cache", "incident_links", "pattern_groups", "pattern_occurrences", "pattern_coverage")
-        for table in ("probe_cache", "probe_hits") if stage == "probes" else tables:
+        for table in _FRESH_TABLES.get(stage, ()):
             con.execute(f"DROP TABLE IF EXISTS {table}")
-        con.execute("DROP VIEW IF EXISTS event_incidents")
+        if stage == "coordinator":
+            con.execute("DROP VIEW IF EXISTS event_incidents")
     finally:
         con.close()
 
@@ -101,7 +110,10 @@ def run_stage(
     shutil.rmtree(work / "sol_map", ignore_errors=True)
     if fresh:
         shutil.rmtree(work / "exchanges", ignore_errors=True)
-        if stage in ("coordinator", "probes"):
+        if stage == "luna":  # Luna's stored per-cell answers (runs/<id>/luna/<cell>.json) and split parts
+            shutil.rmtree(work / "luna", ignore_errors=True)
+            shutil.rmtree(work / "luna-parts", ignore_errors=True)
+        if stage in _FRESH_TABLES:
             _fresh_ir(work / "ir.duckdb", stage)
     server = subprocess.Popen([sys.executable, "-c", _SERVER, str(context_tokens)], stdout=subprocess.PIPE, text=True)
     try:
@@ -162,7 +174,7 @@ def main() -> None:
     parser.add_argument("stage", choices=["export", "select", "probes", "luna", "coordinator", "sol"])
     parser.add_argument("--bundle", type=Path, default=None, help="the bundle export reads (RUN_DIR unused)")
     parser.add_argument("--context-tokens", type=int, default=128_000)
-    parser.add_argument("--fresh", action="store_true", help="no exchanges, Coordinator tables, probe cache")
+    parser.add_argument("--fresh", action="store_true", help="no exchanges, no stage caches: a first run")
     parser.add_argument("--profile", type=Path, default=None)
     parser.add_argument("--in-place", action="store_true", help="run on RUN_DIR itself (a scratch run), not a copy")
     ns = parser.parse_args()

@@ -178,22 +178,25 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-def atomic_write_chunks(path: Path, chunks: Iterable[bytes]) -> None:
-    """:func:`atomic_write_bytes` of ``b"".join(chunks)``, never holding the whole file (large manifests)."""
+def atomic_write_chunks(path: Path, chunks: Iterable[bytes]) -> str:
+    """:func:`atomic_write_bytes` of the chunks' concatenation, never held whole; its ``sha256:`` digest."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    h = hashlib.sha256()
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as fh:
             for chunk in chunks:
+                h.update(chunk)
                 fh.write(chunk)
             fh.flush()
-            if os.environ.get("LUNASOL_TEST_NO_FSYNC") != "1":  # see _synced_temp
+            if os.environ.get("LUNASOL_TEST_NO_FSYNC") != "1":  # as in _synced_temp
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return "sha256:" + h.hexdigest()
 
 
 def same_bytes(path: Path, chunks: Iterable[bytes]) -> bool:

@@ -12,31 +12,31 @@ import asyncio
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
-import orjson
 from pydantic import TypeAdapter
 
 import pipeline
 from pipeline.artifacts.rundir import PATTERNS
 from pipeline.bundle.request import load_request
 from pipeline.core import duck, roles
-from pipeline.core.canonical import atomic_write_bytes, canonical_json, digest, sha256_bytes
+from pipeline.core.canonical import canonical_json, digest
 from pipeline.core.errors import BadInput
 from pipeline.core.listing import SHOWN, some
+from pipeline.core.memory import give_back
 from pipeline.core.phrases import parts_phrase
 from pipeline.core.settings import ModelSettings
 from pipeline.ir.cache import cached_rows
 from pipeline.ir.digests import content_digests
 from pipeline.ir.redact import redact
 from pipeline.ir.selection import eligible_before_pilot
-from pipeline.ir.store import insert_rows
-from pipeline.luna.feed import CellFeed, prepare, prepare_in_chunks  # noqa: F401 - prepare: part of this module's API (tests)
+from pipeline.luna.feed import LOAD_CELLS, CellFeed, prepare, prepare_in_chunks  # noqa: F401 - prepare: part of this module's API (tests)
 from pipeline.luna.merge import CellPatterns, Conflict, Verdict, merge_cell
-from pipeline.luna.patterns import PATTERN_ROW_SCHEMA_VERSION, LunaAnswer, Pattern, check_answer
+from pipeline.luna.outputs import CACHE_TABLE, PATTERN_LIST, LunaOutputs, discard_staged
+from pipeline.luna.outputs import TABLES_DDL as TABLES_DDL  # re-exported: the Luna tables' DDL (tests, fixtures)
+from pipeline.luna.patterns import LunaAnswer, check_answer
 from pipeline.luna.render import (
     JSON_CHARS_PER_TOKEN,
     CellIR,
@@ -56,64 +56,16 @@ if TYPE_CHECKING:
     from pipeline.core.context import RunContext
 
 PATTERNS_FILE = PATTERNS.filename
-PATTERN_COLUMNS = ("pattern_id", "cell_id", "type", "concerns", "observed", "definition_fit", "evidence", "confidence",
-                   "state_changed", "probe_hits", "origin", "overruled")  # fmt: skip
-LUNA_CELL_COLUMNS = ("cell_id", "status", "parts", "est_tokens", "attempts", "patterns", "reason", "reused")
-CONFLICT_COLUMNS = ("conflict_id", "cell_id", "hit_id", "pattern_id", "kind", "model_claim", "probe_finding",
-                    "resolution")  # fmt: skip
 ROLE = roles.LUNA.name
 ELIGIBLE_SQL = "SELECT cell_id, task_id FROM cells WHERE eligibility = 'valid_behavior' ORDER BY cell_id"
+FAILED_SQL = "SELECT cell_id, attempts, reason FROM luna_cells WHERE status = 'failed' ORDER BY cell_id"
+SPLIT_SQL = "SELECT cell_id FROM luna_cells WHERE status = 'split' ORDER BY cell_id"
 PARTS_DIR = "luna-parts"  # answered parts of split cells, kept until their whole cell is answered
 SAMPLE_CELLS = 3  # cells rendered to measure the IR's characters per token
 SAMPLE_CHARS = 60_000
 SAMPLE_MARGIN = 0.9  # a cell may be denser than the sample: plan at 90% of the sample's characters per token
-# A batch's patterns are validated and dumped in one call each (pydantic-core walks the list), not per model.
-_PATTERNS = TypeAdapter(list[Pattern])
 _CONFLICTS = TypeAdapter(list[Conflict])
 _VERDICTS = TypeAdapter(list[Verdict])
-
-TABLES_DDL = """
-CREATE OR REPLACE TABLE patterns (
-    pattern_id VARCHAR PRIMARY KEY,
-    cell_id VARCHAR NOT NULL,
-    type VARCHAR NOT NULL,
-    concerns VARCHAR NOT NULL,
-    observed VARCHAR NOT NULL,
-    definition_fit VARCHAR NOT NULL,
-    evidence VARCHAR[] NOT NULL,
-    confidence VARCHAR NOT NULL,
-    state_changed BOOLEAN NOT NULL,
-    probe_hits VARCHAR[] NOT NULL,
-    origin VARCHAR NOT NULL,
-    overruled BOOLEAN NOT NULL
-);
-CREATE OR REPLACE TABLE luna_cells (
-    cell_id VARCHAR PRIMARY KEY,
-    status VARCHAR NOT NULL,          -- ok / split (ok, in several calls) / failed
-    parts INTEGER NOT NULL,
-    est_tokens INTEGER NOT NULL,      -- rendered IR, estimated tokens (PartBudget.chars_per_token)
-    attempts INTEGER NOT NULL,
-    patterns INTEGER NOT NULL,
-    reason VARCHAR,
-    reused BOOLEAN NOT NULL           -- answer taken from runs/<id>/luna/<cell>.json (same prompt, template, model)
-);
-CREATE OR REPLACE TABLE probe_verdicts (
-    cell_id VARCHAR NOT NULL,
-    hit_id VARCHAR PRIMARY KEY,
-    verdict VARCHAR NOT NULL,         -- confirmed / rejected / overruled (rejection claimed a change)
-    observation VARCHAR
-);
-CREATE OR REPLACE TABLE probe_conflicts (
-    conflict_id VARCHAR PRIMARY KEY,
-    cell_id VARCHAR NOT NULL,
-    hit_id VARCHAR NOT NULL,
-    pattern_id VARCHAR,
-    kind VARCHAR NOT NULL,
-    model_claim VARCHAR NOT NULL,
-    probe_finding VARCHAR NOT NULL,
-    resolution VARCHAR NOT NULL
-);
-"""
 
 
 @dataclass
@@ -136,18 +88,6 @@ class CellRun:
 
 # -- the per-cell cache: unchanged cells are neither rendered nor keyed again ------------------------
 
-CACHE_TABLE = "luna_cache"
-CACHE_DDL = f"""
-CREATE TABLE IF NOT EXISTS {CACHE_TABLE} (
-    cell_id VARCHAR PRIMARY KEY,
-    content_digest VARCHAR NOT NULL,  -- the cell's IR content the prompt was rendered from
-    made_with VARCHAR NOT NULL,       -- template, model, context budget, probe set, lunasol version
-    summary VARCHAR NOT NULL,         -- the task summary in the prompt
-    key VARCHAR,                      -- key of the stored answer (runs/<id>/luna/<cell>.json)
-    run VARCHAR NOT NULL              -- canonical JSON: status, parts, sizes and the merged patterns
-);
-"""
-
 
 def cache_stamp(thash: str, model: str | None, budget: int | str) -> str:
     """What a cell's prompt depends on besides its IR content and task summary."""
@@ -164,33 +104,47 @@ def cache_stamp(thash: str, model: str | None, budget: int | str) -> str:
 
 def _cached_runs(
     con: duckdb.DuckDBPyConnection, stamp: str, summaries: dict[str, str], store: CellResults
-) -> dict[str, CellRun]:
-    """Cells whose last result still holds: same IR content, summary and stamp, stored answer in place."""
-    out: dict[str, CellRun] = {}
-    for cell_id, summary, key, raw in cached_rows(con, CACHE_TABLE, "t.cell_id, t.summary, t.key, t.run", stamp):
+) -> dict[str, str | None]:
+    """Cells whose last result still holds (same IR content, summary and stamp, stored answer in place): their keys."""
+    out: dict[str, str | None] = {}
+    for cell_id, summary, key in cached_rows(con, CACHE_TABLE, "t.cell_id, t.summary, t.key", stamp):
         if cell_id not in summaries or summary != summaries[cell_id]:
             continue
         if key is not None and store.get(cell_id, key) is None:
             continue  # the answer file is gone or was made with another key: ask again
-        data = json.loads(raw)
-        merged = data["merged"]
-        out[cell_id] = CellRun(
-            cell_id,
-            data["status"],
-            data["parts"],
-            data["est_tokens"],
-            reason=data["reason"],
-            reused=key is not None,
-            cached=True,
-            key=key,
-            summary=summary,
-            merged=CellPatterns(
-                patterns=_PATTERNS.validate_python(merged["patterns"]),
-                conflicts=_CONFLICTS.validate_python(merged["conflicts"]),
-                verdicts=_VERDICTS.validate_python(merged["verdicts"]),
-            ),
-        )
+        out[cell_id] = key
     return out
+
+
+def _add_cached(ir_path: Path, cached: dict[str, str | None], out: LunaOutputs) -> None:
+    """Hand each cached cell's stored result to ``out``, ``LOAD_CELLS`` cells read at a time (never all at once)."""
+    ids = sorted(cached)
+    for start in range(0, len(ids), LOAD_CELLS):
+        con = duck.connect(ir_path)
+        try:
+            rows = con.execute(
+                f"SELECT cell_id, run FROM {CACHE_TABLE} WHERE cell_id IN (SELECT unnest(?)) ORDER BY cell_id",
+                [ids[start : start + LOAD_CELLS]],
+            ).fetchall()
+        finally:
+            con.close()
+        for cell_id, raw in rows:
+            data = json.loads(raw)
+            merged = data["merged"]
+            r = CellRun(cell_id, data["status"], data["parts"], data["est_tokens"], reason=data["reason"],
+                        reused=cached[cell_id] is not None, cached=True, key=cached[cell_id],
+                        merged=CellPatterns(
+                            patterns=PATTERN_LIST.validate_python(merged["patterns"]),
+                            conflicts=_CONFLICTS.validate_python(merged["conflicts"]),
+                            verdicts=_VERDICTS.validate_python(merged["verdicts"]),
+                        ))  # fmt: skip
+            _hand_over(r, out)
+
+
+def _hand_over(r: CellRun, out: LunaOutputs) -> None:
+    """One finished cell's rows to the outputs (its ``luna_cells`` row, patterns, verdicts, cache row)."""
+    row = (r.cell_id, r.status, r.parts, r.est_tokens, r.attempts, len(r.merged.patterns), r.reason, r.reused)
+    out.add(row, r.merged, r.cache_row, cached=r.cached)
 
 
 def _cache_row(r: CellRun, content_digest: str, stamp: str) -> tuple[str | None, ...]:
@@ -207,24 +161,6 @@ def _cache_row(r: CellRun, content_digest: str, stamp: str) -> tuple[str | None,
         },
     }
     return (r.cell_id, content_digest, stamp, r.summary, r.key, canonical_json(run))
-
-
-def _write_cache(con: duckdb.DuckDBPyConnection, rows: list[tuple[str | None, ...]]) -> None:
-    """Add (or replace) the cache rows of the cells just made; failed cells are not cached."""
-    import pyarrow as pa  # here, not at module top: the dry run never loads Arrow
-
-    if not rows:
-        return
-    names = ("cell_id", "content_digest", "made_with", "summary", "key", "run")
-    cols = list(zip(*rows, strict=True))
-    table = pa.table({n: pa.array(list(c), pa.string()) for n, c in zip(names, cols, strict=True)})
-    con.execute(CACHE_DDL)
-    con.register("_lunasol_luna_cache", table)
-    try:
-        con.execute(f"DELETE FROM {CACHE_TABLE} WHERE cell_id IN (SELECT cell_id FROM _lunasol_luna_cache)")
-        con.execute(f"INSERT INTO {CACHE_TABLE} SELECT * FROM _lunasol_luna_cache")
-    finally:
-        con.unregister("_lunasol_luna_cache")
 
 
 def _task_summaries(bundle: Path, redacting: bool = True) -> dict[str, str]:
@@ -372,15 +308,16 @@ async def _call_part(client: ModelClient, cell: CellIR, part: Part, context: dic
     )
 
 
-async def run_luna(ctx: RunContext) -> list[CellRun]:
-    """Call Luna for every part of every eligible cell; merge, overrule, and return per-cell results.
+async def run_luna(ctx: RunContext) -> LunaOutputs:
+    """Call Luna for every part of every eligible cell; merge, overrule, and hand each cell to the outputs.
 
     Each cell's answers are persisted (``runs/<id>/luna/<cell>.json``) as soon as its calls finish,
     so a crash or a block keeps every finished cell and ``--resume`` never asks it again. A cell
     whose IR, task summary and prompt inputs are unchanged since the last run (``luna_cache``)
     is neither rendered nor keyed again: its stored answer and merged result are taken as they are.
-    The cells made now carry their new cache rows (``CellRun.cache_row``): :func:`write_outputs`
-    writes them with the Luna tables, in one connection.
+    Each finished cell's rows (and the new cache row of a cell made now) go to the returned
+    :class:`~pipeline.luna.outputs.LunaOutputs` at once and are staged in the IR, so no cell's
+    result is held until the end; :func:`write_outputs` then writes the Luna tables and the file.
     """
     summaries = _task_summaries(ctx.bundle, ctx.options.redact)
     client = ModelClient(ctx.options.models, ctx.run_dir, log=ctx.log)
@@ -400,6 +337,8 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
         reused = _cached_runs(con, stamp, {r[0]: summaries.get(r[1], "") for r in eligible}, store)
     finally:
         con.close()
+    out = LunaOutputs(ctx.ir_path, ctx.run_dir, PATTERNS_FILE)
+    _add_cached(ctx.ir_path, reused, out)
     # cells are loaded a chunk at a time as their calls start, never the whole batch at once
     feed = CellFeed(ctx.ir_path, [r[0] for r in eligible if r[0] not in reused], budget.tokens,
                     chars_per_token=budget.chars_per_token, count=budget.count)  # fmt: skip
@@ -446,7 +385,13 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
             part_store.put(name, key, out.value.model_dump(mode="json"), inputs={"template": thash})
         return out
 
-    async def cell_job(cell_id: str) -> CellRun:
+    async def cell_job(cell_id: str) -> None:
+        run = await made(cell_id)
+        if run.status != "failed" and run.cell_id in cell_digests:
+            run.cache_row = _cache_row(run, cell_digests[run.cell_id], stamp)
+        _hand_over(run, out)  # written now: the cell's result is not held until the stage ends
+
+    async def made(cell_id: str) -> CellRun:
         cell, parts, size = await feed.take(cell_id)
         run = CellRun(cell.cell_id, "split" if len(parts) > 1 else "ok", len(parts), size)
         run.summary = summaries.get(cell.task_id, "")
@@ -486,13 +431,11 @@ async def run_luna(ctx: RunContext) -> list[CellRun]:
 
     if client.batching(ROLE):
         await client.prefetch(ROLE, first_requests)
-    fresh: list[CellRun] = await client.gather([cell_job(c) for c in feed.cell_ids], label="luna")
-    runs = {r.cell_id: r for r in fresh}
-    runs.update(reused)
-    for r in fresh:
-        if r.status != "failed" and r.cell_id in cell_digests:
-            r.cache_row = _cache_row(r, cell_digests[r.cell_id], stamp)
-    return [runs[c] for c in sorted(runs)]
+    # each cell's call made when a slot frees (not 10,000 coroutines up front), its result not kept
+    await client.gather(
+        (cell_job(c) for c in feed.cell_ids), label="luna", total=len(feed.cell_ids), keep=False
+    )  # fmt: skip
+    return out
 
 
 def _part_label(cell: CellIR, part: Part) -> str:
@@ -510,41 +453,9 @@ def _cell_key(cell_key: Any, contexts: list[dict[str, Any]], thash: str, model: 
     return key
 
 
-def write_outputs(ir_path: Path, run_dir: Path, results: list[CellRun]) -> tuple[list[Pattern], str]:
-    """Write ``patterns.jsonl`` and the Luna tables; return the patterns and the file's digest."""
-    patterns = [p for r in results for p in r.merged.patterns]
-    patterns.sort(key=lambda p: p.pattern_id)  # '<cell>-Pnn' already encodes cell, type, first seq
-    conflicts: list[Conflict] = [c for r in results for c in r.merged.conflicts]
-    verdicts: list[Verdict] = [v for r in results for v in r.merged.verdicts]
-    # one dump for the table and the file: what each model's model_dump(mode="json") gives
-    dumped: list[dict[str, Any]] = _PATTERNS.dump_python(patterns, mode="json")
-    con = duck.connect(ir_path)
-    try:
-        con.execute(TABLES_DDL)
-        _write_cache(con, [r.cache_row for r in results if r.cache_row is not None])
-        # bulk inserts from Arrow: DuckDB's executemany costs ~3 ms a row (18 s for 6,000 patterns)
-        insert_rows(con, "patterns", PATTERN_COLUMNS, list(map(itemgetter(*PATTERN_COLUMNS), dumped)))
-        insert_rows(con, "luna_cells", LUNA_CELL_COLUMNS, [
-            (r.cell_id, r.status, r.parts, r.est_tokens, r.attempts, len(r.merged.patterns), r.reason, r.reused)
-            for r in results
-        ])  # fmt: skip
-        insert_rows(con, "probe_verdicts", ("cell_id", "hit_id", "verdict", "observation"),
-                    [(v.cell_id, v.hit_id, v.verdict, v.observation) for v in verdicts])  # fmt: skip
-        insert_rows(con, "probe_conflicts", CONFLICT_COLUMNS, [
-            (c.conflict_id, c.cell_id, c.hit_id, c.pattern_id, c.kind, c.model_claim, c.probe_finding, c.resolution)
-            for c in conflicts
-        ])  # fmt: skip
-    finally:
-        con.close()
-    # Every row carries the schema version, like calls.jsonl (see pipeline.artifacts.schemas). A
-    # pattern's fields are strings, booleans and lists of strings: orjson spells them as
-    # canonical_json does (sorted keys, compact, UTF-8 kept), in a fraction of the time.
-    data = b"".join(
-        orjson.dumps({"schema_version": PATTERN_ROW_SCHEMA_VERSION, **d}, option=orjson.OPT_SORT_KEYS) + b"\n"
-        for d in dumped
-    )
-    atomic_write_bytes(run_dir / PATTERNS_FILE, data)
-    return patterns, sha256_bytes(data)
+def write_outputs(out: LunaOutputs) -> str:
+    """Write ``patterns.jsonl`` and the Luna tables from the staged cells; return the file's digest."""
+    return out.finish()
 
 
 def stage(ctx: RunContext) -> str:
@@ -553,26 +464,34 @@ def stage(ctx: RunContext) -> str:
         raise BadInput(f"no IR at {ctx.ir_path}: export must run before luna")
     if ctx.options.dry_run:
         return f"dry run: {sum(1 for _ in plan(ctx))} luna calls planned"
-    results = asyncio.run(run_luna(ctx))
-    patterns, _ = write_outputs(ctx.ir_path, ctx.run_dir, results)
-    failed = [r for r in results if r.status == "failed"]
-    split = [r for r in results if r.status == "split"]
-    overruled = sum(len(r.merged.conflicts) for r in results)
-    for r in failed[:SHOWN]:
-        ctx.log(f"[luna] cell {r.cell_id} FAILED after {r.attempts} attempts: {r.reason}")
+    try:
+        out = asyncio.run(run_luna(ctx))
+        write_outputs(out)
+    except BaseException:
+        discard_staged(ctx.ir_path)  # a stage stopped mid-way (budget, Ctrl-C) leaves no staged rows behind
+        raise
+    finally:
+        give_back()  # the calls' and rows' freed heap back to the OS: the Coordinator and Sol run next
+    con = duck.connect(ctx.ir_path)
+    try:
+        failed = con.execute(FAILED_SQL).fetchall()
+        split = [r[0] for r in con.execute(SPLIT_SQL).fetchall()]
+    finally:
+        con.close()
+    for cell_id, attempts, reason in failed[:SHOWN]:
+        ctx.log(f"[luna] cell {cell_id} FAILED after {attempts} attempts: {reason}")
     if len(failed) > SHOWN:
         ctx.log(f"[luna] and {len(failed) - SHOWN} more failed cell(s), each with its reason in table luna_cells")
-    failed_ids = some([r.cell_id for r in failed])
+    failed_ids = some([r[0] for r in failed])
     if failed:
         ctx.incomplete.append(f"{len(failed)} cell(s) failed ({failed_ids})")
-    bits = [f"{len(patterns)} patterns from {len(results) - len(failed)}/{len(results)} cells"]
-    cached = sum(r.cached for r in results)
-    if cached:
-        bits.append(f"{len(results) - cached} cell(s) rendered, {cached} unchanged")
+    bits = [f"{out.patterns} patterns from {out.cells - len(failed)}/{out.cells} cells"]
+    if out.cached:
+        bits.append(f"{out.cells - out.cached} cell(s) rendered, {out.cached} unchanged")
     if split:
-        bits.append(f"{len(split)} split ({some([r.cell_id for r in split])})")
-    if overruled:
-        bits.append(f"{overruled} model claims overruled by probes")
+        bits.append(f"{len(split)} split ({some(split)})")
+    if out.conflicts:
+        bits.append(f"{out.conflicts} model claims overruled by probes")
     if failed:
         bits.append(f"{len(failed)} FAILED ({failed_ids}; see table luna_cells)")
     return "; ".join(bits)

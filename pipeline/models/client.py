@@ -18,6 +18,7 @@ prompts hold raw log text that may contain ``{{``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -344,17 +345,31 @@ class ModelClient:
 
         return await batcher.prefetch(requests)
 
-    async def gather(self, coros: Any, *, label: str = "model calls") -> list[Any]:
-        """Run many calls under ``settings.concurrency`` with a progress bar (on a TTY) showing spend."""
+    async def gather(
+        self, coros: Any, *, label: str = "model calls", total: int | None = None, keep: bool = True
+    ) -> list[Any]:
+        """Run many calls under ``settings.concurrency`` with a progress bar (on a TTY) showing spend.
+
+        ``total`` with a generator of calls: each is made only when a slot is free; ``keep`` False:
+        results are not kept (see :func:`~pipeline.models.progress.gather_bounded`).
+        """
         # Twice the HTTP bound: the next calls render and prepare while others wait on the network,
         # so a freed slot is used at once; the HTTP concurrency itself stays at settings.concurrency.
         budget = (self.settings.budget_usd, self.settings.budget_tokens)
-        coros = list(coros)
-        if self.exchange.batcher is not None and not self.exchange.batcher.prefetched:
+        batching = self.exchange.batcher is not None and not self.exchange.batcher.prefetched
+        if total is None or batching:
+            coros, total = list(coros), None
+        if batching:
             # --batch without prefetch(): every call must reach the batcher before it submits, so none
             # waits on the bound.
             return await gather_bounded(
-                coros, max(1, len(coros)), label=label, usage=self.usage, budget=budget, requests=self.request_counts
+                coros,
+                max(1, len(coros)),
+                label=label,
+                usage=self.usage,
+                budget=budget,
+                requests=self.request_counts,
+                keep=keep,
             )
         out = await gather_bounded(
             coros,
@@ -363,6 +378,8 @@ class ModelClient:
             usage=self.usage,
             budget=budget,
             requests=self.request_counts,
+            total=total,
+            keep=keep,
         )
         said = self.exchange.donors.said() if self.exchange.donors is not None else None
         if said:
@@ -426,7 +443,7 @@ class ModelClient:
 
         try:
             obj = await self._client().chat.completions.create(
-                response_model=response_model,
+                response_model=_prepared(response_model),
                 messages=messages,
                 max_retries=self.settings.max_reasks,
                 temperature=self.settings.temperature,
@@ -474,6 +491,21 @@ class ModelClient:
             # What the live path reports for instructor's unwrapped IncompleteOutputException.
             raise _truncated(exc, max_tokens) from exc
         return response_model.model_validate(obj.model_dump()), []
+
+
+@functools.cache
+def _prepared(response_model: type[T]) -> type[T]:
+    """The answer model as instructor wraps it for a request, wrapped once per model, not once per call.
+
+    Given a plain model, instructor makes a new subclass on every call (pydantic's ``create_model``)
+    and its schema cache (``lru_cache`` of 256) keeps the last 256 of them with their schemas: a
+    millisecond of CPU and a few KiB held per call. Given its own wrapped class it wraps nothing;
+    the class has the same name and schema, so the request is byte-for-byte the same.
+    """
+    from instructor.v2.core.response_model import prepare_response_model
+
+    prepared = prepare_response_model(response_model)
+    return response_model if prepared is None else prepared  # None: no answer model (never for lunasol)
 
 
 def _cut(exc: BaseException, max_tokens: int | None) -> bool:

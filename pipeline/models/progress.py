@@ -141,8 +141,15 @@ async def gather_bounded(
     budget: Budget | None = None,
     plain_every_s: float | None = None,
     requests: Requests | None = None,
+    total: int | None = None,
+    keep: bool = True,
 ) -> list[R]:
     """Await every item with at most ``limit`` running; results in input order.
+
+    ``limit`` workers take the items in order, one at a time: an item is made (when ``coros`` is a
+    generator and ``total`` says how many it yields) and awaited only when a worker is free, so a
+    batch of 100,000 cells never holds 100,000 coroutines and tasks at once. ``keep`` False: the
+    results are dropped as they come (the caller wrote them already) and ``[]`` is returned.
 
     The first exception cancels the rest and is re-raised (a ``BudgetExceeded`` stops the stage).
     ``progress`` defaults to "stderr is a TTY": a bar with rate, ETA, in-flight / retried / failed
@@ -150,14 +157,16 @@ async def gather_bounded(
     as one plain line to stderr every ``plain_every_s`` seconds (default ``PLAIN_EVERY_S``; a batch
     shorter than that prints nothing), so a long stage never looks frozen in a log.
     """
-    items = list(coros)
-    sem = asyncio.Semaphore(max(1, limit))
+    items: Iterable[Awaitable[R]] = coros
+    if total is None:
+        items = list(coros)
+        total = len(items)
     show = sys.stderr.isatty() if progress is None else progress
-    tally = Tally(len(items), label, usage, budget, requests)
+    tally = Tally(total, label, usage, budget, requests)
     bar: Any = None
     task_id: Any = None
     ticker: asyncio.Task[None] | None = None
-    if show and items:
+    if show and total:
         from rich.console import Console
         from rich.progress import (
             BarColumn,
@@ -181,9 +190,9 @@ async def gather_bounded(
             transient=False,
         )
         bar.start()
-        task_id = bar.add_task(label, total=len(items), rate="", counts=tally.counts(), spend=tally.spend())
+        task_id = bar.add_task(label, total=total, rate="", counts=tally.counts(), spend=tally.spend())
     every = plain_every() if plain_every_s is None else plain_every_s
-    if not show and items and progress is None and every > 0:
+    if not show and total and progress is None and every > 0:
 
         async def tick() -> None:
             while True:
@@ -192,30 +201,39 @@ async def gather_bounded(
 
         ticker = asyncio.ensure_future(tick())
 
-    async def one(aw: Awaitable[R]) -> R:
-        async with sem:
+    results: list[Any] = [None] * total if keep else []
+    source = enumerate(items)  # shared by the workers: each item is handed out once, in order
+
+    async def worker() -> None:
+        for i, aw in source:
             tally.in_flight += 1
             try:
                 result = await aw
             except BaseException:
                 tally.in_flight -= 1
                 raise
-        tally.finished(result)
-        if bar is not None:
-            rate, _ = tally.rate_eta()
-            bar.update(task_id, advance=1, rate=f"{rate:.2f}/s", counts=tally.counts(), spend=tally.spend())
-        return result
+            tally.finished(result)
+            if bar is not None:
+                rate, _ = tally.rate_eta()
+                bar.update(task_id, advance=1, rate=f"{rate:.2f}/s", counts=tally.counts(), spend=tally.spend())
+            if keep:
+                results[i] = result
+            del result, aw  # a finished item's frame and result are not held while the next one runs
 
-    tasks = [asyncio.ensure_future(one(aw)) for aw in items]
+    workers = [asyncio.ensure_future(worker()) for _ in range(min(max(1, limit), total))]
     try:
-        return list(await asyncio.gather(*tasks))
+        await asyncio.gather(*workers)
+        return results
     except BaseException:
-        for t in tasks:
+        for t in workers:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for aw in items:  # close coroutines that never started, so Python does not warn about them
-            if inspect.iscoroutine(aw) and inspect.getcoroutinestate(aw) == inspect.CORO_CREATED:
-                aw.close()
+        await asyncio.gather(*workers, return_exceptions=True)
+        if isinstance(items, list):  # close coroutines that never started, so Python does not warn about them
+            for _, aw in source:
+                if inspect.iscoroutine(aw) and inspect.getcoroutinestate(aw) == inspect.CORO_CREATED:
+                    aw.close()
+        elif inspect.isgenerator(items):
+            items.close()  # the items not made yet are never made
         raise
     finally:
         if bar is not None:
