@@ -291,6 +291,7 @@ def _record_cells(ctx: RunContext, ledger: Ledger, role: str) -> None:
     store = CellResults(ctx.run_dir, role)
     with ledger.batch():
         _record_results(ctx, ledger, role, store)
+    store.forget()
 
 
 def _record_results(ctx: RunContext, ledger: Ledger, role: str, store: CellResults) -> None:

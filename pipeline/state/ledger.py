@@ -501,6 +501,16 @@ class CellResults:
         _seen[str(path)] = (stat_key(path.stat()), ResultRecord(key, payload["inputs"], file_digest))
         return file_digest
 
+    def forget(self) -> None:
+        """Drop what this process remembers of this role's result files (``_seen``; about 1 KB a cell).
+
+        Once the runner has recorded a stage's results nothing reads those records again; at 100,000
+        cells they would hold ~100 MB under every later stage. A later :meth:`records` reads the files.
+        """
+        prefix = os.path.join(str(self.dir), "")
+        for path in [p for p in _seen if p.startswith(prefix)]:
+            del _seen[path]
+
     def records(self) -> dict[str, ResultRecord]:
         """Every stored result: cell id -> its key, inputs and file digest.
 

@@ -601,3 +601,18 @@ def test_records_read_only_files_this_process_has_not_seen_as_they_are(
     (tmp_path / "luna" / "C3.json").write_text("not json")
     (tmp_path / "luna" / "C4.json").write_text('{"no": "key"}')
     assert set(store.records()) == {"C1", "C2"}
+
+
+def test_cell_results_forget_what_the_process_remembers_and_still_read_the_files(tmp_path: Path) -> None:
+    """After the runner records a stage's results it drops their records (``_seen``: ~1 KB a cell, ~100 MB at
+    100,000 cells); the records then come from the files, the same."""
+    store, other = CellResults(tmp_path, "luna"), CellResults(tmp_path / "elsewhere", "luna")
+    for i in range(3):
+        store.put(f"C{i}", f"k{i}", {"n": i}, {"cell": f"d{i}"})
+    other.put("C9", "k9", {"n": 9})
+    before = store.records()
+    assert {p for p in ledger_mod._seen if p.startswith(str(store.dir))}
+    store.forget()
+    assert not {p for p in ledger_mod._seen if p.startswith(str(store.dir) + "/")}
+    assert str(other.path("C9")) in ledger_mod._seen  # another run's records are not this store's to drop
+    assert store.records() == before
