@@ -502,6 +502,7 @@ def _prepared(response_model: type[T]) -> type[T]:
     millisecond of CPU and a few KiB held per call. Given its own wrapped class it wraps nothing;
     the class has the same name and schema, so the request is byte-for-byte the same.
     """
+    # instructor loads only for live and record calls, after _client's set-up (a replay never pays it)
     from instructor.v2.core.response_model import prepare_response_model
 
     prepared = prepare_response_model(response_model)

@@ -166,7 +166,7 @@ def update_probe_hits(con: duckdb.DuckDBPyConnection, probes: tuple[Probe, ...] 
 
 def _cache(con: duckdb.DuckDBPyConnection, rows: list[list[str]], stamp: str) -> None:
     """Cache rows (cell, hits JSON) of cells just probed, with their content digest (cells without one: none)."""
-    import pyarrow as pa
+    import pyarrow as pa  # kept off the import path of commands that never probe
 
     cols = list(zip(*rows, strict=True)) if rows else [(), ()]
     table = pa.table({n: pa.array(list(c), pa.string()) for n, c in zip(("cell_id", "hits"), cols, strict=True)})

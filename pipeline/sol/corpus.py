@@ -56,17 +56,6 @@ def group_cells(group: dict[str, Any]) -> set[str]:
     return out
 
 
-def index_groups_by_cell(groups: list[dict[str, Any]]) -> dict[str, set[str]]:
-    """Per cell, the pattern groups with an occurrence in it."""
-    out: dict[str, set[str]] = {}
-    for g in groups:
-        gid = group_id(g)
-        for o in g.get("occurrences") or []:
-            if gid and isinstance(o, dict) and o.get("cell_id"):
-                out.setdefault(str(o["cell_id"]), set()).add(gid)
-    return out
-
-
 def read_groups(run_dir: Path) -> list[dict[str, Any]]:
     """The Coordinator's pattern groups (empty when the file is absent)."""
     path = run_dir / GROUPS_FILE
@@ -202,7 +191,11 @@ def load_batch(run_dir: Path, ir_path: Path) -> Batch:
     finally:
         con.close()
     eligible = [c for c in cells if c["eligibility"] == "valid_behavior"]
-    rank = {c: i for i, c in enumerate(walk_order(eligible, index_groups_by_cell(groups)))}
+    groups_of_cell: dict[str, set[str]] = {}
+    for gid, members in index_groups.items():  # each group's cells (group_cells), turned around
+        for cell in members:
+            groups_of_cell.setdefault(cell, set()).add(gid)
+    rank = {c: i for i, c in enumerate(walk_order(eligible, groups_of_cell))}
     # The timelines of cells whose content changed (or all, the first time) made into the IR's table, and every
     # cited event's line and Luna's words, then read per request on a connection the batch holds.
     store = open_store(ir_path, rank, lambda c, temp: write_evidence(c, groups, rank, temp=temp))

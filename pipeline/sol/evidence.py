@@ -73,7 +73,7 @@ CREATE OR REPLACE {{temp}}TABLE {TEXTS_TABLE} (
 
 def _cited_rows(groups: list[dict[str, Any]], rank: dict[str, int], key: str) -> Iterator[Any]:
     """Arrow tables of (rank, group_id, id) for every id the occurrences cite under ``key``, a batch at a time."""
-    import pyarrow as pa
+    import pyarrow as pa  # loaded by the IR export already; kept off Sol's import path
 
     last = len(rank)
     out: tuple[list[int], list[str], list[str]] = ([], [], [])
@@ -110,7 +110,7 @@ def write_evidence(con: Any, groups: list[dict[str, Any]], rank: dict[str, int],
     streamed query, and stored by ``rank`` (its cell's place in ``rank``, the partitions' walk) so
     that a request's cells are one range of the table. ``temp``: temporary tables of ``con``.
     """
-    import pyarrow as pa
+    import pyarrow as pa  # loaded by the IR export already; kept off Sol's import path
 
     kind = "TEMP " if temp else ""
     for name in ("_sol_cited_events", "_sol_cited_patterns"):

@@ -92,7 +92,7 @@ def update_timelines(con: Any, *, temp: bool = False) -> list[str]:
     cell is read. Rows whose cell content or maker changed are deleted first; cells without a row
     are read in one streamed query (``where`` narrowing it to them) and written in batches.
     """
-    import pyarrow as pa
+    import pyarrow as pa  # loaded by the IR export already; kept off Sol's import path
 
     stamp = made_with()
     if temp or duck.table_shape(con, TABLE) != _SHAPE:
@@ -169,7 +169,7 @@ def write_walk(con: Any, rank: dict[str, int], *, temp: bool = False) -> None:
     time (170 against 81 CPU s for Sol at 10,000 cells); a range of rows holding lists still read
     their lists from the start (15 against 1.2 ms a request at 10,000 cells).
     """
-    import pyarrow as pa
+    import pyarrow as pa  # loaded by the IR export already; kept off Sol's import path
 
     con.register("_sol_ranks", pa.table({"cell_id": pa.array(list(rank), pa.string()),
                                          "rank": pa.array(list(rank.values()), pa.int32())}))  # fmt: skip
