@@ -30,6 +30,7 @@ from pipeline.followup.schema import ConditionResult, Conflict, JudgeBlock, Judg
 from pipeline.models import ModelClient, render
 from pipeline.models.budget import request_tokens, role_budget
 from pipeline.models.preflight import preflight
+from pipeline.proposals.proposer import group_line
 from pipeline.sol.checks import EvidenceIndex, load_index
 from pipeline.state.blocking import write_block_receipt
 
@@ -202,11 +203,7 @@ def groups_text(groups: list[Row], view: OccurrenceView = "refs") -> str:
     out: list[str] = []
     for g in groups:
         occ = [o for o in g.get("occurrences") or [] if isinstance(o, dict)]
-        support = g.get("support") or {}
-        out.append(
-            f"{g.get('group_id')} {g.get('type')} concerns={g.get('concerns')!r}: {len(occ)} occurrence(s) in "
-            f"{support.get('n_cells', '?')} cell(s), tasks {', '.join(support.get('tasks') or [])}"
-        )
+        out.append(group_line(g, occ))
         if view == "ids":
             ids = ", ".join(str(o.get("occurrence_id")) for o in occ)
             out.append(f"  {len(occ)} occurrence(s), their events left out for this request's token budget: {ids}")

@@ -234,16 +234,21 @@ def build_context(
     }
 
 
+def group_line(g: dict[str, Any], occ: list[dict[str, Any]]) -> str:
+    """A pattern group's head line in a prompt: id, type, concerns, its ``occ`` count, cells and tasks."""
+    support = g.get("support") or {}
+    return (
+        f"{g.get('group_id')} {g.get('type')} concerns={g.get('concerns')!r}: {len(occ)} occurrence(s) in "
+        f"{support.get('n_cells', '?')} cell(s), tasks {', '.join(support.get('tasks') or [])}"
+    )
+
+
 def compact_groups(cited: list[dict[str, Any]]) -> str:
     """Cited pattern groups in a bounded form: a header each, a sample of occurrences with refs, the rest by id."""
     out: list[str] = []
     for g in cited:
         occ = [o for o in g.get("occurrences") or [] if isinstance(o, dict)]
-        support = g.get("support") or {}
-        out.append(
-            f"{g.get('group_id')} {g.get('type')} concerns={g.get('concerns')!r}: {len(occ)} occurrence(s) in "
-            f"{support.get('n_cells', '?')} cell(s), tasks {', '.join(support.get('tasks') or [])}"
-        )
+        out.append(group_line(g, occ))
         for o in occ[:OCCURRENCE_SAMPLE]:
             refs = ", ".join(list(o.get("refs") or [])[:2])
             events = ", ".join(list(o.get("events") or [])[:4])
