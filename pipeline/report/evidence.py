@@ -133,6 +133,12 @@ class EvidenceReader:
             self._con.close()
             self._con = None
 
+    def __enter__(self) -> EvidenceReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _events(self, ids: list[str], cells: tuple[str, str] | None = None) -> dict[str, dict[str, Any]]:
         """The IR rows of event ``ids``; ``cells`` (first, last cell id) where they are expected to be.
 

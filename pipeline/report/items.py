@@ -44,11 +44,8 @@ class Item:
 
 
 def _evidence(run_dir: Path, keys: set[str], context: int) -> list[dict[str, Any]]:
-    reader = EvidenceReader(run_dir)
-    try:
+    with EvidenceReader(run_dir) as reader:  # it keeps its IR connection for a report's many shards
         ev: Evidence = reader.resolve(keys)
-    finally:
-        reader.close()  # the reader keeps its IR connection for a report's many shards: released here
     out = []
     for key in sorted(keys):
         s = ev.snippets[key]

@@ -138,7 +138,8 @@ def test_no_planted_secret_reaches_prompts_recordings_report_or_ir(planted_run: 
     assert "[REDACTED:private-key]" in embedded and "[REDACTED:openai-key]" in embedded
     # what the page embeds for a cited ref or event of the planted file: its raw lines, redacted
     cited = {f"{PLANTED}#L1-L4", "C001-e0001"}
-    evidence = EvidenceReader(d).resolve(cited)
+    with EvidenceReader(d) as reader:  # closed: a later test in this process may check no IR is left attached
+        evidence = reader.resolve(cited)
     shown = json.dumps(evidence.lines, ensure_ascii=False)
     assert all(evidence.snippets[k].status == "verified" for k in cited)
     assert _leaks(shown) == [] and "[REDACTED:openai-key]" in shown and "[REDACTED:private-key]" in shown

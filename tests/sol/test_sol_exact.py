@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import re
 from pathlib import Path
@@ -182,7 +183,7 @@ def test_the_timeline_store_gives_the_ir_lines_and_reads_again_what_may_have_cha
         assert read == eligible and lines == truth
     finally:
         held.close()
-    assert not duck._HUB._files  # the stores closed their connections
+    assert os.path.realpath(ir) not in duck._HUB._files  # the stores closed their connections
 
 
 def test_the_map_contexts_canonical_text_gives_the_digests_of_the_contexts(model_settings: Any) -> None:
