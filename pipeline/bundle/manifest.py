@@ -580,6 +580,16 @@ def remember_manifests() -> Iterator[None]:
         _remembered = None
 
 
+def forget_manifests() -> None:
+    """Drop what :func:`remember_manifests` holds (a later read parses again); the block goes on.
+
+    The run calls it once its export is done: no later stage reads the manifest, and at 100,000
+    cells its 1.2 million entries are ~170 MB the other stages need not carry.
+    """
+    if _remembered is not None:
+        _remembered.clear()
+
+
 def read_manifest(bundle: Path) -> Manifest:
     """Read and check ``manifest.json`` (format, versions, path safety), one entry at a time.
 

@@ -33,7 +33,7 @@ from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION, read_run_info, run_c
 from pipeline.artifacts.rundir import GROUPS, IR_FILE, PATTERNS, SHORTLIST, RunDir
 from pipeline.artifacts.schemas import load_document
 from pipeline.bundle import verified
-from pipeline.bundle.manifest import MANIFEST_FILE, read_manifest, remember_manifests, verify
+from pipeline.bundle.manifest import MANIFEST_FILE, forget_manifests, read_manifest, remember_manifests, verify
 from pipeline.bundle.request import REQUEST_FILE, load_request
 from pipeline.coordinator.probe_estimate import estimate_groups
 from pipeline.core import roles
@@ -461,6 +461,8 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
     left_pending: list[str] = []
     for i, target in enumerate(STAGES):
         name = target.name
+        if name != "export":
+            forget_manifests()  # read at the start and by export (run or reused) only
         inputs = stage_inputs(name, ctx, bdigest, upstream)
         ok, why = ledger.check(name, inputs, target.outputs)
         outputs: dict[str, str] | None = None

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from pipeline.bundle import AnalysisRequest, freeze, load_request, read_manifest, request_json_schema, verify
 from pipeline.bundle import manifest as manifest_mod
-from pipeline.bundle.manifest import MANIFEST_FILE, iter_files, remember_manifests
+from pipeline.bundle.manifest import MANIFEST_FILE, forget_manifests, iter_files, remember_manifests
 from pipeline.bundle.request import check_relative
 from pipeline.bundle.synth import write_bundle
 from pipeline.cli.app import app
@@ -260,6 +260,11 @@ def test_remembered_manifest_is_checked_once_per_content(bundle: Path, monkeypat
         with pytest.raises(BundleError, match="escapes the bundle"):
             read_manifest(bundle)
         assert len(checked) == 4
+        forget_manifests()  # the block goes on, holding nothing: the next read parses and checks again
+        (bundle / MANIFEST_FILE).write_text(json.dumps({**data, "files": data["files"][:-1]}))
+        read_manifest(bundle)
+        read_manifest(bundle)
+        assert len(checked) == 5
     assert manifest_mod._remembered is None  # nothing kept after the block
 
 
