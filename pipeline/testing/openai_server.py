@@ -306,8 +306,11 @@ class FakeOpenAI:
         context_tokens: int | None = None,
         chars_per_token: float | None = None,
         token_counter: Callable[[str], int] | None = None,
+        keep_requests: bool = True,
     ) -> None:
         self.handler = handler
+        # False: requests are counted and answered but not kept (a 100,000-cell benchmark's bodies are GBs)
+        self.keep_requests = keep_requests
         self.delay_s = delay_s  # added to every reply (benchmarks)
         # A declared context: larger requests get OpenAI's context_length_exceeded (request_tokens counts).
         self.context_tokens = context_tokens
@@ -392,8 +395,9 @@ class FakeOpenAI:
         self.largest_request = max(self.largest_request, size)
         self._local.headers = headers  # what a handler sees as last_headers (this thread's request)
         with self.lock:
-            self.requests.append(request)
-            self.headers.append(headers)
+            if self.keep_requests:
+                self.requests.append(request)
+                self.headers.append(headers)
             too_large = bool(self.context_tokens) and size > int(self.context_tokens or 0)
             if too_large:
                 self.refused_for_size += 1

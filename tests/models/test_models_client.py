@@ -498,3 +498,18 @@ async def test_a_200_carrying_another_error_says_what_it_says(
     with pytest.raises(ModelUnavailable) as err:
         await one(ModelClient(model_settings(), tmp_path / "r"))
     assert "only an error: x: upstream overloaded" in err.value.one_line()
+
+
+def test_a_server_told_not_to_keep_requests_still_counts_and_answers() -> None:
+    import urllib.request
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "x" * 4000}]}
+    with FakeOpenAI(raw_answer('{"ok": true}'), context_tokens=100_000, keep_requests=False) as srv:
+        req = urllib.request.Request(
+            srv.base_url + "/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            reply = json.loads(resp.read())
+        assert reply["choices"][0]["message"]["content"] == '{"ok": true}'
+        assert srv.requests == [] and srv.headers == []  # a 100,000-cell benchmark's bodies are not held
+        assert srv.largest_request >= 1000  # counted all the same
