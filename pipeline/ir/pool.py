@@ -47,7 +47,9 @@ if TYPE_CHECKING:
 # Bundles whose eligible cells hold at least this many raw bytes are read by worker processes;
 # below it, starting processes costs more than it saves.
 PARALLEL_MIN_BYTES = 48 * 2**20
-TASK_BYTES = 8 * 2**20  # raw bytes of cells per worker task: ~40k events, a few tens of MiB in flight
+# Raw bytes of cells per worker task: ~13k events of a diverse clone, a ~6 MiB batch. Each worker holds
+# a task's rows twice over (lists, then the batch); 8 MiB tasks made workers of ~170 MiB, 4 MiB ~123.
+TASK_BYTES = 4 * 2**20
 MAX_WORKERS = 2
 _IN_FLIGHT_PER_WORKER = 2
 

@@ -99,3 +99,19 @@ def test_an_export_in_many_statements_is_the_export_in_one(
     monkeypatch.setattr(store, "STATEMENT_ROWS", 262_144)
     one = tables(tmp_path / "one")
     assert many == one and len(many["events"]) > 3 * 400
+
+
+def test_the_export_connection_has_its_own_memory_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # DuckDB fills its limit with cached blocks of the file being written: the export's own is lower,
+    # unless the user set one for every connection.
+    def limit() -> str:
+        writer = IRWriter(tmp_path / "ir.duckdb")
+        try:
+            return str(writer.fetch("SELECT current_setting('memory_limit')")[0][0])
+        finally:
+            writer.abort()
+
+    monkeypatch.delenv("LUNASOL_DUCKDB_MEMORY", raising=False)
+    assert limit() == "256.0 MiB" and store.EXPORT_MEMORY == "256MiB"
+    monkeypatch.setenv("LUNASOL_DUCKDB_MEMORY", "1GiB")
+    assert limit() == "1.0 GiB"
