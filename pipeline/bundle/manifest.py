@@ -349,6 +349,25 @@ class Manifest:
         object.__setattr__(self, "by_path", _ByPath(self.files))
         object.__setattr__(self, "hashed_ok", StatTable(self.files))
 
+    def part(self, positions: Sequence[int]) -> Manifest:
+        """The entries at ``positions`` (ascending) as a manifest of their own, with their ``hashed_ok`` keys.
+
+        What an export worker is given for one task (:mod:`pipeline.ir.pool`): the files of the
+        task's cells, not the whole bundle's (1.2 million files at 100,000 cells). A file
+        verify() found unchanged stays so in the part (read_frozen does not hash it again).
+        """
+        files = self.files
+        d = files._digests
+        paths = [files.paths[i] for i in positions]
+        digests = b"".join(d[i * _DIGEST : (i + 1) * _DIGEST] for i in positions)
+        sizes = array("q", (files.sizes[i] for i in positions))
+        part = Manifest(files=FileList(paths, digests, sizes), schema_version=self.schema_version)
+        for j, i in enumerate(positions):
+            key = self.hashed_ok.at(i)
+            if key is not None:
+                part.hashed_ok.put(j, key)
+        return part
+
     def get(self, path: str) -> FileEntry:
         """The entry of one bundle-relative path; a file not in the manifest is a BundleError."""
         i = self.files.position(path)

@@ -2,9 +2,12 @@
 
 A :class:`concurrent.futures.ProcessPoolExecutor` on the ``forkserver`` context: fork alone is
 unsafe next to DuckDB's threads, and the forkserver (started clean, with this module preloaded)
-forks each worker without re-importing pyarrow. Each worker gets the bundle and its manifest once
-(the initializer), then tasks of about ``TASK_BYTES`` of cells; it builds each task's Arrow batch
-with the one implementation of the IR rules (:class:`pipeline.ir.rows.ColumnBuilder`).
+forks each worker without re-importing pyarrow. Each worker gets the bundle's path once (the
+initializer), then tasks of about ``TASK_BYTES`` of cells, each with what it needs of the manifest:
+the entries of its cells' files (:meth:`~pipeline.bundle.manifest.Manifest.part`) and their display
+paths, computed once over the whole bundle here (a worker never holds the whole manifest: 1.2 million
+files at 100,000 cells). It builds each task's Arrow batch with the one implementation of the IR
+rules (:class:`pipeline.ir.rows.ColumnBuilder`).
 
 Results are taken in task order and at most ``2 x workers`` tasks are in flight, so the first
 error in cell order is the one raised (as in one process) and memory stays bounded whatever the
@@ -13,6 +16,7 @@ bundle's size. Workers ignore SIGINT: Ctrl-C is the export process's, which then
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import gc
@@ -24,16 +28,18 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.adapters import cell_block
 from pipeline.bundle.manifest import Manifest
 from pipeline.bundle.request import CellSpec
 from pipeline.core.errors import BadInput
-from pipeline.ir.rows import ColumnBuilder, RecordReader, record_reader
+from pipeline.ir.rows import ColumnBuilder, RecordReader, bundle_display, record_reader
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -41,11 +47,22 @@ if TYPE_CHECKING:
 # Bundles whose eligible cells hold at least this many raw bytes are read by worker processes;
 # below it, starting processes costs more than it saves.
 PARALLEL_MIN_BYTES = 48 * 2**20
-TASK_BYTES = 8 * 2**20  # raw bytes of cells per worker task: ~40k events, a few tens of MiB in flight
+# Raw bytes of cells per worker task: ~13k events of a diverse clone, a ~6 MiB batch. Each worker holds
+# a task's rows twice over (lists, then the batch); 8 MiB tasks made workers of ~170 MiB, 4 MiB ~123.
+TASK_BYTES = 4 * 2**20
 MAX_WORKERS = 2
 _IN_FLIGHT_PER_WORKER = 2
 
 TaskResult = tuple[Any, ...]  # ("ok", batch | None, counts, segments, redactions) or ("err", exception)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One worker task: consecutive cells, their files' manifest entries and those files' display paths."""
+
+    cells: list[CellSpec]
+    manifest: Manifest  # a part of the bundle's: the files of these cells only
+    display: dict[str, str]  # raw -> shown path, for the part's files whose names hold a secret
 
 
 def export_workers() -> int:
@@ -96,18 +113,20 @@ def _watch(export_pid: int) -> None:
             continue
 
 
-def _init_worker(bundle: Path, manifest: Manifest, fmt: str, export_pid: int, redact: bool) -> None:
+def _init_worker(bundle: Path, fmt: str, export_pid: int, redact: bool) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the export process's to handle: it stops us
     threading.Thread(target=_watch, args=(export_pid,), name="lunasol-export-watch", daemon=True).start()
     gc.disable()  # the load makes no reference cycles; the cyclic GC would rescan millions of objects
     read: RecordReader = record_reader(fmt)
-    _WORKER.update(bundle=bundle, manifest=manifest, read=read, redact=redact)
+    _WORKER.update(bundle=bundle, read=read, redact=redact)
 
 
-def _run_task(cells: list[CellSpec]) -> TaskResult:
+def _run_task(task: Task) -> TaskResult:
     try:
-        builder = ColumnBuilder(_WORKER["bundle"], _WORKER["manifest"], _WORKER["read"], redact=_WORKER["redact"])
-        for cell in cells:
+        builder = ColumnBuilder(
+            _WORKER["bundle"], task.manifest, task.display, _WORKER["read"], redact=_WORKER["redact"]
+        )
+        for cell in task.cells:
             builder.add(cell)
         return ("ok", builder.flush(), builder.counts, builder.segments, builder.redactions)
     except Exception as exc:
@@ -119,6 +138,39 @@ def _run_task(cells: list[CellSpec]) -> TaskResult:
 
 
 # -- in the export process -----------------------------------------------------------------------
+
+
+def _roots(bundle: Path, cell: CellSpec, fmt: str) -> list[str]:
+    """The bundle paths a cell's events are read from: its directory (or file), and an imported cell's files."""
+    if fmt == "native":
+        return [cell.path]
+    try:
+        named = cell_block(bundle, cell.cell_id).get("files") or []
+    except Exception:  # the reader says what is wrong with the cell, in cell order: not here, ahead of it
+        named = []
+    return [cell.path, *(f for f in named if isinstance(f, str))]
+
+
+def cell_positions(manifest: Manifest, roots: list[str]) -> list[int]:
+    """Manifest positions of each root path and of every file under it (``root/...``), ascending."""
+    paths = manifest.files.paths
+    found: set[int] = set()
+    for root in roots:
+        root = root.rstrip("/")
+        i = bisect.bisect_left(paths, root)
+        if i < len(paths) and paths[i] == root:
+            found.add(i)
+        lo = bisect.bisect_left(paths, root + "/", i)
+        found.update(range(lo, bisect.bisect_left(paths, root + "/\U0010ffff", lo)))
+    return sorted(found)
+
+
+def make_task(bundle: Path, cells: list[CellSpec], manifest: Manifest, display: Mapping[str, str], fmt: str) -> Task:
+    """The task of ``cells``: the part of ``manifest`` holding their files, with those files' display paths."""
+    positions = cell_positions(manifest, [root for cell in cells for root in _roots(bundle, cell, fmt)])
+    part = manifest.part(positions)
+    shown = {p: display[p] for p in part.files.paths if p in display} if display else {}
+    return Task(cells, part, shown)
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -167,11 +219,13 @@ def parallel_batches(
     """Cells read by ``workers`` worker processes; batches in request order; fills counts, segments, redactions."""
     tasks = plan_tasks(cells, sizes)
     workers = min(workers, len(tasks))
+    display = bundle_display(manifest, redact)  # once, over the whole bundle: each task takes its files'
     pool = ProcessPoolExecutor(
-        workers, mp_context=_context(), initializer=_init_worker, initargs=(bundle, manifest, fmt, os.getpid(), redact)
+        workers, mp_context=_context(), initializer=_init_worker, initargs=(bundle, fmt, os.getpid(), redact)
     )
     pending: collections.deque[Future[TaskResult]] = collections.deque()
-    todo: Iterator[list[CellSpec]] = iter(tasks)
+    # made as they are sent (a few in flight), each holding only its cells' files
+    todo: Iterator[Task] = (make_task(bundle, task, manifest, display, fmt) for task in tasks)
     finished = False
     try:
         with _no_main_module():  # the first submits start every worker (forkserver pools start them on demand)

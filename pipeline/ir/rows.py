@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -128,25 +128,31 @@ def _ill_typed(cell_id: str, exc: Exception) -> BadInput:
     return BadInput(f"the reader produced an ill-typed event field in cell {cell_id}: {exc}")
 
 
-_DISPLAY: list[tuple[Manifest, dict[str, str]]] = []  # the last manifest's display paths (one per process)
+def bundle_display(manifest: Manifest, redact: bool = True) -> dict[str, str]:
+    """Raw -> shown path of every bundle file whose name holds a secret ({} with ``redact`` off).
 
-
-def _display_of(manifest: Manifest) -> dict[str, str]:
-    # Computed over the whole manifest (two names that would show alike are told apart in manifest
-    # order), once per manifest object: a worker keeps its manifest for all its tasks.
-    if not _DISPLAY or _DISPLAY[0][0] is not manifest:
-        _DISPLAY[:] = [(manifest, display_paths([f.path for f in manifest.files]))]
-    return _DISPLAY[0][1]
+    Over the whole manifest, in the export process (two names that would show alike are told apart
+    in manifest order, :func:`pipeline.ir.redact.display_paths`); a worker gets the entries of its
+    task's files only.
+    """
+    return display_paths(manifest.files.paths) if redact else {}
 
 
 class ColumnBuilder:
     """Accumulates the event columns of whole cells; ``flush`` hands them over as one Arrow batch."""
 
     def __init__(
-        self, bundle: Path, manifest: Manifest, read: RecordReader = cell_records, *, redact: bool = True
+        self,
+        bundle: Path,
+        manifest: Manifest,
+        display: Mapping[str, str],
+        read: RecordReader = cell_records,
+        *,
+        redact: bool = True,
     ) -> None:
         self.bundle = bundle
-        self.manifest = manifest
+        self.manifest = manifest  # the whole bundle's, or (in a worker) the part holding the task's cells
+        self.display = display  # bundle_display(), or the entries of the manifest part's files
         self.read = read
         self.redact = redact  # False only with --no-redact: the text goes in as written
         self.counts: list[tuple[str, int]] = []  # (cell_id, events) in cell order
@@ -166,10 +172,6 @@ class ColumnBuilder:
         self._lines: list[int] = []
         self._line_ends: list[int] | None = None  # None while every line_end equals its line_start
         self._pointers: list[str | None] | None = None  # None while no json_pointer is set
-
-    def _display(self) -> dict[str, str]:
-        """Map raw -> shown path of every bundle file whose name holds a secret (pipeline.ir.redact.display_paths)."""
-        return _display_of(self.manifest)
 
     def add(self, cell: CellSpec) -> None:
         """Read one cell and add its events (see the module doc for the rules)."""
@@ -243,7 +245,7 @@ class ColumnBuilder:
             if p not in index:
                 index[p] = len(index)
                 self._shas.append(self.manifest.get(p).sha256)
-                self._shown.append(self._display().get(p, p) if self.redact else p)
+                self._shown.append(self.display.get(p, p) if self.redact else p)
         self._starts.append(self.rows)
         cell_no = len(self._cell_ids)
         self._cell_ids.append(cell_id)
@@ -343,7 +345,7 @@ def serial_batches(
     A batch's segments are appended to ``segments`` before the batch is yielded (never held for the
     whole bundle here: the consumer may take them as it goes, see ``pipeline.ir.export``).
     """
-    builder = ColumnBuilder(bundle, manifest, read, redact=redact)
+    builder = ColumnBuilder(bundle, manifest, bundle_display(manifest, redact), read, redact=redact)
 
     def hand_over() -> pa.RecordBatch | None:
         counts.update(builder.counts)

@@ -29,6 +29,11 @@ TABLES = ("meta", "cells", "segments", "events", "outcomes", "coverage", "cell_d
 # IRWriter.insert_stream). A checkpoint costs ~0.03 CPU s whatever the file's size (measured up to
 # 22M rows); checkpointing every 1M rows instead made a 330 MiB spike at 10,000 cells.
 STATEMENT_ROWS = 262_144
+# DuckDB's memory limit while insert_stream bulk-loads, unless LUNASOL_DUCKDB_MEMORY sets one: a
+# statement's rows and index entries fit in it, and DuckDB otherwise fills the general 512 MiB
+# with cached blocks of the file it is writing (the export process's peak at 100,000 cells). Only
+# for the load: the digests' aggregates after it ran out of 256 MiB at 100,000 cells.
+EXPORT_MEMORY = "256MiB"
 
 
 def _tmp_paths(path: Path) -> list[Path]:
@@ -186,6 +191,9 @@ class IRWriter:
                 interrupted.append(True)
                 raise
 
+        own_limit = not os.environ.get(duck.MEMORY_ENV, "").strip()
+        if own_limit:
+            self._con.execute(f"SET memory_limit = '{EXPORT_MEMORY}'")
         thread = threading.Thread(target=produce, name="lunasol-ir-producer", daemon=True)
         thread.start()
         try:
@@ -208,6 +216,9 @@ class IRWriter:
         finally:
             stop.set()
             thread.join()
+            if own_limit:
+                with contextlib.suppress(Exception):  # the connection may be gone after an error
+                    self._con.execute(f"SET memory_limit = '{duck.memory_limit()}'")
         if failure:
             raise failure[0]
 

@@ -99,3 +99,27 @@ def test_an_export_in_many_statements_is_the_export_in_one(
     monkeypatch.setattr(store, "STATEMENT_ROWS", 262_144)
     one = tables(tmp_path / "one")
     assert many == one and len(many["events"]) > 3 * 400
+
+
+def test_the_bulk_load_has_its_own_memory_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # DuckDB fills its limit with cached blocks of the file being written: the load's own is lower,
+    # unless the user set one for every connection; the rest of the export has the general one.
+    def limits() -> tuple[str, list[str], str]:
+        writer = IRWriter(tmp_path / "ir.duckdb")
+        setting = "SELECT current_setting('memory_limit')"
+        seen: list[str] = []
+        try:
+            before = str(writer.fetch(setting)[0][0])
+            batch = pa.record_batch({"key": ["k"], "value": ["v"]})
+            sql = "INSERT INTO meta SELECT * FROM _src"
+            writer.insert_stream(
+                sql, "_src", batch.schema, iter([batch]), between=lambda: seen.append(str(writer.fetch(setting)[0][0]))
+            )
+            return before, seen, str(writer.fetch(setting)[0][0])
+        finally:
+            writer.abort()
+
+    monkeypatch.delenv("LUNASOL_DUCKDB_MEMORY", raising=False)
+    assert limits() == ("512.0 MiB", ["256.0 MiB"], "512.0 MiB") and store.EXPORT_MEMORY == "256MiB"
+    monkeypatch.setenv("LUNASOL_DUCKDB_MEMORY", "1GiB")
+    assert limits() == ("1.0 GiB", ["1.0 GiB"], "1.0 GiB")

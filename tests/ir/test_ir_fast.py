@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import duckdb
 import pytest
@@ -22,6 +24,7 @@ import pipeline.ir.rows as rows
 from pipeline.adapters.contract import event_record
 from pipeline.adapters.native import read_cell
 from pipeline.bundle import freeze
+from pipeline.bundle.manifest import Manifest, read_manifest
 from pipeline.bundle.synth import tree_snapshot, write_bundle
 from pipeline.core.errors import BadInput, BundleError
 from pipeline.ir.export import export
@@ -146,6 +149,99 @@ def test_worker_processes_equal_one_process(tmp_path: Path, monkeypatch: pytest.
     assert tree_snapshot(bundle) == before
     assert list(two.events_per_cell.items()) == list(one.events_per_cell.items())  # request order kept
     _same(_tables(tmp_path / "one"), _tables(tmp_path / "two"))
+
+
+# Two cell directories whose names hold different secrets but show alike: the later one (in manifest
+# order, over the whole bundle) is told apart by "-2", though its cell is read in another task.
+_SECRET_DIRS = {
+    "C002": "cells/run-sk-proj-Ab3dEf9hIj2lMn5pQr8tUv1xYz40123456789abcd",
+    "C004": "cells/run-sk-proj-Zb3dEf9hIj2lMn5pQr8tUv1xYz40123456789abcd",
+}
+
+
+def _secret_dirs_bundle(root: Path) -> Path:
+    bundle = _odd_bundle(root, 4)
+    req = bundle / "analysis-request.json"
+    doc = json.loads(req.read_text(encoding="utf-8"))
+    for cell in doc["cells"]:
+        if cell["cell_id"] in _SECRET_DIRS:
+            (bundle / cell["path"]).rename(bundle / _SECRET_DIRS[cell["cell_id"]])
+            cell["path"] = _SECRET_DIRS[cell["cell_id"]]
+    req.write_text(json.dumps(doc, indent=2), encoding="utf-8")
+    freeze(bundle)
+    return bundle
+
+
+def test_workers_show_paths_and_hashes_as_one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One cell a task: a worker that worked out display paths from its own files only, or took the
+    # sha256 of the wrong entry of its part of the manifest, would differ from one process here.
+    bundle = _secret_dirs_bundle(tmp_path / "b")
+    monkeypatch.setenv("LUNASOL_EXPORT_WORKERS", "0")
+    export(bundle, tmp_path / "one")
+    _parallel(monkeypatch)
+    monkeypatch.setattr(pool, "TASK_BYTES", 1)
+    export(bundle, tmp_path / "two")
+    one, two = _tables(tmp_path / "one"), _tables(tmp_path / "two")
+    _same(one, two)
+    shown = {(r[1], r[-5], r[-2]) for r in two["events"]}  # (cell_id, source_path, source_sha256)
+    assert {p.split("/")[1] for c, p, _ in shown if c in _SECRET_DIRS} == {
+        "run-REDACTED-openai-key",
+        "run-REDACTED-openai-key-2",
+    }
+    manifest = read_manifest(bundle)
+    raw = dict(zip(manifest.files.paths, (f.sha256 for f in manifest.files), strict=True))
+    for cell_id, path, sha in shown:
+        if cell_id not in _SECRET_DIRS:
+            assert raw[path] == sha  # the file's own sha256
+
+
+class _InlinePool:
+    """Stands in for the ProcessPoolExecutor: runs each task here, after a pickle round trip, and keeps it."""
+
+    made: ClassVar[list[_InlinePool]] = []
+
+    def __init__(self, workers: int, mp_context: Any, initializer: Any, initargs: tuple[Any, ...]) -> None:
+        self.initargs = initargs
+        self.tasks: list[pool.Task] = []
+        bundle, fmt, _pid, redact = initargs
+        pool._WORKER.update(bundle=bundle, read=rows.record_reader(fmt), redact=redact)
+        _InlinePool.made.append(self)
+
+    def submit(self, fn: Any, task: pool.Task) -> Future[Any]:
+        task = pickle.loads(pickle.dumps(task))
+        self.tasks.append(task)
+        done: Future[Any] = Future()
+        done.set_result(fn(task))
+        return done
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pool._WORKER.clear()
+
+
+def test_workers_get_only_their_tasks_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bundle = _secret_dirs_bundle(tmp_path / "b")
+    monkeypatch.setenv("LUNASOL_EXPORT_WORKERS", "0")
+    export(bundle, tmp_path / "one")
+    _parallel(monkeypatch)
+    monkeypatch.setattr(pool, "TASK_BYTES", 1)
+    monkeypatch.setattr(pool, "ProcessPoolExecutor", _InlinePool)
+    _InlinePool.made.clear()
+    export(bundle, tmp_path / "two")
+    _same(_tables(tmp_path / "one"), _tables(tmp_path / "two"))
+    (made,) = _InlinePool.made
+    assert not any(isinstance(a, Manifest) for a in made.initargs)  # no whole manifest for every worker
+    manifest = read_manifest(bundle)
+    assert len(made.tasks) == 4  # one cell a task
+    for task in made.tasks:
+        (cell,) = task.cells
+        assert task.manifest.files.paths == [p for p in manifest.files.paths if p.startswith(cell.path + "/")]
+        assert list(task.manifest.files) == [manifest.get(p) for p in task.manifest.files.paths]
+        secret = cell.cell_id in _SECRET_DIRS
+        assert bool(task.display) is secret and set(task.display) == (
+            set(task.manifest.files.paths) if secret else set()
+        )
+        # verify() found these files unchanged: a worker does not hash them again
+        assert len(task.manifest.hashed_ok) == len(task.manifest.files)
 
 
 def test_worker_error_is_the_first_in_cell_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

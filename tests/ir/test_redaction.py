@@ -385,14 +385,15 @@ def test_a_worker_task_redacts_as_the_export_asks(
     from pipeline.bundle.manifest import read_manifest
     from pipeline.bundle.request import load_request
     from pipeline.ir import pool
-    from pipeline.ir.rows import record_reader
+    from pipeline.ir.rows import bundle_display, record_reader
 
     bundle = make_bundle(tmp_path)
     _plant(bundle)
     cells = [c for c in load_request(bundle).eligible_cells if c.cell_id == "C001"]
-    worker = {"bundle": bundle, "manifest": read_manifest(bundle), "read": record_reader("native"), "redact": redacting}
-    monkeypatch.setattr(pool, "_WORKER", worker)
-    status, batch, _counts, _segments, redactions = pool._run_task(cells)
+    manifest = read_manifest(bundle)
+    task = pool.make_task(bundle, cells, manifest, bundle_display(manifest, redacting), "native")
+    monkeypatch.setattr(pool, "_WORKER", {"bundle": bundle, "read": record_reader("native"), "redact": redacting})
+    status, batch, _counts, _segments, redactions = pool._run_task(task)
     assert status == "ok" and batch is not None
     texts = "\n".join(t for t in batch.column("text").to_pylist() if t)
     assert (OPENAI in texts) is not redacting
