@@ -71,29 +71,6 @@ CREATE OR REPLACE {{temp}}TABLE {TEXTS_TABLE} (
 """
 
 
-def _cited_rows(groups: list[dict[str, Any]], rank: dict[str, int], key: str) -> Iterator[Any]:
-    """Arrow tables of (rank, group_id, id) for every id the occurrences cite under ``key``, a batch at a time."""
-    import pyarrow as pa  # loaded by the IR export already; kept off Sol's import path
-
-    last = len(rank)
-    out: tuple[list[int], list[str], list[str]] = ([], [], [])
-    for g in groups:
-        gid = str(g.get("group_id") or g.get("pattern_group_id") or g.get("id"))
-        for o in g.get("occurrences") or []:
-            if not isinstance(o, dict):
-                continue
-            r = rank.get(str(o.get("cell_id")), last)
-            for x in o.get(key) or []:
-                out[0].append(r)
-                out[1].append(gid)
-                out[2].append(str(x))
-            if len(out[0]) >= WRITE_ROWS:
-                yield pa.table({"rank": pa.array(out[0], pa.int32()), "group_id": out[1], "id": out[2]})
-                out = ([], [], [])
-    if out[0]:
-        yield pa.table({"rank": pa.array(out[0], pa.int32()), "group_id": out[1], "id": out[2]})
-
-
 def _fill(con: Any, table: str, rows: Iterator[Any]) -> None:
     for t in rows:
         con.register("_sol_rows", t)
@@ -103,20 +80,24 @@ def _fill(con: Any, table: str, rows: Iterator[Any]) -> None:
             con.unregister("_sol_rows")
 
 
-def write_evidence(con: Any, groups: list[dict[str, Any]], rank: dict[str, int], *, temp: bool = False) -> None:
-    """Tables ``sol_cited_lines`` and ``sol_pattern_texts`` for ``groups``, on a connection that may write.
+def write_evidence(con: Any, rank: dict[str, int], *, temp: bool = False) -> None:
+    """Tables ``sol_cited_lines`` and ``sol_pattern_texts`` for the occurrences of ``sol_occurrences``.
 
-    Every cited event's line is rendered once (Luna's renderer), a batch of rows at a time from one
-    streamed query, and stored by ``rank`` (its cell's place in ``rank``, the partitions' walk) so
-    that a request's cells are one range of the table. ``temp``: temporary tables of ``con``.
+    On a connection that may write, after :func:`pipeline.sol.corpus.write_occurrences`. Every cited
+    event's line is rendered once (Luna's renderer), a batch of rows at a time from one streamed
+    query, and stored by ``rank`` (its cell's place in ``rank``, the partitions' walk) so that a
+    request's cells are one range of the table. ``temp``: temporary tables of ``con``.
     """
     import pyarrow as pa  # loaded by the IR export already; kept off Sol's import path
 
+    del rank  # the occurrences' table holds each one's rank
     kind = "TEMP " if temp else ""
-    for name in ("_sol_cited_events", "_sol_cited_patterns"):
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} (rank INTEGER, group_id VARCHAR, id VARCHAR)")
-    _fill(con, "_sol_cited_events", _cited_rows(groups, rank, "events"))
-    _fill(con, "_sol_cited_patterns", _cited_rows(groups, rank, "pattern_ids"))
+    for name, key in (("_sol_cited_events", "events"), ("_sol_cited_patterns", "pattern_ids")):
+        # (rank, group, id) of every id the occurrences cite under ``key``
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT rank, group_id, id FROM ("
+            f"SELECT rank, group_id, unnest({key}) AS id FROM sol_occurrences) WHERE id IS NOT NULL"
+        )
     cited = "SELECT id, min(rank) AS rank, list(DISTINCT group_id ORDER BY group_id) AS groups FROM {} GROUP BY id"
     con.execute(_TEXTS_DDL.format(temp=kind))
     if duck.has_table(con, "patterns"):

@@ -165,11 +165,10 @@ def _found(con: Any, sigs: list[Signature]) -> dict[Signature, list[dict[str, An
 
 def _clean(batch: Batch, drafts: list[Draft], concerns: dict[str, list[str]]) -> dict[str, list[str]]:
     cells_with: dict[str, set[str]] = {}
-    for g in batch.groups:
-        if isinstance(g.get("concerns"), str):
-            cells_with.setdefault(g["concerns"], set()).update(
-                str(o.get("cell_id")) for o in g.get("occurrences") or [] if isinstance(o, dict)
-            )
+    wanted = {k for ks in concerns.values() for k in ks}
+    for g in batch.groups:  # each group's cells: the index's (the cells of its occurrences)
+        if isinstance(g.get("concerns"), str) and g["concerns"] in wanted:
+            cells_with.setdefault(g["concerns"], set()).update(batch.index.groups.get(str(g.get("group_id")), ()))
     completed: dict[str, list[str]] = {}
     for c in batch.eligible:
         if c.get("outcome") == "completed":

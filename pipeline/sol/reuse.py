@@ -161,27 +161,29 @@ class PlanInputs:
         self.last_cpt = float(cpt) if isinstance(cpt, int | float) and cpt > 0 else None
         self.records: dict[str, dict[str, Any]] = {}  # this plan's, set by the planner
         self.cpt: float | None = None
-        self._rows: dict[str, str] = {}
-        self._groups: dict[str, str] = {}
+        self._groups: dict[str, str] | None = None  # group id -> digest of what its header is made from
         self._batch: str | None = None
 
     def _row(self, renderer: Renderer, cell: str) -> str:
-        row = self._rows.get(cell)
-        if row is None:
-            row = self._rows[cell] = _json(renderer.cells.get(cell))
-        return row
+        return _json(renderer.cells.get(cell))
 
     def _group(self, renderer: Renderer, gid: str) -> str:
-        # the group as the Coordinator wrote it, and the row of every cell its header counts
-        known = self._groups.get(gid)
-        if known is None:
-            g = renderer.groups.get(gid)
-            h = hashlib.sha256(_json(g).encode())
-            for o in (g or {}).get("occurrences") or []:
-                if isinstance(o, dict):
-                    h.update(self._row(renderer, str(o.get("cell_id"))).encode())
-            known = self._groups[gid] = h.hexdigest()
-        return known
+        # the group as the Coordinator wrote it (its id, type, concerns and every occurrence), and the row of
+        # every cell its header counts: every group's digest made in one walk of the occurrences, when first asked
+        if self._groups is None:
+            self._groups = {}
+            rows: dict[str, bytes] = {}  # cell -> its row's digest (a cell is in several groups)
+            for g, occ in renderer.batch.group_stream(eligible_only=False):
+                h = hashlib.sha256(_json(renderer.groups.get(g)).encode())
+                for o in occ:
+                    cell = str(o.get("cell_id"))
+                    row = rows.get(cell)
+                    if row is None:
+                        row = rows[cell] = hashlib.sha256(self._row(renderer, cell).encode()).digest()
+                    h.update(_json(o).encode())
+                    h.update(row)
+                self._groups[g] = h.hexdigest()
+        return self._groups.get(gid) or hashlib.sha256(_json(renderer.groups.get(gid)).encode()).hexdigest()
 
     def inputs(self, renderer: Renderer, chunk: Chunk, room_chars: int) -> str:
         """Digest of everything ``fitted_map_context(renderer, chunk, room_chars)`` is made from, but the call id."""
@@ -199,11 +201,12 @@ class PlanInputs:
 
         put(self._batch, str(room_chars), _json([chunk.tasks, chunk.cells, chunk.groups]))
         timelines = renderer.batch.timeline.lines(chunk.cells)
+        found = renderer.occurrences(chunk.cells)
         evidence = renderer.evidence_for(chunk.cells)
         for c in chunk.cells:
             put(c, self._row(renderer, c), _json(renderer.coverage.get(c)))
             put(*(str(x) for pair in timelines.get(c, []) for x in pair))
-            for gid, o in renderer.occ_by_cell.get(c, []):
+            for gid, o in found.get(c, []):
                 head, texts, events = renderer.occurrence_block(o, evidence)
                 put(gid, _json(o), head, *(x for pair in (*texts, *events) for x in pair))
         for gid in sorted(set(renderer.group_ids(chunk.cells)) | set(chunk.groups or [])):
