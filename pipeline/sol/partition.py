@@ -135,14 +135,14 @@ class Renderer:
         (:func:`bounded_by_task`), so a map request names no task outside its partition.
         """
         if tasks is not None:
-            head, counts = self._group_counts(gid)
+            head, counts = self.group_counts(gid)
             return f"{head} [{counts.bounded(GROUP_TOP_K, tasks)}]"
         if gid not in self._headers:
-            head, counts = self._group_counts(gid)
+            head, counts = self.group_counts(gid)
             self._headers[gid] = f"{head} [{counts.bounded()}]"
         return self._headers[gid]
 
-    def _group_counts(self, gid: str) -> tuple[str, TaskCounts]:
+    def group_counts(self, gid: str) -> tuple[str, TaskCounts]:
         """A group's header without its counts, and its occurrences' counts per task (made once, every group)."""
         if self._counts is None:
             # every group's occurrences counted per cell in one query: per group, its occurrences (any cell), its

@@ -161,29 +161,23 @@ class PlanInputs:
         self.last_cpt = float(cpt) if isinstance(cpt, int | float) and cpt > 0 else None
         self.records: dict[str, dict[str, Any]] = {}  # this plan's, set by the planner
         self.cpt: float | None = None
-        self._groups: dict[str, str] | None = None  # group id -> digest of what its header is made from
+        self._groups: dict[str, str] = {}  # group id -> digest of what its header is made from
         self._batch: str | None = None
 
-    def _row(self, renderer: Renderer, cell: str) -> str:
+    @staticmethod
+    def _row(renderer: Renderer, cell: str) -> str:
         return _json(renderer.cells.get(cell))
 
     def _group(self, renderer: Renderer, gid: str) -> str:
-        # the group as the Coordinator wrote it (its id, type, concerns and every occurrence), and the row of
-        # every cell its header counts: every group's digest made in one walk of the occurrences, when first asked
-        if self._groups is None:
-            self._groups = {}
-            rows: dict[str, bytes] = {}  # cell -> its row's digest (a cell is in several groups)
-            for g, occ in renderer.batch.group_stream(eligible_only=False):
-                h = hashlib.sha256(_json(renderer.groups.get(g)).encode())
-                for o in occ:
-                    cell = str(o.get("cell_id"))
-                    row = rows.get(cell)
-                    if row is None:
-                        row = rows[cell] = hashlib.sha256(self._row(renderer, cell).encode()).digest()
-                    h.update(_json(o).encode())
-                    h.update(row)
-                self._groups[g] = h.hexdigest()
-        return self._groups.get(gid) or hashlib.sha256(_json(renderer.groups.get(gid)).encode()).hexdigest()
+        # what the group's header is made from: the group as the Coordinator named it (id, type, concerns), its
+        # occurrences and cells over the batch, and their counts per task and outcome (the rows it counts)
+        known = self._groups.get(gid)
+        if known is None:
+            head, counts = renderer.group_counts(gid)
+            per_task = {t: dict(sorted(c.items())) for t, c in sorted(counts.per_task.items())}
+            known = self._groups[gid] = digest({"group": _json(renderer.groups.get(gid)), "head": head,
+                                                 "per_task": per_task})  # fmt: skip
+        return known
 
     def inputs(self, renderer: Renderer, chunk: Chunk, room_chars: int) -> str:
         """Digest of everything ``fitted_map_context(renderer, chunk, room_chars)`` is made from, but the call id."""
