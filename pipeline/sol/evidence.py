@@ -219,6 +219,17 @@ class EvidenceStore:
             out.events.update(more.events)
         return out
 
+    def for_ids(self, occurrences: Iterable[dict[str, Any]]) -> GroupEvidence:
+        """Luna's words and the event lines ``occurrences`` cite, read by id (occurrences of cells far apart)."""
+        pids: set[str] = set()
+        eids: set[str] = set()
+        for o in occurrences:
+            pids.update(str(p) for p in o.get("pattern_ids") or [])
+            eids.update(str(e) for e in o.get("events") or [])
+        if not (pids or eids):
+            return GroupEvidence()
+        return self._view("IN (SELECT unnest(?::VARCHAR[]))", [sorted(pids | eids)], pids, eids, by_id=True)
+
     def for_group(self, gid: str) -> GroupEvidence:
         """Luna's words and the event lines the occurrences of group ``gid`` cite."""
         return self._view("list_contains(groups, ?)", [gid], None, None)

@@ -14,6 +14,7 @@ pairs repeated on every row.
 
 from __future__ import annotations
 
+import hashlib
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -300,18 +301,28 @@ class Renderer:
     ) -> Iterator[str]:
         """Each group's header and occurrences (sorted) with their evidence; ``evidence`` None: a group's at a time."""
         only_events = None if events is None else set(events)
-        seen: set[str] = set()
+        seen: set[str | bytes] = set()  # event ids, and Luna's texts by digest (the whole batch's are many)
         for gid, occ in groups:
-            shown = evidence if evidence is not None else self.batch.evidence.for_group(gid)
             yield self.group_header(gid, tasks)
-            for o in sorted(occ, key=lambda o: str(o["occurrence_id"])):
+            shown = evidence
+            ordered = sorted(occ, key=lambda o: str(o["occurrence_id"]))
+            for i, o in enumerate(ordered):
+                if evidence is None and i % VIEW_OCCURRENCES == 0:
+                    # the whole batch's text: the evidence of a slice of the group at a time (a large group's
+                    # lines, all held, were ~100 MB at 100,000 cells)
+                    shown = self.batch.evidence.for_ids(ordered[i : i + VIEW_OCCURRENCES])
                 head, texts, lines = self.occurrence_block(o, shown)
                 yield head
                 if only_events is not None:
                     lines = [(e, line) for e, line in lines if e in only_events]
                     yield (f"    (this call shows the lines of {len(lines)} of its {len(o.get('events') or [])} "
                            "events; another call shows the others)")  # fmt: skip
-                for key, line in (*texts, *lines):
+                for key, line in texts:
+                    said = hashlib.blake2b(key.encode(), digest_size=16).digest()
+                    if said not in seen:
+                        seen.add(said)
+                        yield line
+                for key, line in lines:
                     if key not in seen:
                         seen.add(key)
                         yield line
