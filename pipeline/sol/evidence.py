@@ -125,11 +125,10 @@ def write_evidence(con: Any, rank: dict[str, int], *, temp: bool = False) -> Non
             r.clear()
 
     try:
-        # the cited events' ids, ranks and groups go to the reader's own connection (a temporary table is
-        # the connection's) as a table it can read; the lines are rendered a batch at a time
-        ids = con.sql(cited.format("_sol_cited_events")).to_arrow_table()
-        src.register("_sol_cited_ids", ids)
-        del ids
+        # the cited events' ids, ranks and groups in a table the reader's connection reads (a temporary table is
+        # its connection's own: a table of the file, dropped below; held in Python, ~100 MB at 100,000 cells);
+        # the lines are rendered a batch at a time
+        con.execute(f"CREATE OR REPLACE {kind}TABLE _sol_cited_ids AS {cited.format('_sol_cited_events')}")
         cur = src.execute(
             "SELECT c.rank, c.groups, e.event_id, e.ts, e.kind, e.detail, e.actor, e.text, e.text_truncated, "
             "e.text_chars, e.tool_name, e.call_id, e.args_digest, e.result_digest, e.state_digest "
@@ -158,12 +157,11 @@ def write_evidence(con: Any, rank: dict[str, int], *, temp: bool = False) -> Non
                 break
         if rows[0]:
             flush()
-        src.unregister("_sol_cited_ids")
     finally:
         if reader is not None:
             reader.close()
     con.execute(f"INSERT INTO {CITED_TABLE} SELECT * FROM {staging} ORDER BY rank, event_id")
-    for name in (staging, "_sol_cited_events", "_sol_cited_patterns"):
+    for name in (staging, "_sol_cited_events", "_sol_cited_patterns", "_sol_cited_ids"):
         con.execute(f"DROP TABLE {name}")
 
 
