@@ -20,6 +20,7 @@ from pipeline.sol.corpus import Batch, rows
 from pipeline.sol.families import TOP_K, bounded_by_task, bounded_list
 from pipeline.sol.partition import outcome_of
 from pipeline.sol.timeline import TIMELINE_KINDS
+from pipeline.sol.timeline_cache import capped
 
 COUNTER_SAMPLES = 4
 SIGNATURES = 3
@@ -319,7 +320,9 @@ def draft_blocks(batch: Batch, drafts: list[Draft]) -> dict[str, str]:
     if not drafts:
         return {}
     shares = shared_groups(drafts)
-    con = duck.connect(batch.ir_path, read_only=True)
+    # DuckDB's memory capped as for the requests' reads: the batch-wide queries (every event of the batch) kept
+    # ~500 MiB of blocks resident under lunasol's shared limit at 100,000 cells, Sol's peak; capped, they spill
+    con = capped(duck.connect(batch.ir_path, read_only=True))
     try:
         facts = batch_facts(con, batch, drafts)
         return {d.draft_id: draft_text(d, batch, shares[d.draft_id], counter_evidence(facts, batch, d)) for d in drafts}
