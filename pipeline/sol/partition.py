@@ -32,6 +32,9 @@ GROUP_TOP_K = 3  # families named in a map request's group header beside its own
 TIMELINE_SHARE = 0.5  # at most this share of a map prompt's room goes to timelines
 SIZE_CELLS = 256  # cells whose occurrences are sized together (their evidence read in one query)
 VIEW_OCCURRENCES = 4_096  # more occurrences than this in one text: their evidence is read a group at a time
+# The whole batch's groups text reads a group's evidence this many occurrences at a time, by id: each read scans
+# the evidence tables (its ids are cells far apart), so a slice is large (~35 MB of lines at most) and few
+VIEW_SLICE = 32_768
 
 
 @dataclass
@@ -307,10 +310,10 @@ class Renderer:
             shown = evidence
             ordered = sorted(occ, key=lambda o: str(o["occurrence_id"]))
             for i, o in enumerate(ordered):
-                if evidence is None and i % VIEW_OCCURRENCES == 0:
+                if evidence is None and i % VIEW_SLICE == 0:
                     # the whole batch's text: the evidence of a slice of the group at a time (a large group's
                     # lines, all held, were ~100 MB at 100,000 cells)
-                    shown = self.batch.evidence.for_ids(ordered[i : i + VIEW_OCCURRENCES])
+                    shown = self.batch.evidence.for_ids(ordered[i : i + VIEW_SLICE])
                 head, texts, lines = self.occurrence_block(o, shown)
                 yield head
                 if only_events is not None:
