@@ -167,7 +167,7 @@ def plant_patterns(con: duckdb.DuckDBPyConnection, events: dict[str, list[str]])
 def sol_visibility(run_dir: Path, events: dict[str, list[str]], settings: ModelSettings) -> dict:
     """How many labelled events a pattern group cites, and how many of those the request holding their cell shows."""
     batch = load_batch(run_dir, run_dir / "ir.duckdb")
-    cited = {e for g in batch.groups for o in g.get("occurrences") or [] for e in o.get("events") or []}
+    cited = {e for _, occ in batch.group_stream(eligible_only=False) for o in occ for e in o.get("events") or []}
     try:
         decision = plan_sol(batch, settings, single_context(batch))
     except Blocked as exc:  # a cell whose one group does not fit this context: said, not hidden

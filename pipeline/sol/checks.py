@@ -25,7 +25,7 @@ from pipeline.sol.cards import Support, SupportCounts, WeaknessCard, WeaknessDra
 EVENT_ID_RE = re.compile(r"^(?P<cell>.+)-e(?P<seq>\d{4,})$")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CellInfo:
     """What the checks need to know about one cell."""
 
@@ -181,10 +181,15 @@ def load_index(ir_path: Path, groups: dict[str, set[str]] | None = None, con: An
     own = con is None
     if own:
         con = duck.connect(ir_path, read_only=True)
+    same: dict[Any, Any] = {}  # one string per value (tasks, harnesses, reasons repeat over cells)
     try:
         cells = {
             r[0]: CellInfo(
-                task_id=r[1], run_id=r[2], harness=r[3], eligible=r[4] == "valid_behavior", exclusion_reason=r[5]
+                task_id=same.setdefault(r[1], r[1]),
+                run_id=r[2],
+                harness=same.setdefault(r[3], r[3]),
+                eligible=r[4] == "valid_behavior",
+                exclusion_reason=same.setdefault(r[5], r[5]),
             )
             for r in con.execute(
                 "SELECT cell_id, task_id, run_id, harness, eligibility, exclusion_reason FROM cells"

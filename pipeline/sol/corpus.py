@@ -7,6 +7,7 @@ one :class:`Batch`, so they show the same facts.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -20,7 +21,7 @@ from pipeline.ir.selection import PILOT_REASON
 from pipeline.sol.checks import EvidenceIndex, load_index
 from pipeline.sol.evidence import EvidenceStore, write_evidence
 from pipeline.sol.families import bounded_by_task, walk_order
-from pipeline.sol.timeline_cache import TimelineStore, open_store
+from pipeline.sol.timeline_cache import TimelineStore, capped, open_store
 
 GROUPS_FILE = GROUPS.filename
 TIMELINE_BUDGET_CHARS = 400_000  # ~100K tokens; larger batches are trimmed visibly (fit_timelines)
@@ -82,10 +83,11 @@ class Batch:
     ir_path: Path
     cells: list[dict[str, Any]]  # every cell of the run, with its outcome
     coverage: list[dict[str, Any]]
-    groups: list[dict[str, Any]]
+    groups: list[dict[str, Any]]  # id, type and concerns of each group: its occurrences are read per request
     timeline: TimelineStore  # per cell, (detail, line) unfitted: read from the IR per partition
     index: EvidenceIndex
     evidence: EvidenceStore = field(repr=False)  # what the groups cite, with text: read per request
+    task_groups: dict[str, tuple[str, ...]] = field(default_factory=dict)  # eligible task -> its cells' groups
     eligible: list[dict[str, Any]] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -94,6 +96,52 @@ class Batch:
     def close(self) -> None:
         """Close the IR connection the timelines are read on (also done when the batch is garbage)."""
         self.timeline.close()
+
+    def occurrences(self, cells: list[str]) -> dict[str, list[tuple[str, dict[str, Any]]]]:
+        """Per cell of ``cells`` (eligible ones), its (group id, occurrence) pairs, by group id and occurrence id.
+
+        Read from :data:`OCCURRENCES_TABLE` by the cells' range of ranks (a partition's cells are mostly one
+        run of the walk): the batch's occurrences are never held (~490 MB as dicts at 100,000 cells).
+        """
+        rank = self.evidence.rank
+        ranks = [rank[c] for c in cells if c in rank]
+        out: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        if not ranks:
+            return out
+        keep = set(cells)
+        sql = f"{_OCC_SELECT} WHERE rank BETWEEN ? AND ? ORDER BY rank, group_id, occurrence_id"
+        for gid, o in self._occurrence_rows(sql, [min(ranks), max(ranks)]):
+            if o["cell_id"] in keep:
+                out.setdefault(o["cell_id"], []).append((gid, o))
+        return out
+
+    def group_stream(self, eligible_only: bool = True) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+        """Each group's occurrences (of eligible cells only, unless told), one group at a time, by group id.
+
+        What a text over the whole batch walks: only one group's occurrences are held at a time. Each
+        group is its own query (the caller reads the group's evidence on the same connection between two
+        groups, which would end a result still streaming).
+        """
+        where = "rank < ?" if eligible_only else "? >= 0"
+        n = len(self.evidence.rank)
+        sql = f"SELECT DISTINCT group_id FROM {OCCURRENCES_TABLE} WHERE {where}"
+        for gid in sorted(str(r[0]) for r in capped(self.timeline.con).execute(sql, [n]).fetchall()):
+            sql = f"{_OCC_SELECT} WHERE group_id = ? AND {where} ORDER BY occurrence_id"
+            yield gid, [o for _, o in self._occurrence_rows(sql, [gid, n])]
+
+    def group_cell_counts(self) -> Iterator[tuple[str, str | None, int]]:
+        """(group id, cell id, occurrences) for every group and cell it has occurrences in (any cell)."""
+        sql = f"SELECT group_id, cell_id, count(*) FROM {OCCURRENCES_TABLE} GROUP BY group_id, cell_id"
+        cur = capped(self.timeline.con).execute(sql)
+        while got := cur.fetchmany(FETCH_ROWS):
+            for gid, cell, n in got:
+                yield str(gid), (None if cell is None else str(cell)), int(n)
+
+    def _occurrence_rows(self, sql: str, params: list[Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+        cur = capped(self.timeline.con).execute(sql, params)
+        while got := cur.fetchmany(FETCH_ROWS):
+            for gid, oid, cell, pids, events in got:
+                yield str(gid), {"occurrence_id": oid, "cell_id": cell, "pattern_ids": pids, "events": events}
 
     @cached_property
     def pilot_context(self) -> dict[str, int]:
@@ -141,64 +189,180 @@ class Batch:
         return out
 
 
-# What Sol reads of the Coordinator's groups: ids, type, concerns, and per occurrence its cell, patterns
-# and events (not the refs, runs, tasks and counts the document also holds), from the IR's tables.
+# What Sol reads of the Coordinator's groups: ids, type, concerns (held), and per occurrence its cell, patterns
+# and events (not the refs, runs, tasks and counts the document also holds), read per request from a table
+# of their own ordered by the partitions' walk.
 _GROUPS_SQL = "SELECT group_id, type, concerns FROM pattern_groups ORDER BY group_id"
-_OCCURRENCES_SQL = (
-    "SELECT group_id, occurrence_id, cell_id, pattern_ids, events FROM pattern_occurrences "
-    "ORDER BY group_id, occurrence_id"
+OCCURRENCES_TABLE = "sol_occurrences"
+_OCC_SELECT = f"SELECT group_id, occurrence_id, cell_id, pattern_ids, events FROM {OCCURRENCES_TABLE}"
+_OCC_DDL = f"""
+CREATE OR REPLACE {{temp}}TABLE {OCCURRENCES_TABLE} (
+    rank INTEGER NOT NULL,     -- its cell's place in the partitions' walk (the eligible cells'; others: their count)
+    group_id VARCHAR NOT NULL,
+    occurrence_id VARCHAR,
+    cell_id VARCHAR,
+    pattern_ids VARCHAR[],
+    events VARCHAR[]
 )
+"""
 FETCH_ROWS = 4_096
 
 
-def _groups_from_ir(con: Any) -> list[dict[str, Any]] | None:
-    """The groups of ``pattern-groups.json`` as Sol reads them, from the tables it was written from (None: none)."""
-    if not all(duck.has_table(con, t) for t in ("pattern_groups", "pattern_occurrences")):
-        return None
-    groups = [{**g, "occurrences": []} for g in rows(con, _GROUPS_SQL)]
-    by_id = {g["group_id"]: g for g in groups}
-    for batch in con.sql(_OCCURRENCES_SQL).fetch_record_batch(FETCH_ROWS):
-        for o in batch.to_pylist():
-            by_id[o.pop("group_id")]["occurrences"].append(o)
-    return groups
+def _has_ir_groups(con: Any) -> bool:
+    return all(duck.has_table(con, t) for t in ("pattern_groups", "pattern_occurrences", "pattern_coverage"))
+
+
+def _doc_rows(groups: list[dict[str, Any]]) -> Any:
+    """The occurrences of ``pattern-groups.json``'s groups (an IR without the pattern tables) as an Arrow table."""
+    import pyarrow as pa  # loaded by the IR export already; kept off Sol's import path
+
+    cols: tuple[list[Any], ...] = ([], [], [], [], [])
+    for g in groups:
+        gid = group_id(g)
+        for o in g.get("occurrences") or []:
+            if gid is None or not isinstance(o, dict):
+                continue
+            cell = o.get("cell_id")
+            for col, v in zip(cols, (gid, o.get("occurrence_id"), cell or None, o.get("pattern_ids"),
+                                     o.get("events")), strict=True):  # fmt: skip
+                col.append(v)
+    s = pa.string()
+    return pa.table({
+        "group_id": pa.array(cols[0], s),
+        "occurrence_id": pa.array([None if x is None else str(x) for x in cols[1]], s),
+        "cell_id": pa.array([None if x is None else str(x) for x in cols[2]], s),
+        "pattern_ids": pa.array([[str(p) for p in x] if x else None for x in cols[3]], pa.list_(s)),
+        "events": pa.array([[str(e) for e in x] if x else None for x in cols[4]], pa.list_(s)),
+    })  # fmt: skip
+
+
+def write_occurrences(con: Any, rank: dict[str, int], doc_groups: list[dict[str, Any]] | None, *, temp: bool) -> None:
+    """Table ``sol_occurrences``: every occurrence Sol shows, by its cell's rank (a request's cells are a range).
+
+    From the IR's ``pattern_occurrences`` (``doc_groups`` None), else from the document's groups.
+    """
+    import pyarrow as pa  # loaded by the IR export already; kept off Sol's import path
+
+    con.execute(_OCC_DDL.format(temp="TEMP " if temp else ""))
+    con.register("_sol_ranks", pa.table({"cell_id": pa.array(list(rank), pa.string()),
+                                         "rank": pa.array(list(rank.values()), pa.int32())}))  # fmt: skip
+    src = "pattern_occurrences"
+    if doc_groups is not None:
+        con.register("_sol_doc_occurrences", _doc_rows(doc_groups))
+        src = "_sol_doc_occurrences"
+    try:
+        con.execute(
+            f"INSERT INTO {OCCURRENCES_TABLE} SELECT coalesce(r.rank, ?), o.group_id, o.occurrence_id, o.cell_id, "
+            f"o.pattern_ids, o.events FROM {src} o LEFT JOIN _sol_ranks r ON r.cell_id = o.cell_id "
+            "WHERE o.group_id IS NOT NULL ORDER BY 1, 2, 3",
+            [len(rank)],
+        )
+    finally:
+        con.unregister("_sol_ranks")
+        if doc_groups is not None:
+            con.unregister("_sol_doc_occurrences")
+
+
+def _task_groups(con: Any, doc_groups: list[dict[str, Any]] | None, task_of: dict[str, str]) -> dict[str, set[str]]:
+    """Per task of ``task_of`` (eligible cell -> task), the groups with an occurrence in one of its cells."""
+    out: dict[str, set[str]] = {t: set() for t in task_of.values()}
+    if doc_groups is not None:
+        for g in doc_groups:
+            gid = group_id(g)
+            if gid is None:
+                continue
+            for cell in group_cells(g):
+                if cell in task_of:
+                    out[task_of[cell]].add(gid)
+        return out
+    cur = con.execute("SELECT DISTINCT group_id, cell_id FROM pattern_occurrences WHERE group_id IS NOT NULL")
+    while got := cur.fetchmany(FETCH_ROWS):
+        for gid, cell in got:
+            task = task_of.get(str(cell))
+            if task is not None:
+                out[task].add(str(gid))
+    return out
+
+
+def _index_groups(con: Any, doc_groups: list[dict[str, Any]] | None, ids: dict[str, str]) -> dict[str, set[str]]:
+    """Group id -> its cells (:func:`group_cells`), each cell id the one of ``ids`` (one string per cell)."""
+    if doc_groups is not None:
+        return {gid: {ids.get(c, c) for c in group_cells(g)} for g in doc_groups if (gid := group_id(g))}
+    out: dict[str, set[str]] = {}
+    cur = con.execute(
+        "SELECT DISTINCT group_id, cell_id FROM pattern_occurrences WHERE group_id IS NOT NULL AND cell_id IS NOT NULL"
+    )
+    while got := cur.fetchmany(FETCH_ROWS):
+        for gid, cell in got:
+            out.setdefault(str(gid), set()).add(ids.get(cell, cell))
+    return out
+
+
+def _share(cells: list[dict[str, Any]], coverage: list[dict[str, Any]]) -> None:
+    """One string object per distinct text of the rows (a task, run, harness or status repeats over cells).
+
+    Rows are dicts (what the renderers read); their values are made one string per value as DuckDB gives a
+    new one per row: ~6 per cell, ~40 MB at 100,000 cells.
+    """
+    same: dict[str, str] = {}
+    for row in (*cells, *coverage):
+        for k, v in row.items():
+            if isinstance(v, str):
+                row[k] = same.setdefault(v, v)
 
 
 def load_batch(run_dir: Path, ir_path: Path) -> Batch:
-    """Read the run's IR and pattern groups once."""
+    """Read the run's cells and groups' ids, and make the tables Sol reads per request (occurrences, evidence)."""
     con = duck.connect(ir_path, read_only=True)
     try:
-        doc: Any = {}
-        if (run_dir / GROUPS_FILE).is_file():
-            # The document's groups and coverage from the IR tables it was streamed from: parsing the
-            # file (~60 MB at 10,000 cells) held every ref and count of every occurrence as well.
-            from_ir = _groups_from_ir(con)
-            if from_ir is not None and duck.has_table(con, "pattern_coverage"):
-                doc = {"groups": from_ir, "coverage": rows(con, "SELECT * FROM pattern_coverage ORDER BY cell_id")}
+        doc_groups: list[dict[str, Any]] | None = None  # the document's groups (an IR without the pattern tables)
+        coverage: list[dict[str, Any]] | None = None
+        groups: list[dict[str, Any]] = []
+        if not (run_dir / GROUPS_FILE).is_file():
+            doc_groups = []  # no groups: no occurrences
+        else:
+            if _has_ir_groups(con):
+                # The groups and coverage from the IR tables the document was streamed from: parsing the
+                # file (~60 MB at 10,000 cells) held every ref and count of every occurrence as well.
+                groups = rows(con, _GROUPS_SQL)
+                coverage = rows(con, "SELECT * FROM pattern_coverage ORDER BY cell_id")
             else:
                 doc = read_json(run_dir / GROUPS_FILE)
-        groups = _group_list(doc)
-        index_groups = {gid: group_cells(g) for g in groups if (gid := group_id(g))}
-        index = load_index(ir_path, index_groups, con)  # one connection for the batch (~20 ms each)
+                doc_groups = _group_list(doc)
+                if isinstance(doc, dict) and isinstance(doc.get("coverage"), list):
+                    coverage = doc["coverage"]  # the Coordinator's coverage carries pattern counts per cell
         cells = rows(
             con,
             "SELECT c.cell_id, c.task_id, c.run_id, c.harness, c.eligibility, c.exclusion_reason, "
             "o.label AS outcome, o.quality, o.completion, o.cost, o.stability "
             "FROM cells c LEFT JOIN outcomes o USING (cell_id) ORDER BY c.cell_id",
         )
-        coverage = rows(con, "SELECT * FROM coverage ORDER BY cell_id") if duck.has_table(con, "coverage") else []
-        if isinstance(doc, dict) and isinstance(doc.get("coverage"), list):
-            coverage = doc["coverage"]  # the Coordinator's coverage carries pattern counts per cell
+        if coverage is None:
+            coverage = rows(con, "SELECT * FROM coverage ORDER BY cell_id") if duck.has_table(con, "coverage") else []
+        _share(cells, coverage)
+        ids = {c["cell_id"]: c["cell_id"] for c in cells}  # one string per cell id, whoever holds it
+        eligible = [c for c in cells if c["eligibility"] == "valid_behavior"]
+        by_task = _task_groups(con, doc_groups, {str(c["cell_id"]): str(c["task_id"]) for c in eligible})
+        members = _index_groups(con, doc_groups, ids)
+        for g in groups:  # a group without occurrences is still one of the run's
+            members.setdefault(str(g["group_id"]), set())
+        index = load_index(ir_path, members, con)  # one connection for the batch
     finally:
         con.close()
-    eligible = [c for c in cells if c["eligibility"] == "valid_behavior"]
-    groups_of_cell: dict[str, set[str]] = {}
-    for gid, members in index_groups.items():  # each group's cells (group_cells), turned around
-        for cell in members:
-            groups_of_cell.setdefault(cell, set()).add(gid)
-    rank = {c: i for i, c in enumerate(walk_order(eligible, groups_of_cell))}
-    # The timelines of cells whose content changed (or all, the first time) made into the IR's table, and every
-    # cited event's line and Luna's words, then read per request on a connection the batch holds.
-    store = open_store(ir_path, rank, lambda c, temp: write_evidence(c, groups, rank, temp=temp))
+    task_groups = {t: tuple(sorted(g)) for t, g in by_task.items()}
+    rank = {c: i for i, c in enumerate(walk_order(eligible, task_groups))}
+
+    def tables(c: Any, temp: bool) -> None:
+        write_occurrences(c, rank, doc_groups, temp=temp)
+        write_evidence(c, rank, temp=temp)
+
+    # The timelines of cells whose content changed (or all, the first time) made into the IR's table; the
+    # occurrences, every cited event's line and Luna's words too; read per request on the batch's connection.
+    store = open_store(ir_path, rank, tables)
+    if doc_groups is not None:
+        groups = [{k: v for k, v in g.items() if k != "occurrences"} for g in doc_groups]
+        for g in groups:
+            g.setdefault("group_id", group_id(g))
     return Batch(
         run_id=analysis_run_id(run_dir),  # the request's id, never the folder (replay under any --run-id)
         ir_path=ir_path,
@@ -208,4 +372,5 @@ def load_batch(run_dir: Path, ir_path: Path) -> Batch:
         timeline=store,
         index=index,
         evidence=EvidenceStore(store.con, rank),
+        task_groups=task_groups,
     )

@@ -71,29 +71,6 @@ CREATE OR REPLACE {{temp}}TABLE {TEXTS_TABLE} (
 """
 
 
-def _cited_rows(groups: list[dict[str, Any]], rank: dict[str, int], key: str) -> Iterator[Any]:
-    """Arrow tables of (rank, group_id, id) for every id the occurrences cite under ``key``, a batch at a time."""
-    import pyarrow as pa  # loaded by the IR export already; kept off Sol's import path
-
-    last = len(rank)
-    out: tuple[list[int], list[str], list[str]] = ([], [], [])
-    for g in groups:
-        gid = str(g.get("group_id") or g.get("pattern_group_id") or g.get("id"))
-        for o in g.get("occurrences") or []:
-            if not isinstance(o, dict):
-                continue
-            r = rank.get(str(o.get("cell_id")), last)
-            for x in o.get(key) or []:
-                out[0].append(r)
-                out[1].append(gid)
-                out[2].append(str(x))
-            if len(out[0]) >= WRITE_ROWS:
-                yield pa.table({"rank": pa.array(out[0], pa.int32()), "group_id": out[1], "id": out[2]})
-                out = ([], [], [])
-    if out[0]:
-        yield pa.table({"rank": pa.array(out[0], pa.int32()), "group_id": out[1], "id": out[2]})
-
-
 def _fill(con: Any, table: str, rows: Iterator[Any]) -> None:
     for t in rows:
         con.register("_sol_rows", t)
@@ -103,20 +80,24 @@ def _fill(con: Any, table: str, rows: Iterator[Any]) -> None:
             con.unregister("_sol_rows")
 
 
-def write_evidence(con: Any, groups: list[dict[str, Any]], rank: dict[str, int], *, temp: bool = False) -> None:
-    """Tables ``sol_cited_lines`` and ``sol_pattern_texts`` for ``groups``, on a connection that may write.
+def write_evidence(con: Any, rank: dict[str, int], *, temp: bool = False) -> None:
+    """Tables ``sol_cited_lines`` and ``sol_pattern_texts`` for the occurrences of ``sol_occurrences``.
 
-    Every cited event's line is rendered once (Luna's renderer), a batch of rows at a time from one
-    streamed query, and stored by ``rank`` (its cell's place in ``rank``, the partitions' walk) so
-    that a request's cells are one range of the table. ``temp``: temporary tables of ``con``.
+    On a connection that may write, after :func:`pipeline.sol.corpus.write_occurrences`. Every cited
+    event's line is rendered once (Luna's renderer), a batch of rows at a time from one streamed
+    query, and stored by ``rank`` (its cell's place in ``rank``, the partitions' walk) so that a
+    request's cells are one range of the table. ``temp``: temporary tables of ``con``.
     """
     import pyarrow as pa  # loaded by the IR export already; kept off Sol's import path
 
+    del rank  # the occurrences' table holds each one's rank
     kind = "TEMP " if temp else ""
-    for name in ("_sol_cited_events", "_sol_cited_patterns"):
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} (rank INTEGER, group_id VARCHAR, id VARCHAR)")
-    _fill(con, "_sol_cited_events", _cited_rows(groups, rank, "events"))
-    _fill(con, "_sol_cited_patterns", _cited_rows(groups, rank, "pattern_ids"))
+    for name, key in (("_sol_cited_events", "events"), ("_sol_cited_patterns", "pattern_ids")):
+        # (rank, group, id) of every id the occurrences cite under ``key``
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT rank, group_id, id FROM ("
+            f"SELECT rank, group_id, unnest({key}) AS id FROM sol_occurrences) WHERE id IS NOT NULL"
+        )
     cited = "SELECT id, min(rank) AS rank, list(DISTINCT group_id ORDER BY group_id) AS groups FROM {} GROUP BY id"
     con.execute(_TEXTS_DDL.format(temp=kind))
     if duck.has_table(con, "patterns"):
@@ -144,11 +125,10 @@ def write_evidence(con: Any, groups: list[dict[str, Any]], rank: dict[str, int],
             r.clear()
 
     try:
-        # the cited events' ids, ranks and groups go to the reader's own connection (a temporary table is
-        # the connection's) as a table it can read; the lines are rendered a batch at a time
-        ids = con.sql(cited.format("_sol_cited_events")).to_arrow_table()
-        src.register("_sol_cited_ids", ids)
-        del ids
+        # the cited events' ids, ranks and groups in a table the reader's connection reads (a temporary table is
+        # its connection's own: a table of the file, dropped below; held in Python, ~100 MB at 100,000 cells);
+        # the lines are rendered a batch at a time
+        con.execute(f"CREATE OR REPLACE {kind}TABLE _sol_cited_ids AS {cited.format('_sol_cited_events')}")
         cur = src.execute(
             "SELECT c.rank, c.groups, e.event_id, e.ts, e.kind, e.detail, e.actor, e.text, e.text_truncated, "
             "e.text_chars, e.tool_name, e.call_id, e.args_digest, e.result_digest, e.state_digest "
@@ -177,12 +157,11 @@ def write_evidence(con: Any, groups: list[dict[str, Any]], rank: dict[str, int],
                 break
         if rows[0]:
             flush()
-        src.unregister("_sol_cited_ids")
     finally:
         if reader is not None:
             reader.close()
     con.execute(f"INSERT INTO {CITED_TABLE} SELECT * FROM {staging} ORDER BY rank, event_id")
-    for name in (staging, "_sol_cited_events", "_sol_cited_patterns"):
+    for name in (staging, "_sol_cited_events", "_sol_cited_patterns", "_sol_cited_ids"):
         con.execute(f"DROP TABLE {name}")
 
 
@@ -237,6 +216,17 @@ class EvidenceStore:
             out.patterns.update(more.patterns)
             out.events.update(more.events)
         return out
+
+    def for_ids(self, occurrences: Iterable[dict[str, Any]]) -> GroupEvidence:
+        """Luna's words and the event lines ``occurrences`` cite, read by id (occurrences of cells far apart)."""
+        pids: set[str] = set()
+        eids: set[str] = set()
+        for o in occurrences:
+            pids.update(str(p) for p in o.get("pattern_ids") or [])
+            eids.update(str(e) for e in o.get("events") or [])
+        if not (pids or eids):
+            return GroupEvidence()
+        return self._view("IN (SELECT unnest(?::VARCHAR[]))", [sorted(pids | eids)], pids, eids, by_id=True)
 
     def for_group(self, gid: str) -> GroupEvidence:
         """Luna's words and the event lines the occurrences of group ``gid`` cite."""

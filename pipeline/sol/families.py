@@ -129,6 +129,18 @@ class TaskCounts:
         self._ranked: list[str] | None = None  # families by size, then name (made when first asked)
         self._sizes: dict[str, int] = {}
 
+    @classmethod
+    def of(cls, per_task: dict[str, Counter[str]]) -> TaskCounts:
+        """The counts of rows whose counts per task and outcome are ``per_task`` (already counted, e.g. by a query)."""
+        made = cls(())
+        for t, counts in per_task.items():
+            made.per_task[t] = Counter(counts)
+            f = task_family(t)
+            made.per_family.setdefault(f, Counter()).update(counts)
+            made.tasks_in[f] += 1
+            made.total.update(counts)
+        return made
+
     def bounded(self, k: int = TOP_K, only: set[str] | None = None) -> str:
         """:func:`bounded_by_task` of the rows this was made from (same text)."""
         if only is None:
@@ -195,21 +207,18 @@ def bounded_list(items: list[str], k: int = TOP_K) -> str:
     return ", ".join(items[:k]) + f", and {len(items) - k} more"
 
 
-def walk_order(cells: Iterable[dict[str, Any]], groups_of_cell: dict[str, set[str]]) -> list[str]:
+def walk_order(cells: Iterable[dict[str, Any]], task_groups: dict[str, tuple[str, ...]]) -> list[str]:
     """The eligible ``cells``' ids in the order partitions take them: families, their tasks, then cell ids (sorted).
 
-    ``groups_of_cell``: per cell, the pattern groups of its occurrences (what :func:`families_of`
+    ``task_groups``: per task, the sorted pattern groups of its cells' occurrences (what :func:`families_of`
     reads when task names carry no structure). The order :func:`pipeline.sol.partition.partition`
     walks: a request's cells are then mostly one run of it.
     """
-    tasks: dict[str, set[str]] = {}
     cells_of: dict[str, list[str]] = {}
     for c in cells:
-        cell, task = str(c["cell_id"]), str(c["task_id"])
-        tasks.setdefault(task, set()).update(groups_of_cell.get(cell, ()))
-        cells_of.setdefault(task, []).append(cell)
-    fam = families_of(tasks, {t: tuple(sorted(g)) for t, g in tasks.items()})
+        cells_of.setdefault(str(c["task_id"]), []).append(str(c["cell_id"]))
+    fam = families_of(cells_of, {t: task_groups.get(t, ()) for t in cells_of})
     by_family: dict[str, list[str]] = {}
-    for t in sorted(tasks):
+    for t in sorted(cells_of):
         by_family.setdefault(fam[t], []).append(t)
     return [cell for _f, ts in sorted(by_family.items()) for t in ts for cell in sorted(cells_of[t])]

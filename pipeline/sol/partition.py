@@ -14,9 +14,11 @@ pairs repeated on every row.
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from pipeline.sol.corpus import Batch, group_id
@@ -30,6 +32,9 @@ GROUP_TOP_K = 3  # families named in a map request's group header beside its own
 TIMELINE_SHARE = 0.5  # at most this share of a map prompt's room goes to timelines
 SIZE_CELLS = 256  # cells whose occurrences are sized together (their evidence read in one query)
 VIEW_OCCURRENCES = 4_096  # more occurrences than this in one text: their evidence is read a group at a time
+# The whole batch's groups text reads a group's evidence this many occurrences at a time, by id: each read scans
+# the evidence tables (its ids are cells far apart), so a slice is large (~35 MB of lines at most) and few
+VIEW_SLICE = 32_768
 
 
 @dataclass
@@ -39,7 +44,6 @@ class Chunk:
     call_id: str
     tasks: list[str]
     cells: list[str]
-    sizes: dict[str, int] = field(default_factory=dict, repr=False)
     groups: list[str] | None = None  # only these pattern groups (one cell too large with all of its groups)
     occurrences: list[str] | None = None  # only these occurrences of its one group (that group too large alone)
     events: list[str] | None = None  # only these cited events' lines of its one occurrence (too large alone)
@@ -83,28 +87,27 @@ def cell_line(cell: dict[str, Any], coverage: dict[str, Any] | None) -> str:
 
 
 class Renderer:
-    """Compact views of the batch, restricted to a set of cells."""
+    """Compact views of the batch, restricted to a set of cells.
+
+    Holds per eligible cell two numbers' worth (its size in a map prompt without its timeline, and the
+    groups it brings), by rank; the occurrences themselves are read per request (:meth:`Batch.occurrences`).
+    """
 
     def __init__(self, batch: Batch) -> None:
         self.batch = batch
         self.cells = batch.by_cell
         self.coverage = {str(r.get("cell_id")): r for r in batch.coverage}
-        # per cell: the group ids and (group, occurrence) pairs that come from it
-        self.occ_by_cell: dict[str, list[tuple[str, dict[str, Any]]]] = {}
         self.groups = {gid: g for g in batch.groups if (gid := group_id(g))}
-        for gid, g in self.groups.items():
-            for o in g.get("occurrences") or []:
-                if isinstance(o, dict) and o.get("cell_id"):
-                    self.occ_by_cell.setdefault(str(o["cell_id"]), []).append((gid, o))
         self._headers: dict[str, str] = {}
-        self._counts: dict[str, tuple[str, TaskCounts]] = {}
-        # each occurrence's size and cell size is asked for several times per plan (partition, then
-        # every map context): made once (pure functions of the batch)
-        self._block_chars: dict[str, int] = {}
-        self._cell_lines: dict[str, str] = {}
-        self._sizes: dict[tuple[str, int], tuple[int, set[str]]] = {}
+        self._counts: dict[str, tuple[str, TaskCounts]] | None = None
+        # per eligible cell by rank (made in one walk of the batch when partitions are first sized): the
+        # characters its row and occurrence blocks take in a map prompt, and the groups it brings
+        self._base: array[int] | None = None
+        self._gids: list[tuple[str, ...]] = []
+        self._read: tuple[tuple[str, ...], dict[str, list[tuple[str, dict[str, Any]]]]] | None = None
         self._by_task: str | None = None
         self._walk: list[str] | None = None
+        self._whole_chars: int | None = None
 
     @property
     def batch_by_task(self) -> str:
@@ -115,14 +118,19 @@ class Renderer:
 
     def families(self) -> dict[str, list[str]]:
         """Task family -> its tasks (sorted), over the eligible cells (:func:`families_of`)."""
-        tasks: dict[str, set[str]] = {}
-        for c in self.batch.eligible:
-            tasks.setdefault(str(c["task_id"]), set()).update(g for g, _ in self.occ_by_cell.get(str(c["cell_id"]), []))
-        fam = families_of(tasks, {t: tuple(sorted(g)) for t, g in tasks.items()})
+        tasks = {str(c["task_id"]) for c in self.batch.eligible}
+        fam = families_of(tasks, {t: self.batch.task_groups.get(t, ()) for t in tasks})
         out: dict[str, list[str]] = {}
         for t in sorted(tasks):
             out.setdefault(fam[t], []).append(t)
         return out
+
+    def occurrences(self, cells: list[str]) -> dict[str, list[tuple[str, dict[str, Any]]]]:
+        """:meth:`Batch.occurrences` of ``cells``; the last read is kept (a request reads its cells several times)."""
+        key = tuple(cells)
+        if self._read is None or self._read[0] != key:
+            self._read = (key, self.batch.occurrences(cells))
+        return self._read[1]
 
     def group_header(self, gid: str, tasks: set[str] | None = None) -> str:
         """A group's one-line header: type, concerns, batch-wide counts per task and outcome.
@@ -131,33 +139,40 @@ class Renderer:
         (:func:`bounded_by_task`), so a map request names no task outside its partition.
         """
         if tasks is not None:
-            head, counts = self._group_counts(gid)
+            head, counts = self.group_counts(gid)
             return f"{head} [{counts.bounded(GROUP_TOP_K, tasks)}]"
         if gid not in self._headers:
-            head, counts = self._group_counts(gid)
+            head, counts = self.group_counts(gid)
             self._headers[gid] = f"{head} [{counts.bounded()}]"
         return self._headers[gid]
 
-    def _group_counts(self, gid: str) -> tuple[str, TaskCounts]:
-        """A group's header without its counts, and its occurrences' counts per task (made once per group)."""
-        got = self._counts.get(gid)
-        if got is None:
-            g = self.groups[gid]
-            occ = [o for o in g.get("occurrences") or [] if isinstance(o, dict)]
-            cells = [self.cells[str(o["cell_id"])] for o in occ if str(o.get("cell_id")) in self.cells]
-            head = (
-                f"{gid} {g.get('type')} concerns={g.get('concerns')!r}: whole batch {len(occ)} occurrence(s) "
-                f"in {len({c['cell_id'] for c in cells})} cell(s)"
-            )
-            got = self._counts[gid] = (head, TaskCounts(cells))
-        return got
+    def group_counts(self, gid: str) -> tuple[str, TaskCounts]:
+        """A group's header without its counts, and its occurrences' counts per task (made once, every group)."""
+        if self._counts is None:
+            # every group's occurrences counted per cell in one query: per group, its occurrences (any cell), its
+            # eligible cells, and per task and outcome the occurrences of those cells
+            occ: Counter[str] = Counter()
+            cells: Counter[str] = Counter()
+            per_task: dict[str, dict[str, Counter[str]]] = {}
+            for g, cell, n in self.batch.group_cell_counts():
+                occ[g] += n
+                row = self.cells.get(str(cell)) if cell is not None else None
+                if row is not None:
+                    cells[g] += 1
+                    per_task.setdefault(g, {}).setdefault(str(row["task_id"]), Counter())[outcome_of(row)] += n
+            self._counts = {}
+            for g in {*self.groups, *occ}:
+                meta = self.groups.get(g, {})
+                head = (
+                    f"{g} {meta.get('type')} concerns={meta.get('concerns')!r}: whole batch {occ[g]} occurrence(s) "
+                    f"in {cells[g]} cell(s)"
+                )
+                self._counts[g] = (head, TaskCounts.of(per_task.get(g, {})))
+        return self._counts[gid]
 
     def cell_line(self, cell: str) -> str:
-        """:func:`cell_line` of an eligible cell (made once: partition sizes it, its map context shows it)."""
-        line = self._cell_lines.get(cell)
-        if line is None:
-            line = self._cell_lines[cell] = cell_line(self.cells[cell], self.coverage.get(cell))
-        return line
+        """:func:`cell_line` of an eligible cell."""
+        return cell_line(self.cells[cell], self.coverage.get(cell))
 
     def occurrence_block(
         self, o: dict[str, Any], evidence: GroupEvidence | None = None
@@ -177,30 +192,36 @@ class Renderer:
     def evidence_for(self, cells: list[str], occurrences: list[dict[str, Any]] | None = None) -> GroupEvidence:
         """Luna's words and the event lines ``occurrences`` cite (default: every occurrence of ``cells``), read now."""
         if occurrences is None:
-            occurrences = [o for c in cells for _, o in self.occ_by_cell.get(c, [])]
+            found = self.occurrences(cells)
+            occurrences = [o for c in cells for _, o in found.get(c, [])]
         return self.batch.evidence.for_cells(cells, occurrences)
 
-    def block_chars(self, o: dict[str, Any]) -> int:
+    def block_chars(self, o: dict[str, Any], evidence: GroupEvidence | None = None) -> int:
         """Characters an occurrence's block takes (before texts and events said earlier are left out)."""
-        oid = str(o["occurrence_id"])
-        chars = self._block_chars.get(oid)
-        if chars is None:
-            # sized with the cells that follow it in the partitions' walk: their evidence read in one query
-            cell = str(o["cell_id"])
+        head, texts, events = self.occurrence_block(o, evidence)
+        return len(head) + 1 + sum(len(line) + 1 for _, line in (*texts, *events))
+
+    def _sized(self) -> tuple[array[int], list[tuple[str, ...]]]:
+        """Per eligible cell by rank: its row's and occurrence blocks' characters, and its groups (sorted)."""
+        if self._base is None:
             walk = self.walk
-            at = self.batch.evidence.rank.get(cell)
-            cells = walk[at : at + SIZE_CELLS] if at is not None else [cell]
-            known = self._block_chars
-            occ = [x for c in cells for _, x in self.occ_by_cell.get(c, []) if str(x["occurrence_id"]) not in known]
-            if not any(x is o for x in occ):
-                occ.append(o)
-            evidence = self.evidence_for([*cells, cell], occ)
-            for x in occ:
-                head, texts, events = self.occurrence_block(x, evidence)
-                size = len(head) + 1 + sum(len(line) + 1 for _, line in (*texts, *events))
-                self._block_chars[str(x["occurrence_id"])] = size
-            chars = self._block_chars[oid]
-        return chars
+            base = array("q", bytes(8 * len(walk)))
+            gids: list[tuple[str, ...]] = [()] * len(walk)
+            rank = self.batch.evidence.rank
+            same = {g: g for g in self.groups}
+            for i in range(0, len(walk), SIZE_CELLS):
+                # cells that follow each other in the partitions' walk: their occurrences and evidence in one read each
+                cells = walk[i : i + SIZE_CELLS]
+                found = self.batch.occurrences(cells)
+                evidence = self.evidence_for(cells, [o for c in cells for _, o in found.get(c, [])])
+                for c in cells:
+                    mine = found.get(c, [])
+                    at = rank[c]
+                    base[at] = len(self.cell_line(c)) + 1 + sum(self.block_chars(o, evidence) for _, o in mine)
+                    if mine:  # the groups' own id strings, not one copy per cell
+                        gids[at] = tuple(sorted({same.get(g, g) for g, _ in mine}))
+            self._base, self._gids = base, gids
+        return self._base, self._gids
 
     @property
     def walk(self) -> list[str]:
@@ -212,7 +233,8 @@ class Renderer:
 
     def group_ids(self, cells: list[str]) -> list[str]:
         """The pattern groups with an occurrence in ``cells``, sorted."""
-        return sorted({gid for c in cells for gid, _ in self.occ_by_cell.get(c, [])})
+        found = self.occurrences(cells)
+        return sorted({gid for c in cells for gid, _ in found.get(c, [])})
 
     def groups_text(
         self,
@@ -252,8 +274,9 @@ class Renderer:
         wanted = None if occurrences is None else set(occurrences)
         per_group: dict[str, list[dict[str, Any]]] = {}
         held = 0
+        found = self.occurrences(cells)
         for c in cells:
-            for gid, o in self.occ_by_cell.get(c, []):
+            for gid, o in found.get(c, []):
                 if only is None or gid in only:
                     held += 1
                     if wanted is None or str(o["occurrence_id"]) in wanted:
@@ -264,36 +287,69 @@ class Renderer:
         self, per_group: dict[str, list[dict[str, Any]]], tasks: set[str] | None, events: list[str] | None = None
     ) -> Iterator[str]:
         """The lines of :meth:`groups_text` (without its notes on what other calls read), one at a time."""
-        only_events = None if events is None else set(events)
-        seen: set[str] = set()
         many = sum(map(len, per_group.values())) > VIEW_OCCURRENCES
         evidence = None
         if not many:  # one request's occurrences: their evidence read at once
             cells = sorted({str(o["cell_id"]) for occ in per_group.values() for o in occ})
             evidence = self.evidence_for(cells, [o for occ in per_group.values() for o in occ])
-        for gid in sorted(per_group):
-            if many:  # the whole batch's text (sizing the single call): a group's evidence at a time
-                evidence = self.batch.evidence.for_group(gid)
+        groups = ((gid, per_group[gid]) for gid in sorted(per_group))
+        yield from self._group_lines(groups, tasks, None if many else evidence, events)
+
+    def _group_lines(
+        self,
+        groups: Iterable[tuple[str, list[dict[str, Any]]]],
+        tasks: set[str] | None,
+        evidence: GroupEvidence | None,
+        events: list[str] | None = None,
+    ) -> Iterator[str]:
+        """Each group's header and occurrences (sorted) with their evidence; ``evidence`` None: a group's at a time."""
+        only_events = None if events is None else set(events)
+        seen: set[str | bytes] = set()  # event ids, and Luna's texts by digest (the whole batch's are many)
+        for gid, occ in groups:
             yield self.group_header(gid, tasks)
-            for o in sorted(per_group[gid], key=lambda o: str(o["occurrence_id"])):
-                head, texts, lines = self.occurrence_block(o, evidence)
+            shown = evidence
+            ordered = sorted(occ, key=lambda o: str(o["occurrence_id"]))
+            for i, o in enumerate(ordered):
+                if evidence is None and i % VIEW_SLICE == 0:
+                    # the whole batch's text: the evidence of a slice of the group at a time (a large group's
+                    # lines, all held, were ~100 MB at 100,000 cells)
+                    shown = self.batch.evidence.for_ids(ordered[i : i + VIEW_SLICE])
+                head, texts, lines = self.occurrence_block(o, shown)
                 yield head
                 if only_events is not None:
                     lines = [(e, line) for e, line in lines if e in only_events]
                     yield (f"    (this call shows the lines of {len(lines)} of its {len(o.get('events') or [])} "
                            "events; another call shows the others)")  # fmt: skip
-                for key, line in (*texts, *lines):
+                for key, line in texts:
+                    said = hashlib.blake2b(key.encode(), digest_size=16).digest()
+                    if said not in seen:
+                        seen.add(said)
+                        yield line
+                for key, line in lines:
                     if key not in seen:
                         seen.add(key)
                         yield line
 
+    def _batch_lines(self) -> Iterator[str]:
+        """The lines of ``groups_text`` of every eligible cell, a group's occurrences read at a time."""
+        return self._group_lines(self.batch.group_stream(), None, None)
+
+    def _whole(self, cells: list[str]) -> bool:
+        return len(cells) == len(self.batch.eligible) and set(cells) == self.batch.evidence.rank.keys()
+
     def groups_text_chars(self, cells: list[str]) -> int:
         """``len(groups_text(cells))`` (every group, whole-batch headers), counted without making the text."""
+        whole = self._whole(cells)
+        if whole and self._whole_chars is not None:
+            return self._whole_chars  # the whole batch's is asked twice per plan (its size, then its middle)
         chars = lines = 0
-        for line in self._lines(self._selected(cells, None, None)[0], None):
+        for line in self._batch_lines() if whole else self._lines(self._selected(cells, None, None)[0], None):
             chars += len(line)
             lines += 1
-        return chars + lines - 1 if lines else len("none in these cells")
+        chars = chars + lines - 1 if lines else len("none in these cells")
+        if whole:
+            self._whole_chars = chars
+        return chars
 
     def sample_text(self, cells: list[str], chars: int) -> str:
         """The middle ``chars`` characters of ``groups_text(cells)``, made without the rest of the text.
@@ -304,7 +360,8 @@ class Renderer:
         start = max(self.groups_text_chars(cells) // 2 - chars // 2, 0)
         pos, first = 0, 0
         kept: list[str] = []
-        for line in self._lines(self._selected(cells, None, None)[0], None):
+        source = self._batch_lines() if self._whole(cells) else self._lines(self._selected(cells, None, None)[0], None)
+        for line in source:
             end = pos + len(line) + 1  # the line and its newline
             if end > start:
                 first = first if kept else pos
@@ -314,21 +371,11 @@ class Renderer:
             pos = end
         return "\n".join(kept)[start - first : start - first + chars]
 
-    def cell_size(self, cell: str, timeline_cap: int) -> tuple[int, set[str]]:
+    def cell_size(self, cell: str, timeline_cap: int) -> tuple[int, tuple[str, ...]]:
         """Characters a cell adds to a map prompt (without group headers) and the groups it brings."""
-        known = self._sizes.get((cell, timeline_cap))
-        if known is None:
-            known = self._sizes[(cell, timeline_cap)] = self._cell_size(cell, timeline_cap)
-        return known
-
-    def _cell_size(self, cell: str, timeline_cap: int) -> tuple[int, set[str]]:
-        size = len(self.cell_line(cell)) + 1
-        gids: set[str] = set()
-        for gid, o in self.occ_by_cell.get(cell, []):
-            size += self.block_chars(o)
-            gids.add(gid)
-        size += min(self.batch.timeline.chars(cell), timeline_cap)
-        return size, gids
+        base, gids = self._sized()
+        at = self.batch.evidence.rank[cell]
+        return base[at] + min(self.batch.timeline.chars(cell), timeline_cap), gids[at]
 
 
 def partition(renderer: Renderer, room_chars: int) -> list[Chunk]:
@@ -353,9 +400,9 @@ def partition(renderer: Renderer, room_chars: int) -> list[Chunk]:
         chunks.append(chunk)
         return chunk
 
-    def cost(cell: str) -> tuple[int, set[str]]:
+    def cost(cell: str) -> tuple[int, tuple[str, ...]]:
         size, gids = renderer.cell_size(cell, cap)
-        return size + sum(len(renderer.group_header(g)) + 1 for g in gids - seen_groups), gids
+        return size + sum(len(renderer.group_header(g)) + 1 for g in gids if g not in seen_groups), gids
 
     def plain(cells: list[str]) -> int:
         return sum(renderer.cell_size(c, cap)[0] for c in cells)
@@ -376,9 +423,8 @@ def partition(renderer: Renderer, room_chars: int) -> list[Chunk]:
                 cur.cells.append(cell)
                 if task not in cur.tasks:
                     cur.tasks.append(task)
-                cur.sizes[cell] = size
                 used += size
-                seen_groups |= gids
+                seen_groups.update(gids)
     return [c for c in chunks if c.cells]
 
 
@@ -409,7 +455,8 @@ def split_occurrences(chunk: Chunk, renderer: Renderer) -> list[Chunk]:
     groups = chunk.groups if chunk.groups is not None else renderer.group_ids(chunk.cells)
     if len(groups) != 1:
         return []
-    found = {str(o["occurrence_id"]): o for c in chunk.cells for g, o in renderer.occ_by_cell.get(c, []) if g in groups}
+    read = renderer.occurrences(chunk.cells)
+    found = {str(o["occurrence_id"]): o for c in chunk.cells for g, o in read.get(c, []) if g in groups}
     occ = chunk.occurrences if chunk.occurrences is not None else sorted(found)
     if len(occ) == 1:  # one occurrence too large alone: its events' lines over several requests
         events = chunk.events if chunk.events is not None else [str(e) for e in found[occ[0]].get("events") or []]
@@ -457,11 +504,7 @@ def split(chunk: Chunk, task_of: dict[str, dict[str, Any]] | None = None) -> lis
         mine = {str(task_of[c]["task_id"]) for c in cells}
         return [t for t in chunk.tasks if t in mine]
 
-    return [
-        Chunk(call_id=f"{chunk.call_id}{'ab'[i]}", tasks=tasks(p), cells=p, sizes=chunk.sizes)
-        for i, p in enumerate(parts)
-        if p
-    ]
+    return [Chunk(call_id=f"{chunk.call_id}{'ab'[i]}", tasks=tasks(p), cells=p) for i, p in enumerate(parts) if p]
 
 
 def map_context(renderer: Renderer, chunk: Chunk, timeline_chars: int) -> dict[str, Any]:

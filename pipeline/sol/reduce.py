@@ -20,6 +20,7 @@ from pipeline.sol.corpus import Batch, rows
 from pipeline.sol.families import TOP_K, bounded_by_task, bounded_list
 from pipeline.sol.partition import outcome_of
 from pipeline.sol.timeline import TIMELINE_KINDS
+from pipeline.sol.timeline_cache import capped
 
 COUNTER_SAMPLES = 4
 SIGNATURES = 3
@@ -165,11 +166,10 @@ def _found(con: Any, sigs: list[Signature]) -> dict[Signature, list[dict[str, An
 
 def _clean(batch: Batch, drafts: list[Draft], concerns: dict[str, list[str]]) -> dict[str, list[str]]:
     cells_with: dict[str, set[str]] = {}
-    for g in batch.groups:
-        if isinstance(g.get("concerns"), str):
-            cells_with.setdefault(g["concerns"], set()).update(
-                str(o.get("cell_id")) for o in g.get("occurrences") or [] if isinstance(o, dict)
-            )
+    wanted = {k for ks in concerns.values() for k in ks}
+    for g in batch.groups:  # each group's cells: the index's (the cells of its occurrences)
+        if isinstance(g.get("concerns"), str) and g["concerns"] in wanted:
+            cells_with.setdefault(g["concerns"], set()).update(batch.index.groups.get(str(g.get("group_id")), ()))
     completed: dict[str, list[str]] = {}
     for c in batch.eligible:
         if c.get("outcome") == "completed":
@@ -320,7 +320,9 @@ def draft_blocks(batch: Batch, drafts: list[Draft]) -> dict[str, str]:
     if not drafts:
         return {}
     shares = shared_groups(drafts)
-    con = duck.connect(batch.ir_path, read_only=True)
+    # DuckDB's memory capped as for the requests' reads: the batch-wide queries (every event of the batch) kept
+    # ~500 MiB of blocks resident under lunasol's shared limit at 100,000 cells, Sol's peak; capped, they spill
+    con = capped(duck.connect(batch.ir_path, read_only=True))
     try:
         facts = batch_facts(con, batch, drafts)
         return {d.draft_id: draft_text(d, batch, shares[d.draft_id], counter_evidence(facts, batch, d)) for d in drafts}

@@ -161,26 +161,22 @@ class PlanInputs:
         self.last_cpt = float(cpt) if isinstance(cpt, int | float) and cpt > 0 else None
         self.records: dict[str, dict[str, Any]] = {}  # this plan's, set by the planner
         self.cpt: float | None = None
-        self._rows: dict[str, str] = {}
-        self._groups: dict[str, str] = {}
+        self._groups: dict[str, str] = {}  # group id -> digest of what its header is made from
         self._batch: str | None = None
 
-    def _row(self, renderer: Renderer, cell: str) -> str:
-        row = self._rows.get(cell)
-        if row is None:
-            row = self._rows[cell] = _json(renderer.cells.get(cell))
-        return row
+    @staticmethod
+    def _row(renderer: Renderer, cell: str) -> str:
+        return _json(renderer.cells.get(cell))
 
     def _group(self, renderer: Renderer, gid: str) -> str:
-        # the group as the Coordinator wrote it, and the row of every cell its header counts
+        # what the group's header is made from: the group as the Coordinator named it (id, type, concerns), its
+        # occurrences and cells over the batch, and their counts per task and outcome (the rows it counts)
         known = self._groups.get(gid)
         if known is None:
-            g = renderer.groups.get(gid)
-            h = hashlib.sha256(_json(g).encode())
-            for o in (g or {}).get("occurrences") or []:
-                if isinstance(o, dict):
-                    h.update(self._row(renderer, str(o.get("cell_id"))).encode())
-            known = self._groups[gid] = h.hexdigest()
+            head, counts = renderer.group_counts(gid)
+            per_task = {t: dict(sorted(c.items())) for t, c in sorted(counts.per_task.items())}
+            known = self._groups[gid] = digest({"group": _json(renderer.groups.get(gid)), "head": head,
+                                                 "per_task": per_task})  # fmt: skip
         return known
 
     def inputs(self, renderer: Renderer, chunk: Chunk, room_chars: int) -> str:
@@ -199,11 +195,12 @@ class PlanInputs:
 
         put(self._batch, str(room_chars), _json([chunk.tasks, chunk.cells, chunk.groups]))
         timelines = renderer.batch.timeline.lines(chunk.cells)
+        found = renderer.occurrences(chunk.cells)
         evidence = renderer.evidence_for(chunk.cells)
         for c in chunk.cells:
             put(c, self._row(renderer, c), _json(renderer.coverage.get(c)))
             put(*(str(x) for pair in timelines.get(c, []) for x in pair))
-            for gid, o in renderer.occ_by_cell.get(c, []):
+            for gid, o in found.get(c, []):
                 head, texts, events = renderer.occurrence_block(o, evidence)
                 put(gid, _json(o), head, *(x for pair in (*texts, *events) for x in pair))
         for gid in sorted(set(renderer.group_ids(chunk.cells)) | set(chunk.groups or [])):

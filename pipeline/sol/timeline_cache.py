@@ -121,7 +121,8 @@ def update_timelines(con: Any, *, temp: bool = False) -> list[str]:
         f"INSERT INTO {TABLE} SELECT b.cell_id, coalesce(d.content_digest, ''), ?, b.details, b.lines, b.chars "
         f"FROM _sol_timeline_rows b LEFT JOIN {digests} d ON d.cell_id = b.cell_id"
     )
-    con.register("_sol_timeline_todo", pa.table({"cell_id": pa.array(todo, pa.string())}))
+    todo_table = pa.table({"cell_id": pa.array(todo, pa.string())})
+    con.register("_sol_timeline_todo", todo_table)
     try:
         if len(todo) == eligible:
             where = "TRUE"
@@ -140,6 +141,8 @@ def update_timelines(con: Any, *, temp: bool = False) -> list[str]:
             rows.clear()
 
         reader = con.cursor()  # the query streams on a cursor of its own while rows are written on ``con``
+        # a registered table is its connection's own: the reader's query names it too (over 1,000 cells to read)
+        reader.register("_sol_timeline_todo", todo_table)
         try:
             for cell, lines in timeline.iter_timelines(reader, where):
                 rows.append((cell, [k for k, _ in lines], [ln for _, ln in lines], timeline_chars(lines)))

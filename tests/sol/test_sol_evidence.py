@@ -127,7 +127,9 @@ def test_a_cell_too_large_is_read_in_several_requests_each_with_whole_groups(dem
     halves = split_groups(whole, renderer)
     assert len(groups) > 2 and len(halves) == 2
     assert sorted(g for h in halves for g in h.groups or []) == groups  # every group, once
-    occurrences = {g["group_id"]: [o for o in g["occurrences"] if o["cell_id"] == "C004"] for g in batch.groups}
+    occurrences: dict[str, list[dict[str, Any]]] = {}
+    for gid, o in batch.occurrences(["C004"])["C004"]:
+        occurrences.setdefault(gid, []).append(o)
     for half in halves:
         text = map_context(renderer, half, 10_000)["groups_text"]
         assert text.startswith(f"(this call shows {len(half.groups or [])} of the {len(groups)} pattern groups")
@@ -148,17 +150,22 @@ def test_one_group_too_large_is_read_over_several_requests_with_every_fact(demo_
 
     batch = load_batch(demo_gate1, demo_gate1 / "ir.duckdb")
     # the demo has no group twice in one cell: C004's occurrence of its largest group cut in two (its events apart)
-    group = max((g for g in batch.groups if any(o["cell_id"] == "C004" for o in g["occurrences"])),
-                key=lambda g: max(len(o["events"]) for o in g["occurrences"] if o["cell_id"] == "C004"))  # fmt: skip
-    gid = group["group_id"]
-    mine = next(o for o in group["occurrences"] if o["cell_id"] == "C004")
+    gid, mine = max(batch.occurrences(["C004"])["C004"], key=lambda p: len(p[1]["events"]))
     cut = len(mine["events"]) // 2
-    group["occurrences"] = [o for o in group["occurrences"] if o is not mine] + [
-        {**mine, "occurrence_id": f"{gid}-O90", "events": mine["events"][:cut]},
-        {**mine, "occurrence_id": f"{gid}-O91", "events": mine["events"][cut:]},
-    ]
+    # Sol reads occurrences from its table: this connection's temporary one of the same name is read instead
+    con = batch.timeline.con
+    con.execute("CREATE OR REPLACE TEMP TABLE _cut AS SELECT * FROM sol_occurrences")
+    con.execute("CREATE OR REPLACE TEMP TABLE sol_occurrences AS SELECT * FROM _cut WHERE occurrence_id <> ?",
+                [mine["occurrence_id"]])  # fmt: skip
+    rank = batch.evidence.rank["C004"]
+    for oid, events in ((f"{gid}-O90", mine["events"][:cut]), (f"{gid}-O91", mine["events"][cut:])):
+        con.execute("INSERT INTO sol_occurrences VALUES (?, ?, ?, 'C004', ?, ?)",
+                    [rank, gid, oid, mine["pattern_ids"], events])  # fmt: skip
     renderer = Renderer(batch)
-    occ = {g["group_id"]: [o for o in g["occurrences"] if o["cell_id"] == "C004"] for g in batch.groups}
+    occ: dict[str, list[dict[str, Any]]] = {}
+    for g, o in batch.occurrences(["C004"])["C004"]:
+        occ.setdefault(g, []).append(o)
+    assert len(occ[gid]) == 2
     one_group = Chunk(call_id="M01", tasks=["bat-sanitize"], cells=["C004"], groups=[gid])
     assert split_groups(one_group, renderer) == []  # one group: no group to move
     halves = split_occurrences(one_group, renderer)

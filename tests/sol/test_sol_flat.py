@@ -13,6 +13,7 @@ import pytest
 from pipeline.sol import evidence as evidence_module
 from pipeline.sol import timeline as timeline_module
 from pipeline.sol import timeline_cache
+from pipeline.sol.corpus import write_occurrences
 from pipeline.sol.evidence import EvidenceStore, write_evidence
 from pipeline.sol.timeline_cache import open_store
 
@@ -69,7 +70,12 @@ def _peak(tmp_path: Path, cells: int) -> tuple[int, int]:
     gc.collect()
     tracemalloc.start()
     try:
-        store = open_store(ir, rank, lambda con, temp: write_evidence(con, groups, rank, temp=temp))
+
+        def tables(con: Any, temp: bool) -> None:
+            write_occurrences(con, rank, groups, temp=temp)
+            write_evidence(con, rank, temp=temp)
+
+        store = open_store(ir, rank, tables)
         try:
             shown = 0
             evidence = EvidenceStore(store.con, rank)
