@@ -18,7 +18,8 @@ from pipeline.models.budget import RoleBudget, count_text
 from pipeline.sol.cards import Support, SupportCounts, WeaknessCard
 from pipeline.sol.checks import EVENT_ID_RE
 from pipeline.sol.corpus import Batch
-from pipeline.sol.reduce import Draft
+from pipeline.sol.reduce import Draft, register
+from pipeline.sol.timeline_cache import capped
 
 _CONFIDENCE = {"high": 0, "medium": 1, "low": 2}
 PACK_SEPARATOR_TOKENS = 2  # the blank line between two drafts
@@ -36,10 +37,14 @@ def divergence_keys(batch: Batch, drafts: list[Draft]) -> dict[str, tuple[Any, .
     refs = sorted({e for d in drafts for e in d.card.first_divergence.event_refs if EVENT_ID_RE.match(e)})
     kinds: dict[str, tuple[str, str]] = {}
     if refs:
-        con = duck.connect(batch.ir_path, read_only=True)
+        # The ids joined as a registered table, not an IN list of literals: with ~10,000 drafts (100,000
+        # cells) the literal list ran out of DuckDB's 512 MiB over the events table.
+        con = capped(duck.connect(batch.ir_path, read_only=True))
         try:
+            register(con, "_first_divergence", {"event_id": ("str", refs)})
             found = con.execute(
-                f"SELECT event_id, kind, coalesce(detail, '') FROM events WHERE event_id IN ({duck.literals(refs)})"
+                "SELECT e.event_id, e.kind, coalesce(e.detail, '') FROM events e "
+                "SEMI JOIN _first_divergence r ON e.event_id = r.event_id"
             ).fetchall()
         finally:
             con.close()

@@ -103,7 +103,8 @@ def _group_concerns(batch: Batch, drafts: list[Draft]) -> dict[str, list[str]]:
     }
 
 
-def _register(con: Any, name: str, columns: dict[str, tuple[str, list[Any]]]) -> None:
+def register(con: Any, name: str, columns: dict[str, tuple[str, list[Any]]]) -> None:
+    """Python lists registered on ``con`` as view ``name``: columns as ("int" | "str", values)."""
     # An Arrow table registered as a view, as the other stages feed DuckDB lists of rows (executemany
     # inserts row by row); it works on the read-only connection too.
     import pyarrow as pa  # third-party, loaded by the IR export already; kept off Sol's import path
@@ -131,7 +132,7 @@ def _signatures(con: Any, drafts: list[Draft]) -> dict[str, list[Signature]]:
     cited = [
         (i, e) for i, d in enumerate(drafts) for e in dict.fromkeys(d.card.support.event_refs) if EVENT_ID_RE.match(e)
     ]
-    _register(con, "_cited", {"draft": ("int", [i for i, _ in cited]), "event_id": ("str", [e for _, e in cited])})
+    register(con, "_cited", {"draft": ("int", [i for i, _ in cited]), "event_id": ("str", [e for _, e in cited])})
     # Sorted by DuckDB (its collation and NULL order, as ORDER BY ALL per draft did), first SIGNATURES
     found = con.execute(
         "SELECT draft, stage, actor, kind, detail FROM ("
@@ -151,7 +152,7 @@ def _found(con: Any, sigs: list[Signature]) -> dict[Signature, list[dict[str, An
     if not sigs:
         return out
     columns = {name: ("str", [s[i] for s in sigs]) for i, name in enumerate(("stage", "actor", "kind", "detail"))}
-    _register(con, "_sigs", {"sig": ("int", list(range(len(sigs)))), **columns})
+    register(con, "_sigs", {"sig": ("int", list(range(len(sigs)))), **columns})
     for sig, cell_id, event_id in con.execute(
         "SELECT s.sig, e.cell_id, min(e.event_id) FROM events e JOIN _sigs s ON e.kind = s.kind "
         "AND e.stage IS NOT DISTINCT FROM s.stage AND e.actor IS NOT DISTINCT FROM s.actor "
@@ -205,7 +206,7 @@ def batch_facts(con: Any, batch: Batch, drafts: list[Draft]) -> _BatchFacts:
     picks = sorted({c for cells in samples.values() for c in cells})
     if picks:
         kinds = ", ".join(f"'{k}'" for k in TIMELINE_KINDS)
-        _register(con, "_picks", {"cell_id": ("str", picks)})
+        register(con, "_picks", {"cell_id": ("str", picks)})
         facts.last_event = dict(
             con.execute(
                 f"SELECT cell_id, max(event_id) FROM events WHERE kind IN ({kinds}) "
