@@ -172,17 +172,25 @@ def _secret_dirs_bundle(root: Path) -> Path:
     return bundle
 
 
-def test_workers_show_paths_and_hashes_as_one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # One cell a task: a worker that worked out display paths from its own files only, or took the
-    # sha256 of the wrong entry of its part of the manifest, would differ from one process here.
-    bundle = _secret_dirs_bundle(tmp_path / "b")
+def _one_process_then_a_task_per_cell(
+    bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, list[tuple[Any, ...]]]:
+    """``bundle`` exported in one process, then by workers one cell a task: the IRs equal; the second's tables."""
     monkeypatch.setenv("LUNASOL_EXPORT_WORKERS", "0")
     export(bundle, tmp_path / "one")
     _parallel(monkeypatch)
     monkeypatch.setattr(pool, "TASK_BYTES", 1)
     export(bundle, tmp_path / "two")
-    one, two = _tables(tmp_path / "one"), _tables(tmp_path / "two")
-    _same(one, two)
+    two = _tables(tmp_path / "two")
+    _same(_tables(tmp_path / "one"), two)
+    return two
+
+
+def test_workers_show_paths_and_hashes_as_one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One cell a task: a worker that worked out display paths from its own files only, or took the
+    # sha256 of the wrong entry of its part of the manifest, would differ from one process here.
+    bundle = _secret_dirs_bundle(tmp_path / "b")
+    two = _one_process_then_a_task_per_cell(bundle, tmp_path, monkeypatch)
     shown = {(r[1], r[-5], r[-2]) for r in two["events"]}  # (cell_id, source_path, source_sha256)
     assert {p.split("/")[1] for c, p, _ in shown if c in _SECRET_DIRS} == {
         "run-REDACTED-openai-key",
@@ -220,14 +228,9 @@ class _InlinePool:
 
 def test_workers_get_only_their_tasks_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bundle = _secret_dirs_bundle(tmp_path / "b")
-    monkeypatch.setenv("LUNASOL_EXPORT_WORKERS", "0")
-    export(bundle, tmp_path / "one")
-    _parallel(monkeypatch)
-    monkeypatch.setattr(pool, "TASK_BYTES", 1)
     monkeypatch.setattr(pool, "ProcessPoolExecutor", _InlinePool)
     _InlinePool.made.clear()
-    export(bundle, tmp_path / "two")
-    _same(_tables(tmp_path / "one"), _tables(tmp_path / "two"))
+    _one_process_then_a_task_per_cell(bundle, tmp_path, monkeypatch)
     (made,) = _InlinePool.made
     assert not any(isinstance(a, Manifest) for a in made.initargs)  # no whole manifest for every worker
     manifest = read_manifest(bundle)
