@@ -155,6 +155,12 @@ class FileList(Sequence[FileEntry]):
     def __repr__(self) -> str:
         return f"FileList({len(self.paths):,} files)"
 
+    def under(self, root: str) -> range:
+        """Positions of the files under directory ``root`` (``root/...``): two bisections of the sorted paths."""
+        prefix = root.rstrip("/") + "/"
+        lo = bisect_left(self.paths, prefix)
+        return range(lo, bisect_left(self.paths, prefix + "\U0010ffff", lo))
+
     def position(self, path: str) -> int:
         """The index of ``path`` (a bisection of the sorted paths), -1 when it is not listed."""
         i = bisect_left(self.paths, path)

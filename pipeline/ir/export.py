@@ -9,7 +9,6 @@ bundle.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import os
 import sys
@@ -26,7 +25,7 @@ from pipeline.artifacts.run_info import RUN_SCHEMA_VERSION
 from pipeline.artifacts.rundir import RUN
 from pipeline.artifacts.schemas import load_document
 from pipeline.bundle import verified
-from pipeline.bundle.manifest import MANIFEST_FILE, FileEntry, Manifest, read_frozen, read_manifest, verify
+from pipeline.bundle.manifest import MANIFEST_FILE, Manifest, read_frozen, read_manifest, verify
 from pipeline.bundle.request import AnalysisRequest, CellSpec, load_request
 from pipeline.core.canonical import canonical_json, digest, sha256_file, write_json
 from pipeline.core.errors import BadInput, BundleError
@@ -220,17 +219,8 @@ def _load_cells(
 
 def _cell_spans(manifest: Manifest, cells: list[CellSpec]) -> list[tuple[int, int]]:
     """Each cell directory's files as a slice of ``manifest.files`` (sorted by path: two bisects a cell)."""
-    files = manifest.files
-    out = []
-    for cell in cells:
-        prefix = cell.path.rstrip("/") + "/"
-        lo = bisect.bisect_left(files, prefix, key=_path)
-        out.append((lo, bisect.bisect_left(files, prefix + "\U0010ffff", lo, key=_path)))
-    return out
-
-
-def _path(entry: FileEntry) -> str:
-    return entry.path
+    spans = (manifest.files.under(cell.path) for cell in cells)
+    return [(r.start, r.stop) for r in spans]
 
 
 def _cell_bytes(manifest: Manifest, cells: list[CellSpec]) -> list[int]:

@@ -16,7 +16,6 @@ bundle's size. Workers ignore SIGINT: Ctrl-C is the export process's, which then
 
 from __future__ import annotations
 
-import bisect
 import collections
 import contextlib
 import gc
@@ -153,15 +152,13 @@ def _roots(bundle: Path, cell: CellSpec, fmt: str) -> list[str]:
 
 def cell_positions(manifest: Manifest, roots: list[str]) -> list[int]:
     """Manifest positions of each root path and of every file under it (``root/...``), ascending."""
-    paths = manifest.files.paths
+    files = manifest.files
     found: set[int] = set()
     for root in roots:
-        root = root.rstrip("/")
-        i = bisect.bisect_left(paths, root)
-        if i < len(paths) and paths[i] == root:
+        i = files.position(root.rstrip("/"))
+        if i >= 0:
             found.add(i)
-        lo = bisect.bisect_left(paths, root + "/", i)
-        found.update(range(lo, bisect.bisect_left(paths, root + "/\U0010ffff", lo)))
+        found.update(files.under(root))
     return sorted(found)
 
 
