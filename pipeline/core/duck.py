@@ -6,8 +6,9 @@ a 10,000-cell IR would have kept most of itself in memory. A limit makes DuckDB 
 blocks and spill large operators (sorts, joins, aggregates) to ``<db>.tmp`` instead. The limit
 is ``LUNASOL_DUCKDB_MEMORY`` (DuckDB's syntax: ``1GiB``, ``512MB``, ``25%``), default 512 MiB:
 the export's one big INSERT keeps its rows in memory until the statement ends (~0.6 KiB a row,
-1.5 GiB at 10,000 demo cells), so past the limit they spill to disk instead. The export's bulk load
-takes 256 MiB when the variable is unset (``pipeline.ir.store.EXPORT_MEMORY``).
+1.5 GiB at 10,000 demo cells), so past the limit they spill to disk instead. The export's writer (its
+bulk load and the cell digests' fill) takes 256 MiB when the variable is unset
+(``pipeline.ir.store.EXPORT_MEMORY``).
 
 It is set with ``SET`` after connecting rather than passed as a connect option: connect options
 must match every open connection to the same file in the process, a SET does not.

@@ -18,6 +18,7 @@ from typing import Any
 from pipeline.core import duck
 from pipeline.core.canonical import StatKey, digest, stat_key
 from pipeline.core.errors import BadInput
+from pipeline.ir.schema import TEXT_LIMIT
 
 CELL_COLUMNS = ("cell_id", "task_id", "run_id", "eligibility", "exclusion_reason", "harness")
 # (column, JSON kind) of the events columns a cell digest covers, in order.
@@ -120,8 +121,18 @@ NEEDS_EXACT_SQL = (
     f"AND contains({_EVENT_ARRAY}, '\\u')"
 )
 
-# Events per fill statement: bounds the aggregate's memory (~2 KiB of JSON per event) whatever the batch.
-FILL_EVENTS = 50_000
+# Bytes of event JSON per fill statement, about (see TODO_SQL): bounds the aggregate's memory (the
+# JSON and its sort) under the export's 256 MiB whatever the batch; ~50,000 events of a typical log.
+FILL_BYTES = 32 << 20
+
+# The cells without digests yet: (cell_id, events, bytes of their events' JSON, about). An event's
+# JSON is ~460 bytes of columns and its text (648 bytes on average over 22 million events of a
+# 100,000-cell batch, estimated 700 here); an excluded cell has no events (least() skips a NULL).
+TODO_SQL = f"""
+SELECT c.cell_id, count(e.seq), sum(CASE WHEN e.seq IS NULL THEN 0 ELSE 512 + least(e.text_chars, {TEXT_LIMIT}) END)
+FROM cells c LEFT JOIN events e USING (cell_id) ANTI JOIN cell_digests k ON c.cell_id = k.cell_id
+GROUP BY c.cell_id
+"""
 
 
 def fill_sql(exact: bool = True) -> tuple[str, str]:
@@ -159,12 +170,12 @@ def python_digests(fetch: Any, cell_ids: list[str]) -> dict[str, str]:
 
 
 def fill_ranges(counts: list[tuple[str, int]], limit: int | None = None) -> list[tuple[str, str]]:
-    """Consecutive ``(lo, hi)`` cell-id ranges, in id order, of at most ``limit`` events each (one cell at least).
+    """Consecutive ``(lo, hi)`` cell-id ranges, in id order, of at most ``limit`` in size each (one cell at least).
 
-    ``counts``: every cell to fill with its number of events; a cell is never split. ``limit``
-    defaults to :data:`FILL_EVENTS`.
+    ``counts``: every cell to fill with its size (the bytes of its events' JSON, about); a cell is
+    never split. ``limit`` defaults to :data:`FILL_BYTES`.
     """
-    limit = FILL_EVENTS if limit is None else limit
+    limit = FILL_BYTES if limit is None else limit
     ranges: list[tuple[str, str]] = []
     lo: str | None = None
     hi, size = "", 0

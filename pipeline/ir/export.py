@@ -133,6 +133,14 @@ def _read_outcomes(bundle: Path, manifest: Manifest, request: AnalysisRequest) -
     return cols
 
 
+def _outcomes_table(cols: dict[str, list[Any]]) -> pa.Table:
+    import pyarrow as pa
+
+    return pa.table(
+        {k: pa.array(v, type=pa.float64() if k in _OUTCOME_NUMBERS else pa.string()) for k, v in cols.items()}
+    )
+
+
 def _inside(root: Path, path: Path) -> bool:
     root, path = root.resolve(), path.resolve()
     return path == root or root in path.parents
@@ -266,15 +274,12 @@ def _fill_digests(writer: IRWriter, sources: dict[str, str]) -> None:
     """
     import pyarrow as pa
 
-    todo = writer.fetch(
-        "SELECT c.cell_id, count(e.seq) FROM cells c LEFT JOIN events e USING (cell_id) "
-        "ANTI JOIN cell_digests k ON c.cell_id = k.cell_id GROUP BY c.cell_id"
-    )
+    todo = writer.fetch(digests.TODO_SQL)  # (cell, events, bytes of their JSON, about)
     if not todo:
         return  # every cell's digests came with its rows (the check below scans every event when none is to do)
     string = pa.string()
-    if sum(n for _, n in todo) <= digests.PYTHON_FILL_EVENTS:  # a rerun's few changed cells
-        made = digests.python_digests(writer.fetch, [cell for cell, _ in todo])
+    if sum(n for _, n, _ in todo) <= digests.PYTHON_FILL_EVENTS:  # a rerun's few changed cells
+        made = digests.python_digests(writer.fetch, [cell for cell, _, _ in todo])
         cells = sorted(made)
         columns = {
             "cell_id": cells,
@@ -290,9 +295,10 @@ def _fill_digests(writer: IRWriter, sources: dict[str, str]) -> None:
         {"cell_id": pa.array(list(sources), string), "source_digest": pa.array(list(sources.values()), string)}
     )
     writer.register("_lunasol_sources", table)
+    writer.execute("CHECKPOINT")  # the tables inserted since the load's last one: on disk, not in the limit
     try:
         writer.execute(macros)
-        for lo, hi in digests.fill_ranges([(cell, n) for cell, n in todo]):
+        for lo, hi in digests.fill_ranges([(cell, size) for cell, _, size in todo]):
             writer.execute(fill, {"lo": lo, "hi": hi})
     finally:
         writer.unregister("_lunasol_sources")
@@ -352,7 +358,8 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None, *, reda
     if not cells:
         raise BundleError(f"empty bundle: {bundle} lists no valid_behavior cells")
     reader_for(request.format)  # an unknown format fails here, before anything is written
-    outcomes = _read_outcomes(bundle, manifest, request)  # checked before anything is written
+    # checked before anything is written; held as Arrow (100,000 cells' lists of Python objects: ~40 MiB)
+    outcomes = _outcomes_table(_read_outcomes(bundle, manifest, request))
     excluded = {
         c.cell_id: request.exclusion_reason(c.cell_id) or "" for c in request.cells if c.eligibility == "excluded"
     }
@@ -421,15 +428,7 @@ def export(bundle: Path, run_dir: Path, parquet_dir: Path | None = None, *, reda
                 }
             ),
         )
-        writer.insert_table(
-            "outcomes",
-            pa.table(
-                {
-                    k: pa.array(v, type=pa.float64() if k in _OUTCOME_NUMBERS else pa.string())
-                    for k, v in outcomes.items()
-                }
-            ),
-        )
+        writer.insert_table("outcomes", outcomes)
         writer.insert_table(
             "coverage",
             pa.table(

@@ -29,10 +29,10 @@ TABLES = ("meta", "cells", "segments", "events", "outcomes", "coverage", "cell_d
 # IRWriter.insert_stream). A checkpoint costs ~0.03 CPU s whatever the file's size (measured up to
 # 22M rows); checkpointing every 1M rows instead made a 330 MiB spike at 10,000 cells.
 STATEMENT_ROWS = 262_144
-# DuckDB's memory limit while insert_stream bulk-loads, unless LUNASOL_DUCKDB_MEMORY sets one: a
-# statement's rows and index entries fit in it, and DuckDB otherwise fills the general 512 MiB
-# with cached blocks of the file it is writing (the export process's peak at 100,000 cells). Only
-# for the load: the digests' aggregates after it ran out of 256 MiB at 100,000 cells.
+# DuckDB's memory limit for the export's writer, unless LUNASOL_DUCKDB_MEMORY sets one: a bulk-load
+# statement's rows and index entries fit in it, and so does a range of the cell digests' fill; DuckDB
+# otherwise fills the general 512 MiB with cached blocks of the file it writes and reads back (the
+# export process's peak at 100,000 cells: 1,179 MiB in the fill, over 712 MiB of its own).
 EXPORT_MEMORY = "256MiB"
 
 
@@ -83,6 +83,8 @@ class IRWriter:
             # A rerun edits a copy of the previous IR (its file is never touched; commit renames the copy).
             shutil.copyfile(start_from, self._tmp)
         self._con = duck.connect(self._tmp, own=True)  # it changes instance settings (checkpointing)
+        if not os.environ.get(duck.MEMORY_ENV, "").strip():
+            self._con.execute(f"SET memory_limit = '{EXPORT_MEMORY}'")
         # One checkpoint at the end instead of one per WAL threshold: the load is one transaction anyway.
         self._con.execute("SET checkpoint_threshold = '64GB'")
         # DuckDB draws a progress bar on stdout for statements over 2 s: never inside lunasol's output.
@@ -191,9 +193,6 @@ class IRWriter:
                 interrupted.append(True)
                 raise
 
-        own_limit = not os.environ.get(duck.MEMORY_ENV, "").strip()
-        if own_limit:
-            self._con.execute(f"SET memory_limit = '{EXPORT_MEMORY}'")
         thread = threading.Thread(target=produce, name="lunasol-ir-producer", daemon=True)
         thread.start()
         try:
@@ -216,9 +215,6 @@ class IRWriter:
         finally:
             stop.set()
             thread.join()
-            if own_limit:
-                with contextlib.suppress(Exception):  # the connection may be gone after an error
-                    self._con.execute(f"SET memory_limit = '{duck.memory_limit()}'")
         if failure:
             raise failure[0]
 

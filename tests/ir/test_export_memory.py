@@ -101,9 +101,9 @@ def test_an_export_in_many_statements_is_the_export_in_one(
     assert many == one and len(many["events"]) > 3 * 400
 
 
-def test_the_bulk_load_has_its_own_memory_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # DuckDB fills its limit with cached blocks of the file being written: the load's own is lower,
-    # unless the user set one for every connection; the rest of the export has the general one.
+def test_the_export_writer_has_its_own_memory_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # DuckDB fills its limit with cached blocks of the file being written: the writer's own is lower
+    # (the bulk load and the digests' fill after it), unless the user set one for every connection.
     def limits() -> tuple[str, list[str], str]:
         writer = IRWriter(tmp_path / "ir.duckdb")
         setting = "SELECT current_setting('memory_limit')"
@@ -120,6 +120,6 @@ def test_the_bulk_load_has_its_own_memory_limit(tmp_path: Path, monkeypatch: pyt
             writer.abort()
 
     monkeypatch.delenv("LUNASOL_DUCKDB_MEMORY", raising=False)
-    assert limits() == ("512.0 MiB", ["256.0 MiB"], "512.0 MiB") and store.EXPORT_MEMORY == "256MiB"
+    assert limits() == ("256.0 MiB", ["256.0 MiB"], "256.0 MiB") and store.EXPORT_MEMORY == "256MiB"
     monkeypatch.setenv("LUNASOL_DUCKDB_MEMORY", "1GiB")
     assert limits() == ("1.0 GiB", ["1.0 GiB"], "1.0 GiB")

@@ -22,6 +22,8 @@ from pipeline.ir.digests import CELL_COLUMNS, EVENT_COLUMNS
 from pipeline.ir.export import export
 from pipeline.ir.store import TABLES
 
+DEMO = Path(__file__).resolve().parents[2] / "fixtures" / "bundles" / "h0-demo"
+
 
 def _tables(run_dir: Path) -> dict[str, list[str]]:
     con = duckdb.connect(str(run_dir / "ir.duckdb"), read_only=True)
@@ -102,13 +104,13 @@ def test_digests_filled_range_by_range_equal_one_statement(
     # The fill runs one statement per range of cells (bounded memory); a range of one cell gives the same digests.
     monkeypatch.setattr(digests, "PYTHON_FILL_EVENTS", 0)  # the DuckDB fill, whose ranges this is about
     export(bundle, tmp_path / "whole")
-    monkeypatch.setattr(digests, "FILL_EVENTS", 1)
+    monkeypatch.setattr(digests, "FILL_BYTES", 1)
     export(bundle, tmp_path / "ranged")
     assert _stored_digests(tmp_path / "ranged") == _stored_digests(tmp_path / "whole")
     assert _stored_digests(tmp_path / "ranged") == _python_digests(tmp_path / "ranged")
 
 
-def test_fill_ranges_bound_events_and_never_split_a_cell() -> None:
+def test_fill_ranges_bound_sizes_and_never_split_a_cell() -> None:
     counts = [("C3", 5), ("C1", 4), ("C2", 7), ("C4", 30)]
     assert digests.fill_ranges(counts, 10) == [("C1", "C1"), ("C2", "C2"), ("C3", "C3"), ("C4", "C4")]
     assert digests.fill_ranges(counts, 11) == [("C1", "C2"), ("C3", "C3"), ("C4", "C4")]
@@ -238,3 +240,27 @@ def test_the_stored_digests_are_read_once_per_state_of_the_ir(
     freeze(bundle)
     export(bundle, run)  # a new IR renamed in
     assert digests.ir_cell_digests(ir) == _stored_digests(run) and len(opened) == 3
+
+
+def test_fill_sizes_follow_the_events_json(tmp_path: Path) -> None:
+    # The fill's ranges are bounded by TODO_SQL's estimate of each cell's event JSON: on the demo's
+    # real logs it stays within a factor of two of the bytes the fill aggregates.
+    run = tmp_path / "run"
+    export(DEMO, run)
+    con = duckdb.connect(str(run / "ir.duckdb"))
+    try:
+        actual = dict(
+            con.execute(
+                f"SELECT cell_id, sum(strlen({digests._EVENT_ARRAY}) + 1) FROM events e GROUP BY cell_id"
+            ).fetchall()
+        )
+        con.execute("DELETE FROM cell_digests")
+        todo = {cell: (n, size) for cell, n, size in con.execute(digests.TODO_SQL).fetchall()}
+    finally:
+        con.close()
+    assert set(actual) <= set(todo) and len(actual) >= 20
+    for cell, (n, size) in todo.items():
+        if cell in actual:
+            assert n > 0 and actual[cell] / 2 <= size <= actual[cell] * 2, (cell, size, actual[cell])
+        else:
+            assert (n, size) == (0, 0)  # an excluded cell: no events
