@@ -60,6 +60,22 @@ def test_a_save_writes_what_a_full_dump_writes_after_any_changes(tmp_path: Path)
     assert (tmp_path / "ledger.json").read_bytes() == full(led)
 
 
+def test_a_save_is_written_a_chunk_of_entries_at_a_time(tmp_path: Path) -> None:
+    # At 100,000 cells the ledger holds 200,000 entries: a save never joins them all at once (800 MiB
+    # when it did), and its chunks are exactly the whole dump, entries in name order, commas between.
+    from pipeline.core.canonical import pretty_json_plain
+
+    led = Ledger(tmp_path)
+    assert b"".join(led._chunks(3)) == pretty_json_plain(led.data.model_dump(mode="json"))  # empty
+    with led.batch():
+        for i in reversed(range(10)):
+            led.mark_verified(f"luna/C{i:03d}", "luna", {"ir": f"d{i}"})
+    chunks = list(led._chunks(3))
+    assert len(chunks) == 1 + 4 + 1  # head, 10 entries by 3, tail
+    assert b"".join(chunks) == pretty_json_plain(led.data.model_dump(mode="json"))
+    assert b"".join(chunks) == (tmp_path / "ledger.json").read_bytes()
+
+
 def test_ledger_states_history_and_reasons(tmp_path: Path) -> None:
     led = Ledger(tmp_path)
     (tmp_path / "out.json").write_text("{}", encoding="utf-8")
