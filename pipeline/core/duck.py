@@ -30,7 +30,7 @@ import contextlib
 import os
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -53,6 +53,25 @@ def memory_limit() -> str:
     if not _MEMORY.fullmatch(raw):
         raise BadInput(f"{MEMORY_ENV}={raw!r}: expected an amount such as 1GiB, 512MB or 25%")
     return raw
+
+
+@contextlib.contextmanager
+def limited(con: Any, limit: str) -> Iterator[Any]:
+    """``con`` with DuckDB's memory limit at ``limit`` for the block, then lunasol's again.
+
+    For work that reads a large table a small range at a time: under the general limit the blocks
+    read stay cached up to it. The limit is the instance's (every connection of the hub); a limit
+    the user set (``$LUNASOL_DUCKDB_MEMORY``) is kept.
+    """
+    if os.environ.get(MEMORY_ENV, "").strip():
+        yield con
+        return
+    con.execute(f"SET memory_limit = '{limit}'")
+    try:
+        yield con
+    finally:
+        with contextlib.suppress(Exception):  # the connection may be gone after an error
+            con.execute(f"SET memory_limit = '{memory_limit()}'")
 
 
 CURRENT = "table_catalog IN (current_database(), 'temp')"

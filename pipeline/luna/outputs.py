@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,15 @@ CACHE_COLUMNS = ("cell_id", "content_digest", "made_with", "summary", "key", "ru
 PATTERN_LIST = TypeAdapter(list[Pattern])
 FLUSH_CELLS = 500  # cells whose rows wait in memory before they go to the staging tables (~2 MiB)
 FILE_ROWS = 5_000  # patterns read back at a time to write patterns.jsonl
+# Patterns sorted at a time: the whole batch's patterns (650,000 rows, 309 MB of lines at 100,000 cells)
+# sorted in one statement took DuckDB's whole limit twice at the end of the stage (+480 MiB each for
+# the table and the file); a range of ids at a time is sorted in a few MiB.
+RANGE_ROWS = 20_000
+RANGE_CELLS = 2_000  # the same for the tables by cell (a cell's verdicts, its cache row with its task's summary)
+# DuckDB's memory while the Luna tables and the file are written from the staged rows, a range at a time:
+# a range is a few MiB, and under the general limit the blocks read range after range stayed cached up
+# to it. (A whole-table sort does not fit: under 128 MiB one ran out of memory at 100,000 cells.)
+FINISH_MEMORY = "128MiB"
 
 TABLES_DDL = """
 CREATE OR REPLACE TABLE patterns (
@@ -184,25 +194,54 @@ class LunaOutputs:
             con.execute(CACHE_DDL)
             # the cells made now replace their old cache rows; failed cells are not cached
             con.execute(f"DELETE FROM {CACHE_TABLE} WHERE cell_id IN (SELECT cell_id FROM {_STAGED}{CACHE_TABLE})")
-            for name, cols, _extra, order in _TABLES:
-                listed = ", ".join(cols)
-                con.execute(f"INSERT INTO {name} ({listed}) SELECT {listed} FROM {_STAGED}{name} ORDER BY {order}")
-            digest = self._write_file(con)
+            with duck.limited(con, FINISH_MEMORY):
+                ranges = _id_ranges(con, "patterns", "pattern_id", RANGE_ROWS)
+                by_cell = _id_ranges(con, "luna_cells", "cell_id", RANGE_CELLS)  # every other table is by cell
+                for name, cols, _extra, order in _TABLES:
+                    listed = ", ".join(cols)
+                    sql = f"INSERT INTO {name} ({listed}) SELECT {listed} FROM {_STAGED}{name}"
+                    # appended range after range: each table's rows are in the order of one whole sort
+                    for where, params in ranges if name == "patterns" else by_cell:
+                        con.execute(f"{sql} WHERE {where} ORDER BY {order}", params)
+                digest = self._write_file(con, ranges)
             for name, *_ in _TABLES:
                 con.execute(f"DROP TABLE IF EXISTS {_STAGED}{name}")
         finally:
             con.close()
         return digest
 
-    def _write_file(self, con: duckdb.DuckDBPyConnection) -> str:
-        """``patterns.jsonl`` from the staged lines in pattern order, a chunk at a time, atomically."""
-        result = con.execute(f"SELECT line FROM {_STAGED}patterns ORDER BY pattern_id")
+    def _write_file(self, con: duckdb.DuckDBPyConnection, ranges: list[tuple[str, list[str]]]) -> str:
+        """``patterns.jsonl`` from the staged lines in pattern order, a range of ids at a time, atomically."""
 
         def chunks() -> Iterator[bytes]:
-            while chunk := result.fetchmany(FILE_ROWS):
-                yield "".join(line for (line,) in chunk).encode("utf-8")
+            for where, params in ranges:
+                result = con.execute(f"SELECT line FROM {_STAGED}patterns WHERE {where} ORDER BY pattern_id", params)
+                while chunk := result.fetchmany(FILE_ROWS):
+                    yield "".join(line for (line,) in chunk).encode("utf-8")
 
         return atomic_write_chunks(self.run_dir / self.patterns_file, chunks())
+
+
+def _id_ranges(con: duckdb.DuckDBPyConnection, table: str, column: str, every: int) -> list[tuple[str, list[str]]]:
+    """(WHERE clause, its parameters) for consecutive ranges of staged ``table``'s ``column``, ``every`` values each.
+
+    Only that column is sorted whole (~25 bytes a value); the first and last ranges are open, so every
+    row of a table keyed by the same values falls in exactly one range.
+    """
+    bounds = [
+        str(r[0])
+        for r in con.execute(
+            f"SELECT {column} FROM (SELECT {column}, row_number() OVER (ORDER BY {column}) AS n "
+            f"FROM {_STAGED}{table}) WHERE n % {every} = 0 ORDER BY n"
+        ).fetchall()
+    ]
+    if not bounds:
+        return [("true", [])]
+    return [
+        (f"{column} <= ?", [bounds[0]]),
+        *((f"{column} > ? AND {column} <= ?", [lo, hi]) for lo, hi in pairwise(bounds)),
+        (f"{column} > ?", [bounds[-1]]),
+    ]
 
 
 def discard_staged(ir_path: Path) -> None:

@@ -122,3 +122,19 @@ def test_the_last_close_hands_the_instance_memory_back_and_the_next_open_has_the
         assert _limit(again) == "512.0 MiB"
     finally:
         again.close()
+
+
+def test_a_limited_block_has_its_own_limit_then_lunasols_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LUNASOL_DUCKDB_MEMORY", raising=False)
+    con = duck.connect(tmp_path / "x.duckdb")
+    try:
+        with pytest.raises(RuntimeError), duck.limited(con, "64MiB"):
+            assert _limit(con) == "64.0 MiB"
+            raise RuntimeError("a failed statement")
+        assert _limit(con) == "512.0 MiB"  # restored after an error too
+        monkeypatch.setenv("LUNASOL_DUCKDB_MEMORY", "1GiB")  # the user's limit is kept
+        con.execute("SET memory_limit = '1GiB'")
+        with duck.limited(con, "64MiB"):
+            assert _limit(con) == "1.0 GiB"
+    finally:
+        con.close()

@@ -108,3 +108,40 @@ async def test_bounded_gather_makes_each_call_only_when_a_slot_is_free() -> None
     assert await progress.gather_bounded(calls(), 3, total=50, progress=False) == list(range(50))
     assert max(ahead) <= 3 and made == 50
     assert await progress.gather_bounded((job(i) for i in range(5)), 2, total=5, keep=False, progress=False) == []
+
+
+def test_patterns_are_sorted_a_range_of_ids_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The stage's end sorts the staged patterns a range of ids at a time (the whole sort took DuckDB's
+    # limit at 100,000 cells): the ranges cover every id once, in order, whatever the number of ids.
+    import duckdb
+
+    con = duckdb.connect()
+    ids = [f"C{c:03d}-p{p}" for c in range(7) for p in (1, 2, 10)]  # "p10" sorts before "p2"
+    con.execute(f"CREATE TABLE {outputs._STAGED}patterns (pattern_id VARCHAR)")
+    con.executemany(f"INSERT INTO {outputs._STAGED}patterns VALUES (?)", [[i] for i in reversed(ids)])
+    for size in (1, 2, 3, len(ids) - 1, len(ids), len(ids) + 1):
+        seen: list[str] = []
+        for where, params in outputs._id_ranges(con, "patterns", "pattern_id", size):
+            seen += [r[0] for r in con.execute(
+                f"SELECT pattern_id FROM {outputs._STAGED}patterns WHERE {where} ORDER BY pattern_id", params
+            ).fetchall()]  # fmt: skip
+        assert seen == sorted(ids), size
+
+
+def test_ranged_outputs_are_the_whole_sorts_bytes(
+    tmp_path: Path,
+    fake_llm: FakeOpenAI,
+    model_settings: Callable[..., ModelSettings],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # patterns.jsonl and the patterns table, made one range of two ids at a time, are those of one sort.
+    cells = {f"C{i:03d}": CELLS["C001"] for i in range(1, 13)}
+    fake_llm.handler = bulky
+    made: dict[int, tuple[bytes, list[tuple[Any, ...]]]] = {}
+    for size in (2, 1_000_000):
+        monkeypatch.setattr(outputs, "RANGE_ROWS", size)
+        monkeypatch.setattr(outputs, "RANGE_CELLS", size)
+        ctx = make_ctx(tmp_path / str(size), model_settings(), cells)
+        run_stages(ctx)
+        made[size] = ((ctx.run_dir / "patterns.jsonl").read_bytes(), table(ctx, "SELECT * FROM patterns"))
+    assert made[2] == made[1_000_000] and len(made[2][1]) == 12
