@@ -45,14 +45,19 @@ DEFAULT_MEMORY = "512MiB"
 _MEMORY = re.compile(r"\d+(\.\d+)?\s*(%|[KMGT]i?B|B)", re.I)
 
 
-def memory_limit() -> str:
-    """DuckDB's memory limit for lunasol's connections (``$LUNASOL_DUCKDB_MEMORY`` or 512 MiB)."""
+def user_limit() -> str | None:
+    """The limit the user set in ``$LUNASOL_DUCKDB_MEMORY`` (it holds for every connection), or None."""
     raw = os.environ.get(MEMORY_ENV, "").strip()
     if not raw:
-        return DEFAULT_MEMORY
+        return None
     if not _MEMORY.fullmatch(raw):
         raise BadInput(f"{MEMORY_ENV}={raw!r}: expected an amount such as 1GiB, 512MB or 25%")
     return raw
+
+
+def memory_limit() -> str:
+    """DuckDB's memory limit for lunasol's connections (``$LUNASOL_DUCKDB_MEMORY`` or 512 MiB)."""
+    return user_limit() or DEFAULT_MEMORY
 
 
 @contextlib.contextmanager
@@ -63,7 +68,7 @@ def limited(con: Any, limit: str) -> Iterator[Any]:
     read stay cached up to it. The limit is the instance's (every connection of the hub); a limit
     the user set (``$LUNASOL_DUCKDB_MEMORY``) is kept.
     """
-    if os.environ.get(MEMORY_ENV, "").strip():
+    if user_limit() is not None:
         yield con
         return
     con.execute(f"SET memory_limit = '{limit}'")

@@ -134,7 +134,7 @@ def _read_outcomes(bundle: Path, manifest: Manifest, request: AnalysisRequest) -
 
 
 def _outcomes_table(cols: dict[str, list[Any]]) -> pa.Table:
-    import pyarrow as pa
+    import pyarrow as pa  # here, not at module top: `lunasol --help` never loads Arrow
 
     return pa.table(
         {k: pa.array(v, type=pa.float64() if k in _OUTCOME_NUMBERS else pa.string()) for k, v in cols.items()}

@@ -83,7 +83,7 @@ class IRWriter:
             # A rerun edits a copy of the previous IR (its file is never touched; commit renames the copy).
             shutil.copyfile(start_from, self._tmp)
         self._con = duck.connect(self._tmp, own=True)  # it changes instance settings (checkpointing)
-        if not os.environ.get(duck.MEMORY_ENV, "").strip():
+        if duck.user_limit() is None:
             self._con.execute(f"SET memory_limit = '{EXPORT_MEMORY}'")
         # One checkpoint at the end instead of one per WAL threshold: the load is one transaction anyway.
         self._con.execute("SET checkpoint_threshold = '64GB'")
