@@ -263,39 +263,37 @@ def write_occurrences(con: Any, rank: dict[str, int], doc_groups: list[dict[str,
             con.unregister("_sol_doc_occurrences")
 
 
-def _task_groups(con: Any, doc_groups: list[dict[str, Any]] | None, task_of: dict[str, str]) -> dict[str, set[str]]:
-    """Per task of ``task_of`` (eligible cell -> task), the groups with an occurrence in one of its cells."""
-    out: dict[str, set[str]] = {t: set() for t in task_of.values()}
+def _group_cells(
+    con: Any, doc_groups: list[dict[str, Any]] | None, task_of: dict[str, str], ids: dict[str, str]
+) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """(per task of ``task_of`` its groups, per group its cells) from one walk of the (group, cell) pairs.
+
+    ``task_of``: eligible cell -> task; a group's cells (:func:`group_cells`) are any cells', each the
+    string of ``ids`` (one per cell). From the IR's ``pattern_occurrences``, else the document's groups.
+    """
+    by_task: dict[str, set[str]] = {t: set() for t in task_of.values()}
+    members: dict[str, set[str]] = {}
     if doc_groups is not None:
         for g in doc_groups:
             gid = group_id(g)
             if gid is None:
                 continue
-            for cell in group_cells(g):
+            cells = group_cells(g)
+            if gid:  # an empty id names no group of the index
+                members[gid] = {ids.get(c, c) for c in cells}
+            for cell in cells:
                 if cell in task_of:
-                    out[task_of[cell]].add(gid)
-        return out
+                    by_task[task_of[cell]].add(gid)
+        return by_task, members
     cur = con.execute("SELECT DISTINCT group_id, cell_id FROM pattern_occurrences WHERE group_id IS NOT NULL")
     while got := cur.fetchmany(FETCH_ROWS):
         for gid, cell in got:
             task = task_of.get(str(cell))
             if task is not None:
-                out[task].add(str(gid))
-    return out
-
-
-def _index_groups(con: Any, doc_groups: list[dict[str, Any]] | None, ids: dict[str, str]) -> dict[str, set[str]]:
-    """Group id -> its cells (:func:`group_cells`), each cell id the one of ``ids`` (one string per cell)."""
-    if doc_groups is not None:
-        return {gid: {ids.get(c, c) for c in group_cells(g)} for g in doc_groups if (gid := group_id(g))}
-    out: dict[str, set[str]] = {}
-    cur = con.execute(
-        "SELECT DISTINCT group_id, cell_id FROM pattern_occurrences WHERE group_id IS NOT NULL AND cell_id IS NOT NULL"
-    )
-    while got := cur.fetchmany(FETCH_ROWS):
-        for gid, cell in got:
-            out.setdefault(str(gid), set()).add(ids.get(cell, cell))
-    return out
+                by_task[task].add(str(gid))
+            if cell is not None:
+                members.setdefault(str(gid), set()).add(ids.get(cell, cell))
+    return by_task, members
 
 
 def _share(cells: list[dict[str, Any]], coverage: list[dict[str, Any]]) -> None:
@@ -342,8 +340,8 @@ def load_batch(run_dir: Path, ir_path: Path) -> Batch:
         _share(cells, coverage)
         ids = {c["cell_id"]: c["cell_id"] for c in cells}  # one string per cell id, whoever holds it
         eligible = [c for c in cells if c["eligibility"] == "valid_behavior"]
-        by_task = _task_groups(con, doc_groups, {str(c["cell_id"]): str(c["task_id"]) for c in eligible})
-        members = _index_groups(con, doc_groups, ids)
+        task_of = {str(c["cell_id"]): str(c["task_id"]) for c in eligible}
+        by_task, members = _group_cells(con, doc_groups, task_of, ids)
         for g in groups:  # a group without occurrences is still one of the run's
             members.setdefault(str(g["group_id"]), set())
         index = load_index(ir_path, members, con)  # one connection for the batch
@@ -354,7 +352,7 @@ def load_batch(run_dir: Path, ir_path: Path) -> Batch:
 
     def tables(c: Any, temp: bool) -> None:
         write_occurrences(c, rank, doc_groups, temp=temp)
-        write_evidence(c, rank, temp=temp)
+        write_evidence(c, temp=temp)
 
     # The timelines of cells whose content changed (or all, the first time) made into the IR's table; the
     # occurrences, every cited event's line and Luna's words too; read per request on the batch's connection.

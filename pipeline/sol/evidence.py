@@ -80,17 +80,16 @@ def _fill(con: Any, table: str, rows: Iterator[Any]) -> None:
             con.unregister("_sol_rows")
 
 
-def write_evidence(con: Any, rank: dict[str, int], *, temp: bool = False) -> None:
+def write_evidence(con: Any, *, temp: bool = False) -> None:
     """Tables ``sol_cited_lines`` and ``sol_pattern_texts`` for the occurrences of ``sol_occurrences``.
 
     On a connection that may write, after :func:`pipeline.sol.corpus.write_occurrences`. Every cited
     event's line is rendered once (Luna's renderer), a batch of rows at a time from one streamed
-    query, and stored by ``rank`` (its cell's place in ``rank``, the partitions' walk) so that a
-    request's cells are one range of the table. ``temp``: temporary tables of ``con``.
+    query, and stored by its occurrence's ``rank`` (its cell's place in the partitions' walk) so that
+    a request's cells are one range of the table. ``temp``: temporary tables of ``con``.
     """
     import pyarrow as pa  # loaded by the IR export already; kept off Sol's import path
 
-    del rank  # the occurrences' table holds each one's rank
     kind = "TEMP " if temp else ""
     for name, key in (("_sol_cited_events", "events"), ("_sol_cited_patterns", "pattern_ids")):
         # (rank, group, id) of every id the occurrences cite under ``key``

@@ -73,7 +73,7 @@ def _peak(tmp_path: Path, cells: int) -> tuple[int, int]:
 
         def tables(con: Any, temp: bool) -> None:
             write_occurrences(con, rank, groups, temp=temp)
-            write_evidence(con, rank, temp=temp)
+            write_evidence(con, temp=temp)
 
         store = open_store(ir, rank, tables)
         try:
