@@ -330,9 +330,11 @@ class Renderer:
                         seen.add(key)
                         yield line
 
-    def _batch_lines(self) -> Iterator[str]:
-        """The lines of ``groups_text`` of every eligible cell, a group's occurrences read at a time."""
-        return self._group_lines(self.batch.group_stream(), None, None)
+    def _text_lines(self, cells: list[str], whole: bool) -> Iterator[str]:
+        """The lines of ``groups_text(cells)``; the whole batch's (``whole``) a group's occurrences read at a time."""
+        if whole:
+            return self._group_lines(self.batch.group_stream(), None, None)
+        return self._lines(self._selected(cells, None, None)[0], None)
 
     def _whole(self, cells: list[str]) -> bool:
         return len(cells) == len(self.batch.eligible) and set(cells) == self.batch.evidence.rank.keys()
@@ -343,7 +345,7 @@ class Renderer:
         if whole and self._whole_chars is not None:
             return self._whole_chars  # the whole batch's is asked twice per plan (its size, then its middle)
         chars = lines = 0
-        for line in self._batch_lines() if whole else self._lines(self._selected(cells, None, None)[0], None):
+        for line in self._text_lines(cells, whole):
             chars += len(line)
             lines += 1
         chars = chars + lines - 1 if lines else len("none in these cells")
@@ -360,8 +362,7 @@ class Renderer:
         start = max(self.groups_text_chars(cells) // 2 - chars // 2, 0)
         pos, first = 0, 0
         kept: list[str] = []
-        source = self._batch_lines() if self._whole(cells) else self._lines(self._selected(cells, None, None)[0], None)
-        for line in source:
+        for line in self._text_lines(cells, self._whole(cells)):
             end = pos + len(line) + 1  # the line and its newline
             if end > start:
                 first = first if kept else pos
