@@ -61,22 +61,29 @@ def memory_limit() -> str:
 
 
 @contextlib.contextmanager
-def limited(con: Any, limit: str) -> Iterator[Any]:
+def limited(con: Any, limit: str, *, threads: int | None = None) -> Iterator[Any]:
     """``con`` with DuckDB's memory limit at ``limit`` for the block, then lunasol's again.
 
     For work that reads a large table a small range at a time: under the general limit the blocks
     read stay cached up to it. The limit is the instance's (every connection of the hub); a limit
-    the user set (``$LUNASOL_DUCKDB_MEMORY``) is kept.
+    the user set (``$LUNASOL_DUCKDB_MEMORY``) is kept. ``threads``: DuckDB's threads for the block
+    too; a sort of a whole large table spills to disk under a small limit with one thread, where two
+    each want their own buffers and run out of memory (Sol's timeline walk at 100,000 cells: 128 MiB).
     """
     if user_limit() is not None:
         yield con
         return
+    before = con.execute("SELECT current_setting('threads')").fetchall()[0][0] if threads else None
     con.execute(f"SET memory_limit = '{limit}'")
+    if threads:
+        con.execute(f"SET threads = {threads}")
     try:
         yield con
     finally:
         with contextlib.suppress(Exception):  # the connection may be gone after an error
             con.execute(f"SET memory_limit = '{memory_limit()}'")
+            if before is not None:
+                con.execute(f"SET threads = {int(before)}")
 
 
 CURRENT = "table_catalog IN (current_database(), 'temp')"

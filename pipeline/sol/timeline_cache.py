@@ -251,6 +251,9 @@ class TimelineStore:
 
 
 STORE_MEMORY = "96MiB"
+# The batch's tables (walk, occurrences, cited lines) are written by whole sorts that spill to disk under this,
+# on one thread: under the general 512 MiB they held +528 MiB at 100,000 cells (the walk) where 10,000 need a tenth
+WRITE_MEMORY = "128MiB"
 """DuckDB's memory while Sol reads a request's rows: each request reads a range of its tables, and under
 lunasol's shared limit the blocks read stayed cached up to it (RSS +500 MiB over Sol's map calls at
 100,000 cells)."""
@@ -291,19 +294,21 @@ def open_store(
         con = None
     if con is not None:
         try:
-            read = update_timelines(con)
-            write_walk(con, rank)
-            if also is not None:
-                also(con, False)
+            with duck.limited(con, WRITE_MEMORY, threads=1):
+                read = update_timelines(con)
+                write_walk(con, rank)
+                if also is not None:
+                    also(con, False)
         finally:
             con.close()
         return TimelineStore(_reader(ir_path), read, rank)
     ro = duck.connect(ir_path, read_only=True)
     try:
-        read = update_timelines(ro, temp=True)
-        write_walk(ro, rank, temp=True)
-        if also is not None:
-            also(ro, True)
+        with duck.limited(ro, WRITE_MEMORY, threads=1):
+            read = update_timelines(ro, temp=True)
+            write_walk(ro, rank, temp=True)
+            if also is not None:
+                also(ro, True)
     except BaseException:
         ro.close()
         raise

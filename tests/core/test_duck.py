@@ -132,6 +132,12 @@ def test_a_limited_block_has_its_own_limit_then_lunasols_again(tmp_path: Path, m
             assert _limit(con) == "64.0 MiB"
             raise RuntimeError("a failed statement")
         assert _limit(con) == "512.0 MiB"  # restored after an error too
+        con.execute("SET threads = 2")
+        with pytest.raises(RuntimeError), duck.limited(con, "64MiB", threads=1):
+            assert con.execute("SELECT current_setting('threads')").fetchall()[0][0] == 1
+            raise RuntimeError("a failed sort")
+        assert con.execute("SELECT current_setting('threads')").fetchall()[0][0] == 2  # the threads it had
+        assert _limit(con) == "512.0 MiB"
         monkeypatch.setenv("LUNASOL_DUCKDB_MEMORY", "1GiB")  # the user's limit is kept
         con.execute("SET memory_limit = '1GiB'")
         with duck.limited(con, "64MiB"):

@@ -115,3 +115,43 @@ def test_sol_holds_no_timeline_or_cited_line_of_the_whole_batch(tmp_path: Path, 
     assert (shown_small, shown_large) == (100 * 3, 400 * 3)  # every cited line was read, by the requests
     # measured: 1.2x (335 -> 408 KB); with every cell's lines held before writing them, 3.8x (0.9 -> 3.5 MB)
     assert large < 1.6 * small, (small, large)
+
+
+def test_the_batch_tables_are_sorted_under_the_write_limit_on_one_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each whole sort (walk, occurrences, cited lines) spills under 128 MiB; under 512 MiB it held +528 MiB at 100K."""
+    monkeypatch.delenv("LUNASOL_DUCKDB_MEMORY", raising=False)
+    ir = tmp_path / "ir.duckdb"
+    groups, rank = _ir(ir, 30)
+    seen: list[tuple[str, str, int]] = []
+
+    def settings(con: Any, what: str) -> None:
+        limit, threads = con.execute("SELECT current_setting('memory_limit'), current_setting('threads')").fetchall()[0]
+        seen.append((what, limit, threads))
+
+    walk = timeline_cache.write_walk
+
+    def write_walk(con: Any, r: dict[str, int], *, temp: bool = False) -> None:
+        settings(con, "walk")
+        walk(con, r, temp=temp)
+
+    def tables(con: Any, temp: bool) -> None:
+        settings(con, "occurrences and evidence")
+        write_occurrences(con, rank, groups, temp=temp)
+        write_evidence(con, temp=temp)
+
+    monkeypatch.setattr(timeline_cache, "write_walk", write_walk)
+    store = open_store(ir, rank, tables)
+    try:
+        after = store.con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+    finally:
+        store.close()
+    assert seen == [("walk", "128.0 MiB", 1), ("occurrences and evidence", "128.0 MiB", 1)]
+    assert after == timeline_cache.STORE_MEMORY.replace("MiB", ".0 MiB")  # the reading connection: its own cap
+    con = duckdb.connect(str(ir), read_only=True)
+    try:
+        walk_rows = con.execute(f"SELECT rank FROM {timeline_cache.WALK_TABLE}").fetchall()
+    finally:
+        con.close()
+    assert [r[0] for r in walk_rows] == sorted(r[0] for r in walk_rows) and len(walk_rows) == 30 * EVENTS
