@@ -14,6 +14,7 @@ import duckdb
 import pytest
 
 from pipeline.coordinator import GROUPS_FILE, run_coordinator, sql_files
+from pipeline.coordinator import incidents
 from pipeline.coordinator.incidents import CACHE_TABLE, update_incidents
 from pipeline.core.canonical import read_json
 from pipeline.luna.stage import TABLES_DDL
@@ -176,8 +177,16 @@ FROM events
 """
 
 
-def test_incidents_are_the_first_line_of_each_controller_key_as_a_window_defines_them() -> None:
-    """01_incidents.sql (hash aggregates, links only) gives what a window over every event gives (NULLs, actors)."""
+@pytest.mark.parametrize("per_range", [None, 1, 800])  # the whole batch at once; a cell a range; 2 cells, then 1
+def test_incidents_are_the_first_line_of_each_controller_key_as_a_window_defines_them(
+    per_range: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """01_incidents.sql (hash aggregates, links only) gives what a window over every event gives (NULLs, actors).
+
+    Run on ranges of cells (bounded hash tables at 100,000 cells), the links are those of one run on every cell.
+    """
+    if per_range is not None:
+        monkeypatch.setattr(incidents, "RULE_EVENTS", per_range)
     rng = random.Random(7)
     rows = []
     for cell in ("C001", "C002", "C003"):
@@ -285,9 +294,10 @@ def test_occurrences_are_those_of_the_row_by_row_join(tmp_path: Path) -> None:
 
 
 def test_a_rerun_looks_again_only_at_changed_cells_and_gives_every_incident_a_fresh_run_gives(
-    demo_gate1: Path, tmp_path: Path
+    demo_gate1: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Incidents of unchanged cells come from the cache; the view holds what computing every cell gives."""
+    monkeypatch.setattr(incidents, "RULE_EVENTS", 200)  # ranges of a few cells: the cache rows are the whole run's
     rule = (resources.files("pipeline.coordinator") / "sql" / "01_incidents.sql").read_text(encoding="utf-8")
     ir = tmp_path / "ir.duckdb"
     shutil.copy(demo_gate1 / "ir.duckdb", ir)
