@@ -13,8 +13,7 @@ from typing import Any
 import duckdb
 import pytest
 
-from pipeline.coordinator import GROUPS_FILE, run_coordinator, sql_files
-from pipeline.coordinator import incidents
+from pipeline.coordinator import GROUPS_FILE, incidents, run_coordinator, sql_files
 from pipeline.coordinator.incidents import CACHE_TABLE, update_incidents
 from pipeline.core.canonical import read_json
 from pipeline.luna.stage import TABLES_DDL
