@@ -13,6 +13,7 @@ call plus the downstream steps. A :class:`~pipeline.core.errors.Blocked` error w
 from __future__ import annotations
 
 import fcntl
+import functools
 import gc
 import itertools
 import os
@@ -623,6 +624,16 @@ def _dry_progress() -> Callable[[str], None]:
     return lambda m: print(f"dry run: {m}", file=sys.stderr, flush=True)
 
 
+def _noted(name: str, plan: Callable[[], Iterable[PlannedCall]], notes: list[str]) -> Iterator[PlannedCall]:
+    """``plan()``'s calls, made when the first is asked for; a note when it had none."""
+    made = 0
+    for call in plan():
+        made += 1
+        yield call
+    if not made:
+        notes.append(f"{name}: nothing to plan yet")
+
+
 def dry_run(ctx: RunContext) -> RunResult:
     """Estimate calls, tokens and cost; no model is called and the runs directory is not touched.
 
@@ -641,13 +652,9 @@ def dry_run(ctx: RunContext) -> RunResult:
             if target.plan is not None:
                 model_stage_seen = True
                 say(f"planning {name}")
-                if name == "luna":  # one call per cell part: counted as they come, never all held at once
-                    planned.append(target.plan(tctx))
-                    continue
-                calls = list(target.plan(tctx))
-                planned.append(calls)
-                if not calls:
-                    notes.append(f"{name}: nothing to plan yet")
+                # counted as they come, never all held at once (Luna's per cell part, Sol's per partition);
+                # each role's plan starts when the one before it is counted (one reader of the IR at a time)
+                planned.append(_noted(name, functools.partial(target.plan, tctx), notes))
             elif not model_stage_seen:
                 say(f"{name} (deterministic, in a temporary directory)")
                 target.run(tctx)  # deterministic stage: needed to render real prompts

@@ -11,6 +11,7 @@ an unblock naming ``--context-tokens``.
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import shutil
@@ -516,3 +517,31 @@ def test_a_partition_is_made_again_when_what_it_shows_changed_and_only_then(
     taken, fresh = plan(flip), plan(flip, prior=False)
     assert not any(m.lazy for m in taken.maps)
     assert [m.canonical_sha for m in taken.maps] == [m.canonical_sha for m in fresh.maps]
+
+
+def test_the_dry_runs_sol_plan_renders_a_map_request_when_it_is_counted(
+    scaled: tuple[RunContext, str], model_settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Never every map request's context at once: held as a list they were 3.0 GiB at 100,000 cells."""
+    # the modules, not the functions pipeline.sol exports under the same names
+    sol_plan_module = importlib.import_module("pipeline.sol.plan")
+    sol_stage_module = importlib.import_module("pipeline.sol.stage")
+
+    ctx, _ = scaled
+    ctx.options.models = model_settings(context_tokens=CONTEXT)
+    rendered = [0]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        rendered[0] += 1
+        return fitted_map_context(*args, **kwargs)
+
+    monkeypatch.setattr(sol_plan_module, "fitted_map_context", counted)
+    calls = iter(sol_stage_module.plan(ctx))
+    first = next(calls)
+    assert first.role == MAP_ROLE
+    before = rendered[0]  # planning may render each partition to size it; the calls are made after
+    second = next(calls)
+    assert second.role == MAP_ROLE and rendered[0] == before + 1  # this call's context, made now
+    rest = list(calls)
+    maps = 2 + sum(1 for c in rest if c.role == MAP_ROLE)
+    assert maps >= 3 and rest[-1].role == "sol_reduce" and rendered[0] >= before + maps - 1
