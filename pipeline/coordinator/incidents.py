@@ -129,11 +129,10 @@ def _run_rule(con: duckdb.DuckDBPyConnection, rule_sql: str, todo: list[tuple[st
             con.execute(rule_sql)
         finally:
             con.unregister("incident_cells")
-        if len(ranges) > 1:
-            verb = (
-                "CREATE OR REPLACE TEMP TABLE _incident_links_all AS" if i == 0 else "INSERT INTO _incident_links_all"
-            )
-            con.execute(f"{verb} SELECT * FROM incident_links_fresh")
+        if i:
+            con.execute("INSERT INTO _incident_links_all SELECT * FROM incident_links_fresh")
+        elif len(ranges) > 1:
+            con.execute("CREATE OR REPLACE TEMP TABLE _incident_links_all AS SELECT * FROM incident_links_fresh")
     if len(ranges) > 1:
         con.execute("CREATE OR REPLACE TEMP TABLE incident_links_fresh AS SELECT * FROM _incident_links_all")
         con.execute("DROP TABLE _incident_links_all")

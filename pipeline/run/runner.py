@@ -667,7 +667,7 @@ def dry_run(ctx: RunContext) -> RunResult:
                 )
             else:
                 notes.append(f"{name}: deterministic, runs after the model stages (no model call)")
-        say("rendering and counting every request (Luna's are planned as they are counted)")
+        say("rendering and counting every request (Luna's and Sol's are made as they are counted)")
         est = estimate(itertools.chain.from_iterable(planned), ctx.options.models, progress=say)
         chosen = run_pilot(tctx.run_dir)
         if chosen is not None:  # the estimate is the pilot's: said first

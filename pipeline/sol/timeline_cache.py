@@ -251,12 +251,12 @@ class TimelineStore:
 
 
 STORE_MEMORY = "96MiB"
-# The batch's tables (walk, occurrences, cited lines) are written by whole sorts that spill to disk under this,
-# on one thread: under the general 512 MiB they held +528 MiB at 100,000 cells (the walk) where 10,000 need a tenth
-WRITE_MEMORY = "128MiB"
 """DuckDB's memory while Sol reads a request's rows: each request reads a range of its tables, and under
 lunasol's shared limit the blocks read stayed cached up to it (RSS +500 MiB over Sol's map calls at
 100,000 cells)."""
+WRITE_MEMORY = "128MiB"
+"""DuckDB's memory while Sol writes the batch's tables (walk, occurrences, cited lines), on one thread: their
+whole sorts spill to disk under it. Under lunasol's shared limit the walk alone held +528 MiB at 100,000 cells."""
 
 
 def _reader(ir_path: Path) -> Any:
