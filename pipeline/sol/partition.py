@@ -339,8 +339,14 @@ class Renderer:
     def _whole(self, cells: list[str]) -> bool:
         return len(cells) == len(self.batch.eligible) and set(cells) == self.batch.evidence.rank.keys()
 
-    def groups_text_chars(self, cells: list[str]) -> int:
-        """``len(groups_text(cells))`` (every group, whole-batch headers), counted without making the text."""
+    def groups_text_chars(self, cells: list[str], stop_at: int | None = None) -> int:
+        """``len(groups_text(cells))`` (every group, whole-batch headers), counted without making the text.
+
+        ``stop_at``: counting ends past it, so the count is a lower bound (what the single call's
+        decision needs). The whole batch's text dedups every event line it says, by id: walked to its
+        end at 100,000 cells that set alone held ~300 MiB, to learn a size past the budget after 0.4%.
+        For the whole batch the count is kept, and :meth:`sample_text` samples the text it counted.
+        """
         whole = self._whole(cells)
         if whole and self._whole_chars is not None:
             return self._whole_chars  # the whole batch's is asked twice per plan (its size, then its middle)
@@ -348,6 +354,8 @@ class Renderer:
         for line in self._text_lines(cells, whole):
             chars += len(line)
             lines += 1
+            if stop_at is not None and chars + lines - 1 > stop_at:
+                break
         chars = chars + lines - 1 if lines else len("none in these cells")
         if whole:
             self._whole_chars = chars
@@ -357,7 +365,8 @@ class Renderer:
         """The middle ``chars`` characters of ``groups_text(cells)``, made without the rest of the text.
 
         What the characters per token of a whole-batch prompt are measured on when that prompt is
-        not made: its middle is in its pattern groups.
+        not made: its middle is in its pattern groups. When the whole batch's count stopped early
+        (:meth:`groups_text_chars`' ``stop_at``), the middle of the part it counted.
         """
         start = max(self.groups_text_chars(cells) // 2 - chars // 2, 0)
         pos, first = 0, 0

@@ -327,7 +327,9 @@ def plan_sol(
     renderer = Renderer(batch)
     if callable(single) and not count_whole:
         eligible = [str(c["cell_id"]) for c in batch.eligible]
-        least = sum(len(renderer.cell_line(c)) + 1 for c in eligible) + renderer.groups_text_chars(eligible)
+        rows = sum(len(renderer.cell_line(c)) + 1 for c in eligible)
+        past = int(COUNT_WHOLE_BELOW * budget.input_tokens * MAX_CHARS_PER_TOKEN)  # past it: map/reduce
+        least = rows + renderer.groups_text_chars(eligible, stop_at=max(past - rows, 0))
         if least / MAX_CHARS_PER_TOKEN > COUNT_WHOLE_BELOW * budget.input_tokens:
             cpt = chars_per_token(budget.limits, renderer.sample_text(eligible, SAMPLE_CHARS))
             if prior is not None:

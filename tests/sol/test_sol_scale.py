@@ -545,3 +545,33 @@ def test_the_dry_runs_sol_plan_renders_a_map_request_when_it_is_counted(
     rest = list(calls)
     maps = 2 + sum(1 for c in rest if c.role == MAP_ROLE)
     assert maps >= 3 and rest[-1].role == "sol_reduce" and rendered[0] >= before + maps - 1
+
+
+def test_the_whole_batchs_group_text_is_counted_only_until_it_is_past_the_decision(
+    scaled: tuple[RunContext, str],
+) -> None:
+    """A lower bound, walked only as far as needed: to its end at 100,000 cells the dedup set held ~300 MiB."""
+    ctx, _ = scaled
+    batch = load_batch(ctx.run_dir, ctx.ir_path)
+    try:
+        eligible = [str(c["cell_id"]) for c in batch.eligible]
+        full = Renderer(batch).groups_text_chars(eligible)
+        lines = [0]
+        early = Renderer(batch)
+        walked = early._text_lines
+
+        def counted(cells: list[str], whole: bool) -> Any:
+            for line in walked(cells, whole):
+                lines[0] += 1
+                yield line
+
+        early._text_lines = counted  # type: ignore[method-assign]
+        part = early.groups_text_chars(eligible, stop_at=full // 10)
+        assert full // 10 < part < full // 5  # past the bound, and not much further
+        every = sum(1 for _ in Renderer(batch)._text_lines(eligible, True))
+        assert lines[0] < every // 4  # the rest of the text was never made
+        assert early.groups_text_chars(eligible) == part  # kept: the sample is of the part counted
+        sample = early.sample_text(eligible, 2_000)
+        assert len(sample) == 2_000
+    finally:
+        batch.close()
