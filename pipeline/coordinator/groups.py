@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pipeline.artifacts.rundir import GROUPS
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.coordinator.incidents import update_incidents
+from pipeline.coordinator.ranged import run_by_ranges
 from pipeline.core import duck
 from pipeline.core.errors import BadInput
 from pipeline.core.jsonstream import Fields, Items, atomic_write_chunks, pretty_object
@@ -27,6 +28,9 @@ from pipeline.core.jsonstream import Fields, Items, atomic_write_chunks, pretty_
 GROUPS_FILE = GROUPS.filename
 GROUPS_SCHEMA_VERSION = VERSIONS["pattern-groups"]
 INCIDENTS_SQL = "01_incidents.sql"
+OCCURRENCES_SQL = "02_occurrences.sql"
+OCCURRENCE_EVENTS = 1_000_000
+"""Cited events the occurrences are drafted from at a time (:mod:`pipeline.coordinator.ranged`)."""
 
 
 class _Doc(BaseModel):
@@ -222,6 +226,12 @@ def _run_sql(con: duckdb.DuckDBPyConnection) -> None:
     for name in sql_files():
         if name == INCIDENTS_SQL:  # the rule runs on the cells whose incidents are not cached
             update_incidents(con, _sql(name))
+        elif name == OCCURRENCES_SQL:
+            cited = con.execute(
+                "SELECT cell_id, sum(len(evidence))::BIGINT FROM patterns GROUP BY cell_id ORDER BY cell_id"
+            ).fetchall()
+            sizes = [(str(c), int(n or 0)) for c, n in cited]
+            run_by_ranges(con, _sql(name), "occurrence_cells", "pattern_occurrences_draft", sizes, OCCURRENCE_EVENTS)
         else:
             con.execute(_sql(name))
 

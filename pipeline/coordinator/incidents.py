@@ -13,15 +13,13 @@ SQL); export carries the rows of unchanged cells (:mod:`pipeline.ir.cache`), as 
 
 from __future__ import annotations
 
-import bisect
-
 import duckdb
 
 import pipeline
+from pipeline.coordinator.ranged import run_by_ranges
 from pipeline.core import duck
 from pipeline.core.canonical import digest
 from pipeline.ir.cache import cached_rows
-from pipeline.ir.digests import fill_ranges
 
 CACHE_TABLE = "incident_cache"
 CACHE_DDL = f"""
@@ -79,7 +77,8 @@ def update_incidents(con: duckdb.DuckDBPyConnection, rule_sql: str) -> tuple[int
     todo = [(str(c), int(n)) for c, n in counts if c not in known]
     con.register("incident_kept", pa.table({"cell_id": pa.array(kept, pa.string())}))
     try:
-        _run_rule(con, rule_sql, todo)
+        # the rule's hash tables hold every event of the cells it is run on: ranges keep them bounded
+        run_by_ranges(con, rule_sql, "incident_cells", "incident_links_fresh", todo, RULE_EVENTS)
         con.register("incident_cells", pa.table({"cell_id": pa.array([c for c, _ in todo], pa.string())}))
         if digests:
             # valid rows stay as they are; the cells just looked at (with a stored digest) get theirs
@@ -109,30 +108,3 @@ def update_incidents(con: duckdb.DuckDBPyConnection, rule_sql: str) -> tuple[int
         con.execute("DROP TABLE event_incidents")
     con.execute(VIEW_SQL)
     return len(todo), len(counts)
-
-
-def _run_rule(con: duckdb.DuckDBPyConnection, rule_sql: str, todo: list[tuple[str, int]]) -> None:
-    """Temp table ``incident_links_fresh`` for the cells of ``todo`` ((cell, events), in id order), by ranges.
-
-    The rule's hash tables hold every event of the cells it is run on; run on ranges of
-    :data:`RULE_EVENTS` events (a cell whole) they stay that size, where the whole batch's spilled:
-    50 CPU s at 100,000 cells against 1.6 at 10,000.
-    """
-    import pyarrow as pa  # here, not at module top: `lunasol --help` never loads Arrow
-
-    ranges = fill_ranges(todo, RULE_EVENTS) or [("", "")]  # no cell: the rule still makes its (empty) table
-    ids = [c for c, _ in todo]
-    for i, (lo, hi) in enumerate(ranges):
-        part = ids[bisect.bisect_left(ids, lo) : bisect.bisect_right(ids, hi)]
-        con.register("incident_cells", pa.table({"cell_id": pa.array(part, pa.string())}))
-        try:
-            con.execute(rule_sql)
-        finally:
-            con.unregister("incident_cells")
-        if i:
-            con.execute("INSERT INTO _incident_links_all SELECT * FROM incident_links_fresh")
-        elif len(ranges) > 1:
-            con.execute("CREATE OR REPLACE TEMP TABLE _incident_links_all AS SELECT * FROM incident_links_fresh")
-    if len(ranges) > 1:
-        con.execute("CREATE OR REPLACE TEMP TABLE incident_links_fresh AS SELECT * FROM _incident_links_all")
-        con.execute("DROP TABLE _incident_links_all")

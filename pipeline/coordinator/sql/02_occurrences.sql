@@ -1,12 +1,15 @@
 -- Occurrences: the patterns of one cell with the same type and concerns key that cite the same set
 -- of incidents are one occurrence (duplicate controller lines collapse); every event and ref is kept.
 -- Numbered by 03_groups.sql, which writes the table; this draft is a temp table (never stored).
+-- Run by pipeline.coordinator.groups on ranges of cells, those of temp table occurrence_cells (a cell's
+-- occurrences depend on its own patterns and events): the draft is the union of the ranges'.
 CREATE OR REPLACE TEMP TABLE pattern_occurrences_draft AS
 WITH shared AS (  -- an event is its own incident unless it repeats a controller line (01_incidents.sql)
     SELECT event_id, incident_id FROM incident_links
 ),
 cited AS (  -- unnest in the select list: a lateral unnest carries each whole list along every row (2x the join)
-    SELECT pattern_id, cell_id, type, concerns, unnest(evidence) AS event_id FROM patterns
+    SELECT pattern_id, cell_id, type, concerns, unnest(evidence) AS event_id
+    FROM patterns SEMI JOIN occurrence_cells USING (cell_id)
 ),
 per_pattern AS (  -- each pattern: the set of incidents it cites, and its events with their seq and ref
     -- (the event's own ref, pipeline.ir.refs: with its JSON pointer, the element inside a JSON file or zip)
