@@ -328,9 +328,9 @@ def plan_sol(
     if callable(single) and not count_whole:
         eligible = [str(c["cell_id"]) for c in batch.eligible]
         rows = sum(len(renderer.cell_line(c)) + 1 for c in eligible)
-        past = int(COUNT_WHOLE_BELOW * budget.input_tokens * MAX_CHARS_PER_TOKEN)  # past it: map/reduce
-        least = rows + renderer.groups_text_chars(eligible, stop_at=max(past - rows, 0))
-        if least / MAX_CHARS_PER_TOKEN > COUNT_WHOLE_BELOW * budget.input_tokens:
+        past = COUNT_WHOLE_BELOW * budget.input_tokens * MAX_CHARS_PER_TOKEN  # characters past it: map/reduce
+        least = rows + renderer.groups_text_chars(eligible, stop_at=max(int(past) - rows, 0))
+        if least > past:
             cpt = chars_per_token(budget.limits, renderer.sample_text(eligible, SAMPLE_CHARS))
             if prior is not None:
                 cpt = prior.steady_cpt(cpt)

@@ -288,27 +288,28 @@ def open_store(
         finally:
             ro.close()
         rank = {str(r[0]): i for i, r in enumerate(listed)}
+
+    def write(c: Any, temp: bool) -> list[str]:
+        with duck.limited(c, WRITE_MEMORY, threads=1):
+            read = update_timelines(c, temp=temp)
+            write_walk(c, rank, temp=temp)
+            if also is not None:
+                also(c, temp)
+        return read
+
     try:
         con = duck.connect(ir_path)
     except (duckdb.Error, OSError):
         con = None
     if con is not None:
         try:
-            with duck.limited(con, WRITE_MEMORY, threads=1):
-                read = update_timelines(con)
-                write_walk(con, rank)
-                if also is not None:
-                    also(con, False)
+            read = write(con, False)
         finally:
             con.close()
         return TimelineStore(_reader(ir_path), read, rank)
     ro = duck.connect(ir_path, read_only=True)
     try:
-        with duck.limited(ro, WRITE_MEMORY, threads=1):
-            read = update_timelines(ro, temp=True)
-            write_walk(ro, rank, temp=True)
-            if also is not None:
-                also(ro, True)
+        read = write(ro, True)
     except BaseException:
         ro.close()
         raise
