@@ -220,11 +220,10 @@ def export_tables_url(run_dir: Path, url: str) -> list[str]:
     import tempfile
 
     # only a URL target loads the object storage helpers (fsspec and its backend load later still)
-    from pipeline.core.objstore import join, open_url, put_file, shown
+    from pipeline.core.objstore import join, open_url, put_files, shown
 
     open_url(url)  # an unknown scheme or a missing backend: one line before any table is written
     with tempfile.TemporaryDirectory(prefix="lunasol-tables-") as tmp:
         written = export_tables(run_dir, Path(tmp))
-        for path in written:
-            put_file(path, join(url, path.name))
+        put_files(url, [(path, path.name) for path in written])
     return [shown(join(url, p.name)) for p in written]

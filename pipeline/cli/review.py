@@ -77,7 +77,7 @@ def register(app: typer.Typer) -> None:
         """A report to read before deciding: cards, timelines, raw lines beside the text (opens at any size)."""
         # startup: `lunasol --help` and every other verb load none of this
         from pipeline.artifacts.rundir import REPORT_DIR, REPORT_INDEX
-        from pipeline.core.objstore import is_url, open_url, put_file, shown
+        from pipeline.core.objstore import is_url, open_url, put_files, shown
         from pipeline.report import write_report
 
         if out is not None and is_url(out):
@@ -88,9 +88,9 @@ def register(app: typer.Typer) -> None:
             with tempfile.TemporaryDirectory(prefix="lunasol-report-") as tmp:
                 local, stats = write_report(_run_dir(run), out=Path(tmp) / REPORT_DIR)
                 # each object whole; the page last, so whoever opens it finds every shard it loads
-                for f in sorted(p for p in local.parent.rglob("*") if p.is_file() and p != local):
-                    put_file(f, f"{base}/{f.relative_to(local.parent).as_posix()}")
-                put_file(local, f"{base}/{REPORT_INDEX}")
+                shards = sorted(p for p in local.parent.rglob("*") if p.is_file() and p != local)
+                put_files(base, [(f, f.relative_to(local.parent).as_posix()) for f in shards])
+                put_files(base, [(local, REPORT_INDEX)])
             where = shown(f"{base}/{REPORT_INDEX}")
         else:
             path, stats = write_report(_run_dir(run), out=Path(out) if out is not None else None)

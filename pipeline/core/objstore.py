@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -134,6 +134,24 @@ def put_file(local: Path, url: str) -> None:
     fs, path = open_url(url)
     with storage_errors(url, "write"):
         fs.put_file(str(local), path)
+
+
+def put_files(base: str, files: Sequence[tuple[Path, str]]) -> None:
+    """Write each local file to ``base``/its key, each whole (as :func:`put_file`), through one client.
+
+    A client per file costs its backend's session setup each time (s3fs: ~0.25 CPU s, so a 400-file
+    report took 100 s); one client uploads them concurrently. Nothing is ordered among ``files``:
+    write what a reader opens first in a later call.
+    """
+    if not files:
+        return
+    if local_path(base) is not None:
+        for local, key in files:
+            put_file(local, join(base, key))
+        return
+    fs, path = open_url(base)
+    with storage_errors(base, "write"):
+        fs.put([str(local) for local, _ in files], [join(path, key) for _, key in files])
 
 
 def _tag(info: dict[str, Any]) -> tuple[str | None, str | None]:

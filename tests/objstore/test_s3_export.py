@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from pipeline import api
 from pipeline.cli.app import app
+from pipeline.core import objstore
 from pipeline.report import write_report
 from pipeline.testing.seaweed import S3Server
 from tests.objstore.conftest import client
@@ -37,10 +38,22 @@ def test_export_tables_round_trips_every_table_through_a_bucket(demo_gate1: Path
     assert s3.secret_key not in res.output
 
 
-def test_report_goes_to_keys_whole(demo_gate1: Path, bucket: str, s3: S3Server, tmp_path: Path) -> None:
+def test_report_goes_to_keys_whole(
+    demo_gate1: Path, bucket: str, s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clients: list[str] = []
+    real_open = objstore.open_url
+
+    def counted(url: str) -> tuple[object, str]:
+        clients.append(url)
+        return real_open(url)
+
+    monkeypatch.setattr(objstore, "open_url", counted)
     url = f"s3://{bucket}/reports/r1"
     res = runner.invoke(app, ["report", str(demo_gate1), "-o", url])
     assert res.exit_code == 0, res.output
+    # one storage client for the shards and one for the page, not one per file (400 took 100 s)
+    assert len(clients) <= 3
     assert f"wrote {url}/index.html" in res.output
     page = client().cat(f"{bucket}/reports/r1/index.html")
     assert page.startswith(b"<!") and b"W-01" in page
