@@ -266,8 +266,11 @@ def _reader(ir_path: Path) -> Any:
 
 
 def capped(con: Any) -> Any:
-    """``con`` with DuckDB's memory limit at :data:`STORE_MEMORY`: blocks cached by earlier reads are let go."""
-    con.execute(f"SET memory_limit = '{STORE_MEMORY}'")
+    """``con`` with DuckDB's memory limit at :data:`STORE_MEMORY`: blocks cached by earlier reads are let go.
+
+    A limit the user set (``$LUNASOL_DUCKDB_MEMORY``) holds here too, as for every other connection.
+    """
+    con.execute(f"SET memory_limit = '{duck.user_limit() or STORE_MEMORY}'")
     return con
 
 

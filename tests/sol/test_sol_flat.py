@@ -155,3 +155,18 @@ def test_the_batch_tables_are_sorted_under_the_write_limit_on_one_thread(
     finally:
         con.close()
     assert [r[0] for r in walk_rows] == sorted(r[0] for r in walk_rows) and len(walk_rows) == 30 * EVENTS
+
+
+def test_a_memory_limit_the_user_set_holds_for_the_store_reader_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``$LUNASOL_DUCKDB_MEMORY`` is every connection's limit: the reader's own 96 MiB cap does not override it."""
+    monkeypatch.setenv("LUNASOL_DUCKDB_MEMORY", "300MiB")
+    ir = tmp_path / "ir.duckdb"
+    _groups, rank = _ir(ir, 5)
+    store = open_store(ir, rank)
+    try:
+        con = timeline_cache.capped(store.con)
+        assert con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0] == "300.0 MiB"
+    finally:
+        store.close()
