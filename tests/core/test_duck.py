@@ -124,6 +124,50 @@ def test_the_last_close_hands_the_instance_memory_back_and_the_next_open_has_the
         again.close()
 
 
+class _Seen:
+    """The hub's connection, recording the memory limit each DETACH ran under."""
+
+    def __init__(self, con: object) -> None:
+        self.con = con
+        self.detached: list[tuple[str, str]] = []
+
+    def execute(self, sql: str, *args: object) -> object:
+        if sql.startswith("DETACH"):
+            limit = self.con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]  # type: ignore[attr-defined]
+            self.detached.append((sql.split()[1].strip('"'), limit))
+        return self.con.execute(sql, *args)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.con, name)
+
+
+@pytest.mark.parametrize("user", [None, "300MiB"])
+def test_the_checkpoint_of_a_written_file_runs_under_its_own_smaller_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, user: str | None
+) -> None:
+    """A DETACH checkpoints the writes: under the shared 512 MiB one took +480 MiB (Luna's peak at 100,000 cells)."""
+    if user is None:
+        monkeypatch.delenv(duck.MEMORY_ENV, raising=False)
+    else:
+        monkeypatch.setenv(duck.MEMORY_ENV, user)
+    warm = duck.connect(tmp_path / "warm.duckdb")  # the hub's instance exists before it is watched
+    warm.close()
+    seen = _Seen(duck._HUB._con)
+    monkeypatch.setattr(duck._HUB, "_con", seen)
+    con = duck.connect(tmp_path / "w.duckdb")
+    con.execute("CREATE TABLE t AS SELECT range AS i FROM range(1000)")
+    con.close()
+    ro = duck.connect(tmp_path / "w.duckdb", read_only=True)
+    ro.close()
+    # a file closed while another stays attached keeps the shared limit: a query on the other may be running
+    other, kept = duck.connect(tmp_path / "x.duckdb"), duck.connect(tmp_path / "y.duckdb")
+    other.close()
+    kept.close()
+    want = "300.0 MiB" if user else "128.0 MiB"
+    shared = "300.0 MiB" if user else "512.0 MiB"
+    assert seen.detached == [("w", want), ("w", shared), ("x", shared), ("y", want)]
+
+
 def test_a_limited_block_has_its_own_limit_then_lunasols_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LUNASOL_DUCKDB_MEMORY", raising=False)
     con = duck.connect(tmp_path / "x.duckdb")
