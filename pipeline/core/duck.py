@@ -56,9 +56,13 @@ def user_limit() -> str | None:
     return raw
 
 
-def memory_limit() -> str:
-    """DuckDB's memory limit for lunasol's connections (``$LUNASOL_DUCKDB_MEMORY`` or 512 MiB)."""
-    return user_limit() or DEFAULT_MEMORY
+def memory_limit(own: str = DEFAULT_MEMORY) -> str:
+    """DuckDB's memory limit: ``$LUNASOL_DUCKDB_MEMORY`` when set (it holds for every connection), else ``own``.
+
+    ``own``: lunasol's limit for the work at hand (512 MiB in general; smaller for a step that would
+    otherwise keep cached blocks up to it, e.g. a checkpoint or Sol's per-request reads).
+    """
+    return user_limit() or own
 
 
 @contextlib.contextmanager
@@ -219,11 +223,11 @@ class _Hub:
         db = self._files.get(key)
         if db is not None and db.refs <= 0:
             del self._files[key]
-            if not (db.read_only or self._files or user_limit()):
+            if not (db.read_only or self._files):
                 # The DETACH checkpoints what was written since the last one: under the shared limit one
                 # checkpoint of Luna's staged rows at 100,000 cells took +480 MiB for a second or two (the
                 # stage's peak; ~550 MiB otherwise). No other file is attached: no other query shares it.
-                self._con.execute(f"SET memory_limit = '{CHECKPOINT_MEMORY}'")
+                self._con.execute(f"SET memory_limit = '{memory_limit(CHECKPOINT_MEMORY)}'")
             self._con.execute(f"DETACH {_identifier(db.alias)}")  # checkpoints it and drops its lock
             if not self._files:
                 # The instance keeps what its queries allocated (~200 MiB after one grouped query over

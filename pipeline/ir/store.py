@@ -83,8 +83,7 @@ class IRWriter:
             # A rerun edits a copy of the previous IR (its file is never touched; commit renames the copy).
             shutil.copyfile(start_from, self._tmp)
         self._con = duck.connect(self._tmp, own=True)  # it changes instance settings (checkpointing)
-        if duck.user_limit() is None:
-            self._con.execute(f"SET memory_limit = '{EXPORT_MEMORY}'")
+        self._con.execute(f"SET memory_limit = '{duck.memory_limit(EXPORT_MEMORY)}'")
         # One checkpoint at the end instead of one per WAL threshold: the load is one transaction anyway.
         self._con.execute("SET checkpoint_threshold = '64GB'")
         # DuckDB draws a progress bar on stdout for statements over 2 s: never inside lunasol's output.

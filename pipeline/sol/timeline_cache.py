@@ -270,7 +270,7 @@ def capped(con: Any) -> Any:
 
     A limit the user set (``$LUNASOL_DUCKDB_MEMORY``) holds here too, as for every other connection.
     """
-    con.execute(f"SET memory_limit = '{duck.user_limit() or STORE_MEMORY}'")
+    con.execute(f"SET memory_limit = '{duck.memory_limit(STORE_MEMORY)}'")
     return con
 
 
