@@ -483,6 +483,7 @@ def _run_stages(ctx: RunContext, bdigest: str, created: bool) -> RunResult:
         with ledger.batch():  # one ledger write for the whole hand-over to this stage
             _start_stage(ctx, ledger, i, name, inputs, why)
         ctx.incomplete.clear()
+        ledger.release()  # no stage reads it while it runs: its entries (2 per cell) are not held under the stage
         try:
             summary = target.run(ctx)
         except Blocked as exc:

@@ -187,7 +187,8 @@ class Ledger:
     Entries are held as their text in the file (about 430 bytes each), not as objects: a run has two
     per cell (its IR digest and its Luna result), 200,000 at 100,000 cells, which as pydantic objects
     took 3.3 KB each (66 MiB at 10,000 cells). :meth:`get` parses one when asked; a change writes the
-    entry's text back, and a save joins the texts.
+    entry's text back, and a save joins the texts. :meth:`release` drops them while nothing needs
+    them (a stage running): the next query or change reads the file again.
     """
 
     def __init__(self, run_dir: Path) -> None:
@@ -198,6 +199,7 @@ class Ledger:
         self._clean: str | None = None  # digest of the file's bytes that the entries hold (None: unknown)
         self._texts: dict[str, bytes] = {}  # name -> the entry's text in the file
         self._stages: dict[str, str] = {}  # name -> the entry's stage (interned: a handful of values)
+        self._released = False  # the entries were dropped (release): read the file before using them
         self.schema_version = LEDGER_SCHEMA_VERSION
         self._load()
 
@@ -207,6 +209,7 @@ class Ledger:
             raw = self.path.read_bytes()
         except (FileNotFoundError, IsADirectoryError):  # no ledger yet
             self._set({}, {})
+            self._released = False
             return
         d = sha256_bytes(raw)
         if d == self._clean:
@@ -224,6 +227,26 @@ class Ledger:
             for name in self._texts:
                 self._stages[name] = sys.intern(self._parse(name).stage)  # each entry is checked as it loads
         self._clean = d
+        self._released = False
+
+    def release(self) -> None:
+        """Stop holding the entries in memory; the next query or change reads (and checks) the file again.
+
+        A run has two entries per cell, ~620 bytes each with its name: 123 MiB at 100,000 cells that
+        no stage reads while it runs. The runner releases them for each stage's duration (the reload
+        costs ~1.3 CPU s at 100,000 cells, once per stage).
+        """
+        if self._batch_owner is not None:
+            raise RuntimeError("Ledger.release() inside batch(): the batch's changes are not saved yet")
+        self._set({}, {})
+        self._clean = None
+        self._released = True
+
+    def _held(self) -> dict[str, bytes]:
+        """The entries' texts, read from the file again when they were released."""
+        if self._released:
+            self._load()
+        return self._texts
 
     def _set(self, texts: dict[str, bytes], stages: dict[str, str]) -> None:
         self._texts, self._stages = texts, stages
@@ -248,7 +271,7 @@ class Ledger:
         Never one list of every part: orjson gives each small result a 4 KiB allocation that stays
         taken while the result lives, so 200,000 quoted names held at once took 800 MiB (100,000 cells).
         """
-        if not self._texts:
+        if not self._held():  # a released ledger is read again: a save never writes it empty
             yield _HEAD + b'},\n  "schema_version": %d\n}\n' % self.schema_version
             return
         names = sorted(self._texts)
@@ -263,7 +286,7 @@ class Ledger:
     @property
     def data(self) -> LedgerData:
         """Every entry as objects (a snapshot: changing it changes nothing; it costs 3.3 KB an entry)."""
-        return LedgerData(schema_version=self.schema_version, entries={n: self._parse(n) for n in sorted(self._texts)})
+        return LedgerData(schema_version=self.schema_version, entries={n: self._parse(n) for n in sorted(self._held())})
 
     def save(self) -> None:
         """Write the ledger atomically (no floats in it: its bytes are pretty_json_plain's)."""
@@ -316,11 +339,11 @@ class Ledger:
 
     def get(self, name: str) -> Entry | None:
         """The entry called ``name``, if any (a copy: change it through the ledger's methods)."""
-        return self._parse(name) if name in self._texts else None
+        return self._parse(name) if name in self._held() else None
 
     def names(self) -> list[str]:
         """Every entry's name, sorted."""
-        return sorted(self._texts)
+        return sorted(self._held())
 
     def entries(self, *, per_cell: bool = True) -> Iterator[tuple[str, Entry]]:
         """(name, entry) in name order, one parsed at a time; ``per_cell=False`` skips names with a "/"."""
@@ -415,6 +438,7 @@ class Ledger:
 
     def names_for_stage(self, stage: str) -> list[str]:
         """Every entry that belongs to ``stage`` (the stage entry and its per-cell entries)."""
+        self._held()
         return sorted(n for n, s in self._stages.items() if s == stage)
 
     def summary(self) -> list[dict[str, Any]]:

@@ -167,6 +167,40 @@ def test_a_ledger_holds_its_entries_as_text(tmp_path: Path) -> None:
     assert held.get("luna/C01999") == led.get("luna/C01999") and len(held.names()) == 2_000
 
 
+def test_a_released_ledger_holds_nothing_and_reads_the_file_again_when_used(tmp_path: Path) -> None:
+    """The runner releases the ledger while a stage runs (200,000 entries at 100,000 cells): nothing is held,
+    every query and change after it sees the file as it is then (another writer's entries included), and a
+    save never writes the released (empty) state over the file."""
+    led = Ledger(tmp_path)
+    with led.batch():
+        for i in range(3):
+            led.mark_verified(f"luna/C{i}", "luna", {"ir": f"d{i}"}, {f"luna/C{i}.json": f"o{i}"})
+        led.mark_verified("luna", "luna", {"x": "1"})
+    path = tmp_path / "ledger.json"
+    written = path.read_bytes()
+    before = led.data
+
+    led.release()
+    assert led._texts == {} and led._stages == {}  # nothing held
+    assert led.get("luna/C1") == before.entries["luna/C1"]  # a query reads the file again
+    assert led.names_for_stage("luna") == ["luna", "luna/C0", "luna/C1", "luna/C2"]
+
+    led.release()
+    led.save()  # a save of a released ledger writes what the file holds, never an empty ledger
+    assert path.read_bytes() == written
+
+    led.release()
+    Ledger(tmp_path).mark_verified("gate1", "gate1", {"d": "1"})  # another writer, while released
+    assert led.names() == ["gate1", "luna", "luna/C0", "luna/C1", "luna/C2"]
+    led.release()
+    led.mark_pending("luna/C2", "luna", {"ir": "d9"})  # a change after a release keeps every entry
+    assert set(Ledger(tmp_path).names()) == {"gate1", "luna", "luna/C0", "luna/C1", "luna/C2"}
+    assert Ledger(tmp_path).get("luna/C2").state == "pending"  # type: ignore[union-attr]
+
+    with led.batch(), pytest.raises(RuntimeError, match="inside batch"):
+        led.release()  # the batch's changes are not saved yet: releasing them would lose them
+
+
 def test_cell_results_are_keyed(tmp_path: Path) -> None:
     store = CellResults(tmp_path, "luna")
     k1 = cell_key(cell="sha256:a", template="t", model="m")
@@ -266,6 +300,30 @@ def test_first_run_stops_at_gate_1(setup: dict[str, Any]) -> None:
     assert rj["inputs"]["bundle_digest"].startswith("sha256:") and rj["inputs"]["templates"]["sol"]
     assert rj["inputs"]["models"]["model"] == "openai/test-model"
     assert "export" in rj  # what the export stage wrote is kept
+
+
+def test_no_ledger_holds_entries_while_a_stage_runs(setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage runs without the run's ledger entries in memory (2 per cell: 123 MiB at 100,000 cells)."""
+    import dataclasses
+    import gc
+
+    from pipeline.run import runner
+
+    held: dict[str, int] = {}
+
+    def watched(stage: Any) -> Any:
+        def go(ctx: Any) -> Any:
+            gc.collect()
+            held[stage.name] = sum(len(o._texts) for o in gc.get_objects() if isinstance(o, Ledger))
+            return stage.run(ctx)
+
+        return dataclasses.replace(stage, run=go)
+
+    monkeypatch.setattr(runner, "STAGES", tuple(watched(s) for s in runner.STAGES))
+    run(setup["opts"], log=lambda _m: None)
+    assert list(held) == ["export", "select", "probes", "luna", "coordinator", "sol"]
+    assert held == dict.fromkeys(held, 0)
+    assert len(Ledger(setup["run_dir"]).names_for_stage("luna")) > 5  # the entries are all there afterwards
 
 
 def test_unchanged_rerun_makes_zero_model_calls(ran: dict[str, Any]) -> None:
