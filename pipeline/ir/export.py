@@ -256,12 +256,12 @@ def source_digests(bundle: Path, request: AnalysisRequest, manifest: Manifest) -
         files = manifest.files
         for cell, (lo, hi) in zip(cells, _cell_spans(manifest, cells), strict=True):
             listed = [[f.path, f.sha256] for f in files[lo:hi]]
-            out[cell.cell_id] = digest({**base, "cell": cell.model_dump(mode="json"), "files": listed})
+            out[cell.cell_id] = digest({**base, "cell": cell.as_json(), "files": listed})
         return out
     for cell in cells:
         block = cell_block(bundle, cell.cell_id)
         listed = [[rel, manifest.get(rel).sha256] for rel in block.get("files") or [cell.path]]
-        out[cell.cell_id] = digest({**base, "cell": cell.model_dump(mode="json"), "block": block, "files": listed})
+        out[cell.cell_id] = digest({**base, "cell": cell.as_json(), "block": block, "files": listed})
     return out
 
 
