@@ -10,13 +10,14 @@ merged weakness cites the drafts it merges; its support is the union of their ch
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pipeline.core import duck
 from pipeline.sol.cards import MergedWeakness, SupportDraft, WeaknessCard, WeaknessDraft
 from pipeline.sol.checks import EVENT_ID_RE, answer_errors
-from pipeline.sol.corpus import Batch, rows
+from pipeline.sol.corpus import Batch
 from pipeline.sol.families import TOP_K, bounded_by_task, bounded_list
 from pipeline.sol.partition import outcome_of
 from pipeline.sol.timeline import TIMELINE_KINDS
@@ -25,6 +26,7 @@ from pipeline.sol.timeline_cache import capped
 COUNTER_SAMPLES = 4
 SIGNATURES = 3
 SAMPLE_REFS = 4
+_T = TypeVar("_T")
 EXCLUDED_SHOWN = 50
 
 
@@ -49,17 +51,21 @@ def _in_list(values: list[str]) -> str:
     return "[" + duck.literals(values) + "]"
 
 
-def _samples(by_cell: list[dict[str, Any]], own: set[str]) -> list[dict[str, Any]]:
+def _cell_id(row: dict[str, Any]) -> str:
+    return str(row["cell_id"])
+
+
+def _samples(by_cell: list[_T], own: set[str], cell: Callable[[_T], str]) -> list[_T]:
     """The first :data:`COUNTER_SAMPLES` rows of ``by_cell`` (sorted by cell id) outside ``own``, then inside.
 
     Cells outside the draft's own partition first: that is what its map call could not see. Equal
-    to ``sorted(rows, key=lambda r: (r["cell_id"] in own, r["cell_id"]))[:COUNTER_SAMPLES]`` for
-    ``by_cell = sorted(rows, key=cell id)`` (both sorts are stable), without a key per row and draft:
+    to ``sorted(rows, key=lambda r: (cell(r) in own, cell(r)))[:COUNTER_SAMPLES]`` for
+    ``by_cell = sorted(rows, key=cell)`` (both sorts are stable), without a key per row and draft:
     at 10,000 cells a concern's successful occurrences number thousands, for each of ~290 drafts.
     """
-    out = list(itertools.islice((r for r in by_cell if r["cell_id"] not in own), COUNTER_SAMPLES))
+    out = list(itertools.islice((r for r in by_cell if cell(r) not in own), COUNTER_SAMPLES))
     if len(out) < COUNTER_SAMPLES:
-        out += itertools.islice((r for r in by_cell if r["cell_id"] in own), COUNTER_SAMPLES - len(out))
+        out += itertools.islice((r for r in by_cell if cell(r) in own), COUNTER_SAMPLES - len(out))
     return out
 
 
@@ -79,7 +85,7 @@ class _BatchFacts:
     """
 
     concerns: dict[str, list[str]]  # draft id -> the concern keys of its pattern groups
-    occurrences: dict[str, list[tuple[int, dict[str, Any]]]] | None  # concern -> (order, row); None: no table
+    occurrences: dict[str, list[Occurrence]] | None  # concern -> its occurrences in order; None: no table
     signatures: dict[str, list[Signature]]  # draft id -> the first signatures of its cited events
     found: dict[Signature, list[dict[str, Any]]]  # signature -> first such event per successful eligible cell
     clean: dict[str, list[str]]  # draft id -> successful cells of its tasks without its concerns
@@ -87,9 +93,10 @@ class _BatchFacts:
     last_event: dict[str, str]  # cell -> its last controller-level event (for the sampled clean cells)
     # Drafts share concerns and cited event kinds: what does not depend on the draft is made once.
     # concerns -> (occurrences in order, the same by cell id, number of cells, counts per task and outcome)
-    by_concerns: dict[tuple[str, ...], tuple[list[dict[str, Any]], list[dict[str, Any]], int, str]] = field(
+    by_concerns: dict[tuple[str, ...], tuple[list[Occurrence], list[Occurrence], int, str]] = field(
         default_factory=dict
     )
+    details: dict[str, tuple[str, list[str]]] = field(default_factory=dict)  # the sampled occurrences' (task, events)
     by_signature: dict[Signature, tuple[list[dict[str, Any]], str]] = field(default_factory=dict)
 
 
@@ -113,19 +120,43 @@ def register(con: Any, name: str, columns: dict[str, tuple[str, list[Any]]]) -> 
     con.register(name, pa.table({c: pa.array(values, kinds[kind]) for c, (kind, values) in columns.items()}))
 
 
-def _occurrences(con: Any, wanted: list[str]) -> dict[str, list[tuple[int, dict[str, Any]]]] | None:
+Occurrence = tuple[int, str, str]  # (place in occurrence id order, occurrence id, cell id)
+
+
+def _occurrences(con: Any, wanted: list[str], batch: Batch) -> dict[str, list[Occurrence]] | None:
+    """Per concern key of ``wanted``: its occurrences in successful cells, in occurrence id order.
+
+    Only the ids: at 100,000 cells these are ~270,000 rows, and with their tasks and events as dicts
+    they took ~180 MiB at Sol's peak (the reduce); the few shown as samples are read by :func:`_details`.
+    """
     if not duck.has_table(con, "pattern_occurrences"):
         return None
-    out: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    out: dict[str, list[Occurrence]] = {}
     if wanted:
-        found = rows(
-            con,
-            "SELECT occurrence_id, cell_id, task_id, events, concerns FROM pattern_occurrences "
-            f"WHERE successful_cell AND list_contains({_in_list(wanted)}, concerns) ORDER BY occurrence_id",
-        )
-        for i, r in enumerate(found):
-            out.setdefault(r["concerns"], []).append((i, r))
+        same = {c: c for c in batch.by_cell}  # one string per cell id, not one per row
+        found = con.execute(
+            "SELECT occurrence_id, cell_id, concerns FROM pattern_occurrences "
+            f"WHERE successful_cell AND list_contains({_in_list(wanted)}, concerns) ORDER BY occurrence_id"
+        ).fetchall()
+        for i, (oid, cell, concerns) in enumerate(found):
+            out.setdefault(concerns, []).append((i, oid, same.get(cell, cell)))
     return out
+
+
+def _occurrence_cell(o: Occurrence) -> str:
+    return o[2]
+
+
+def _details(con: Any, oids: list[str]) -> dict[str, tuple[str, list[str]]]:
+    """Occurrence id -> (task id, event ids) of the occurrences shown as samples."""
+    if not oids:
+        return {}
+    register(con, "_shown_occurrences", {"occurrence_id": ("str", oids)})
+    found = con.execute(
+        "SELECT o.occurrence_id, o.task_id, o.events FROM pattern_occurrences o "
+        "SEMI JOIN _shown_occurrences s ON o.occurrence_id = s.occurrence_id"
+    ).fetchall()
+    return {oid: (task, list(events or [])) for oid, task, events in found}
 
 
 def _signatures(con: Any, drafts: list[Draft]) -> dict[str, list[Signature]]:
@@ -188,15 +219,10 @@ def batch_facts(con: Any, batch: Batch, drafts: list[Draft]) -> _BatchFacts:
     concerns = _group_concerns(batch, drafts)
     signatures = _signatures(con, drafts)
     clean = _clean(batch, drafts, concerns)
-    samples = {
-        d.draft_id: [
-            p["cell_id"] for p in _samples(_by_cell([{"cell_id": c} for c in clean[d.draft_id]]), set(d.seen_cells))
-        ]
-        for d in drafts
-    }
+    samples = {d.draft_id: _samples(sorted(clean[d.draft_id]), set(d.seen_cells), str) for d in drafts}
     facts = _BatchFacts(
         concerns=concerns,
-        occurrences=_occurrences(con, sorted({k for ks in concerns.values() for k in ks})),
+        occurrences=_occurrences(con, sorted({k for ks in concerns.values() for k in ks}), batch),
         signatures=signatures,
         found=_found(con, sorted({s for ss in signatures.values() for s in ss}, key=repr)),
         clean=clean,
@@ -217,16 +243,25 @@ def batch_facts(con: Any, batch: Batch, drafts: list[Draft]) -> _BatchFacts:
 
 
 def _concern_view(
-    facts: _BatchFacts, occurrences: dict[str, list[tuple[int, dict[str, Any]]]], batch: Batch, concerns: list[str]
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int, str]:
+    facts: _BatchFacts, occurrences: dict[str, list[Occurrence]], batch: Batch, concerns: list[str]
+) -> tuple[list[Occurrence], list[Occurrence], int, str]:
     key = tuple(concerns)
     view = facts.by_concerns.get(key)
     if view is None:
-        occ = [r for _, r in sorted(p for k in concerns for p in occurrences.get(k, []))]
-        cells = sorted({r["cell_id"] for r in occ})
+        occ = sorted(o for k in concerns for o in occurrences.get(k, []))
+        cells = sorted({o[2] for o in occ})
         counts = bounded_by_task([batch.by_cell[c] for c in cells if c in batch.by_cell]) if occ else ""
-        view = facts.by_concerns[key] = (occ, _by_cell(occ), len(cells), counts)
+        view = facts.by_concerns[key] = (occ, sorted(occ, key=_occurrence_cell), len(cells), counts)
     return view
+
+
+def _occurrence_samples(facts: _BatchFacts, batch: Batch, draft: Draft) -> list[Occurrence]:
+    """The occurrences of the draft's concerns shown as its samples (outside its partition first)."""
+    concerns = facts.concerns[draft.draft_id]
+    if not concerns or facts.occurrences is None:
+        return []
+    _, by_cell, _, _ = _concern_view(facts, facts.occurrences, batch, concerns)
+    return _samples(by_cell, set(draft.seen_cells), _occurrence_cell)
 
 
 def _signature_view(facts: _BatchFacts, batch: Batch, sig: Signature) -> tuple[list[dict[str, Any]], str]:
@@ -244,7 +279,7 @@ def counter_evidence(facts: _BatchFacts, batch: Batch, draft: Draft) -> str:
     out: list[str] = []
     concerns = facts.concerns[draft.draft_id]
     if concerns and facts.occurrences is not None:
-        occ, occ_by_cell, n_cells, counts = _concern_view(facts, facts.occurrences, batch, concerns)
+        occ, _, n_cells, counts = _concern_view(facts, facts.occurrences, batch, concerns)
         head = (
             f"- same concerns ({', '.join(concerns)}) in successful cells: "
             f"{len(occ)} occurrence(s) in {n_cells} cell(s)"
@@ -252,9 +287,9 @@ def counter_evidence(facts: _BatchFacts, batch: Batch, draft: Draft) -> str:
         if occ:
             head += f" [{counts}]; samples:"
         out.append(head)
-        for r in _samples(occ_by_cell, own):
-            ev = ", ".join(list(r["events"] or [])[:3])
-            out.append(f"  {r['occurrence_id']} {r['cell_id']} ({r['task_id']}): events {ev}")
+        for _, oid, cell in _occurrence_samples(facts, batch, draft):
+            task, events = facts.details[oid]
+            out.append(f"  {oid} {cell} ({task}): events {', '.join(events[:3])}")
     for s in facts.signatures[draft.draft_id]:
         found = facts.found[s]
         found_by_cell, counts = _signature_view(facts, batch, s)
@@ -262,7 +297,7 @@ def counter_evidence(facts: _BatchFacts, batch: Batch, draft: Draft) -> str:
         line = f"- events like the cited {what} in successful cells: {len(found)} cell(s)"
         if found:
             line += f" [{counts}]; samples: "
-            line += ", ".join(f"{r['event_id']} ({r['cell_id']})" for r in _samples(found_by_cell, own))
+            line += ", ".join(f"{r['event_id']} ({r['cell_id']})" for r in _samples(found_by_cell, own, _cell_id))
         out.append(line)
     if draft.card.support.tasks:
         line = f"- successful cells of the supporting tasks without these concerns: {len(facts.clean[draft.draft_id])}"
@@ -326,6 +361,7 @@ def draft_blocks(batch: Batch, drafts: list[Draft]) -> dict[str, str]:
     con = capped(duck.connect(batch.ir_path, read_only=True))
     try:
         facts = batch_facts(con, batch, drafts)
+        facts.details = _details(con, sorted({o[1] for d in drafts for o in _occurrence_samples(facts, batch, d)}))
         return {d.draft_id: draft_text(d, batch, shares[d.draft_id], counter_evidence(facts, batch, d)) for d in drafts}
     finally:
         con.close()

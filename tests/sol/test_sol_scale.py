@@ -575,3 +575,52 @@ def test_the_whole_batchs_group_text_is_counted_only_until_it_is_past_the_decisi
         assert len(sample) == 2_000
     finally:
         batch.close()
+
+
+def test_counter_evidence_samples_read_their_details_and_nothing_else(
+    scaled: tuple[RunContext, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch-wide occurrence query holds ids only (~270,000 rows at 100,000 cells took ~180 MiB as dicts, the
+    reduce's peak); the task and events of the few occurrences shown as samples are read afterwards: they are the
+    IR's, and no other occurrence's details are read."""
+    from pipeline.sol import reduce as reduce_mod
+    from pipeline.sol.cards import WeaknessCard
+    from pipeline.sol.reduce import COUNTER_SAMPLES, Draft, draft_blocks
+
+    ctx, success = scaled
+    batch = load_batch(ctx.run_dir, ctx.ir_path)
+    try:
+        gid = next(str(g["group_id"]) for g in batch.groups if g.get("concerns") == PLANTED)
+        con = duckdb.connect(str(ctx.ir_path), read_only=True)
+        try:
+            planted = {
+                r[0]: (r[1], r[2], list(r[3]))
+                for r in con.execute(
+                    "SELECT occurrence_id, cell_id, task_id, events FROM pattern_occurrences WHERE concerns = ?",
+                    [PLANTED],
+                ).fetchall()
+            }
+            refs = dict(con.execute("SELECT cell_id, min(event_id) FROM events GROUP BY cell_id").fetchall())
+        finally:
+            con.close()
+        data = _card("W-01", [FAILED_A], refs, [gid])
+        task = next(c["task_id"] for c in batch.eligible if c["cell_id"] == FAILED_A)
+        counts = {"cells": 1, "tasks": 1, "runs": 1, "pattern_groups": 1}
+        data["support"] |= {"tasks": [task], "runs": ["r"], "counts": counts}
+        card = WeaknessCard.model_validate(data)
+        drafts = [Draft("M01/W-01", "M01", card, [FAILED_A]), Draft("M02/W-01", "M02", card, [success])]
+        asked: list[list[str]] = []
+        details = reduce_mod._details
+        monkeypatch.setattr(reduce_mod, "_details", lambda con, oids: asked.append(oids) or details(con, oids))
+        blocks = draft_blocks(batch, drafts)
+    finally:
+        batch.close()
+    shown = {
+        m["occ"]: (m["cell"], m["task"], m["ev"])
+        for text in blocks.values()
+        for m in re.finditer(r"^  (?P<occ>\S+-O\d+) (?P<cell>C\d+) \((?P<task>[^)]+)\): events (?P<ev>.+)$", text, re.M)
+    }
+    assert success in {cell for cell, _, _ in shown.values()}  # the successful cell of the planted group, sampled
+    for oid, (cell, task, events) in shown.items():
+        assert planted[oid][:2] == (cell, task) and events == ", ".join(planted[oid][2][:3])
+    assert len(asked) == 1 and sorted(asked[0]) == sorted(shown) and len(shown) <= COUNTER_SAMPLES * len(drafts)
