@@ -139,6 +139,16 @@ def sol_levels(runs_dir: Path) -> dict[str, int]:
     return levels
 
 
+def rss_lines(r: dict[str, Any]) -> list[str]:
+    """A run's peak RSS per stage (the process tree) and what each stage started from (the run's process)."""
+    out = []
+    shown = (("stage_peak_rss_mib", "peak RSS by stage"), ("stage_start_rss_mib", "RSS at each stage's start"))
+    for key, what in shown:
+        if r.get(key):
+            out.append(f"  {what} (MiB): " + ", ".join(f"{k} {v}" for k, v in r[key].items()))
+    return out
+
+
 # Runs `lunasol run` in this process, timing each stage and the runner's bookkeeping (CPU of
 # the whole process, every thread), then prints one JSON line.
 _CHILD = r"""
@@ -149,8 +159,13 @@ def cpu():
 import pipeline.run.runner as runner
 from pipeline.state import handoff, ledger
 stages, book, depth = {}, [0.0], [0]
+def own_rss_mib():
+    with open("/proc/self/status") as fh:
+        return next(int(l.split()[1]) // 1024 for l in fh if l.startswith("VmRSS"))
 def timed_stage(name, fn):
     def run(ctx):
+        # what the stage starts from (this process alone, the runner's hand-back done): residue of earlier stages
+        print(f"##start {name} {own_rss_mib()}", file=sys.stderr, flush=True)
         print("##stage " + name, file=sys.stderr, flush=True)  # the parent attributes its RSS samples
         c = cpu()
         try:
@@ -265,10 +280,14 @@ def lunasol_run(
     err_lines: list[str] = []
     current = ["startup"]  # the stage the child announced last (its "##stage" stderr lines)
     stage_peak: dict[str, int] = {}
+    stage_start: dict[str, int] = {}
 
     def read_err() -> None:
         for line in proc.stderr or ():
-            if line.startswith("##stage "):
+            if line.startswith("##start "):
+                _, name, mib = line.split()
+                stage_start[name] = int(mib)
+            elif line.startswith("##stage "):
                 current[0] = line.split(" ", 1)[1].strip()
             else:
                 err_lines.append(line)
@@ -299,6 +318,7 @@ def lunasol_run(
     calls, largest = model.take()
     result.update(wall_s=wall, peak_tree_rss_mib=peak / 2**20, calls=calls, largest_request_chars=largest)
     result["stage_peak_rss_mib"] = {k: round(v / 2**20) for k, v in stage_peak.items()}
+    result["stage_start_rss_mib"] = stage_start
     result["sol_levels"] = sol_levels(runs_dir)
     if counts is not None:
         largest, sections, served = counts.take()
@@ -412,9 +432,7 @@ def report(runs: dict[str, Any], sizes: list[int]) -> list[str]:
             f"calls {r['calls'] or 0}, largest request ~{max(r['largest_request_chars'].values(), default=0) // 4:,} "
             "tokens"
         )
-        if r.get("stage_peak_rss_mib"):
-            by_stage = ", ".join(f"{k} {v}" for k, v in r["stage_peak_rss_mib"].items())
-            lines.append(f"  peak RSS by stage (MiB): {by_stage}")
+        lines += rss_lines(r)
         if r.get("error"):
             lines.append(f"  error: {r['error']}")
     small, big = (f"full-{sizes[0]}", f"full-{sizes[-1]}")
@@ -525,9 +543,7 @@ def diversity_report(rows: dict[str, Any]) -> list[str]:
             f"peak RSS {r['peak_tree_rss_mib']:.0f} MiB, calls {r['calls'] or 0}, "
             f"refused for size {r.get('refused_for_size', 0)}"
         )
-        if r.get("stage_peak_rss_mib"):
-            by_stage = ", ".join(f"{k} {v}" for k, v in r["stage_peak_rss_mib"].items())
-            lines.append(f"  peak RSS by stage (MiB): {by_stage}")
+        lines += rss_lines(r)
         levels = ", ".join(f"{k} {v}" for k, v in r.get("sol_levels", {}).items())
         served = r.get("served_calls", {})
         lines.append(
