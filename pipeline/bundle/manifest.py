@@ -87,34 +87,118 @@ _DIGEST = 32  # bytes of a raw sha256
 _PREFIX = "sha256:"
 
 
+class PathList(Sequence[str]):
+    """Sorted bundle paths held as one string and an ``array('q')`` of where each ends (~50 bytes a path).
+
+    Not 1.2 million str objects (100,000 cells): those took ~100 bytes each in Python's small-object
+    arenas, and the few long-lived objects a run makes while a manifest is held landed among them,
+    so freeing the manifest left ~70 one-MiB arenas mapped for ~0.4 MB of objects under every later
+    stage. A path is made (a slice of the string) when it is indexed or iterated.
+    """
+
+    __slots__ = ("_ends", "_text")
+
+    def __init__(self, text: str, ends: array[int]) -> None:
+        self._text = text
+        self._ends = ends  # each path's end in ``_text``; a path starts where the previous one ended
+
+    @classmethod
+    def of(cls, paths: Iterable[str]) -> PathList:
+        """The paths of ``paths``, in order."""
+        made = PathListBuilder()
+        for path in paths:
+            made.append(path)
+        return made.build()
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self._ends)))]
+        end = self._ends[i]  # IndexError as a list's
+        i %= len(self._ends)
+        return self._text[self._ends[i - 1] if i else 0 : end]
+
+    def __iter__(self) -> Iterator[str]:
+        text, start = self._text, 0
+        for end in self._ends:
+            yield text[start:end]
+            start = end
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PathList):
+            return self._ends == other._ends and self._text == other._text
+        if isinstance(other, list | tuple):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, like the list it replaces
+
+    def __repr__(self) -> str:
+        return f"PathList({len(self._ends):,} paths)"
+
+
+class PathListBuilder:
+    """A :class:`PathList` made a path at a time: paths are joined a block at a time, never all held as objects."""
+
+    __slots__ = ("_block", "_blocks", "_ends", "_size")
+    BLOCK = 4096
+
+    def __init__(self) -> None:
+        self._blocks: list[str] = []
+        self._block: list[str] = []
+        self._ends = array("q")
+        self._size = 0
+
+    def append(self, path: str) -> None:
+        """Add ``path`` after the others."""
+        self._block.append(path)
+        self._size += len(path)
+        self._ends.append(self._size)
+        if len(self._block) >= self.BLOCK:
+            self._blocks.append("".join(self._block))
+            self._block.clear()
+
+    def build(self) -> PathList:
+        """The paths added so far."""
+        return PathList("".join([*self._blocks, *self._block]), self._ends)
+
+
 class FileList(Sequence[FileEntry]):
     """A manifest's entries, held by column: ~140 bytes a file where a tuple of FileEntry took ~600.
 
-    Paths (a sorted list of str), one blob of raw 32-byte digests and an ``array('q')`` of sizes;
+    Paths (a sorted :class:`PathList`), one blob of raw 32-byte digests and an ``array('q')`` of sizes;
     a :class:`FileEntry` is made only when one is indexed or iterated. At 100,000 cells (1.2 million
     files) this is what a run keeps of the manifest.
     """
 
     __slots__ = ("_digests", "_sizes", "paths")
 
-    def __init__(self, paths: list[str], digests: bytes | bytearray, sizes: array[int]) -> None:
+    def __init__(self, paths: Sequence[str], digests: bytes | bytearray, sizes: array[int]) -> None:
         if len(digests) != _DIGEST * len(paths) or len(sizes) != len(paths):
             raise ValueError("columns of unequal length")
-        self.paths = paths  # sorted by path; never mutated
+        self.paths = paths if isinstance(paths, PathList) else PathList.of(paths)  # sorted by path; never mutated
         self._digests = digests
         self._sizes = sizes
 
     @classmethod
     def of(cls, entries: Iterable[FileEntry]) -> FileList:
         """The columns of ``entries`` (already sorted by path)."""
-        paths: list[str] = []
+        paths = PathListBuilder()
         digests = bytearray()
         sizes = array("q")
         for e in entries:
             paths.append(e.path)
             digests += _raw_digest(e.sha256)
             sizes.append(e.size)
-        return cls(paths, digests, sizes)
+        return cls(paths.build(), digests, sizes)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -709,7 +793,7 @@ def _parse_manifest(events: _Events) -> Manifest:
         raise shape
     version: Any = None
     keys: set[str] = set()
-    columns: tuple[list[str], bytearray, array[int]] | None = None
+    columns: tuple[PathList, bytearray, array[int]] | None = None
     bad: str | None = None
     for event, key in events:
         if event == "end_map":
@@ -739,15 +823,15 @@ def _parse_manifest(events: _Events) -> Manifest:
     return Manifest(files=_sorted_files(*columns), schema_version=version)
 
 
-def _read_entries(events: _Events) -> tuple[list[str], bytearray, array[int]]:
+def _read_entries(events: _Events) -> tuple[PathList, bytearray, array[int]]:
     """The entries of the ``files`` list, checked one by one, into columns; the cap checked as they come."""
     cap = limit("LUNASOL_MAX_BUNDLE_FILES")
-    paths: list[str] = []
+    paths = PathListBuilder()
     digests = bytearray()
     sizes = array("q")
     for i, (event, _) in enumerate(events):  # the loops inside take the rest of each entry
         if event == "end_array":
-            return paths, digests, sizes
+            return paths.build(), digests, sizes
         if i >= cap:
             check_count(i + 1, "LUNASOL_MAX_BUNDLE_FILES", MANIFEST_FILE, "files (at least)")
         where = f"{MANIFEST_FILE}: files[{i}]"
@@ -781,7 +865,7 @@ def _read_entries(events: _Events) -> tuple[list[str], bytearray, array[int]]:
     raise StopIteration  # unreachable: the parser raises on a truncated document
 
 
-def _sorted_files(paths: list[str], digests: bytearray, sizes: array[int]) -> FileList:
+def _sorted_files(paths: Sequence[str], digests: bytearray, sizes: array[int]) -> FileList:
     """The columns sorted by path (a manifest is written sorted; another tool's may not be); a path twice refused."""
     if not all(a < b for a, b in pairwise(paths)):
         order = sorted(range(len(paths)), key=paths.__getitem__)
