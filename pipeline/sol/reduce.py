@@ -239,6 +239,7 @@ def batch_facts(con: Any, batch: Batch, drafts: list[Draft]) -> _BatchFacts:
                 "AND cell_id IN (SELECT cell_id FROM _picks) GROUP BY cell_id"
             ).fetchall()
         )
+    facts.details = _details(con, sorted({o[1] for d in drafts for o in _occurrence_samples(facts, batch, d)}))
     return facts
 
 
@@ -361,7 +362,6 @@ def draft_blocks(batch: Batch, drafts: list[Draft]) -> dict[str, str]:
     con = capped(duck.connect(batch.ir_path, read_only=True))
     try:
         facts = batch_facts(con, batch, drafts)
-        facts.details = _details(con, sorted({o[1] for d in drafts for o in _occurrence_samples(facts, batch, d)}))
         return {d.draft_id: draft_text(d, batch, shares[d.draft_id], counter_evidence(facts, batch, d)) for d in drafts}
     finally:
         con.close()
