@@ -9,6 +9,7 @@ bundle.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import sys
@@ -296,12 +297,33 @@ def _fill_digests(writer: IRWriter, sources: dict[str, str]) -> None:
     )
     writer.register("_lunasol_sources", table)
     writer.execute("CHECKPOINT")  # the tables inserted since the load's last one: on disk, not in the limit
+    ids = sorted(cell for cell, _, _ in todo)
     try:
         writer.execute(macros)
         for lo, hi in digests.fill_ranges([(cell, size) for cell, _, size in todo]):
-            writer.execute(fill, {"lo": lo, "hi": hi})
+            _fill_range(writer, fill, ids, bisect.bisect_left(ids, lo), bisect.bisect_right(ids, hi))
     finally:
         writer.unregister("_lunasol_sources")
+
+
+def _fill_range(writer: IRWriter, fill: str, ids: list[str], lo: int, hi: int) -> None:
+    """Fill the digests of cells ``ids[lo:hi]`` (sorted ids); a range DuckDB runs out of memory on is halved.
+
+    A range's size is an estimate (:data:`~pipeline.ir.digests.TODO_SQL`), and DuckDB's memory under
+    its limit varies with its threads' timing: a 100,000-cell export whose fill passed alone ran out of
+    its 256 MiB in one range while another process loaded both cores. The failed INSERT is rolled back
+    (each statement commits alone), so its two halves are filled instead; a single cell's error stands.
+    """
+    import duckdb
+
+    try:
+        writer.execute(fill, {"lo": ids[lo], "hi": ids[hi - 1]})
+    except duckdb.OutOfMemoryException:
+        if hi - lo < 2:
+            raise
+        mid = (lo + hi) // 2
+        _fill_range(writer, fill, ids, lo, mid)
+        _fill_range(writer, fill, ids, mid, hi)
 
 
 def _harnesses(bundle: Path, request: AnalysisRequest) -> list[str | None]:

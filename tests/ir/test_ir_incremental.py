@@ -110,6 +110,37 @@ def test_digests_filled_range_by_range_equal_one_statement(
     assert _stored_digests(tmp_path / "ranged") == _python_digests(tmp_path / "ranged")
 
 
+def test_a_range_that_runs_out_of_memory_is_filled_as_halves(
+    bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # DuckDB really runs out of memory on every range of several cells (its limit is cut to 1 MiB for
+    # them): each failed INSERT is rolled back and its halves are filled, down to single cells.
+    monkeypatch.setattr(digests, "PYTHON_FILL_EVENTS", 0)
+    export(bundle, tmp_path / "whole")
+    run_sql = export_module.IRWriter.execute
+    failed: list[tuple[str, str]] = []
+
+    def tight(self: Any, sql: str, params: dict[str, Any] | None = None) -> None:
+        if params and params["lo"] != params["hi"]:
+            self._con.execute("SET memory_limit = '1MiB'")
+            try:
+                run_sql(self, sql, params)
+            except duckdb.OutOfMemoryException:
+                failed.append((params["lo"], params["hi"]))
+                raise
+            finally:
+                self._con.execute("SET memory_limit = '256MiB'")
+        else:
+            run_sql(self, sql, params)
+
+    monkeypatch.setattr(export_module.IRWriter, "execute", tight)
+    export(bundle, tmp_path / "halved")
+    assert failed[0] == ("C001", "C009")  # the whole batch first, then its halves
+    assert len(failed) >= 2  # a half failed again and was halved in turn
+    assert _stored_digests(tmp_path / "halved") == _stored_digests(tmp_path / "whole")
+    assert _stored_digests(tmp_path / "halved") == _python_digests(tmp_path / "halved")
+
+
 def test_fill_ranges_bound_sizes_and_never_split_a_cell() -> None:
     counts = [("C3", 5), ("C1", 4), ("C2", 7), ("C4", 30)]
     assert digests.fill_ranges(counts, 10) == [("C1", "C1"), ("C2", "C2"), ("C3", "C3"), ("C4", "C4")]
