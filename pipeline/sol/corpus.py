@@ -64,10 +64,25 @@ def read_groups(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def rows(con: Any, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
-    """Rows of a query as dicts."""
+    """Rows of a query as dicts whose keys are shared: one table of column names for all the rows.
+
+    Sol holds a row per cell for its whole run (cells and coverage: 200,000 rows at 100,000 cells).
+    Each is the ``__dict__`` of an instance of a class made for the query, which CPython keeps as a
+    key-sharing dict (PEP 412): ~180 bytes an 11-column row where a plain dict takes ~470, and still a
+    plain ``dict`` to every reader (equality, order, JSON). Elsewhere it is simply a dict.
+    """
     cur = con.execute(sql, params or [])
     names = [d[0] for d in cur.description]
-    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+    if len(set(names)) != len(names):  # a repeated column name keeps its last value, as dict(zip()) does
+        return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+    row_type = type("Row", (), {"__slots__": ("__dict__",)})
+    out: list[dict[str, Any]] = []
+    for r in cur.fetchall():
+        d = row_type().__dict__  # the instance goes; its dict (keys shared with the query's other rows) stays
+        for name, value in zip(names, r, strict=True):
+            d[name] = value
+        out.append(d)
+    return out
 
 
 def timeline_budget() -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -267,3 +268,40 @@ def test_shown_among_equals_the_shown_events_it_replaces() -> None:
         context: dict[str, Any] = {"a": text(), "b": [text(), {"c": text()}], "n": 3}
         candidates = set(rng.sample([*ids, "C001-e0001:", "C0 01-e0001", "nope"], 6))
         assert shown_among(context, candidates) == shown_events(context) & candidates
+
+
+def test_batch_rows_share_their_keys_and_read_as_plain_dicts() -> None:
+    # Sol holds a row per cell (cells and coverage) for its whole run: the rows of one query share
+    # one table of keys (~180 bytes an 11-column row, a plain dict ~470), and read as plain dicts.
+    import tracemalloc
+
+    from pipeline.sol.corpus import rows
+
+    con = duckdb.connect()
+    sql = (
+        "SELECT 'C' || lpad(i::VARCHAR, 5, '0') AS cell_id, 't' || (i % 7) AS task_id, 'r1' AS run_id, "
+        "'H0' AS harness, 'valid_behavior' AS eligibility, NULL AS exclusion_reason, 'completed' AS outcome, "
+        "0.5::DOUBLE AS quality, 1.0::DOUBLE AS completion, i * 1.5::DOUBLE AS cost, 0.9::DOUBLE AS stability "
+        "FROM range(2000) r(i) ORDER BY i"
+    )
+
+    def plain_rows() -> list[dict[str, Any]]:
+        cur = con.execute(sql)
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+    held = []
+    plain_rows(), rows(con, sql)  # first calls make what any later one reuses
+    for read in (plain_rows, lambda: rows(con, sql)):
+        tracemalloc.start()
+        got = read()
+        held.append(tracemalloc.get_traced_memory()[0])
+        tracemalloc.stop()
+    plain = plain_rows()
+    assert got == plain
+    assert all(type(r) is dict for r in got)
+    assert json.dumps(got) == json.dumps(plain)  # same keys in the same order
+    assert held[0] - held[1] > 250 * len(got), held  # ~290 bytes a row less, with the same values held
+    got[0]["extra"] = 1  # a reader may still add a key to one row
+    assert "extra" not in got[1]
+    assert rows(con, "SELECT 1 AS a, 2 AS a") == [{"a": 2}]  # a repeated name: the last value, as dict(zip())
