@@ -284,18 +284,23 @@ def run_coordinator(ir_path: Path, run_dir: Path) -> dict[str, Any]:
     document's ``schema_version`` and ``totals`` (read the file for its groups and coverage).
     """
     con = duck.connect(ir_path)
+    # The Coordinator's memory is DuckDB's (its SQL fills the limit at any size): it takes what the
+    # process leaves of its budget (100,000 cells: 400 MiB, its CPU 33.6 -> 37.9 s; 10,000: 512).
     try:
-        _run_sql(con)
-        head = {"schema_version": GROUPS_SCHEMA_VERSION, "totals": totals(con)}
-        chunks = pretty_object(
-            {
-                **head,
-                "groups": Items(_streamed_groups(con)),
-                "coverage": Items(_batches(con, "SELECT * FROM pattern_coverage ORDER BY cell_id", COVERAGE_PER_BATCH)),
-            }
-        )
-        # strings, whole numbers, booleans and None only: orjson's bytes are pretty_json's (pipeline.core.canonical)
-        atomic_write_chunks(run_dir / GROUPS_FILE, chunks)
+        with duck.limited(con, duck.budget_share()):
+            _run_sql(con)
+            head = {"schema_version": GROUPS_SCHEMA_VERSION, "totals": totals(con)}
+            chunks = pretty_object(
+                {
+                    **head,
+                    "groups": Items(_streamed_groups(con)),
+                    "coverage": Items(
+                        _batches(con, "SELECT * FROM pattern_coverage ORDER BY cell_id", COVERAGE_PER_BATCH)
+                    ),
+                }
+            )
+            # strings, whole numbers, booleans and None only: orjson's bytes are pretty_json's (pipeline.core.canonical)
+            atomic_write_chunks(run_dir / GROUPS_FILE, chunks)
     finally:
         con.close()
     return head

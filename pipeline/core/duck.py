@@ -65,6 +65,29 @@ def memory_limit(own: str = DEFAULT_MEMORY) -> str:
     return user_limit() or own
 
 
+PROCESS_BUDGET_MIB = 1024
+"""The resident memory a run's process keeps under where DuckDB's share can give way (see :func:`budget_share`)."""
+MIN_SHARE_MIB = 256
+
+
+def budget_share(own: str = DEFAULT_MEMORY) -> str:
+    """DuckDB's limit for work whose memory is DuckDB's: what the process leaves of its budget, ``own`` at most.
+
+    A stage that starts after others finds part of the process's memory taken by what they left (the
+    allocators keep freed heap: ~380 MiB at the Coordinator's start at 10,000 cells, ~530 at 100,000).
+    Its DuckDB takes :data:`PROCESS_BUDGET_MIB` less that, between :data:`MIN_SHARE_MIB` and ``own``
+    (a ``MiB`` amount): DuckDB spills to disk past its limit, so the process's peak stays about the
+    budget instead of growing with the batch. Where the process's memory is unknown: ``own``.
+    """
+    from pipeline.core.memory import resident_bytes
+
+    cap = int(own.removesuffix("MiB"))
+    held = resident_bytes()
+    if held is None:
+        return own
+    return f"{max(MIN_SHARE_MIB, min(cap, PROCESS_BUDGET_MIB - (held >> 20)))}MiB"
+
+
 @contextlib.contextmanager
 def limited(con: Any, limit: str, *, threads: int | None = None) -> Iterator[Any]:
     """``con`` with DuckDB's memory limit at ``limit`` for the block, then lunasol's again.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 from typing import Any
 
 
@@ -33,3 +34,12 @@ def give_back() -> bool:
         return False
     libc.malloc_trim(0)
     return True
+
+
+def resident_bytes() -> int | None:
+    """The resident memory (RSS) of the process in bytes, or None where ``/proc`` does not say (not Linux)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None

@@ -188,3 +188,54 @@ def test_a_limited_block_has_its_own_limit_then_lunasols_again(tmp_path: Path, m
             assert _limit(con) == "1.0 GiB"
     finally:
         con.close()
+
+
+@pytest.mark.parametrize(
+    ("held_mib", "share"),
+    [(100, "512MiB"), (512, "512MiB"), (700, "324MiB"), (900, "256MiB"), (3000, "256MiB"), (None, "512MiB")],
+)
+def test_budget_share_is_what_the_process_leaves_of_its_budget(
+    monkeypatch: pytest.MonkeyPatch, held_mib: int | None, share: str
+) -> None:
+    # 1 GiB less what the process holds, between 256 and 512 MiB; unknown memory (not Linux): 512
+    from pipeline.core import memory
+
+    monkeypatch.setattr(memory, "resident_bytes", lambda: None if held_mib is None else held_mib << 20)
+    assert duck.budget_share() == share
+
+
+def test_resident_bytes_is_this_process_rss() -> None:
+    from pipeline.core.memory import resident_bytes
+
+    before = resident_bytes()
+    assert before is not None and before > 10 << 20
+    block = bytearray(64 << 20)  # touched: 64 MiB more resident
+    after = resident_bytes()
+    assert after is not None and after - before >= 60 << 20
+    del block
+
+
+def test_the_coordinator_runs_under_its_share_of_the_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The Coordinator's DuckDB takes what the process leaves of its budget, then lunasol's limit again.
+    from pipeline.coordinator import groups
+    from pipeline.core import memory
+    from tests.coordinator.test_coordinator import build
+
+    monkeypatch.delenv(duck.MEMORY_ENV, raising=False)
+    monkeypatch.setattr(memory, "resident_bytes", lambda: 700 << 20)
+    seen: list[str] = []
+    run_sql = groups._run_sql
+
+    def spy(con: duckdb.DuckDBPyConnection) -> None:
+        seen.append(_limit(con))
+        run_sql(con)
+
+    monkeypatch.setattr(groups, "_run_sql", spy)
+    ir = build(tmp_path)
+    groups.run_coordinator(ir, tmp_path / "run")
+    assert seen == ["324.0 MiB"]
+    con = duck.connect(ir)
+    try:
+        assert _limit(con) == "512.0 MiB"
+    finally:
+        con.close()
