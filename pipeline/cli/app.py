@@ -112,13 +112,14 @@ def _unexpected(exc: Exception) -> tuple[str, int]:
     from pydantic import ValidationError
 
     if "duckdb" in type(exc).__module__ and type(exc).__name__ == "OutOfMemoryException":
-        # the input outgrew DuckDB's limit even with spilling (pipeline.core.duck): say which knob raises it
-        from pipeline.core.duck import MEMORY_ENV, memory_limit
+        # the input outgrew DuckDB's limit even with spilling (pipeline.core.duck): say which knob raises it.
+        # DuckDB's own first line gives the limit in force (steps take their own when the variable is unset).
+        from pipeline.core.duck import MEMORY_ENV
 
         first = str(exc).split("\n")[0]
         return (
             _fold(
-                f"DuckDB ran out of memory at its {memory_limit()} limit ({first}); raise it, e.g. "
+                f"DuckDB ran out of memory ({first}); raise its limit, e.g. "
                 f"{MEMORY_ENV}=2GiB, and run the same command again (finished work is kept)"
             ),
             EXIT_BAD_INPUT,
