@@ -285,7 +285,8 @@ def run_coordinator(ir_path: Path, run_dir: Path) -> dict[str, Any]:
     """
     con = duck.connect(ir_path)
     # The Coordinator's memory is DuckDB's (its SQL fills the limit at any size): it takes what the
-    # process leaves of its budget (100,000 cells: 400 MiB, its CPU 33.6 -> 37.9 s; 10,000: 512).
+    # process leaves of its budget (~380 MiB at 100,000 cells; alone under 400 its CPU was 37.9 s, was
+    # 33.6 under 512; 512 at 10,000 cells).
     try:
         with duck.limited(con, duck.budget_share()):
             _run_sql(con)

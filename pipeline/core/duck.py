@@ -68,16 +68,21 @@ def memory_limit(own: str = DEFAULT_MEMORY) -> str:
 PROCESS_BUDGET_MIB = 1024
 """The resident memory a run's process keeps under where DuckDB's share can give way (see :func:`budget_share`)."""
 MIN_SHARE_MIB = 256
+SHARE_GROWTH = 1.3
+"""How much a stage's RSS grows per MiB of DuckDB's limit when its SQL fills it (the Coordinator at
+100,000 cells, measured: +525 MiB under a 400 MiB limit, +640 under 512): DuckDB's own overheads past
+its limit and the rows the stage holds in Python beside it."""
 
 
 def budget_share(own: str = DEFAULT_MEMORY) -> str:
     """DuckDB's limit for work whose memory is DuckDB's: what the process leaves of its budget, ``own`` at most.
 
     A stage that starts after others finds part of the process's memory taken by what they left (the
-    allocators keep freed heap: ~380 MiB at the Coordinator's start at 10,000 cells, ~530 at 100,000).
-    Its DuckDB takes :data:`PROCESS_BUDGET_MIB` less that, between :data:`MIN_SHARE_MIB` and ``own``
-    (a ``MiB`` amount): DuckDB spills to disk past its limit, so the process's peak stays about the
-    budget instead of growing with the batch. Where the process's memory is unknown: ``own``.
+    allocators keep freed heap: ~370 MiB at the Coordinator's start at 10,000 cells, ~530 at 100,000).
+    Its DuckDB takes what keeps the process under :data:`PROCESS_BUDGET_MIB` (the room left, divided
+    by :data:`SHARE_GROWTH`), between :data:`MIN_SHARE_MIB` and ``own`` (a ``MiB`` amount): DuckDB
+    spills to disk past its limit, so the stage's peak stays about the budget instead of growing with
+    the batch. Where the process's memory is unknown: ``own``.
     """
     from pipeline.core.memory import resident_bytes
 
@@ -85,7 +90,8 @@ def budget_share(own: str = DEFAULT_MEMORY) -> str:
     held = resident_bytes()
     if held is None:
         return own
-    return f"{max(MIN_SHARE_MIB, min(cap, PROCESS_BUDGET_MIB - (held >> 20)))}MiB"
+    room = (PROCESS_BUDGET_MIB - (held >> 20)) / SHARE_GROWTH
+    return f"{max(MIN_SHARE_MIB, min(cap, int(room)))}MiB"
 
 
 @contextlib.contextmanager
