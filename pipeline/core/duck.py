@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from pipeline.core import memory
 from pipeline.core.errors import BadInput
 
 if TYPE_CHECKING:
@@ -84,10 +85,8 @@ def budget_share(own: str = DEFAULT_MEMORY) -> str:
     spills to disk past its limit, so the stage's peak stays about the budget instead of growing with
     the batch. Where the process's memory is unknown: ``own``.
     """
-    from pipeline.core.memory import resident_bytes
-
     cap = int(own.removesuffix("MiB"))
-    held = resident_bytes()
+    held = memory.resident_bytes()
     if held is None:
         return own
     room = (PROCESS_BUDGET_MIB - (held >> 20)) / SHARE_GROWTH
