@@ -285,8 +285,8 @@ def run_coordinator(ir_path: Path, run_dir: Path) -> dict[str, Any]:
     """
     con = duck.connect(ir_path)
     # The Coordinator's memory is DuckDB's (its SQL fills the limit at any size): it takes what the
-    # process leaves of its budget (~380 MiB at 100,000 cells; alone under 400 its CPU was 37.9 s, was
-    # 33.6 under 512; 512 at 10,000 cells).
+    # process leaves of its budget (~320-340 MiB at 100,000 cells; alone under 400 its CPU was 37.9 s, was
+    # 33.6 under 512; 490-512 MiB at 10,000 cells).
     try:
         with duck.limited(con, duck.budget_share()):
             _run_sql(con)

@@ -79,7 +79,7 @@ def budget_share(own: str = DEFAULT_MEMORY) -> str:
     """DuckDB's limit for work whose memory is DuckDB's: what the process leaves of its budget, ``own`` at most.
 
     A stage that starts after others finds part of the process's memory taken by what they left (the
-    allocators keep freed heap: ~370-385 MiB at the Coordinator's start at 10,000 cells, ~590 at 100,000).
+    allocators keep freed heap: ~370-385 MiB at the Coordinator's start at 10,000 cells, ~590-610 at 100,000).
     Its DuckDB takes what keeps the process under :data:`PROCESS_BUDGET_MIB` (the room left, divided
     by :data:`SHARE_GROWTH`), between :data:`MIN_SHARE_MIB` and ``own`` (a ``MiB`` amount): DuckDB
     spills to disk past its limit, so the stage's peak stays about the budget instead of growing with

@@ -297,10 +297,11 @@ def _fill_digests(writer: IRWriter, sources: dict[str, str]) -> None:
     )
     writer.register("_lunasol_sources", table)
     writer.execute("CHECKPOINT")  # the tables inserted since the load's last one: on disk, not in the limit
-    ids = sorted(cell for cell, _, _ in todo)
+    sized = sorted((cell, size) for cell, _, size in todo)  # fill_ranges' own sort of it is then one pass
+    ids = [cell for cell, _ in sized]
     try:
         writer.execute(macros)
-        for lo, hi in digests.fill_ranges([(cell, size) for cell, _, size in todo]):
+        for lo, hi in digests.fill_ranges(sized):
             _fill_range(writer, fill, ids, bisect.bisect_left(ids, lo), bisect.bisect_right(ids, hi))
     finally:
         writer.unregister("_lunasol_sources")
