@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.artifacts.rundir import CALLS
-from pipeline.artifacts.schemas import upgrade_rows
+from pipeline.artifacts.schemas import upgrade
 from pipeline.artifacts.versions import VERSIONS
 from pipeline.core.canonical import canonical_json
 from pipeline.core.errors import BadInput
@@ -77,26 +78,52 @@ class CallLog:
             fh.close()
 
 
-def read_calls(run_dir: Path) -> list[dict[str, Any]]:
-    """Every entry of a run's call log; a torn last line (crash mid-write) is skipped."""
+UNFINISHED = ("cancelled", "interrupted")  # calls cut short: their last answer (if any arrived) was never judged
+
+
+def iter_calls(run_dir: Path) -> Iterator[dict[str, Any]]:
+    """Every entry of a run's call log, one at a time; a torn last line (crash mid-write) is skipped.
+
+    One at a time because the log grows with the batch: at 100,000 cells it holds ~108,000 lines, and
+    read whole as dicts it took ~370 MiB for a moment, at the start of every model stage (Sol's peak).
+    """
     path = Path(run_dir) / CALLLOG_NAME
     if not path.is_file():
-        return []
-    rows: list[dict[str, Any]] = []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            if n == len(lines):
+        return
+    torn: int | None = None  # the line that is not JSON: only the last one may be (a crash mid-write)
+    rows = 0
+    with path.open("rb") as fh:
+        for n, line in enumerate(fh, 1):  # lines end at "\n" only: a U+2028 inside a JSON string is text
+            if not line.strip():
                 continue
-            raise BadInput(f"{path} line {n} is not JSON") from None
-        if isinstance(row, dict):
-            rows.append(row)
+            if torn is not None:
+                raise BadInput(f"{path} line {torn} is not JSON")
+            try:
+                row = json.loads(line)
+            except ValueError:  # not JSON, or not UTF-8
+                torn = n
+                continue
+            if isinstance(row, dict):
+                rows += 1
+                yield upgrade(row, "calls", f"{path} row {rows}")[0]
 
-    return upgrade_rows(rows, "calls", str(path))
+
+def read_calls(run_dir: Path) -> list[dict[str, Any]]:
+    """Every entry of a run's call log (:func:`iter_calls`, as a list)."""
+    return list(iter_calls(run_dir))
+
+
+def used_keys(run_dir: Path, *, every: bool = False) -> frozenset[str]:
+    """Request keys of the run's finished calls that failed (``every``: of every finished call).
+
+    A failed call's answers were judged and refused, so they are asked again rather than reused.
+    """
+    return frozenset(
+        k
+        for row in iter_calls(run_dir)
+        if row.get("outcome") not in UNFINISHED and (every or row.get("outcome") != "ok")
+        for k in row.get("keys") or []
+    )
 
 
 def summarise(run_dir: Path) -> dict[str, Any]:
@@ -105,7 +132,7 @@ def summarise(run_dir: Path) -> dict[str, Any]:
     Cost is None for a role when any of its exchanges had no known price (stated, not guessed).
     """
     roles: dict[str, dict[str, Any]] = {}
-    for row in read_calls(run_dir):
+    for row in iter_calls(run_dir):
         role = str(row.get("role", "?"))
         r = roles.setdefault(
             role,

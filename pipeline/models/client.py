@@ -35,7 +35,7 @@ from pipeline.models.accounting import Accounting, Usage
 from pipeline.models.batch_api import TERMINAL
 from pipeline.models.batch_submit import BATCHED_ROLES, Batcher, read_batches
 from pipeline.models.budget import check_fits, role_budget
-from pipeline.models.calllog import CallLog, read_calls
+from pipeline.models.calllog import CallLog, used_keys
 from pipeline.models.donors import Donors
 from pipeline.models.errors import AnswerTruncated, ContextExceeded, ModelUnavailable
 from pipeline.models.exchange import CALL_STATE, CallState, Exchange
@@ -47,7 +47,6 @@ from pipeline.models.transport import describe, load_litellm, load_openai, lunas
 
 T = TypeVar("T", bound=BaseModel)
 
-UNFINISHED = ("cancelled", "interrupted")  # calls whose last answer (if any arrived) nobody used
 EXCHANGES_DIR = rundir.EXCHANGES_DIR  # runs/<id>/exchanges: a live run's raw answers, laid out like a recording store
 
 __all__ = ["EXCHANGES_DIR", "INSTRUCTOR_MODES", "CallOutcome", "ModelClient", "Usage"]
@@ -125,12 +124,7 @@ class ModelClient:
             # ``fresh`` (a deliberate redo, e.g. after gate 2's --redo), of every finished call. An ok
             # answer is otherwise served from the store: a resume killed before its artifact, or a
             # stage blocked on a sibling call, never buys it twice.
-            consumed=frozenset(
-                k
-                for row in read_calls(self.run_dir)
-                if row.get("outcome") not in UNFINISHED and (fresh or row.get("outcome") != "ok")
-                for k in row.get("keys") or []
-            ),
+            consumed=used_keys(self.run_dir, every=fresh),
         )
         if self.mode not in ("record", "replay") and not fresh:
             # Live: a request another run of this bundle already had answered is served from that

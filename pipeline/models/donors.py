@@ -20,10 +20,8 @@ from typing import Any
 from pipeline.artifacts.run_info import read_run_info
 from pipeline.artifacts.rundir import EXCHANGES_DIR, RunDir
 from pipeline.core.errors import BadInput
-from pipeline.models.calllog import read_calls
+from pipeline.models.calllog import used_keys
 from pipeline.models.store import RecordingStore
-
-UNFINISHED = ("cancelled", "interrupted")  # a call cut short: its last answer was never judged
 
 
 def _bundle_digest(run_dir: Path) -> str | None:
@@ -62,15 +60,9 @@ class Donors:
             if not RunDir(other).run_json.is_file() or _bundle_digest(other) != mine:
                 continue
             try:
-                rows = read_calls(other)
+                failed = used_keys(other)
             except BadInput:
                 continue  # a broken call log: which of its answers failed is unknown, so none is taken
-            failed = frozenset(
-                k
-                for row in rows
-                if row.get("outcome") not in UNFINISHED and row.get("outcome") != "ok"
-                for k in row.get("keys") or []
-            )
             out.append(_Donor(other.name, RecordingStore(other / EXCHANGES_DIR, "record"), failed))
         return out
 
