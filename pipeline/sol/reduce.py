@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from pipeline.core import duck
 from pipeline.sol.cards import MergedWeakness, SupportDraft, WeaknessCard, WeaknessDraft
 from pipeline.sol.checks import EVENT_ID_RE, answer_errors
-from pipeline.sol.corpus import Batch
+from pipeline.sol.corpus import FETCH_ROWS, Batch
 from pipeline.sol.families import TOP_K, bounded_by_task, bounded_list
 from pipeline.sol.partition import outcome_of
 from pipeline.sol.timeline import TIMELINE_KINDS
@@ -51,8 +51,11 @@ def _in_list(values: list[str]) -> str:
     return "[" + duck.literals(values) + "]"
 
 
-def _cell_id(row: dict[str, Any]) -> str:
-    return str(row["cell_id"])
+Found = tuple[str, str]  # (cell id, event id): the first event of a signature in one successful cell
+
+
+def _found_cell(row: Found) -> str:
+    return row[0]
 
 
 def _samples(by_cell: list[_T], own: set[str], cell: Callable[[_T], str]) -> list[_T]:
@@ -69,10 +72,6 @@ def _samples(by_cell: list[_T], own: set[str], cell: Callable[[_T], str]) -> lis
     return out
 
 
-def _by_cell(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return sorted(items, key=lambda r: r["cell_id"])
-
-
 Signature = tuple[Any, Any, Any, Any]  # (stage, actor, kind, detail) of an event
 
 
@@ -87,7 +86,7 @@ class _BatchFacts:
     concerns: dict[str, list[str]]  # draft id -> the concern keys of its pattern groups
     occurrences: dict[str, list[Occurrence]] | None  # concern -> its occurrences in order; None: no table
     signatures: dict[str, list[Signature]]  # draft id -> the first signatures of its cited events
-    found: dict[Signature, list[dict[str, Any]]]  # signature -> first such event per successful eligible cell
+    found: dict[Signature, list[Found]]  # signature -> first such event per successful eligible cell, by cell id
     clean: dict[str, list[str]]  # draft id -> successful cells of its tasks without its concerns
     clean_samples: dict[str, list[str]]  # draft id -> the clean cells shown (outside its partition first)
     last_event: dict[str, str]  # cell -> its last controller-level event (for the sampled clean cells)
@@ -97,7 +96,7 @@ class _BatchFacts:
         default_factory=dict
     )
     details: dict[str, tuple[str, list[str]]] = field(default_factory=dict)  # the sampled occurrences' (task, events)
-    by_signature: dict[Signature, tuple[list[dict[str, Any]], str]] = field(default_factory=dict)
+    by_signature: dict[Signature, str] = field(default_factory=dict)  # counts per task and outcome
 
 
 def _group_concerns(batch: Batch, drafts: list[Draft]) -> dict[str, list[str]]:
@@ -178,21 +177,31 @@ def _signatures(con: Any, drafts: list[Draft]) -> dict[str, list[Signature]]:
     return out
 
 
-def _found(con: Any, sigs: list[Signature]) -> dict[Signature, list[dict[str, Any]]]:
-    out: dict[Signature, list[dict[str, Any]]] = {s: [] for s in sigs}
+def _found(con: Any, sigs: list[Signature], batch: Batch) -> dict[Signature, list[Found]]:
+    """Per signature, its first event in each successful eligible cell, by cell id.
+
+    Pairs that share the batch's cell id strings, read a chunk at a time: at 100,000 cells these are
+    ~260,000 rows, which fetched whole and held as dicts added ~90 MiB at the reduce's start.
+    """
+    out: dict[Signature, list[Found]] = {s: [] for s in sigs}
     if not sigs:
         return out
+    same = {c: c for c in batch.by_cell}  # one string per cell id, not one per row
     columns = {name: ("str", [s[i] for s in sigs]) for i, name in enumerate(("stage", "actor", "kind", "detail"))}
     register(con, "_sigs", {"sig": ("int", list(range(len(sigs)))), **columns})
-    for sig, cell_id, event_id in con.execute(
+    cur = con.execute(
         "SELECT s.sig, e.cell_id, min(e.event_id) FROM events e JOIN _sigs s ON e.kind = s.kind "
         "AND e.stage IS NOT DISTINCT FROM s.stage AND e.actor IS NOT DISTINCT FROM s.actor "
         "AND e.detail IS NOT DISTINCT FROM s.detail "
         "JOIN outcomes o ON o.cell_id = e.cell_id JOIN cells c ON c.cell_id = e.cell_id "
         "WHERE c.eligibility = 'valid_behavior' AND o.label = 'completed' "
         "GROUP BY s.sig, e.cell_id ORDER BY s.sig, e.cell_id"
-    ).fetchall():
-        out[sigs[sig]].append({"cell_id": cell_id, "event_id": event_id})
+    )
+    while got := cur.fetchmany(FETCH_ROWS):
+        for sig, cell_id, event_id in got:
+            out[sigs[sig]].append((same.get(cell_id, cell_id), event_id))
+    for rows in out.values():
+        rows.sort(key=_found_cell)  # DuckDB's order already (cell ids compare as bytes): one pass, kept stable
     return out
 
 
@@ -224,7 +233,7 @@ def batch_facts(con: Any, batch: Batch, drafts: list[Draft]) -> _BatchFacts:
         concerns=concerns,
         occurrences=_occurrences(con, sorted({k for ks in concerns.values() for k in ks}), batch),
         signatures=signatures,
-        found=_found(con, sorted({s for ss in signatures.values() for s in ss}, key=repr)),
+        found=_found(con, sorted({s for ss in signatures.values() for s in ss}, key=repr), batch),
         clean=clean,
         clean_samples=samples,
         last_event={},
@@ -265,13 +274,12 @@ def _occurrence_samples(facts: _BatchFacts, batch: Batch, draft: Draft) -> list[
     return _samples(by_cell, set(draft.seen_cells), _occurrence_cell)
 
 
-def _signature_view(facts: _BatchFacts, batch: Batch, sig: Signature) -> tuple[list[dict[str, Any]], str]:
-    view = facts.by_signature.get(sig)
-    if view is None:
-        found = facts.found[sig]
-        counts = bounded_by_task([batch.by_cell[r["cell_id"]] for r in found if r["cell_id"] in batch.by_cell])
-        view = facts.by_signature[sig] = (_by_cell(found), counts)
-    return view
+def _signature_counts(facts: _BatchFacts, batch: Batch, sig: Signature) -> str:
+    counts = facts.by_signature.get(sig)
+    if counts is None:
+        by_cell = batch.by_cell
+        counts = facts.by_signature[sig] = bounded_by_task([by_cell[c] for c, _ in facts.found[sig] if c in by_cell])
+    return counts
 
 
 def counter_evidence(facts: _BatchFacts, batch: Batch, draft: Draft) -> str:
@@ -293,12 +301,12 @@ def counter_evidence(facts: _BatchFacts, batch: Batch, draft: Draft) -> str:
             out.append(f"  {oid} {cell} ({task}): events {', '.join(events[:3])}")
     for s in facts.signatures[draft.draft_id]:
         found = facts.found[s]
-        found_by_cell, counts = _signature_view(facts, batch, s)
+        counts = _signature_counts(facts, batch, s)
         what = f"{s[0] or '-'}/{s[1] or '-'} {s[3] or s[2]}"
         line = f"- events like the cited {what} in successful cells: {len(found)} cell(s)"
         if found:
             line += f" [{counts}]; samples: "
-            line += ", ".join(f"{r['event_id']} ({r['cell_id']})" for r in _samples(found_by_cell, own, _cell_id))
+            line += ", ".join(f"{event} ({cell})" for cell, event in _samples(found, own, _found_cell))
         out.append(line)
     if draft.card.support.tasks:
         line = f"- successful cells of the supporting tasks without these concerns: {len(facts.clean[draft.draft_id])}"

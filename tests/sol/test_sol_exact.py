@@ -240,14 +240,16 @@ def test_a_map_answer_is_keyed_on_the_bound_its_request_carries(model_settings: 
 def test_counter_evidence_samples_equal_the_sort_they_replace() -> None:
     """The reduce step's samples (outside the draft's partition first, by cell id) without a sort per draft
     equal what sorting every row by (inside, cell id) gave, ties in their order included."""
-    from pipeline.sol.reduce import COUNTER_SAMPLES, _by_cell, _cell_id, _samples
+    from pipeline.sol.reduce import COUNTER_SAMPLES, _found_cell, _samples
 
     rng = random.Random(7)
     for _ in range(300):
         rows = [{"cell_id": f"C{rng.randrange(12):03d}", "n": i} for i in range(rng.randrange(0, 30))]
         own = {f"C{rng.randrange(12):03d}" for _ in range(rng.randrange(0, 12))}
         expected = sorted(rows, key=lambda r: (r["cell_id"] in own, r["cell_id"]))[:COUNTER_SAMPLES]
-        assert _samples(_by_cell(rows), own, _cell_id) == expected
+        # the (cell, event) pairs of a signature, as the reduce holds them
+        pairs = sorted(((r["cell_id"], f"E{r['n']}") for r in rows), key=_found_cell)
+        assert _samples(pairs, own, _found_cell) == [(r["cell_id"], f"E{r['n']}") for r in expected]
         # the same rows as (order, occurrence id, cell) tuples, as the occurrences are held
         tuples = [(r["n"], f"O{r['n']}", r["cell_id"]) for r in rows]
         assert _samples(sorted(tuples, key=lambda t: t[2]), own, lambda t: t[2]) == [
