@@ -70,7 +70,7 @@ def _read_state(stage: Path, url: str) -> dict[str, tuple[str | None, int, str]]
     state: dict[str, tuple[str | None, int, str]] = {}
     state_path = stage / STATE_FILE
     if state_path.is_file():
-        for line in state_path.read_text().splitlines():
+        for line in state_path.read_text().split("\n"):  # an object name may hold U+2028
             try:
                 row = json.loads(line)
                 state[row["key"]] = (row["etag"], int(row["size"]), row["sha256"])

@@ -421,7 +421,9 @@ def _parse(path: Path, kind: Kind) -> Any:
 def read_jsonl(path: Path) -> list[Row]:
     """The JSON objects of a JSONL file (blank lines skipped); a bad line is one BadInput naming file and line."""
     rows: list[Row] = []
-    for n, line in enumerate(_read_text(path).splitlines(), start=1):
+    # Lines end at "\n" only: lunasol writes UTF-8 as is, so a model's text may hold U+2028 or U+0085 inside a
+    # JSON string, which str.splitlines() would take for the end of a line.
+    for n, line in enumerate(_read_text(path).split("\n"), start=1):
         if not line.strip():
             continue
         try:

@@ -286,7 +286,7 @@ class BatchEndpoint:
         for file_id in (state.error_file_id, state.output_file_id):  # output last: an answer beats an error line
             if not file_id:
                 continue
-            for raw in (await self._file(file_id)).decode("utf-8").splitlines():
+            for raw in (await self._file(file_id)).decode("utf-8").split("\n"):  # a model text may hold U+2028
                 if not raw.strip():
                     continue
                 line = json.loads(raw)

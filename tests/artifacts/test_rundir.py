@@ -106,3 +106,17 @@ def test_diff_names_a_handoff_of_the_wrong_shape(demo_gate1: Path, demo_copy: Pa
         diff_run_dirs(demo_gate1, demo_copy)
     line = exc.value.one_line()
     assert str(demo_copy / "handoff.json") in line and "not a valid handoff" in line and "\n" not in line
+
+
+def test_a_jsonl_row_whose_text_holds_a_line_separator_is_one_row(tmp_path: Path) -> None:
+    # patterns.jsonl holds Luna's words, written as UTF-8 (ensure_ascii=False): U+2028, U+2029 and U+0085
+    # stay raw inside the JSON string, and only "\n" ends a row
+    from pipeline.artifacts.rundir import read_jsonl
+    from pipeline.core.canonical import canonical_json
+
+    rows = [{"cell_id": "C1", "why": "a\u2028b\u2029c\x85d"}, {"cell_id": "C2", "why": "e"}]
+    path = tmp_path / "patterns.jsonl"
+    path.write_text("".join(canonical_json(r) + "\n" for r in rows) + "\n", encoding="utf-8")
+    assert read_jsonl(path) == rows
+    path.write_text(canonical_json(rows[0]) + "\r\n", encoding="utf-8")  # a CRLF file: the same row
+    assert read_jsonl(path) == rows[:1]
