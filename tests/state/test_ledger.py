@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -152,8 +153,6 @@ def test_a_ledger_in_another_form_loads_and_a_bad_entry_is_named(tmp_path: Path)
 def test_a_ledger_holds_its_entries_as_text(tmp_path: Path) -> None:
     """At 100,000 cells a run's ledger has 200,000 entries: held as their text (about 0.4 KB each), not as
     pydantic objects (3.3 KB each), so it stays a small part of a run's memory."""
-    import tracemalloc
-
     led = Ledger(tmp_path)
     with led.batch():
         for i in range(2_000):
@@ -678,15 +677,37 @@ def test_records_read_only_files_this_process_has_not_seen_as_they_are(
 
 
 def test_cell_results_forget_what_the_process_remembers_and_still_read_the_files(tmp_path: Path) -> None:
-    """After the runner records a stage's results it drops their records (``_seen``: ~1 KB a cell, ~100 MB at
+    """After the runner records a stage's results it drops their records (``_seen``: ~0.5 KB a cell, ~50 MB at
     100,000 cells); the records then come from the files, the same."""
     store, other = CellResults(tmp_path, "luna"), CellResults(tmp_path / "elsewhere", "luna")
     for i in range(3):
         store.put(f"C{i}", f"k{i}", {"n": i}, {"cell": f"d{i}"})
     other.put("C9", "k9", {"n": 9})
     before = store.records()
-    assert {p for p in ledger_mod._seen if p.startswith(str(store.dir))}
+    assert set(ledger_mod._seen[str(store.dir)]) == {"C0.json", "C1.json", "C2.json"}
     store.forget()
-    assert not {p for p in ledger_mod._seen if p.startswith(str(store.dir) + "/")}
-    assert str(other.path("C9")) in ledger_mod._seen  # another run's records are not this store's to drop
+    assert str(store.dir) not in ledger_mod._seen
+    assert set(ledger_mod._seen[str(other.dir)]) == {"C9.json"}  # another run's records are not this store's to drop
     assert store.records() == before
+
+
+def test_what_the_process_remembers_of_a_result_takes_one_string(tmp_path: Path) -> None:
+    """A record is held through the whole stage that writes it (100,000 at 100,000 cells): one string each,
+    not a tuple of the stat's ints, a dataclass and its strings (~1.1 KB a record)."""
+    store = CellResults(tmp_path, "luna")
+    template, model = "sha256:" + "7" * 64, "openai/some-model"
+    inputs = [{"cell": f"sha256:{i:064x}", "template": template, "model": model} for i in range(2_000)]
+    keys = [f"sha256:{i + 1:064x}" for i in range(2_000)]
+    before = len(ledger_mod._seen.get(str(store.dir), {}))
+    tracemalloc.start()
+    try:
+        for i in range(2_000):
+            store.put(f"C{i:05d}", keys[i], {"n": i}, inputs[i])
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(ledger_mod._seen[str(store.dir)]) == before + 2_000
+    assert held / 2_000 < 600, f"{held / 2_000:.0f} bytes held per record"
+    records = store.records()  # each from what was remembered, equal to what the files say
+    ledger_mod._seen.clear()
+    assert records == store.records() and records["C00007"].inputs == inputs[7]
