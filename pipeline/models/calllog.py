@@ -84,8 +84,9 @@ UNFINISHED = ("cancelled", "interrupted")  # calls cut short: their last answer 
 def iter_calls(run_dir: Path) -> Iterator[dict[str, Any]]:
     """Every entry of a run's call log, one at a time; a torn last line (crash mid-write) is skipped.
 
-    One at a time because the log grows with the batch: at 100,000 cells it holds ~108,000 lines, and
-    read whole as dicts it took ~370 MiB for a moment, at the start of every model stage (Sol's peak).
+    One at a time because the log grows with the batch: at Sol's start at 100,000 cells it holds Luna's
+    100,000 lines, and read whole as dicts they took +367 MiB for a moment when Sol's client was made
+    (the largest moment of Sol alone at that size). Every model stage's client reads it.
     """
     path = Path(run_dir) / CALLLOG_NAME
     if not path.is_file():
