@@ -58,6 +58,12 @@ def _found_cell(row: Found) -> str:
     return row[0]
 
 
+def _batch_id(by_cell: dict[str, dict[str, Any]], cell: str) -> str:
+    """The batch's own string for ``cell`` (its row's): rows of a query hold one per cell, not one per row."""
+    row = by_cell.get(cell)
+    return str(row["cell_id"]) if row is not None else cell
+
+
 def _samples(by_cell: list[_T], own: set[str], cell: Callable[[_T], str]) -> list[_T]:
     """The first :data:`COUNTER_SAMPLES` rows of ``by_cell`` (sorted by cell id) outside ``own``, then inside.
 
@@ -132,13 +138,13 @@ def _occurrences(con: Any, wanted: list[str], batch: Batch) -> dict[str, list[Oc
         return None
     out: dict[str, list[Occurrence]] = {}
     if wanted:
-        same = {c: c for c in batch.by_cell}  # one string per cell id, not one per row
+        by_cell = batch.by_cell
         found = con.execute(
             "SELECT occurrence_id, cell_id, concerns FROM pattern_occurrences "
             f"WHERE successful_cell AND list_contains({_in_list(wanted)}, concerns) ORDER BY occurrence_id"
         ).fetchall()
         for i, (oid, cell, concerns) in enumerate(found):
-            out.setdefault(concerns, []).append((i, oid, same.get(cell, cell)))
+            out.setdefault(concerns, []).append((i, oid, _batch_id(by_cell, cell)))
     return out
 
 
@@ -186,7 +192,7 @@ def _found(con: Any, sigs: list[Signature], batch: Batch) -> dict[Signature, lis
     out: dict[Signature, list[Found]] = {s: [] for s in sigs}
     if not sigs:
         return out
-    same = {c: c for c in batch.by_cell}  # one string per cell id, not one per row
+    by_cell = batch.by_cell
     columns = {name: ("str", [s[i] for s in sigs]) for i, name in enumerate(("stage", "actor", "kind", "detail"))}
     register(con, "_sigs", {"sig": ("int", list(range(len(sigs)))), **columns})
     cur = con.execute(
@@ -199,7 +205,7 @@ def _found(con: Any, sigs: list[Signature], batch: Batch) -> dict[Signature, lis
     )
     while got := cur.fetchmany(FETCH_ROWS):
         for sig, cell_id, event_id in got:
-            out[sigs[sig]].append((same.get(cell_id, cell_id), event_id))
+            out[sigs[sig]].append((_batch_id(by_cell, cell_id), event_id))
     for rows in out.values():
         rows.sort(key=_found_cell)  # DuckDB's order already (cell ids compare as bytes): one pass, kept stable
     return out
