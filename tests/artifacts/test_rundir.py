@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.artifacts.run_info import RunInfo
-from pipeline.artifacts.rundir import FILES, RUN, SHORTLIST, ArtifactFile, RunDir
+from pipeline.artifacts.rundir import FILES, RUN, SHORTLIST, ArtifactFile, RunDir, read_jsonl
 from pipeline.artifacts.versions import VERSIONS
+from pipeline.core.canonical import canonical_json
 from pipeline.core.errors import BadInput
 from pipeline.sol.shortlist import Shortlist
 
@@ -111,9 +112,6 @@ def test_diff_names_a_handoff_of_the_wrong_shape(demo_gate1: Path, demo_copy: Pa
 def test_a_jsonl_row_whose_text_holds_a_line_separator_is_one_row(tmp_path: Path) -> None:
     # patterns.jsonl holds Luna's words, written as UTF-8 (ensure_ascii=False): U+2028, U+2029 and U+0085
     # stay raw inside the JSON string, and only "\n" ends a row
-    from pipeline.artifacts.rundir import read_jsonl
-    from pipeline.core.canonical import canonical_json
-
     rows = [{"cell_id": "C1", "why": "a\u2028b\u2029c\x85d"}, {"cell_id": "C2", "why": "e"}]
     path = tmp_path / "patterns.jsonl"
     path.write_text("".join(canonical_json(r) + "\n" for r in rows) + "\n", encoding="utf-8")
